@@ -1,0 +1,3 @@
+from blink.cli import main
+
+raise SystemExit(main())

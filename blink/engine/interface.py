@@ -1,0 +1,60 @@
+"""The engine interface that host mode and device mode both implement, and the events they emit."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+from blink.request import FinishReason, SamplingParams
+
+
+@dataclass
+class TokenEvent:
+    """One generated token, or the end of a request (the egress record as a Python object)."""
+
+    req_id: int
+    token_id: int  # -1 when the event only carries a finish (abort/error with no new token)
+    position: int  # index of this output token: 0, 1, 2, ...
+    finish_reason: FinishReason = FinishReason.NONE
+    logprob: float = 0.0
+    top_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason != FinishReason.NONE
+
+
+@dataclass
+class EngineStats:
+    running: int = 0
+    waiting: int = 0
+    free_kv_blocks: int = 0
+    total_kv_blocks: int = 0
+    steps: int = 0
+    tokens: int = 0
+    preemptions: int = 0
+
+
+class Engine(abc.ABC):
+    """What the front end, the offline LLM and the tests need from an engine."""
+
+    @abc.abstractmethod
+    def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Queue a request. Raises ValueError (one-line message) for a request it cannot serve."""
+
+    @abc.abstractmethod
+    def abort_request(self, req_id: int) -> None:
+        """Stop a waiting or running request and free its KV blocks; emits a finish event (ABORT)."""
+
+    @abc.abstractmethod
+    def step(self) -> list[TokenEvent]:
+        """Advance: host mode runs one scheduler step; device mode drains what the GPU produced."""
+
+    @abc.abstractmethod
+    def has_unfinished(self) -> bool: ...
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats: ...
+
+    def shutdown(self) -> None:  # noqa: B027 - optional
+        pass

@@ -1,0 +1,77 @@
+"""Request-level plain data shared by every role: sampling parameters and finish reasons."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+MAX_STOP_TOKEN_IDS = 16  # ring descriptors carry this many stop ids; more are refused
+MAX_LOGIT_BIAS = 300  # OpenAI's own limit on logit_bias entries
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request ended; the integer is what travels on the egress ring."""
+
+    NONE = 0
+    STOP = 1  # EOS, a stop token id or (front end) a stop string
+    LENGTH = 2  # max_tokens or the context limit
+    ABORT = 3  # aborted by the client or the front end
+    ERROR = 4  # refused by the engine (invalid descriptor, launch error)
+
+    @property
+    def openai(self) -> str | None:
+        return {1: "stop", 2: "length", 3: "abort", 4: "error"}.get(int(self))
+
+
+@dataclass
+class SamplingParams:
+    """vLLM-compatible sampling parameters. temperature == 0 means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1 = off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top logprobs per token (0 = only the chosen token's)
+
+    def __post_init__(self):
+        if self.top_k is None or self.top_k < 0:
+            self.top_k = 0
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError with a one-line message for anything out of range."""
+        checks = [
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (self.max_tokens >= 1, "max_tokens must be at least 1"),
+            (0 <= self.min_tokens <= self.max_tokens, "min_tokens must be in [0, max_tokens]"),
+            (len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS,
+             f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are supported"),
+            (len(self.logit_bias) <= MAX_LOGIT_BIAS, f"at most {MAX_LOGIT_BIAS} logit_bias entries"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
+             f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]"),
+            (all(-100 <= v <= 100 for v in self.logit_bias.values()), "logit_bias values must be in [-100, 100]"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0

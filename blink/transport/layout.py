@@ -1,0 +1,161 @@
+"""The one definition of the shared-memory layout: control block, ingress ring, token arena, egress ring.
+
+blink/control/csrc/layout.h mirrors these structs for the GPU; tests/transport/test_layout_header.py
+compiles it and checks every offset and size against this file.
+
+Indices: every ring and the arena use monotonically increasing 64-bit counters; the slot of counter c is
+c % capacity. `tail` is written only by the producer, `head` only by the consumer (single producer,
+single consumer, no read-modify-write across PCIe). Producer: write the payload, then publish tail.
+"""
+from __future__ import annotations
+
+import ctypes as C
+from dataclasses import dataclass
+
+MAGIC = 0x4B4E494C42  # "BLINK"
+VERSION = 1
+CACHE_LINE = 64
+PAGE = 4096
+MAX_STOP_IDS = 16
+MAX_TOP_LOGPROBS = 20
+
+KIND_REQUEST = 1
+KIND_ABORT = 2
+FLAG_IGNORE_EOS = 1
+
+
+class ControlBlock(C.Structure):
+    """Engine status and host->engine commands. Written by the engine unless noted."""
+
+    _fields_ = [
+        ("magic", C.c_uint64),
+        ("version", C.c_uint32),
+        ("engine_mode", C.c_uint32),  # 0 = not attached, 1 = host, 2 = device
+        ("ingress_capacity", C.c_uint64),  # sizes, written by the creator (front end)
+        ("arena_capacity", C.c_uint64),
+        ("egress_capacity", C.c_uint64),
+        ("_pad0", C.c_uint8 * 24),
+        # line 1: commands from the host / front end
+        ("stop_flag", C.c_uint32),  # set to 1 by the parent: finish the step and exit
+        ("_pad1", C.c_uint8 * 60),
+        # line 2: live counters from the engine (for /metrics and /health)
+        ("ready", C.c_uint32),  # 1 once the engine serves the rings
+        ("running", C.c_uint32),
+        ("waiting", C.c_uint32),
+        ("free_kv_blocks", C.c_uint32),
+        ("total_kv_blocks", C.c_uint32),
+        ("error_code", C.c_int32),  # last engine-side error (0 = none), e.g. a device launch error
+        ("heartbeat", C.c_uint64),  # bumped by the engine loop, also when idle
+        ("steps", C.c_uint64),
+        ("tokens", C.c_uint64),  # generated tokens
+        ("preemptions", C.c_uint64),
+        ("exited", C.c_uint32),  # 1 once the engine loop has returned
+        ("_pad2", C.c_uint8 * 4),
+    ]
+
+
+class RingHeader(C.Structure):
+    """Head and tail on their own cache lines so producer and consumer never share one."""
+
+    _fields_ = [
+        ("tail", C.c_uint64),  # producer-owned
+        ("_pad0", C.c_uint8 * 56),
+        ("head", C.c_uint64),  # consumer-owned
+        ("_pad1", C.c_uint8 * 56),
+    ]
+
+
+class RequestDescriptor(C.Structure):
+    """One ingress record: a new request (KIND_REQUEST) or an abort (KIND_ABORT, only req_id used).
+
+    The prompt is `prompt_len` int32 tokens at arena counter `arena_offset`, followed by
+    `num_logit_bias` token ids and then `num_logit_bias` float32 biases (as int32 bits). The consumer
+    advances the arena head by `arena_len` once it has copied them out.
+    """
+
+    _fields_ = [
+        ("kind", C.c_uint32),
+        ("num_stop_ids", C.c_uint32),
+        ("req_id", C.c_uint64),
+        ("arena_offset", C.c_uint64),
+        ("prompt_len", C.c_uint32),
+        ("num_logit_bias", C.c_uint32),
+        ("arena_len", C.c_uint32),
+        ("max_tokens", C.c_uint32),
+        ("min_tokens", C.c_uint32),
+        ("flags", C.c_uint32),
+        ("temperature", C.c_float),
+        ("top_p", C.c_float),
+        ("top_k", C.c_int32),
+        ("min_p", C.c_float),
+        ("presence_penalty", C.c_float),
+        ("frequency_penalty", C.c_float),
+        ("repetition_penalty", C.c_float),
+        ("num_logprobs", C.c_int32),  # -1 = no logprobs, 0 = chosen token only, k = top-k too
+        ("seed", C.c_uint64),
+        ("stop_token_ids", C.c_int32 * MAX_STOP_IDS),
+    ]
+
+
+class TokenRecord(C.Structure):
+    """One egress record: a generated token, or the end of a request (finish_reason != 0).
+
+    A request's last record carries its finish reason; for abort/error with no new token, token_id = -1.
+    """
+
+    _fields_ = [
+        ("req_id", C.c_uint64),
+        ("token_id", C.c_int32),
+        ("position", C.c_int32),  # index of this output token: 0, 1, 2, ...
+        ("finish_reason", C.c_uint32),  # blink.request.FinishReason
+        ("num_top", C.c_uint32),
+        ("logprob", C.c_float),
+        ("_pad", C.c_uint32),
+        ("top_ids", C.c_int32 * MAX_TOP_LOGPROBS),
+        ("top_logprobs", C.c_float * MAX_TOP_LOGPROBS),
+    ]
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class SegmentLayout:
+    """Byte offsets of each section inside the shared-memory segment."""
+
+    ingress_capacity: int
+    arena_capacity: int
+    egress_capacity: int
+
+    @property
+    def control(self) -> int:
+        return 0
+
+    @property
+    def ingress_header(self) -> int:
+        return PAGE
+
+    @property
+    def ingress_records(self) -> int:
+        return self.ingress_header + C.sizeof(RingHeader)
+
+    @property
+    def arena_header(self) -> int:
+        return _align(self.ingress_records + self.ingress_capacity * C.sizeof(RequestDescriptor), PAGE)
+
+    @property
+    def arena_data(self) -> int:
+        return self.arena_header + C.sizeof(RingHeader)
+
+    @property
+    def egress_header(self) -> int:
+        return _align(self.arena_data + self.arena_capacity * 4, PAGE)
+
+    @property
+    def egress_records(self) -> int:
+        return self.egress_header + C.sizeof(RingHeader)
+
+    @property
+    def size(self) -> int:
+        return _align(self.egress_records + self.egress_capacity * C.sizeof(TokenRecord), PAGE)
