@@ -1,0 +1,73 @@
+"""Engine arguments shared by `generate`, `serve` and the engine process (vLLM's flag names)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    model: str | None = None  # a model dir or a preset name; None = the default demo model
+    tokenizer: str | None = None  # defaults to the model dir
+    dtype: str = "auto"  # auto | bfloat16 | float16 | float32
+    device: str | None = None  # cuda | cpu; None = cuda when present
+    max_model_len: int | None = None  # None = the model's max_position_embeddings (capped at 8192)
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    num_kv_blocks: int | None = None  # explicit pool size (CPU default: enough for max_num_seqs x 512)
+    enforce_eager: bool = False
+    seed: int = 0
+    engine: str | None = None  # device | host; None = device on a GPU, host otherwise
+    tensor_parallel_size: int = 1
+
+    @property
+    def resolved_device(self) -> str:
+        return self.device or default_device()
+
+    @property
+    def resolved_engine(self) -> str:
+        return self.engine or ("device" if self.resolved_device == "cuda" else "host")
+
+    @staticmethod
+    def add_cli_args(p: argparse.ArgumentParser) -> None:
+        d = EngineArgs()
+        p.add_argument("--model", default=d.model, help="model dir or preset (default: the demo model)")
+        p.add_argument("--tokenizer", default=d.tokenizer)
+        p.add_argument("--dtype", default=d.dtype, choices=["auto", "bfloat16", "float16", "float32"])
+        p.add_argument("--device", default=d.device, choices=["cuda", "cpu"])
+        p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+        p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+        p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+        p.add_argument("--block-size", type=int, default=d.block_size)
+        p.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
+        p.add_argument("--num-kv-blocks", type=int, default=d.num_kv_blocks)
+        p.add_argument("--enforce-eager", action="store_true")
+        p.add_argument("--seed", type=int, default=d.seed)
+        p.add_argument("--engine", default=d.engine, choices=["device", "host"])
+        p.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
+
+    @classmethod
+    def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(ns).items() if k in names})
+
+    def to_cli(self) -> list[str]:
+        """The flags that reproduce these arguments (for starting the engine process)."""
+        out: list[str] = []
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(v, bool):
+                out += [flag] if v else []
+            elif v is not None:
+                out += [flag, str(v)]
+        return out
