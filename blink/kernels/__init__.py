@@ -1,0 +1,40 @@
+"""Kernels: each op runs its Triton kernel on CUDA tensors and its torch reference otherwise."""
+from __future__ import annotations
+
+import torch
+
+from blink.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
+from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.kv_write import write_kv_ref, write_kv_triton
+from blink.kernels.rmsnorm import rms_norm_ref, rms_norm_triton
+from blink.kernels.rope import apply_rope_ref, apply_rope_triton
+
+__all__ = ["write_kv", "paged_attention", "rms_norm", "apply_rope", "silu_and_mul"]
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    impl = write_kv_triton if k.is_cuda else write_kv_ref
+    impl(k, v, k_cache, v_cache, slot_mapping)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                    scale: float) -> torch.Tensor:
+    impl = paged_attention_triton if q.is_cuda else paged_attention_ref
+    return impl(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    impl = rms_norm_triton if x.is_cuda else rms_norm_ref
+    return impl(x, weight, eps, residual)
+
+
+def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor):
+    impl = apply_rope_triton if q.is_cuda else apply_rope_ref
+    return impl(q, k, positions, cos_sin)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    impl = silu_and_mul_triton if x.is_cuda else silu_and_mul_ref
+    return impl(x)

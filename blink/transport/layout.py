@@ -23,6 +23,10 @@ KIND_REQUEST = 1
 KIND_ABORT = 2
 FLAG_IGNORE_EOS = 1
 
+ENGINE_MODE_NONE = 0  # ControlBlock.engine_mode
+ENGINE_MODE_HOST = 1
+ENGINE_MODE_DEVICE = 2
+
 
 class ControlBlock(C.Structure):
     """Engine status and host->engine commands. Written by the engine unless noted."""

@@ -1,0 +1,3 @@
+from blink.bench.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,131 @@
+"""One interference process (run as `python -m blink.bench.attack_worker`), started by attackers.py.
+
+It works until its deadline or SIGTERM/SIGINT, then prints one JSON line (what it did) and exits 0.
+It dies with its parent (PR_SET_PDEATHSIG) and never opens a socket.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1
+
+# What one short-lived "compile" process does: die with its driver, then compress half a MiB with bz2
+# (the paper's pbzip2 job in miniature; ~0.1 s of CPU, plus the interpreter's start-up, like a cc1 run).
+COMPILE_JOB = (
+    "import ctypes, os, bz2\n"
+    "ctypes.CDLL(None).prctl(1, 9)\n"
+    "bz2.compress(os.urandom(1 << 19), 9)\n"
+)
+
+
+def die_with_parent(parent_pid: int) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(0)
+
+
+def spin(stop: threading.Event, deadline: float, _args) -> dict:
+    iterations, x = 0, 1.0
+    while not stop.is_set() and time.monotonic() < deadline:
+        for _ in range(20_000):
+            x = x * 1.0000001 + 1e-9
+        iterations += 1
+    return {"iterations": iterations}
+
+
+def memory(stop: threading.Event, deadline: float, args) -> dict:
+    """Stream copies between two buffers each larger than the LLC: every pass evicts the whole cache."""
+    import numpy as np
+
+    elements = max(1, args.buffer_mib * (1 << 20) // 2 // 8)
+    source = np.ones(elements, dtype=np.float64)
+    target = np.empty_like(source)
+    passes = 0
+    while not stop.is_set() and time.monotonic() < deadline:
+        np.copyto(target, source)
+        source, target = target, source
+        passes += 1
+    return {"iterations": passes, "bytes_streamed": passes * 2 * source.nbytes}
+
+
+def compile_like(stop: threading.Event, deadline: float, _args) -> dict:
+    """One short-lived CPU-bound child after another, as one `make -j` slot does."""
+    jobs = 0
+    while not stop.is_set() and time.monotonic() < deadline:
+        child = subprocess.Popen([sys.executable, "-S", "-c", COMPILE_JOB], stdin=subprocess.DEVNULL)
+        while child.poll() is None:
+            if stop.is_set() or time.monotonic() >= deadline:
+                child.kill()
+                child.wait()
+                return {"iterations": jobs}
+            time.sleep(0.005)
+        jobs += 1
+    return {"iterations": jobs}
+
+
+def load_tokenizer(path: str | None):
+    """The given tokenizer.json (or a dir holding one); without one, a small BPE trained on the spot."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    if path:
+        return Tokenizer.from_file(os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path)
+    from blink.bench.token_codec import synthetic_text
+
+    tokenizer = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=2000, special_tokens=["[UNK]"], show_progress=False)
+    tokenizer.train_from_iterator(synthetic_text(seed=1, num_words=4000).split("\n"), trainer)
+    return tokenizer
+
+
+def tokenize(stop: threading.Event, deadline: float, args) -> dict:
+    """Tokenize a long prompt again and again, as a front end under a flood of long requests does."""
+    tokenizer = load_tokenizer(args.tokenizer)
+    from blink.bench.token_codec import synthetic_text
+
+    prompt = synthetic_text(seed=2, num_words=args.prompt_words)
+    encodes, tokens = 0, 0
+    while not stop.is_set() and time.monotonic() < deadline:
+        tokens += len(tokenizer.encode(prompt).ids)
+        encodes += 1
+    return {"iterations": encodes, "tokens": tokens}
+
+
+KINDS = {"spin": spin, "memory": memory, "compile": compile_like, "tokenize": tokenize}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--kind", choices=sorted(KINDS), required=True)
+    p.add_argument("--seconds", type=float, required=True)
+    p.add_argument("--parent-pid", type=int, required=True)
+    p.add_argument("--cpu", type=int, default=None)
+    p.add_argument("--buffer-mib", type=int, default=256)
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--prompt-words", type=int, default=4000)
+    args = p.parse_args(argv)
+    started = time.monotonic()
+    deadline = started + args.seconds
+    die_with_parent(args.parent_pid)
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    report = KINDS[args.kind](stop, deadline, args)
+    report.update(kind=args.kind, cpu=args.cpu, pid=os.getpid(), seconds=time.monotonic() - started,
+                  stopped_by_signal=stop.is_set())
+    print(json.dumps(report), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

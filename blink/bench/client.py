@@ -1,0 +1,80 @@
+"""One streaming OpenAI completion request, timed chunk by chunk."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+
+from blink.bench.metrics import RequestResult
+from blink.bench.workload import SampleRequest
+
+
+def completion_payload(model: str, request: SampleRequest, ignore_eos: bool, temperature: float) -> dict:
+    payload = {
+        "model": model,
+        "prompt": request.prompt,
+        "max_tokens": request.expected_output_len,
+        "temperature": temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if ignore_eos:
+        payload["ignore_eos"] = True
+    return payload
+
+
+def is_token_chunk(choice: dict) -> bool:
+    """A chunk that carries generated output. A closing chunk with no text (only a finish reason) does
+    not: counting it would add a spurious inter-token gap."""
+    return bool(choice.get("text")) or choice.get("finish_reason") is None
+
+
+async def stream_completion(http: httpx.AsyncClient, url: str, payload: dict, prompt_len: int) -> RequestResult:
+    """Send one request; TTFT at the first token chunk, one ITL per later token chunk, E2E at the last."""
+    result = RequestResult(prompt_len=prompt_len)
+    start = time.perf_counter()
+    result.start_time = start
+    last_token_time = start
+    token_chunks = 0
+    completion_tokens = None
+    try:
+        async with http.stream("POST", url, json=payload) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")
+                result.error = f"HTTP {response.status_code}: {body[:300]}"
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:"):].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    result.error = str(chunk["error"])[:300]
+                    return result
+                now = time.perf_counter()
+                choices = chunk.get("choices") or []
+                if choices and is_token_chunk(choices[0]):
+                    if token_chunks == 0:
+                        result.ttft = now - start
+                    else:
+                        result.itl.append(now - last_token_time)
+                    last_token_time = now
+                    token_chunks += 1
+                    result.generated_text += choices[0].get("text") or ""
+                usage = chunk.get("usage")
+                if usage:
+                    completion_tokens = usage.get("completion_tokens")
+                    result.prompt_len = usage.get("prompt_tokens") or result.prompt_len
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    if token_chunks == 0:
+        result.error = "the stream ended without any token"
+        return result
+    result.latency = last_token_time - start
+    result.output_tokens = completion_tokens if completion_tokens is not None else token_chunks
+    result.success = True
+    return result

@@ -1,0 +1,89 @@
+"""Send a workload to an OpenAI-compatible server on an arrival schedule and summarise what came back."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+
+import httpx
+from tqdm.auto import tqdm
+
+from blink.bench.client import completion_payload, stream_completion
+from blink.bench.metrics import RequestResult, summarize
+from blink.bench.workload import SampleRequest, arrival_offsets
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    base_url: str
+    model: str
+    endpoint: str = "/v1/completions"
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    seed: int = 0
+    # Time-boxed runs (interference points): no request is sent after `max_duration_s`, and those still
+    # running `drain_s` later are cancelled and reported as `incomplete`, not as failures.
+    max_duration_s: float | None = None
+    drain_s: float = 30.0
+    show_progress: bool = True
+
+
+@dataclass
+class LoadOutcome:
+    results: list[RequestResult]  # finished requests, successful or failed, in completion order
+    incomplete: int  # cancelled at the deadline or never sent
+    duration_s: float
+
+    def summary(self) -> dict:
+        return {**summarize(self.results, self.duration_s), "incomplete": self.incomplete}
+
+
+async def run_load(config: LoadConfig, requests: list[SampleRequest]) -> LoadOutcome:
+    offsets = arrival_offsets(len(requests), config.request_rate, config.burstiness, config.seed)
+    limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
+    url = config.base_url.rstrip("/") + config.endpoint
+    results: list[RequestResult] = []
+    progress = tqdm(total=len(requests), disable=not config.show_progress, desc="requests")
+
+    async def one(http: httpx.AsyncClient, request: SampleRequest) -> None:
+        payload = completion_payload(config.model, request, config.ignore_eos, config.temperature)
+        async with limit or contextlib.nullcontext():
+            result = await stream_completion(http, url, payload, request.prompt_len)
+        results.append(result)
+        progress.update(1)
+
+    # No connection limit: the arrival schedule (and --max-concurrency), not the pool, bounds the load.
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(None, connect=60.0)
+    tasks: list[asyncio.Task] = []
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+        start = time.perf_counter()
+        send_deadline = start + config.max_duration_s if config.max_duration_s else math.inf
+        for request, offset in zip(requests, offsets, strict=True):
+            send_at = start + float(offset)
+            if send_at > send_deadline:
+                break
+            await asyncio.sleep(max(0.0, send_at - time.perf_counter()))
+            tasks.append(asyncio.create_task(one(http, request)))
+        wait_s = None if math.isinf(send_deadline) else max(0.0, send_deadline + config.drain_s - time.perf_counter())
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=wait_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        duration = time.perf_counter() - start
+    progress.close()
+    return LoadOutcome(results=results, incomplete=len(requests) - len(results), duration_s=duration)
+
+
+async def fetch_model_name(base_url: str) -> str:
+    """The first model the server lists, for when --model is not given."""
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        response = await http.get(base_url.rstrip("/") + "/v1/models")
+        response.raise_for_status()
+        return response.json()["data"][0]["id"]

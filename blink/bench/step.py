@@ -1,0 +1,92 @@
+"""`blink bench step`: one decode step (forward + sampling) replayed from its CUDA graph, per preset and
+batch size, with a fixed context per sequence, against the roofline floor (blink/bench/roofline.py)."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from blink.bench.roofline import ModelShape
+from blink.config import EngineArgs
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("step", help="decode step time from CUDA graphs vs the roofline floor (GPU)")
+    p.add_argument("--presets", default="llama3-8b,llama3.2-1b,qwen3-8b", help="comma-separated presets")
+    p.add_argument("--batches", default="1,8,32,128")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--num-layers", type=int, default=None, help="override layers (quick checks)")
+    p.add_argument("--result-json", default=None)
+    p.set_defaults(handler=run)
+
+
+def decode_plan(scheduler_cls, batches: int, context: int, block_size: int):
+    """A plan of `batches` sequences that each decode one token after `context` cached tokens."""
+    from blink.engine.scheduler import ScheduledChunk, StepPlan
+    from blink.engine.sequence import Sequence, SeqStatus
+    from blink.request import SamplingParams
+
+    chunks, blocks_per = [], -(-(context + 1) // block_size)
+    for i in range(batches):
+        seq = Sequence(i, [1 + (i * 7 + j) % 1000 for j in range(context)], SamplingParams(temperature=0),
+                       seed=i, arrival=i, output_ids=[5], num_computed=context, slot=i,
+                       status=SeqStatus.RUNNING)
+        seq.block_ids = list(range(i * blocks_per, (i + 1) * blocks_per))
+        chunks.append(ScheduledChunk(seq, context, 1))
+    return StepPlan(chunks, [])
+
+
+def time_step(preset: str, batches: list[int], context: int, iters: int, layers: int | None) -> list[dict]:
+    from blink.engine.loaded_model import LoadedModel
+    from blink.engine.runner import ModelRunner
+
+    max_b = max(batches)
+    blocks = max_b * (-(-(context + 1) // 16))
+    args = EngineArgs(model=preset, dtype="bfloat16", device="cuda", max_num_seqs=max_b,
+                      max_num_batched_tokens=max_b, num_kv_blocks=blocks, max_model_len=context + 16)
+    m = LoadedModel.load(args, num_layers=layers)
+    runner = ModelRunner(m.model, m.kv_cache, m.sampling_state, max_num_seqs=max_b,
+                         max_num_batched_tokens=max_b, max_model_len=m.max_model_len, device="cuda",
+                         use_graphs=True)
+    shape = ModelShape.of(m.cfg)
+    rows = []
+    for b in batches:
+        plan = decode_plan(None, b, context, 16)
+        bucket = runner.bucket_for(b, b)
+        runner.prepare(plan, runner.buffers, bucket)
+        graph = runner.graphs[bucket]
+        for _ in range(3):
+            graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(iters):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        ms = sorted(times)[len(times) // 2]
+        floor = shape.decode_floor_s(b, context) * 1e3
+        rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "batch": b, "bucket": bucket[0],
+                     "context": context, "ms": round(ms, 4), "floor_ms": round(floor, 4),
+                     "ratio": round(ms / floor, 3)})
+        print(f"{preset:12s} layers={m.cfg.num_hidden_layers:3d} batch={b:4d} (bucket {bucket[0]:4d}) "
+              f"ctx={context}: {ms:8.3f} ms  floor {floor:8.3f} ms  ratio {ms / floor:5.2f}", flush=True)
+    del runner, m
+    torch.cuda.empty_cache()
+    return rows
+
+
+def run(ns: argparse.Namespace) -> int:
+    if not torch.cuda.is_available():
+        raise ValueError("bench step needs a CUDA GPU")
+    batches = [int(b) for b in ns.batches.split(",")]
+    rows = []
+    for preset in ns.presets.split(","):
+        rows += time_step(preset, batches, ns.context, ns.iters, ns.num_layers)
+    if ns.result_json:
+        with open(ns.result_json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0

@@ -1,0 +1,117 @@
+"""Token ids <-> text for building benchmark prompts: a local tokenizer, or the server's own.
+
+Both codecs encode *without* special tokens (the server adds its BOS itself when it tokenizes the prompt)
+and expose `candidate_ids()`: the ids random prompts are drawn from (never special or added tokens).
+"""
+from __future__ import annotations
+
+import os
+import string
+
+import httpx
+import numpy as np
+
+
+class LocalTokenCodec:
+    """A tokenizer from a local model dir: tokenizer.json through HF `tokenizers`, else AutoTokenizer."""
+
+    def __init__(self, path: str):
+        tokenizer_json = os.path.join(path, "tokenizer.json")
+        if os.path.isfile(tokenizer_json):
+            from tokenizers import Tokenizer
+
+            self._fast = Tokenizer.from_file(tokenizer_json)
+            self._hf = None
+            added = set(self._fast.get_added_tokens_decoder())
+            size = self._fast.get_vocab_size(with_added_tokens=True)
+        else:
+            from transformers import AutoTokenizer
+
+            self._fast = None
+            self._hf = AutoTokenizer.from_pretrained(path)
+            added = set(self._hf.all_special_ids) | set(self._hf.added_tokens_decoder)
+            size = len(self._hf)
+        self._candidates = np.array([i for i in range(size) if i not in added], dtype=np.int64)
+
+    def encode(self, text: str) -> list[int]:
+        if self._fast is not None:
+            return self._fast.encode(text, add_special_tokens=False).ids
+        return self._hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int]) -> str:
+        ids = [int(i) for i in ids]
+        if self._fast is not None:
+            return self._fast.decode(ids, skip_special_tokens=False)
+        return self._hf.decode(ids, skip_special_tokens=False)
+
+    def candidate_ids(self) -> np.ndarray:
+        return self._candidates
+
+
+def synthetic_text(seed: int, num_words: int) -> str:
+    """Seeded pseudo-words, digits and punctuation: text that exercises much of a BPE vocabulary."""
+    rng = np.random.default_rng(seed)
+    alphabet = np.array(list(string.ascii_letters + string.digits))
+    punctuation = [" ", " ", " ", ", ", ". ", "; ", "\n", " (", ") ", "-", "'s "]
+    words = []
+    for length in rng.integers(1, 11, num_words):
+        words.append("".join(rng.choice(alphabet, length)))
+        words.append(punctuation[rng.integers(len(punctuation))])
+    return "".join(words)
+
+
+class ServerTokenCodec:
+    """The server's POST /tokenize and /detokenize, for when no local tokenizer is at hand.
+
+    The server's vocabulary size is not part of that API, so random ids are drawn from the ids the
+    server returns for a seeded synthetic text (a few thousand distinct tokens).
+    """
+
+    def __init__(self, base_url: str, model: str, seed: int = 0, timeout_s: float = 60.0):
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
+        self._model = model
+        self._prefix = self._special_prefix()
+        pool = self.encode(synthetic_text(seed, num_words=8000))
+        self._candidates = np.unique(np.asarray(pool, dtype=np.int64))
+        if self._candidates.size == 0:
+            raise RuntimeError("the server's /tokenize returned no tokens for the synthetic text")
+
+    def _special_prefix(self) -> list[int]:
+        """What the server still puts before any text (a BOS from a server that ignores
+        add_special_tokens): stripped from every encode."""
+        try:
+            return self._tokenize("")
+        except httpx.HTTPStatusError:
+            return []
+
+    def _tokenize(self, text: str) -> list[int]:
+        body = {"model": self._model, "prompt": text, "add_special_tokens": False}
+        response = self._http.post("/tokenize", json=body)
+        response.raise_for_status()
+        return list(response.json()["tokens"])
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._tokenize(text)
+        if self._prefix and ids[: len(self._prefix)] == self._prefix:
+            ids = ids[len(self._prefix):]
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        body = {"model": self._model, "tokens": [int(i) for i in ids]}
+        response = self._http.post("/detokenize", json=body)
+        response.raise_for_status()
+        return response.json()["prompt"]
+
+    def candidate_ids(self) -> np.ndarray:
+        return self._candidates
+
+    def close(self) -> None:
+        self._http.close()
+
+
+def make_codec(tokenizer: str | None, model: str | None, base_url: str, seed: int = 0):
+    """--tokenizer, else --model when it is a local dir, else the server's own endpoints."""
+    path = tokenizer or (model if model and os.path.isdir(model) else None)
+    if path is not None:
+        return LocalTokenCodec(path)
+    return ServerTokenCodec(base_url, model or "", seed=seed)

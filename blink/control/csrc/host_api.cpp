@@ -1,0 +1,101 @@
+// The scheduler logic built for the host (g++) and driven through ctypes by tests/control: the test
+// plays the forward pass (it reads the step inputs and writes sampled ids) between prepare and complete.
+#include "abi.h"
+#include "sched.h"
+
+using namespace blink;
+
+namespace {
+
+// Every KV block is either free or held by exactly one running request; likewise slots; queues and
+// statuses agree. Returns 0, or a code saying which invariant broke.
+int check_invariants(const SchedState* s, const SchedConfig& c) {
+  static int owner[1 << 20];
+  if (c.num_blocks > (1 << 20)) return 99;
+  for (int b = 0; b < c.num_blocks; ++b) owner[b] = 0;
+  for (int i = 0; i < s->free_block_top; ++i) owner[s->free_blocks[i]]++;
+  int slot_seen[4096] = {0};
+  for (int i = 0; i < s->free_slot_top; ++i) slot_seen[s->free_slots[i]]++;
+  int running = 0, waiting = 0, staged = 0;
+  for (int e = 0; e < c.max_requests; ++e) {
+    const RequestEntry& r = s->entries[e];
+    if (r.status == kRunning) {
+      ++running;
+      if (r.slot < 0) return 3;
+      slot_seen[r.slot]++;
+      const int32_t* table = s->block_tables + (int64_t)r.slot * c.max_blocks_per_seq;
+      for (int j = 0; j < r.num_blocks; ++j) owner[table[j]]++;
+      if (r.num_computed > r.num_blocks * c.block_size) return 4;
+    } else if (r.status == kWaiting) {
+      ++waiting;
+      if (r.slot != -1 || r.num_blocks != 0) return 5;
+    } else if (r.status == kStaging) {
+      ++staged;
+    }
+  }
+  for (int b = 0; b < c.num_blocks; ++b)
+    if (owner[b] != 1) return 1;
+  for (int i = 0; i < c.max_num_seqs; ++i)
+    if (slot_seen[i] != 1) return 2;
+  if (running != s->running_count || waiting != s->waiting_count || staged != 0) return 6;
+  if (s->free_entry_top + running + waiting != c.max_requests) return 7;
+  for (int k = 0; k < s->running_count; ++k)
+    if (s->entries[s->running[k]].status != kRunning) return 8;
+  for (int k = 0; k < s->waiting_count; ++k)
+    if (s->entries[s->waiting[(s->waiting_head + k) % c.max_requests]].status != kWaiting) return 9;
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+void blink_abi_layout(uint64_t* out) { abi_layout(out); }
+
+uint64_t blink_sched_state_bytes(const SchedConfig* c) { return sched_carve(nullptr, *c); }
+
+void blink_sched_init(void* state, const SchedConfig* c, uint64_t ingress_head, uint64_t arena_head,
+                      uint64_t egress_tail) {
+  sched_init(static_cast<SchedState*>(state), *c, ingress_head, arena_head, egress_tail);
+}
+
+// One step up to the forward: returns its rows (0 = idle); bucket and parity via blink_sched_info.
+int blink_sched_prepare(const LoopParams* p) { return sched_prepare(Team{0, 1}, *p); }
+
+// The forward ran (the caller wrote sampled ids into buffers[launched & 1]): finish the step.
+void blink_sched_complete(const LoopParams* p) {
+  p->state->launched++;
+  sched_complete(Team{0, 1}, *p);
+}
+
+// The step could not run (as after a failed launch): its requests end with ERROR.
+void blink_sched_fail(const LoopParams* p, int32_t code) { fail_step(p->state, p->cfg, p->rings, code); }
+
+int blink_sched_check(const void* state, const SchedConfig* c) {
+  return check_invariants(static_cast<const SchedState*>(state), *c);
+}
+
+// [running, waiting, free_blocks, free_slots, free_entries, plan_rows, plan_tokens, plan_bucket,
+//  parity, preemptions, steps, tokens, error_code]
+void blink_sched_info(const void* state, int64_t* out) {
+  const SchedState* s = static_cast<const SchedState*>(state);
+  const int64_t v[] = {s->running_count, s->waiting_count, s->free_block_top, s->free_slot_top,
+                       s->free_entry_top, s->plan_rows, s->plan_tokens, s->plan_bucket,
+                       (int64_t)(s->launched & 1), (int64_t)s->preemptions, (int64_t)s->steps,
+                       (int64_t)s->tokens, s->error_code};
+  for (unsigned i = 0; i < sizeof(v) / sizeof(v[0]); ++i) out[i] = v[i];
+}
+
+// The step being built, one (req_id, first position, tokens, samples) per row, in row order.
+void blink_sched_plan(const void* state, int64_t* out) {
+  const SchedState* s = static_cast<const SchedState*>(state);
+  for (int r = 0; r < s->plan_rows; ++r) {
+    const RequestEntry& e = s->entries[s->row_entry[r]];
+    out[4 * r] = (int64_t)e.desc.req_id;
+    out[4 * r + 1] = s->row_start[r];
+    out[4 * r + 2] = s->row_len[r];
+    out[4 * r + 3] = s->row_start[r] + s->row_len[r] == entry_num_tokens(e);
+  }
+}
+
+}  // extern "C"

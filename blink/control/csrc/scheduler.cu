@@ -1,0 +1,191 @@
+// Device mode's resident scheduler (Blink's pattern, shared/probes/chain.cu "(c)"): one CTA in its own
+// device-launchable graph. Per step it polls the ingress ring, builds the step (sched.h), fire-and-forget
+// launches the bucket's forward graph (two execs per bucket, one per buffer set, alternated), spins on a
+// completion counter that the graph's last kernel (step_done) bumps, then completes the step. Every
+// `launches_per_kernel` launches it tail-relaunches itself to renew the fire-and-forget budget.
+#include <cuda_runtime.h>
+
+#include "abi.h"
+#include "sched.h"
+
+using namespace blink;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr uint32_t kIdleMinNs = 256;
+constexpr uint32_t kIdleMaxNs = 8192;  // worst-case added latency for a request arriving at an idle engine
+
+__device__ __forceinline__ uint32_t load_acquire_gpu(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The last node of every forward graph: its outputs are written; tell the scheduler.
+__global__ void step_done_kernel(uint32_t* counter) {
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(counter, 1u);
+  }
+}
+
+__global__ void init_kernel(SchedState* s, SchedConfig c, uint64_t ingress_head, uint64_t arena_head,
+                            uint64_t egress_tail) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) sched_init(s, c, ingress_head, arena_head, egress_tail);
+}
+
+// Leader: launch the planned step's forward graph and wait for it. On failure the step's requests
+// end with ERROR (fail_step) and the loop goes on, except after a timeout (the graph may still run).
+__device__ void launch_and_wait(const LoopParams& p) {
+  SchedState* s = p.state;
+  const int parity = (int)(s->launched & 1);
+  cudaGraphExec_t exec = static_cast<cudaGraphExec_t*>(p.graph_execs)[s->plan_bucket * 2 + parity];
+  uint64_t* trace = p.trace + (s->launched % (uint64_t)p.cfg.trace_capacity) * kTraceWords;
+  const uint32_t target = (uint32_t)(s->launched + 1);
+  __threadfence();  // the step's inputs (written by the whole CTA, then __syncthreads) before the launch
+  const uint64_t t0 = now_ns();
+  const cudaError_t err = cudaGraphLaunch(exec, cudaStreamGraphFireAndForget);
+  if (err != cudaSuccess) {
+    fail_step(s, p.cfg, p.rings, kErrLaunchBase + (int32_t)err);
+    return;
+  }
+  s->launched++;
+  s->launches_this_kernel++;
+  while ((int32_t)(load_acquire_gpu(&s->done_count) - target) < 0) {
+    if ((int64_t)(now_ns() - t0) > p.cfg.step_timeout_ns) {
+      fail_step(s, p.cfg, p.rings, kErrStepTimeout);
+      return;
+    }
+  }
+  trace[0] = t0;
+  trace[1] = now_ns();
+  trace[2] = ((uint64_t)s->plan_tokens << 32) | (uint32_t)s->plan_rows;
+}
+
+__global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* params) {
+  const LoopParams& p = *params;
+  const Team t{(int)threadIdx.x, (int)blockDim.x};
+  SchedState* s = p.state;
+  ControlBlock* ctl = p.rings.control;
+  if (t.leader()) {
+    s->launches_this_kernel = 0;
+    if (s->idle_ns == 0) s->idle_ns = kIdleMinNs;
+    store_volatile(&ctl->engine_mode, kEngineModeDevice);
+    store_volatile(&ctl->ready, 1u);
+  }
+  while (true) {
+    if (t.leader()) s->stopping = load_volatile(&ctl->stop_flag) != 0 || s->error_code == kErrStepTimeout;
+    t.sync();
+    if (load_volatile(&s->stopping)) break;
+    if (sched_prepare(t, p) == 0) {
+      if (t.leader()) {  // idle: back off, but keep the heartbeat going
+        publish_counters(s, p.cfg, p.rings);
+        pause_ns((uint32_t)s->idle_ns);
+        s->idle_ns = s->idle_ns * 2 > (int)kIdleMaxNs ? (int)kIdleMaxNs : s->idle_ns * 2;
+      }
+      t.sync();
+      continue;
+    }
+    if (t.leader()) {
+      s->idle_ns = kIdleMinNs;
+      launch_and_wait(p);
+    }
+    t.sync();
+    if (load_volatile(&s->plan_rows) > 0) sched_complete(t, p);  // fail_step leaves no rows
+    if (load_volatile(&s->launches_this_kernel) >= p.cfg.launches_per_kernel) {
+      if (t.leader()) {
+        const cudaError_t err = cudaGraphLaunch(cudaGetCurrentGraphExec(), cudaStreamGraphTailLaunch);
+        if (err != cudaSuccess) {
+          set_error(s, p.rings, kErrTailLaunchBase + (int32_t)err);
+          store_release(&ctl->exited, 1u);
+        }
+      }
+      return;
+    }
+  }
+  if (t.leader()) {
+    egress_flush(s, p.rings);
+    publish_counters(s, p.cfg, p.rings);
+    store_release(&ctl->exited, 1u);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+void blink_abi_layout(uint64_t* out) { abi_layout(out); }
+
+uint64_t blink_sched_state_bytes(const SchedConfig* c) { return sched_carve(nullptr, *c); }
+
+int blink_sched_init_device(void* state, const SchedConfig* c, uint64_t ingress_head, uint64_t arena_head,
+                            uint64_t egress_tail, void* stream) {
+  init_kernel<<<1, 1, 0, (cudaStream_t)stream>>>((SchedState*)state, *c, ingress_head, arena_head, egress_tail);
+  return (int)cudaGetLastError();
+}
+
+// Called by the host inside each forward graph's capture, after sampling: the graph's last node.
+int blink_capture_step_done(void* stream, void* counter) {
+  step_done_kernel<<<1, 32, 0, (cudaStream_t)stream>>>((uint32_t*)counter);
+  return (int)cudaGetLastError();
+}
+
+void* blink_done_counter(void* state) { return &static_cast<SchedState*>(state)->done_count; }
+
+int blink_host_register(void* ptr, uint64_t bytes) {
+  return (int)cudaHostRegister(ptr, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable);
+}
+int blink_host_unregister(void* ptr) { return (int)cudaHostUnregister(ptr); }
+int blink_host_device_pointer(void* host, void** dev) { return (int)cudaHostGetDevicePointer(dev, host, 0); }
+
+int blink_stream_create(void** stream) {
+  return (int)cudaStreamCreateWithFlags((cudaStream_t*)stream, cudaStreamNonBlocking);
+}
+int blink_stream_query(void* stream) { return (int)cudaStreamQuery((cudaStream_t)stream); }
+int blink_stream_synchronize(void* stream) { return (int)cudaStreamSynchronize((cudaStream_t)stream); }
+int blink_stream_destroy(void* stream) { return (int)cudaStreamDestroy((cudaStream_t)stream); }
+
+// A torch-captured graph (g.raw_cuda_graph()) instantiated for launch from the device, and uploaded.
+int blink_instantiate_device(void* raw_graph, void* stream, void** exec) {
+  cudaGraphInstantiateParams ip = {};
+  ip.flags = cudaGraphInstantiateFlagDeviceLaunch;
+  cudaError_t e = cudaGraphInstantiateWithParams((cudaGraphExec_t*)exec, (cudaGraph_t)raw_graph, &ip);
+  if (e != cudaSuccess) return (int)e;
+  return (int)cudaGraphUpload((cudaGraphExec_t)*exec, (cudaStream_t)stream);
+}
+
+// For the error-path self-test: an exec without the device-launch flag (a device launch must fail).
+int blink_instantiate_host_only(void* raw_graph, void** exec) {
+  return (int)cudaGraphInstantiate((cudaGraphExec_t*)exec, (cudaGraph_t)raw_graph, 0);
+}
+
+int blink_exec_destroy(void* exec) { return (int)cudaGraphExecDestroy((cudaGraphExec_t)exec); }
+
+// The scheduler's own graph: one kernel node reading the LoopParams at `params` (device memory).
+int blink_loop_create(void* params, void* stream, void** exec) {
+  cudaGraph_t graph;
+  cudaError_t e = cudaGraphCreate(&graph, 0);
+  if (e != cudaSuccess) return (int)e;
+  cudaKernelNodeParams kp = {};
+  void* args[] = {&params};
+  kp.func = (void*)scheduler_kernel;
+  kp.gridDim = dim3(1);
+  kp.blockDim = dim3(kThreads);
+  kp.kernelParams = args;
+  cudaGraphNode_t node;
+  e = cudaGraphAddKernelNode(&node, graph, nullptr, 0, &kp);
+  if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags((cudaGraphExec_t*)exec, graph,
+                                                          cudaGraphInstantiateFlagDeviceLaunch);
+  if (e == cudaSuccess) e = cudaGraphUpload((cudaGraphExec_t)*exec, (cudaStream_t)stream);
+  cudaGraphDestroy(graph);
+  return (int)e;
+}
+
+int blink_loop_launch(void* exec, void* stream) {
+  return (int)cudaGraphLaunch((cudaGraphExec_t)exec, (cudaStream_t)stream);
+}
+
+const char* blink_cuda_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+
+}  // extern "C"

@@ -1,0 +1,91 @@
+"""Host mode: the conventional architecture. A Python scheduler on the CPU decides every step and
+replays the forward graphs from the host (what vLLM and SGLang do); on a machine without a GPU it runs
+the model eagerly with the torch reference kernels."""
+from __future__ import annotations
+
+import random
+
+from blink.config import EngineArgs
+from blink.engine.interface import Engine, EngineStats, TokenEvent
+from blink.engine.loaded_model import LoadedModel
+from blink.engine.runner import ModelRunner, SampledToken
+from blink.engine.scheduler import Scheduler
+from blink.engine.sequence import Sequence, SeqStatus
+from blink.engine.stops import check_stop
+from blink.request import FinishReason, SamplingParams
+
+
+class HostEngine(Engine):
+    def __init__(self, args: EngineArgs, loaded: LoadedModel | None = None):
+        self.args = args
+        self.m = loaded or LoadedModel.load(args)
+        m = self.m
+        self.scheduler = Scheduler(m.kv_cache.num_blocks, args.block_size, args.max_num_seqs,
+                                   m.max_num_batched_tokens)
+        self.runner = ModelRunner(
+            m.model, m.kv_cache, m.sampling_state, max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=m.max_num_batched_tokens, max_model_len=m.max_model_len,
+            device=m.device, use_graphs=m.device == "cuda" and not args.enforce_eager)
+        self.seqs: dict[int, Sequence] = {}
+        self._pending: list[TokenEvent] = []  # finish events of aborts, returned by the next step()
+        self._arrivals = 0
+        self._steps = 0
+        self._tokens = 0
+        self._rng = random.Random(args.seed)
+
+    # -- Engine interface ------------------------------------------------------------------------------
+    def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
+        if req_id in self.seqs:
+            raise ValueError(f"request id {req_id} is already in use")
+        self.m.validate_prompt(prompt_ids, params)
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        self._arrivals += 1
+        seq = Sequence(req_id, list(prompt_ids), params, seed, self._arrivals)
+        self.seqs[req_id] = seq
+        self.scheduler.add(seq)
+
+    def abort_request(self, req_id: int) -> None:
+        seq = self.seqs.pop(req_id, None)
+        if seq is None:
+            return  # finished already, or never existed: nothing to free
+        self.scheduler.finish(seq)
+        self._pending.append(TokenEvent(req_id, -1, len(seq.output_ids), FinishReason.ABORT))
+
+    def has_unfinished(self) -> bool:
+        return bool(self._pending) or self.scheduler.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        s = self.scheduler
+        return EngineStats(len(s.running), len(s.waiting), s.blocks.num_free, s.blocks.num_blocks,
+                           self._steps, self._tokens, s.num_preemptions)
+
+    def step(self) -> list[TokenEvent]:
+        events, self._pending = self._pending, []
+        plan = self.scheduler.schedule()
+        if not plan.chunks:
+            return events
+        for seq in plan.admitted:
+            self.m.sampling_state.set_slot(seq.slot, seq.params, seq.seed, seq.prompt_ids, seq.output_ids)
+        want_top = max((c.seq.params.logprobs or 0) for c in plan.chunks)
+        sampled = self.runner.execute(plan, want_top)
+        self.scheduler.complete(plan)
+        self._steps += 1
+        for chunk, tok in zip(plan.chunks, sampled, strict=True):
+            if tok is not None:
+                events.append(self._append(chunk.seq, tok))
+        return events
+
+    # -- helpers ------------------------------------------------------------------------------------------
+    def _append(self, seq: Sequence, tok: SampledToken) -> TokenEvent:
+        seq.output_ids.append(tok.token_id)
+        self._tokens += 1
+        reason = check_stop(seq.params, seq.output_ids, seq.num_tokens, self.m.eos_token_ids,
+                            self.m.max_model_len)
+        k = seq.params.logprobs or 0
+        event = TokenEvent(seq.req_id, tok.token_id, len(seq.output_ids) - 1, reason, tok.logprob,
+                           tok.top_ids[:k], tok.top_logprobs[:k])
+        if reason != FinishReason.NONE:
+            self.scheduler.finish(seq)
+            del self.seqs[seq.req_id]
+        assert seq.status in (SeqStatus.RUNNING, SeqStatus.FINISHED)
+        return event

@@ -1,0 +1,98 @@
+"""Everything an engine provisions once at start: model, KV pool, sampling state and the limits."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from blink.config import EngineArgs
+from blink.engine.kv_cache import KVCache, allocate_kv_cache, bytes_per_block, choose_num_blocks
+from blink.engine.sampling_state import SamplingState
+from blink.request import SamplingParams
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    cfg: object  # blink.model.config.ModelConfig
+    kv_cache: KVCache
+    sampling_state: SamplingState
+    device: str
+    max_model_len: int
+    max_num_batched_tokens: int
+    model_path: str | None  # None for a preset (random weights, no tokenizer)
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return tuple(self.cfg.eos_token_ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @classmethod
+    def load(cls, args: EngineArgs, num_layers: int | None = None) -> LoadedModel:
+        """num_layers: cut a preset to fewer layers (quick benchmarks of the real shapes)."""
+        from blink.model.demo import ensure_default_model
+        from blink.model.weights import load_model
+
+        device = args.resolved_device
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda was asked for but no CUDA GPU is available")
+        source = args.model or str(ensure_default_model())
+        dtype = None if args.dtype == "auto" else DTYPES[args.dtype]
+        max_len = args.max_model_len
+        if num_layers is not None:
+            model, cfg = _short_preset(source, num_layers, device, dtype, max_len, args.seed)
+        else:
+            model, cfg = load_model(source, device=device, dtype=dtype, max_positions=max_len, seed=args.seed)
+        dtype = next(model.parameters()).dtype
+        max_len = max_len or min(cfg.max_position_embeddings, 8192)
+        if max_len > cfg.max_position_embeddings:
+            raise ValueError(f"--max-model-len {max_len} exceeds the model's {cfg.max_position_embeddings}")
+        per_block = bytes_per_block(cfg.num_hidden_layers, args.block_size, cfg.num_key_value_heads,
+                                    cfg.head_dim, dtype)
+        num_blocks = choose_num_blocks(args, cfg, dtype, device, per_block)
+        kv = allocate_kv_cache(cfg, num_blocks, args.block_size, dtype, device)
+        # One extra slot: the scratch row that padding and mid-prefill rows point at.
+        state = SamplingState(args.max_num_seqs + 1, cfg.vocab_size, device)
+        path = None if _is_preset(source) else source
+        budget = max(args.max_num_batched_tokens, args.max_num_seqs)
+        return cls(model, cfg, kv, state, device, max_len, budget, path)
+
+    def validate_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """One-line ValueErrors for requests that could never be served."""
+        n = len(prompt_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty")
+        if n >= self.max_model_len:
+            raise ValueError(f"the prompt has {n} tokens but the context length is {self.max_model_len}; "
+                             "at least one token must fit after it")
+        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of range [0, {self.vocab_size})")
+        longest = min(n + params.max_tokens, self.max_model_len)
+        need = -(-longest // self.kv_cache.block_size)
+        if need > self.kv_cache.num_blocks:
+            raise ValueError(f"the request needs up to {need} KV blocks but the pool has "
+                             f"{self.kv_cache.num_blocks}")
+
+
+def _is_preset(source: str) -> bool:
+    from blink.model.presets import PRESETS
+
+    return source in PRESETS
+
+
+def _short_preset(name: str, num_layers: int, device, dtype, max_len, seed):
+    import dataclasses
+
+    from blink.model import presets
+    from blink.model.llama import LlamaForCausalLM
+
+    cfg = dataclasses.replace(presets.get(name), num_hidden_layers=num_layers)
+    model = LlamaForCausalLM(cfg, torch.device(device), dtype or cfg.dtype, max_positions=max_len)
+    presets.init_random_weights(model, seed)
+    return model.eval(), cfg

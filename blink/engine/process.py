@@ -1,0 +1,56 @@
+"""The engine process of `blink serve`: attach the front end's shared memory and serve its rings.
+
+Usage: python -m blink.engine.process --shm NAME [engine args]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import signal
+import sys
+
+from blink.config import EngineArgs
+
+
+def _die_with_parent() -> None:
+    try:  # PR_SET_PDEATHSIG = 1: no orphan engine if the server is killed outright
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="blink-engine")
+    p.add_argument("--shm", required=True, help="name of the shared-memory segment")
+    EngineArgs.add_cli_args(p)
+    ns = p.parse_args(argv)
+    args = EngineArgs.from_cli(ns)
+    _die_with_parent()
+    stop = {"flag": False}
+    signal.signal(signal.SIGTERM, lambda *_: stop.update(flag=True))
+    signal.signal(signal.SIGINT, lambda *_: stop.update(flag=True))
+    from blink.transport.shm import Segment
+
+    segment = Segment.attach(ns.shm)
+    try:
+        if args.resolved_engine == "device":
+            from blink.control.device_engine import serve_device
+
+            serve_device(segment, args, should_stop=lambda: stop["flag"])
+        else:
+            from blink.engine.host_engine import HostEngine
+            from blink.engine.ring_loop import serve_rings
+
+            serve_rings(HostEngine(args), segment, should_stop=lambda: stop["flag"])
+    except (ValueError, OSError) as e:
+        segment.control.error_code = 1
+        print(f"blink engine: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        segment.control.exited = 1
+        segment.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""Per-slot sampling parameters in persistent tensors, written once when a request is admitted.
+
+A running request holds one slot from admission to finish. A step only tells the sampler which slot each
+row belongs to (blink/kernels/sampling.py), so nothing per request is copied per step and the step can
+be a CUDA graph. Device mode's scheduler kernel writes admissions straight into these tensors, so their
+names, dtypes and shapes are a contract (all contiguous, dimension 0 = slot):
+
+| tensor | dtype, shape | meaning |
+| --- | --- | --- |
+| temperature | f32 [slots] | 0 = greedy (argmax of the processed logits) |
+| top_p | f32 [slots] | 1 = off |
+| top_k | i32 [slots] | 0 = off |
+| min_p | f32 [slots] | 0 = off |
+| presence_penalty | f32 [slots] | subtracted once from every token already in the output |
+| frequency_penalty | f32 [slots] | subtracted once per occurrence in the output |
+| repetition_penalty | f32 [slots] | tokens in prompt or output: logit > 0 ? logit / rp : logit * rp |
+| seed | i64 [slots] | RNG key; the uniform for a token is a hash of (seed, position, token id) |
+| bias_ids | i32 [slots, MAX_LOGIT_BIAS] | logit_bias token ids, -1 padded |
+| bias_vals | f32 [slots, MAX_LOGIT_BIAS] | logit_bias values (0 where the id is -1) |
+| output_counts | i32 [slots, vocab] | occurrences of each token in the output so far |
+| prompt_mask | u8 [slots, vocab] | 1 for tokens that occur in the prompt |
+| flags | i32 [slots] | bit 0 (FLAG_PENALTIES): some penalty is on; bit 1 (FLAG_LOGIT_BIAS): bias_ids used |
+
+output_counts and prompt_mask rows are read and updated only while the slot's FLAG_PENALTIES bit is
+set: admitting a request with penalties must zero both rows and then fill them; admitting one without
+may leave them stale. A slot never admitted is greedy with no penalties, so it can serve as a padding
+row (slot -1 works too: greedy, no penalties, never counted).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from blink.request import MAX_LOGIT_BIAS, SamplingParams
+
+FLAG_PENALTIES = 1
+FLAG_LOGIT_BIAS = 2
+
+
+def _as_int64(seed: int) -> int:
+    """Any Python int as the signed 64-bit value with the same low 64 bits."""
+    seed &= (1 << 64) - 1
+    return seed - (1 << 64) if seed >= 1 << 63 else seed
+
+
+class SamplingState:
+    def __init__(self, max_slots: int, vocab_size: int, device: torch.device | str):
+        self.max_slots = max_slots
+        self.vocab_size = vocab_size
+        self.device = torch.device(device)
+
+        def new(dtype: torch.dtype, *shape: int, fill: float = 0) -> torch.Tensor:
+            return torch.full((max_slots, *shape), fill, dtype=dtype, device=self.device)
+
+        self.temperature = new(torch.float32)
+        self.top_p = new(torch.float32, fill=1.0)
+        self.top_k = new(torch.int32)
+        self.min_p = new(torch.float32)
+        self.presence_penalty = new(torch.float32)
+        self.frequency_penalty = new(torch.float32)
+        self.repetition_penalty = new(torch.float32, fill=1.0)
+        self.seed = new(torch.int64)
+        self.bias_ids = new(torch.int32, MAX_LOGIT_BIAS, fill=-1)
+        self.bias_vals = new(torch.float32, MAX_LOGIT_BIAS)
+        self.output_counts = new(torch.int32, vocab_size)
+        self.prompt_mask = new(torch.uint8, vocab_size)
+        self.flags = new(torch.int32)
+
+    def set_slot(self, slot: int, params: SamplingParams, seed: int, prompt_ids: Sequence[int],
+                 output_ids: Sequence[int] = ()) -> None:
+        """Admit (or re-admit after preemption, with the tokens generated so far) a request into `slot`.
+
+        Host-side and synchronous; not for use inside a captured graph. The caller picks `seed` (the
+        request's own, or a random one when params.seed is None).
+        """
+        if not 0 <= slot < self.max_slots:
+            raise ValueError(f"slot {slot} out of range [0, {self.max_slots})")
+        bias_ids = [int(t) for t in params.logit_bias]
+        if any(not 0 <= t < self.vocab_size for t in bias_ids):
+            raise ValueError(f"logit_bias token ids must be in [0, {self.vocab_size})")
+        has_penalties = (params.presence_penalty != 0 or params.frequency_penalty != 0
+                         or params.repetition_penalty != 1)
+        flags = (FLAG_PENALTIES if has_penalties else 0) | (FLAG_LOGIT_BIAS if bias_ids else 0)
+
+        scalars = [
+            (self.temperature, params.temperature), (self.top_p, params.top_p), (self.top_k, params.top_k),
+            (self.min_p, params.min_p), (self.presence_penalty, params.presence_penalty),
+            (self.frequency_penalty, params.frequency_penalty),
+            (self.repetition_penalty, params.repetition_penalty), (self.seed, _as_int64(seed)),
+            (self.flags, flags),
+        ]
+        for tensor, value in scalars:
+            tensor[slot] = value
+
+        self.bias_ids[slot] = -1
+        self.bias_vals[slot] = 0.0
+        if bias_ids:
+            n = len(bias_ids)
+            self.bias_ids[slot, :n] = torch.tensor(bias_ids, dtype=torch.int32)
+            self.bias_vals[slot, :n] = torch.tensor(list(params.logit_bias.values()), dtype=torch.float32)
+
+        # Zeroed for every admission (cheap here) so that a reused slot never shows stale history.
+        self.output_counts[slot] = 0
+        self.prompt_mask[slot] = 0
+        if has_penalties:
+            prompt = torch.as_tensor(list(prompt_ids), dtype=torch.int64, device=self.device)
+            self.prompt_mask[slot, prompt] = 1
+            output = torch.as_tensor(list(output_ids), dtype=torch.int64, device=self.device)
+            self.output_counts[slot].index_add_(0, output, torch.ones_like(output, dtype=torch.int32))
+
+    def record_tokens(self, slots: torch.Tensor, token_ids: torch.Tensor) -> None:
+        """Count each row's new token in its slot's output_counts. CUDA-graph capturable.
+
+        Rows whose slot is negative, whose token is negative, or whose slot has no penalties are
+        skipped (they add 0), so padding rows may point anywhere valid or at -1.
+        """
+        valid_slot = slots >= 0
+        safe_slots = torch.where(valid_slot, slots, 0).long()
+        counted = (self.flags[safe_slots] & FLAG_PENALTIES) != 0
+        counted &= valid_slot & (token_ids >= 0)
+        flat_index = safe_slots * self.vocab_size + token_ids.clamp(min=0)
+        # index_add_ accumulates duplicates correctly (atomics on CUDA), unlike an indexed +=.
+        self.output_counts.view(-1).index_add_(0, flat_index, counted.to(torch.int32))

@@ -1,0 +1,44 @@
+"""A request as the host-mode scheduler sees it: its tokens, KV blocks and progress."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from blink.request import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = 0
+    RUNNING = 1
+    FINISHED = 2
+
+
+@dataclass
+class Sequence:
+    req_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    seed: int  # always set: the counter-based sampler needs one (drawn at submission when unseeded)
+    arrival: int  # FCFS order
+    output_ids: list[int] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # tokens whose K/V are in the cache
+    slot: int = -1  # sampling-state slot while running
+    status: SeqStatus = SeqStatus.WAITING
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to run through the model before the next token can be sampled."""
+        return self.num_tokens - self.num_computed
+
+    @property
+    def is_decode(self) -> bool:
+        return self.remaining == 1 and bool(self.output_ids)
+
+    def token_at(self, i: int) -> int:
+        n = len(self.prompt_ids)
+        return self.prompt_ids[i] if i < n else self.output_ids[i - n]

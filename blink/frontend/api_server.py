@@ -1,0 +1,58 @@
+"""The front-end process: `python -m blink.frontend.api_server --shm NAME --model M ...` runs uvicorn.
+
+`blink serve` starts it; it attaches the segment the parent created and serves HTTP until SIGINT/SIGTERM
+(uvicorn's own handlers: it stops accepting, gives open streams a moment, then exits).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+import uvicorn
+
+from blink.frontend.app import DEFAULT_MAX_BODY_BYTES, AppConfig, build_app
+
+GRACEFUL_SHUTDOWN_S = 3  # open streams are cut after this; the parent's budget is 20 s in all
+
+
+def add_frontend_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--shm", required=True, help="shared-memory segment created by blink serve")
+    parser.add_argument("--model", required=True, help="model dir or preset (for the tokenizer)")
+    parser.add_argument("--tokenizer", default=None)
+    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--api-key", default=os.environ.get("BLINK_API_KEY"),
+                        help="(default: $BLINK_API_KEY, which keeps the key off the command line)")
+    parser.add_argument("--engine-pid", type=int, default=None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument("--heartbeat-timeout", type=float, default=10.0,
+                        help="seconds without an engine heartbeat before /health fails")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="blink front end (normally started by `blink serve`)")
+    add_frontend_args(parser)
+    args = parser.parse_args(argv)
+    config = AppConfig(
+        shm_name=args.shm, model=args.model, served_model_name=args.served_model_name or args.model,
+        tokenizer=args.tokenizer, max_model_len=args.max_model_len, api_key=args.api_key,
+        engine_pid=args.engine_pid, max_body_bytes=args.max_request_body_bytes,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+    )
+    try:
+        app = build_app(config)
+    except Exception as e:  # a bad model dir or preset: one line, not a traceback
+        print(f"blink frontend: error: {e}", file=sys.stderr)
+        return 2
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, access_log=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,49 @@
+"""Chat template rendering the way transformers' apply_chat_template does it (sandboxed jinja2)."""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+from jinja2.ext import loopcontrols
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+
+def _raise_exception(message: str):
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    # jinja's own tojson escapes HTML characters, which chat templates do not expect
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    """A compiled chat template plus the tokenizer's special-token strings it may refer to."""
+
+    def __init__(self, source: str, special_tokens: dict[str, str]):
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        self.template = env.from_string(source)
+        self.special_tokens = dict(special_tokens)
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               tools: list[dict] | None = None, **chat_template_kwargs: Any) -> str:
+        """The prompt text. Raises ValueError (one line) when the template refuses the conversation."""
+        variables = {**self.special_tokens, "messages": messages,
+                     "add_generation_prompt": add_generation_prompt}
+        if tools is not None:
+            variables["tools"] = tools
+        variables.update(chat_template_kwargs)
+        try:
+            return self.template.render(**variables)
+        except jinja2.exceptions.TemplateError as e:
+            raise ValueError(f"chat template error: {e}") from None

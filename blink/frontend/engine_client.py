@@ -1,0 +1,143 @@
+"""The front end's side of the rings: submit and abort requests, route egress events to per-request queues.
+
+Everything that touches the ingress ring runs on the event loop's thread (the ring has one producer).
+One daemon thread blocks on the egress ring (with the rings' backoff) and hands batches of events to the
+loop, which puts each into its request's asyncio.Queue.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import random
+import threading
+import time
+
+from blink.engine.interface import TokenEvent
+from blink.request import FinishReason, SamplingParams
+from blink.transport.rings import EgressConsumer, IngressProducer
+from blink.transport.shm import Segment
+
+POLL_TIMEOUT_S = 0.05
+RETRY_S = 0.001  # how often a full ingress ring is retried
+REQ_ID_BITS = 63
+
+
+class EngineUnavailable(Exception):
+    """The engine loop is not (or no longer) running."""
+
+
+class EngineClient:
+    def __init__(self, shm_name: str, heartbeat_timeout_s: float = 10.0):
+        self.segment = Segment.attach(shm_name)
+        self.control = self.segment.control
+        self.producer = IngressProducer(self.segment)
+        self.consumer = EgressConsumer(self.segment)
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.queues: dict[int, asyncio.Queue[TokenEvent]] = {}
+        self.pending: collections.deque = collections.deque()  # ingress writes waiting for room, in order
+        self._next_id = random.getrandbits(REQ_ID_BITS - 1)  # random start: ids differ across restarts
+        self._last_heartbeat = (int(self.control.heartbeat), time.monotonic())
+        self._stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader: threading.Thread | None = None
+        self._writer: asyncio.Task | None = None
+
+    # lifecycle (called on the loop)
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._reader = threading.Thread(target=self._read_egress, name="blink-egress", daemon=True)
+        self._reader.start()
+
+    def close(self) -> None:
+        self._stopping.set()
+        if self._reader is not None:
+            self._reader.join(timeout=2)
+        if self._writer is not None:
+            self._writer.cancel()
+        self.producer = self.consumer = self.control = None
+        self.segment.close()
+
+    # health
+    def engine_alive(self) -> bool:
+        ctl = self.control
+        if ctl is None or not ctl.ready or ctl.exited:
+            return False
+        heartbeat, seen_at = self._last_heartbeat
+        now = time.monotonic()
+        if int(ctl.heartbeat) != heartbeat:
+            self._last_heartbeat = (int(ctl.heartbeat), now)
+            return True
+        return now - seen_at < self.heartbeat_timeout_s
+
+    # requests (called on the loop)
+    def add_request(self, prompt_ids: list[int], params: SamplingParams) -> tuple[int, asyncio.Queue]:
+        """Register and send a request. Raises ValueError for one the ring cannot carry."""
+        if not self.engine_alive():
+            raise EngineUnavailable("the engine is not running")
+        req_id = self._new_id()
+        sent = not self.pending and self.producer.submit(req_id, prompt_ids, params, timeout=0)
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self.queues[req_id] = queue
+        if not sent:
+            self._defer(("request", req_id, prompt_ids, params))
+        return req_id, queue
+
+    def abort(self, req_id: int) -> None:
+        """Stop a request we no longer want; its later events are dropped. Never blocks."""
+        if self.queues.pop(req_id, None) is None:
+            return  # already finished
+        for item in self.pending:
+            if item[0] == "request" and item[1] == req_id:
+                self.pending.remove(item)  # never sent: nothing to abort on the engine
+                return
+        if self.pending or not self.producer.abort(req_id, timeout=0):
+            self._defer(("abort", req_id))
+
+    def _new_id(self) -> int:
+        self._next_id = (self._next_id + 1) % (1 << REQ_ID_BITS)
+        return self._next_id
+
+    def _defer(self, item: tuple) -> None:
+        self.pending.append(item)
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.get_running_loop().create_task(self._write_pending())
+
+    async def _write_pending(self) -> None:
+        while self.pending:
+            item = self.pending[0]
+            if item[0] == "request":
+                try:
+                    sent = self.producer.submit(item[1], item[2], item[3], timeout=0)
+                except ValueError:  # cannot be sent at all: the request ends with an error
+                    self._dispatch([TokenEvent(item[1], -1, -1, FinishReason.ERROR)])
+                    sent = True
+            else:
+                sent = self.producer.abort(item[1], timeout=0)
+            if sent:
+                self.pending.popleft()
+            else:
+                await asyncio.sleep(RETRY_S)
+
+    # egress (reader thread -> loop)
+    def _read_egress(self) -> None:
+        while not self._stopping.is_set():
+            events = self.consumer.wait(POLL_TIMEOUT_S)
+            if events:
+                self._loop.call_soon_threadsafe(self._dispatch, events)
+            elif self.control.exited:
+                self._loop.call_soon_threadsafe(self._fail_all)
+                self._stopping.wait(POLL_TIMEOUT_S)
+
+    def _dispatch(self, events: list[TokenEvent]) -> None:
+        for event in events:
+            queue = self.queues.get(event.req_id)
+            if queue is None:
+                continue  # aborted by us, or finished
+            queue.put_nowait(event)
+            if event.finished:
+                del self.queues[event.req_id]
+
+    def _fail_all(self) -> None:
+        for req_id, queue in list(self.queues.items()):
+            queue.put_nowait(TokenEvent(req_id, -1, -1, FinishReason.ERROR))
+        self.queues.clear()

@@ -1,0 +1,130 @@
+"""One engine request as a stream of text deltas: detokenization, stop strings, logprobs, abort.
+
+A request is aborted on the engine whenever its consumer stops early: a stop string matched, the client
+went away (the task is cancelled), or anything else raised.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from blink.engine.interface import TokenEvent
+from blink.frontend.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from blink.frontend.engine_client import EngineClient
+from blink.frontend.metrics import FrontendMetrics, RequestTimer
+from blink.frontend.tokenizer import ModelTokenizer
+from blink.request import FinishReason, SamplingParams
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class Delta:
+    """New output of one choice. `finish_reason` is set on its last delta (OpenAI's string)."""
+
+    text: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+    num_tokens: int = 0  # generated tokens so far (usage)
+    error: bool = False  # the engine refused or lost the request
+
+
+@dataclass
+class GenerationContext:
+    client: EngineClient
+    tokenizer: ModelTokenizer
+    metrics: FrontendMetrics
+
+
+async def generate(ctx: GenerationContext, prompt_ids: list[int], params: SamplingParams,
+                   skip_special_tokens: bool = True) -> AsyncIterator[Delta]:
+    """Yields deltas with text (or logprobs) as they become final; the last one has finish_reason."""
+    timer = RequestTimer(ctx.metrics, len(prompt_ids))
+    req_id, queue = ctx.client.add_request(prompt_ids, params)
+    detokenizer = IncrementalDetokenizer(ctx.tokenizer, prompt_ids, skip_special_tokens)
+    stops = StopStringMatcher(params.stop)
+    num_tokens = 0
+    logprobs: list[TokenLogprob] = []
+    done = False
+    try:
+        while not done:
+            event: TokenEvent = await queue.get()
+            reason = event.finish_reason
+            piece = ""
+            if event.token_id >= 0:
+                num_tokens += 1
+                timer.token()
+                if params.logprobs is not None:
+                    logprobs.append(TokenLogprob(event.token_id, event.logprob,
+                                                 list(zip(event.top_ids, event.top_logprobs, strict=True))))
+                if reason != FinishReason.STOP:  # a stop token (EOS or stop_token_ids) is not output text
+                    piece = detokenizer.add(event.token_id)
+            if event.finished:
+                piece += detokenizer.flush()
+            text, stopped = stops.feed(piece, check=num_tokens >= params.min_tokens)
+            if stopped:
+                ctx.client.abort(req_id)
+                reason = FinishReason.STOP
+            elif event.finished:
+                text += stops.flush()
+            done = stopped or event.finished
+            if text or done:
+                finish = reason.openai if done else None
+                yield Delta(text, logprobs, finish, num_tokens, error=reason == FinishReason.ERROR)
+                logprobs = []
+            if done:
+                timer.finish(finish)
+    finally:
+        if not done:
+            ctx.client.abort(req_id)
+
+
+async def merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
+    """Interleave several choices' deltas as they come, tagged with the choice index."""
+    if len(streams) == 1:
+        async for delta in streams[0]:
+            yield 0, delta
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    sentinel = object()
+
+    async def pump(index: int, stream: AsyncIterator[Delta]) -> None:
+        try:
+            async for delta in stream:
+                await queue.put((index, delta))
+        except Exception as e:  # handed to the consumer, which re-raises it
+            await queue.put((index, e))
+            return
+        await queue.put((index, sentinel))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is sentinel:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def collect(stream: AsyncIterator[Delta]) -> Delta:
+    """The whole output of one choice as a single delta (non-streaming responses)."""
+    texts, logprobs, last = [], [], Delta("")
+    async for delta in stream:
+        texts.append(delta.text)
+        logprobs.extend(delta.logprobs)
+        last = delta
+    return Delta("".join(texts), logprobs, last.finish_reason, last.num_tokens, last.error)

@@ -1,0 +1,204 @@
+"""Paged attention over a mixed batch (prefill chunks and decodes together).
+
+Shapes: q[T, Hq, D]; k_cache/v_cache[num_blocks, block_size, Hkv, D]; query_start_loc[S+1] int32;
+seq_lens[S] int32 (KV length after this step); block_tables[S, max_blocks] int32. Query token i of
+sequence s sits at absolute position seq_lens[s] - q_len[s] + i and sees KV positions <= that. GQA: query
+head h reads KV head h // (Hq // Hkv). Output [T, Hq, D] in q's dtype. Rows of padding tokens (past
+query_start_loc[S]) are zero in the reference and unspecified in the Triton version.
+
+Triton design: a program owns one KV head and a tile of BLOCK_Q query tokens x all GROUP query heads that
+share that KV head (BLOCK_M = BLOCK_Q * GROUP rows), so each KV tile is loaded once per group. Sequence s
+owns program tiles starting at query_start_loc[s] // BLOCK_Q + s; that bound needs no data, so the grid is
+(T // BLOCK_Q + S, Hkv, splits) and programs past a sequence's queries exit at once. With splits > 1
+(small batches, flash-decoding) each program covers a slice of the KV range and a second kernel merges
+the partial results by their log-sum-exp.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+_NUM_SMS_H200 = 132  # target for split-KV; over-splitting a smaller GPU is harmless
+_MAX_SPLITS = 16
+
+
+def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The first seq_len KV entries of one sequence as a dense [seq_len, Hkv, D] tensor."""
+    num_blocks = -(-seq_len // cache.shape[1])
+    return cache[block_table[:num_blocks].long()].reshape(-1, *cache.shape[2:])[:seq_len]
+
+
+def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                        scale: float) -> torch.Tensor:
+    out = torch.zeros_like(q)
+    group = q.shape[1] // k_cache.shape[2]
+    starts, lens = query_start_loc.tolist(), seq_lens.tolist()
+    for s, seq_len in enumerate(lens):
+        q_start, q_end = starts[s], starts[s + 1]
+        q_len = q_end - q_start
+        if q_len == 0:
+            continue
+        keys = _gather_kv(k_cache, block_tables[s], seq_len).float().repeat_interleave(group, dim=1)
+        values = _gather_kv(v_cache, block_tables[s], seq_len).float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[q_start:q_end].float(), keys) * scale
+        q_pos = torch.arange(seq_len - q_len, seq_len, device=q.device)
+        k_pos = torch.arange(seq_len, device=q.device)
+        scores.masked_fill_(k_pos[None, None, :] > q_pos[None, :, None], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
+    return out
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, max_ptr, sum_ptr,
+    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_ch, stride_bt,
+    num_seqs, num_q_heads, block_size, head_dim,
+    GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, NUM_SPLITS: tl.constexpr,
+):
+    BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
+    tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+
+    # Which sequence owns this tile: the last s whose first tile index is <= tile.
+    seq_ids = tl.arange(0, BLOCK_S)
+    seq_starts = tl.load(query_start_loc_ptr + seq_ids, mask=seq_ids < num_seqs, other=0)
+    first_tiles = tl.where(seq_ids < num_seqs, seq_starts // BLOCK_Q + seq_ids, 2147483647)
+    seq = tl.sum((first_tiles <= tile).to(tl.int32)) - 1
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    q_first = (tile - (q_start // BLOCK_Q + seq)) * BLOCK_Q  # first query of this tile within the seq
+    if q_first >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context = seq_len - q_len
+
+    rows = tl.arange(0, BLOCK_M)
+    tokens = q_first + rows // GROUP_PAD
+    heads = kv_head * GROUP + rows % GROUP_PAD
+    row_valid = (tokens < q_len) & (rows % GROUP_PAD < GROUP)
+    q_pos = context + tokens
+    dims = tl.arange(0, BLOCK_D)
+    dim_valid = dims < head_dim
+    token_ids = (q_start + tokens).to(tl.int64)
+    q_offs = token_ids[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :]
+    q = tl.load(q_ptr + q_offs, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
+
+    # KV positions this tile needs: up to its last query's position; this split takes a slice of them.
+    kv_end = tl.minimum(seq_len, context + tl.minimum(q_first + BLOCK_Q, q_len))
+    num_kv_tiles = tl.cdiv(kv_end, BLOCK_N)
+    tiles_per_split = tl.cdiv(num_kv_tiles, NUM_SPLITS)
+    kv_tile_begin = split * tiles_per_split
+    kv_tile_end = tl.minimum(kv_tile_begin + tiles_per_split, num_kv_tiles)
+
+    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite, so fully masked rows stay NaN-free
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for kv_tile in range(kv_tile_begin, kv_tile_end):
+        k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        k_valid = k_pos < kv_end
+        block = tl.load(table_row + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
+        kv_offs = block * stride_cb + (k_pos % block_size) * stride_co + kv_head * stride_ch
+        kv_mask = k_valid[:, None] & dim_valid[None, :]
+        k = tl.load(k_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * scale_log2  # log2 domain: exp2 is cheaper than exp
+        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        p = tl.exp2(scores - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    out_mask = row_valid[:, None] & dim_valid[None, :]
+    if NUM_SPLITS == 1:
+        out_offs = token_ids[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :]
+        tl.store(out_ptr + out_offs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        # Partials are [T, Hq, NUM_SPLITS] (+ [D]) fp32, unnormalized; merged by _merge_splits_kernel.
+        stat_offs = (token_ids * num_q_heads + heads) * NUM_SPLITS + split
+        tl.store(max_ptr + stat_offs, m_i, mask=row_valid)
+        tl.store(sum_ptr + stat_offs, l_i, mask=row_valid)
+        tl.store(partial_ptr + stat_offs[:, None] * BLOCK_D + dims[None, :], acc, mask=out_mask)
+
+
+@triton.jit
+def _merge_splits_kernel(partial_ptr, max_ptr, sum_ptr, out_ptr, query_start_loc_ptr, num_seqs,
+                         stride_ot, stride_oh, head_dim,
+                         NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+    token, head = tl.program_id(0), tl.program_id(1)
+    if token >= tl.load(query_start_loc_ptr + num_seqs):
+        return  # padding token: its partials were never written
+    row = token.to(tl.int64) * tl.num_programs(1) + head
+    splits = tl.arange(0, NUM_SPLITS)
+    dims = tl.arange(0, BLOCK_D)
+    m = tl.load(max_ptr + row * NUM_SPLITS + splits)
+    weights = tl.exp2(m - tl.max(m, axis=0))  # maxima are in the log2 domain
+    total = tl.sum(weights * tl.load(sum_ptr + row * NUM_SPLITS + splits), axis=0)
+    partial = tl.load(partial_ptr + (row * NUM_SPLITS + splits)[:, None] * BLOCK_D + dims[None, :])
+    out = tl.sum(partial * weights[:, None], axis=0) / total
+    out_offs = token.to(tl.int64) * stride_ot + head * stride_oh + dims
+    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
+
+
+def _choose_splits(num_tiles: int, num_tokens: int, num_kv_heads: int, max_kv_len: int, block_n: int) -> int:
+    """Split the KV range only when the natural grid leaves most SMs idle (graph-safe: shapes only)."""
+    programs = min(num_tiles, num_tokens) * num_kv_heads  # at most one working tile per token
+    if programs >= _NUM_SMS_H200:
+        return 1
+    wanted = triton.cdiv(2 * _NUM_SMS_H200, programs)
+    useful = triton.cdiv(max_kv_len, 4 * block_n)  # keep at least a few KV tiles per split
+    splits = min(wanted, useful, _MAX_SPLITS)
+    return triton.next_power_of_2(splits) if splits > 1 else 1
+
+
+def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
+                           scale: float, num_splits: int | None = None) -> torch.Tensor:
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    assert block_tables.stride(-1) == 1
+    num_tokens, num_q_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    group = num_q_heads // num_kv_heads
+    group_pad = triton.next_power_of_2(group)  # Qwen2.5 has groups of 5 and 7
+    num_seqs = seq_lens.shape[0]
+    decode_heavy = num_tokens <= 2 * num_seqs
+    block_m = max(16, group_pad) if decode_heavy else max(64, group_pad)  # tl.dot needs M >= 16
+    block_q = block_m // group_pad
+    block_n = 64 if head_dim <= 128 else 32
+    block_d = triton.next_power_of_2(head_dim)
+    num_tiles = num_tokens // block_q + num_seqs
+    if num_splits is None:
+        max_kv_len = block_tables.shape[1] * block_size
+        num_splits = _choose_splits(num_tiles, num_tokens, num_kv_heads, max_kv_len, block_n)
+    assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
+    out = torch.empty_like(q)
+    if num_splits > 1:
+        partial = torch.empty((num_tokens, num_q_heads, num_splits, block_d), dtype=torch.float32,
+                              device=q.device)
+        maxes = torch.empty((num_tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+        sums = torch.empty_like(maxes)
+    else:
+        partial = maxes = sums = out  # unused
+    _paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, out, partial, maxes, sums,
+        query_start_loc, seq_lens, block_tables, scale * 1.4426950408889634,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        num_seqs, num_q_heads, block_size, head_dim,
+        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
+        BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits,
+        num_warps=4, num_stages=2,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(num_tokens, num_q_heads)](
+            partial, maxes, sums, out, query_start_loc, num_seqs, out.stride(0), out.stride(1), head_dim,
+            NUM_SPLITS=num_splits, BLOCK_D=block_d,
+        )
+    return out

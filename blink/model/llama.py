@@ -1,0 +1,140 @@
+"""The Llama-family decoder (Llama 3.x, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache.
+
+One forward step takes a flat batch of T tokens from any mix of prefills and decodes:
+
+    embed -> [ norm(+residual) -> qkv -> (q/k norm) -> rope -> write_kv -> paged_attention -> o_proj
+               -> norm(+residual) -> gate|up -> silu_and_mul -> down ] x layers -> norm
+
+Every shape depends only on T and the config, and nothing reads tensor values on the host, so a step can
+be captured in a CUDA graph. Module and parameter names are HF's except for the fused projections
+(qkv_proj, gate_up_proj), whose mapping from HF names lives in blink/model/weights.py.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from blink.kernels import apply_rope, paged_attention, silu_and_mul, write_kv
+from blink.model.attention_metadata import AttentionMetadata
+from blink.model.config import ModelConfig
+from blink.model.layers import ColumnParallelLinear, Embedding, RMSNorm, RowParallelLinear
+from blink.model.rope import rope_cos_sin
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (k_cache, v_cache)
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, device, dtype, tp_rank: int = 0, tp_size: int = 1):
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads // tp_size
+        self.num_kv_heads = cfg.num_key_value_heads // tp_size
+        self.head_dim = cfg.head_dim
+        self.scale = cfg.head_dim**-0.5
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size, {"q": cfg.q_size, "k": cfg.kv_size, "v": cfg.kv_size}, cfg.qkv_bias,
+            device, dtype, tp_rank, tp_size,
+        )
+        self.o_proj = RowParallelLinear(cfg.q_size, cfg.hidden_size, cfg.o_proj_bias, device, dtype,
+                                        tp_rank, tp_size)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, device, dtype)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, device, dtype)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        qkv = self.qkv_proj(hidden)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        # Strided views into qkv: the kernels accept any token/head stride with a contiguous head_dim.
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, k, positions, cos_sin)
+        write_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+        out = paged_attention(q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_tables,
+                              self.scale)
+        return self.o_proj(out.reshape(tokens, q_size))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, device, dtype, tp_rank: int = 0, tp_size: int = 1):
+        super().__init__()
+        self.gate_up_proj = ColumnParallelLinear(
+            cfg.hidden_size, {"gate": cfg.intermediate_size, "up": cfg.intermediate_size}, cfg.mlp_bias,
+            device, dtype, tp_rank, tp_size,
+        )
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, device, dtype,
+                                           tp_rank, tp_size)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, device, dtype, tp_rank: int = 0, tp_size: int = 1):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
+        self.self_attn = LlamaAttention(cfg, device, dtype, tp_rank, tp_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
+        self.mlp = LlamaMLP(cfg, device, dtype, tp_rank, tp_size)
+
+    def forward(self, positions, hidden, residual, attn, k_cache, v_cache, cos_sin):
+        """Returns (hidden, residual): the residual add is fused into the next layer's first norm."""
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, attn, k_cache, v_cache, cos_sin)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, device, dtype, tp_rank: int = 0, tp_size: int = 1):
+        super().__init__()
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, device, dtype)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, device, dtype, tp_rank, tp_size) for _ in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
+
+    def forward(self, input_ids, positions, attn, kv_caches: KVCaches, cos_sin) -> torch.Tensor:
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer, (k_cache, v_cache) in zip(self.layers, kv_caches, strict=True):
+            hidden, residual = layer(positions, hidden, residual, attn, k_cache, v_cache, cos_sin)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    """forward(...) -> final hidden states [T, hidden]; compute_logits(hidden[N]) -> [N, vocab] float32.
+
+    `max_positions` sizes the RoPE table (default: the config's max_position_embeddings).
+    """
+
+    def __init__(self, cfg: ModelConfig, device, dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1,
+                 max_positions: int | None = None):
+        super().__init__()
+        if tp_size != 1:
+            raise NotImplementedError("tensor parallelism is not implemented yet (tp_size must be 1)")
+        self.config = cfg
+        self.model = LlamaModel(cfg, device, dtype, tp_rank, tp_size)
+        self.lm_head = ColumnParallelLinear(cfg.hidden_size, {"lm_head": cfg.vocab_size}, False, device, dtype,
+                                            tp_rank, tp_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        max_positions = max_positions or cfg.max_position_embeddings
+        self.register_buffer("cos_sin", rope_cos_sin(cfg, max_positions, device), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
+                kv_caches: KVCaches) -> torch.Tensor:
+        return self.model(input_ids, positions, attn, kv_caches, self.cos_sin)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

@@ -1,0 +1,151 @@
+"""Loading weights by HF parameter names, and `load_model` (a checkpoint dir or a preset name).
+
+Tensors are read one at a time from the safetensors files and copied straight into the model's
+parameters, which already live on the target device in the target dtype (copy_ casts and moves), so no
+second copy of the model is ever held. Names are HF's, except for the projections blink fuses into one GEMM
+(FUSED_PROJECTIONS below).
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from blink.model import presets
+from blink.model.config import DTYPES, ModelConfig, ModelConfigError
+from blink.model.layers import ColumnParallelLinear
+from blink.model.llama import LlamaForCausalLM
+
+# HF module (inside model.layers.N) -> (blink module it is fused into, its part there). The part names the
+# output rows it occupies: see ColumnParallelLinear.part_slices.
+FUSED_PROJECTIONS = {
+    "self_attn.q_proj": ("self_attn.qkv_proj", "q"),
+    "self_attn.k_proj": ("self_attn.qkv_proj", "k"),
+    "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
+    "mlp.gate_proj": ("mlp.gate_up_proj", "gate"),
+    "mlp.up_proj": ("mlp.gate_up_proj", "up"),
+}
+_UNFUSED_PROJECTIONS = {target: hf for hf, target in FUSED_PROJECTIONS.items()}
+
+
+class WeightLoadError(ValueError):
+    """The checkpoint's tensors do not fit the model its config describes."""
+
+
+def to_blink_name(hf_name: str) -> tuple[str, str | None]:
+    """HF parameter name -> (blink parameter name, part of a fused projection or None)."""
+    module, _, param = hf_name.rpartition(".")
+    for hf_suffix, (fused, part) in FUSED_PROJECTIONS.items():
+        if module.endswith("." + hf_suffix):
+            return f"{module[: -len(hf_suffix)]}{fused}.{param}", part
+    return hf_name, None
+
+
+def to_hf_name(blink_name: str, part: str | None) -> str:
+    if part is None:
+        return blink_name
+    module, _, param = blink_name.rpartition(".")
+    for fused_suffix in {fused for fused, _ in FUSED_PROJECTIONS.values()}:
+        if module.endswith("." + fused_suffix):
+            return f"{module[: -len(fused_suffix)]}{_UNFUSED_PROJECTIONS[(fused_suffix, part)]}.{param}"
+    raise KeyError(blink_name)
+
+
+def _expected_targets(model: nn.Module) -> set[tuple[str, str | None]]:
+    """Every (parameter, part) the checkpoint must fill. Tied parameters appear once."""
+    targets = set()
+    for name, _ in model.named_parameters():
+        module = model.get_submodule(name.rpartition(".")[0])
+        fused = isinstance(module, ColumnParallelLinear) and len(module.part_slices) > 1
+        targets |= {(name, p) for p in module.part_slices} if fused else {(name, None)}
+    return targets
+
+
+def _ignored(hf_name: str, cfg: ModelConfig) -> bool:
+    # Old checkpoints carry RoPE's inv_freq buffer; tied checkpoints may repeat the embedding as lm_head.
+    return hf_name.endswith("rotary_emb.inv_freq") or (cfg.tie_word_embeddings and hf_name == "lm_head.weight")
+
+
+@torch.no_grad()
+def load_hf_tensors(model: LlamaForCausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy (HF name, tensor) pairs into the model; every parameter must be filled exactly by them."""
+    expected = _expected_targets(model)
+    loaded: set[tuple[str, str | None]] = set()
+    for hf_name, tensor in named_tensors:
+        if _ignored(hf_name, model.config):
+            continue
+        name, part = to_blink_name(hf_name)
+        if (name, part) not in expected:
+            raise WeightLoadError(f"unexpected tensor {hf_name} in the checkpoint (not part of this model)")
+        module_name, _, param_name = name.rpartition(".")
+        module = model.get_submodule(module_name)
+        try:
+            if hasattr(module, "load_hf"):
+                module.load_hf(param_name, tensor, part)
+            else:
+                param = getattr(module, param_name)
+                if tensor.shape != param.shape:
+                    raise ValueError(f"has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
+                param.copy_(tensor)
+        except ValueError as e:
+            raise WeightLoadError(f"{hf_name}: {e}") from None
+        loaded.add((name, part))
+    missing = sorted(to_hf_name(name, part) for name, part in expected - loaded)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise WeightLoadError(f"the checkpoint lacks {len(missing)} tensor(s): {shown}")
+
+
+def checkpoint_files(path: str | Path) -> list[Path]:
+    """The safetensors files of a checkpoint dir: those its index names when sharded, else all of them."""
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [path / name for name in sorted(set(weight_map.values()))]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise WeightLoadError(f"{path} has no *.safetensors files")
+    return files
+
+
+def read_safetensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs, one tensor in memory at a time, in the checkpoint's own dtype, on the CPU."""
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                yield name, f.get_tensor(name)
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, cfg: ModelConfig) -> torch.dtype:
+    """`auto` (or None) = the checkpoint's dtype; otherwise a name from DTYPES or a torch.dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return cfg.dtype
+    if dtype not in DTYPES:
+        raise ModelConfigError(f"unsupported dtype {dtype!r} (choose auto, {', '.join(DTYPES)})")
+    return DTYPES[dtype]
+
+
+def load_model(path_or_preset: str | Path, device: str | torch.device, dtype: str | torch.dtype | None = "auto",
+               max_positions: int | None = None, seed: int = 0) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """A model from a checkpoint dir (config.json + safetensors) or a preset name (random weights)."""
+    device = torch.device(device)
+    if Path(path_or_preset).is_dir():
+        cfg = ModelConfig.from_dir(path_or_preset)
+        model = LlamaForCausalLM(cfg, device, resolve_dtype(dtype, cfg), max_positions=max_positions)
+        load_hf_tensors(model, read_safetensors(checkpoint_files(path_or_preset)))
+    elif str(path_or_preset) in presets.PRESETS:
+        cfg = presets.get(str(path_or_preset))
+        model = LlamaForCausalLM(cfg, device, resolve_dtype(dtype, cfg), max_positions=max_positions)
+        presets.init_random_weights(model, seed)
+    else:
+        raise ModelConfigError(
+            f"{path_or_preset} is neither a model directory nor a preset ({', '.join(presets.PRESETS)})"
+        )
+    return model.eval(), cfg

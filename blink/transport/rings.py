@@ -1,0 +1,334 @@
+"""The ingress and egress rings over a `Segment`: single producer / single consumer each, never lossy.
+
+Counters are 64-bit and only grow; the slot of counter c is c % capacity. The producer owns `tail`, the
+consumer owns `head`; a full ring means the producer waits (backpressure), nothing is ever overwritten.
+
+Ordering: the producer writes the payload, then stores the tail; the consumer loads the tail, then reads
+the payload, then stores the head. Every store and load below is its own numpy call (an opaque C call,
+so the compiler cannot move one across another), counters are aligned 8-byte words (single-copy atomic)
+and x86-64 keeps store->store and load->load order, which gives release/acquire for these plain accesses.
+The GPU side of the same protocol must use st.release.sys / ld.acquire.sys (see csrc/layout.h).
+All state lives in the segment, so either side may be a different process, a new object, or the GPU.
+"""
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from blink.engine.interface import TokenEvent
+from blink.request import FinishReason, SamplingParams
+from blink.transport.layout import (
+    FLAG_IGNORE_EOS,
+    KIND_ABORT,
+    KIND_REQUEST,
+    MAX_STOP_IDS,
+    MAX_TOP_LOGPROBS,
+    RequestDescriptor,
+    TokenRecord,
+)
+from blink.transport.shm import HEAD_INDEX, TAIL_INDEX, Segment
+
+DESCRIPTOR_DTYPE = np.dtype(RequestDescriptor)
+TOKEN_DTYPE = np.dtype(TokenRecord)
+SPIN_S = 50e-6  # busy-poll this long before sleeping: catches a reply that is already on its way
+FIRST_SLEEP_S = 20e-6
+MAX_SLEEP_S = 1e-3  # the idle cost is then ~1k wake-ups/s, far from a busy core
+
+
+def wait_for(ready: Callable[[], bool], timeout: float | None) -> bool:
+    """Poll `ready` until it is true (True) or `timeout` seconds pass (False); None waits forever.
+
+    Spins ~50 us, then sleeps 20 us doubling to 1 ms, so a waiting reader never burns a core.
+    """
+    if ready():
+        return True
+    if timeout is not None and timeout <= 0:
+        return False
+    start = time.monotonic()
+    deadline = None if timeout is None else start + timeout
+    sleep = FIRST_SLEEP_S
+    while True:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            return ready()
+        if now - start >= SPIN_S:
+            time.sleep(sleep if deadline is None else min(sleep, deadline - now))
+            sleep = min(sleep * 2, MAX_SLEEP_S)
+        if ready():
+            return True
+
+
+def _remaining(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+class _Ring:
+    """One ring's header words and record array, seen from either side."""
+
+    def __init__(self, seg: Segment, header_offset: int, records: np.ndarray):
+        self.words = seg.ring_header(header_offset)
+        self.records = records
+        self.capacity = len(records)
+
+    @property
+    def tail(self) -> int:
+        return int(self.words[TAIL_INDEX])
+
+    @property
+    def head(self) -> int:
+        return int(self.words[HEAD_INDEX])
+
+    def free(self) -> int:
+        return self.capacity - (self.tail - self.head)
+
+    def used(self) -> int:
+        return self.tail - self.head
+
+    def write(self, counter: int, items: np.ndarray) -> None:
+        """Copy `items` into the slots starting at `counter`, wrapping at the end of the array."""
+        start = counter % self.capacity
+        first = min(len(items), self.capacity - start)
+        self.records[start:start + first] = items[:first]
+        self.records[:len(items) - first] = items[first:]
+
+    def read(self, counter: int, count: int) -> np.ndarray:
+        """A private copy of `count` slots starting at `counter`, unwrapped."""
+        start = counter % self.capacity
+        first = min(count, self.capacity - start)
+        if first == count:
+            return self.records[start:start + count].copy()
+        return np.concatenate([self.records[start:], self.records[:count - first]])
+
+
+def _ingress_rings(seg: Segment) -> tuple[_Ring, _Ring]:
+    layout = seg.layout
+    descriptors = seg.array(DESCRIPTOR_DTYPE, layout.ingress_capacity, layout.ingress_records)
+    arena = seg.array(np.int32, layout.arena_capacity, layout.arena_data)
+    return _Ring(seg, layout.ingress_header, descriptors), _Ring(seg, layout.arena_header, arena)
+
+
+def _egress_ring(seg: Segment) -> _Ring:
+    layout = seg.layout
+    return _Ring(seg, layout.egress_header, seg.array(TOKEN_DTYPE, layout.egress_capacity, layout.egress_records))
+
+
+@dataclass
+class IngressItem:
+    kind: str  # "request" | "abort"
+    req_id: int
+    prompt_ids: list[int]
+    params: SamplingParams | None  # None for an abort
+
+
+class IngressProducer:
+    """Front-end side of the ingress ring: requests (prompt + logit_bias in the arena) and aborts."""
+
+    def __init__(self, seg: Segment):
+        self.descriptors, self.arena = _ingress_rings(seg)
+        self._rng = random.Random()  # seeds for requests without one; per object, never shared
+
+    def submit(self, req_id: int, prompt_ids: list[int], params: SamplingParams,
+               timeout: float | None = None) -> bool:
+        """Enqueue a request; False if the ring or the arena stayed full for `timeout` seconds.
+
+        Raises ValueError for what can never be sent (too long for the arena, values out of range).
+        """
+        params.validate()  # the fields may have changed since construction; the engine gets only valid ones
+        payload = self._payload(prompt_ids, params)
+        if len(payload) > self.arena.capacity:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens (+{len(params.logit_bias)} logit_bias entries) "
+                             f"does not fit the ingress arena ({self.arena.capacity} int32 slots)")
+        record = self._descriptor(req_id, prompt_ids, params, len(payload))
+
+        def has_room() -> bool:
+            return self.descriptors.free() > 0 and self.arena.free() >= len(payload)
+
+        if not wait_for(has_room, timeout):
+            return False
+        arena_tail = self.arena.tail
+        self.arena.write(arena_tail, payload)
+        self.arena.words[TAIL_INDEX] = arena_tail + len(payload)
+        record["arena_offset"] = arena_tail
+        self._publish(record)
+        return True
+
+    def abort(self, req_id: int, timeout: float | None = None) -> bool:
+        """Enqueue an abort record; False if the ring stayed full for `timeout` seconds."""
+        record = np.zeros(1, DESCRIPTOR_DTYPE)
+        record["kind"] = KIND_ABORT
+        record["req_id"] = _checked(req_id, np.uint64, "req_id")
+        if not wait_for(lambda: self.descriptors.free() > 0, timeout):
+            return False
+        self._publish(record)
+        return True
+
+    def _publish(self, record: np.ndarray) -> None:
+        tail = self.descriptors.tail
+        self.descriptors.write(tail, record)
+        self.descriptors.words[TAIL_INDEX] = tail + 1  # after the payload: this store publishes it
+
+    @staticmethod
+    def _payload(prompt_ids: list[int], params: SamplingParams) -> np.ndarray:
+        """prompt ids, then logit_bias token ids, then logit_bias values as float32 bits."""
+        prompt = _checked(prompt_ids, np.int32, "prompt token id")
+        bias_ids = _checked(list(params.logit_bias.keys()), np.int32, "logit_bias token id")
+        bias_values = np.asarray(list(params.logit_bias.values()), np.float32).view(np.int32)
+        return np.concatenate([prompt, bias_ids, bias_values]).astype(np.int32, copy=False)
+
+    def _descriptor(self, req_id: int, prompt_ids: list[int], params: SamplingParams,
+                    arena_len: int) -> np.ndarray:
+        if len(params.stop_token_ids) > MAX_STOP_IDS:
+            raise ValueError(f"at most {MAX_STOP_IDS} stop_token_ids are supported")
+        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        fields = {
+            "kind": KIND_REQUEST, "num_stop_ids": len(params.stop_token_ids), "req_id": req_id,
+            "prompt_len": len(prompt_ids), "num_logit_bias": len(params.logit_bias), "arena_len": arena_len,
+            "max_tokens": params.max_tokens, "min_tokens": params.min_tokens,
+            "flags": FLAG_IGNORE_EOS if params.ignore_eos else 0,
+            "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+            "min_p": params.min_p, "presence_penalty": params.presence_penalty,
+            "frequency_penalty": params.frequency_penalty, "repetition_penalty": params.repetition_penalty,
+            "num_logprobs": -1 if params.logprobs is None else params.logprobs,
+            "seed": seed % (1 << 64),  # the engine keys its RNG on these 64 bits
+        }
+        record = np.zeros(1, DESCRIPTOR_DTYPE)
+        for name, value in fields.items():
+            record[name] = _checked(value, DESCRIPTOR_DTYPE[name], name)
+        stop_ids = _checked(params.stop_token_ids, np.int32, "stop token id")
+        record["stop_token_ids"][0, :len(stop_ids)] = stop_ids
+        if record["top_p"][0] <= 0 or record["repetition_penalty"][0] <= 0:
+            raise ValueError("top_p and repetition_penalty must stay > 0 in float32")
+        return record
+
+
+class IngressConsumer:
+    """Engine side of the ingress ring (host mode; the device engine reads the same bytes on the GPU)."""
+
+    def __init__(self, seg: Segment):
+        self.descriptors, self.arena = _ingress_rings(seg)
+
+    def poll(self, max_items: int = 1 << 30) -> list[IngressItem]:
+        """Take up to `max_items` records without waiting (possibly none)."""
+        head = self.descriptors.head
+        count = min(self.descriptors.tail - head, max_items)
+        if count <= 0:
+            return []
+        records = self.descriptors.read(head, count)
+        items, arena_end = [], None
+        for record in records:
+            if record["kind"] == KIND_ABORT:
+                items.append(IngressItem("abort", int(record["req_id"]), [], None))
+                continue
+            offset, length = int(record["arena_offset"]), int(record["arena_len"])
+            items.append(_decode_request(record, self.arena.read(offset, length)))
+            arena_end = offset + length
+        if arena_end is not None:  # the arena is filled in request order, so this frees all copied prompts
+            self.arena.words[HEAD_INDEX] = arena_end
+        self.descriptors.words[HEAD_INDEX] = head + count
+        return items
+
+    def wait(self, timeout: float | None, max_items: int = 1 << 30) -> list[IngressItem]:
+        """Like poll, but first waits (backing off) up to `timeout` seconds for at least one record."""
+        wait_for(lambda: self.descriptors.used() > 0, timeout)
+        return self.poll(max_items)
+
+
+def _decode_request(record: np.void, payload: np.ndarray) -> IngressItem:
+    prompt_len, num_bias = int(record["prompt_len"]), int(record["num_logit_bias"])
+    bias_ids = payload[prompt_len:prompt_len + num_bias].tolist()
+    bias_values = payload[prompt_len + num_bias:prompt_len + 2 * num_bias].view(np.float32).tolist()
+    num_logprobs = int(record["num_logprobs"])
+    params = SamplingParams(
+        temperature=float(record["temperature"]), top_p=float(record["top_p"]), top_k=int(record["top_k"]),
+        min_p=float(record["min_p"]), presence_penalty=float(record["presence_penalty"]),
+        frequency_penalty=float(record["frequency_penalty"]),
+        repetition_penalty=float(record["repetition_penalty"]),
+        logit_bias=dict(zip(bias_ids, bias_values, strict=True)), seed=int(record["seed"]),
+        max_tokens=int(record["max_tokens"]), min_tokens=int(record["min_tokens"]),
+        stop_token_ids=record["stop_token_ids"][:int(record["num_stop_ids"])].tolist(),
+        ignore_eos=bool(int(record["flags"]) & FLAG_IGNORE_EOS),
+        logprobs=None if num_logprobs < 0 else num_logprobs,
+    )
+    return IngressItem("request", int(record["req_id"]), payload[:prompt_len].tolist(), params)
+
+
+class EgressProducer:
+    """Engine side of the egress ring (host mode): token records, in order, blocking while full."""
+
+    def __init__(self, seg: Segment):
+        self.ring = _egress_ring(seg)
+
+    def push(self, events: list[TokenEvent], timeout: float | None = None) -> int:
+        """Write `events` in order; returns how many went in (all, unless `timeout` ran out first)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pushed = 0
+        while pushed < len(events):
+            if not wait_for(lambda: self.ring.free() > 0, _remaining(deadline)):
+                break
+            chunk = events[pushed:pushed + self.ring.free()]
+            tail = self.ring.tail
+            self.ring.write(tail, _encode_events(chunk))
+            self.ring.words[TAIL_INDEX] = tail + len(chunk)  # after the payload: this store publishes it
+            pushed += len(chunk)
+        return pushed
+
+
+def _encode_events(events: list[TokenEvent]) -> np.ndarray:
+    records = np.zeros(len(events), TOKEN_DTYPE)
+    records["req_id"] = _checked([e.req_id for e in events], np.uint64, "req_id")
+    records["token_id"] = _checked([e.token_id for e in events], np.int32, "token_id")
+    records["position"] = _checked([e.position for e in events], np.int32, "position")
+    records["finish_reason"] = [int(e.finish_reason) for e in events]
+    records["logprob"] = [e.logprob for e in events]
+    for i, event in enumerate(events):
+        num_top = len(event.top_ids)
+        if num_top:
+            if num_top > MAX_TOP_LOGPROBS or len(event.top_logprobs) != num_top:
+                raise ValueError(f"an event carries 0..{MAX_TOP_LOGPROBS} top_ids with as many top_logprobs")
+            records["num_top"][i] = num_top
+            records["top_ids"][i, :num_top] = event.top_ids
+            records["top_logprobs"][i, :num_top] = event.top_logprobs
+    return records
+
+
+class EgressConsumer:
+    """Front-end side of the egress ring."""
+
+    def __init__(self, seg: Segment):
+        self.ring = _egress_ring(seg)
+
+    def poll(self, max_items: int = 1 << 30) -> list[TokenEvent]:
+        """Take up to `max_items` events without waiting (possibly none)."""
+        head = self.ring.head
+        count = min(self.ring.tail - head, max_items)
+        if count <= 0:
+            return []
+        records = self.ring.read(head, count)
+        self.ring.words[HEAD_INDEX] = head + count  # after the copy: the producer may now reuse the slots
+        columns = {name: records[name].tolist() for name in ("req_id", "token_id", "position", "finish_reason",
+                                                             "logprob", "num_top")}
+        events = [TokenEvent(*fields) for fields in zip(columns["req_id"], columns["token_id"], columns["position"],
+                                                         map(FinishReason, columns["finish_reason"]),
+                                                         columns["logprob"], strict=True)]
+        for i, num_top in enumerate(columns["num_top"]):
+            if num_top:
+                events[i].top_ids = records["top_ids"][i, :num_top].tolist()
+                events[i].top_logprobs = records["top_logprobs"][i, :num_top].tolist()
+        return events
+
+    def wait(self, timeout: float | None, max_items: int = 1 << 30) -> list[TokenEvent]:
+        """Like poll, but first waits (backing off) up to `timeout` seconds for at least one event."""
+        wait_for(lambda: self.ring.used() > 0, timeout)
+        return self.poll(max_items)
+
+
+def _checked(values, dtype, what: str) -> np.ndarray:
+    """`values` as an array of `dtype`, or ValueError naming `what` when one does not fit."""
+    try:
+        return np.asarray(values, dtype=dtype)
+    except (OverflowError, TypeError, ValueError) as e:
+        raise ValueError(f"{what} out of range for {np.dtype(dtype)}: {e}") from None

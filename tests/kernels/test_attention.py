@@ -1,0 +1,78 @@
+"""Paged attention: the reference against dense causal attention, the Triton kernel against the reference."""
+import pytest
+import torch
+
+from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from tests.kernels.paged_batch import make_paged_batch, naive_attention
+
+# (q_lens, seq_lens): decodes, prefills, chunked prefill continuing a context, odd lengths, block crossings.
+MIXED = ([5, 1, 1, 3, 1], [5, 9, 1, 12, 17])
+
+
+def _run(fn, batch, scale, **kwargs):
+    return fn(batch.q, batch.k_cache, batch.v_cache, batch.query_start_loc, batch.seq_lens,
+              batch.block_tables, scale, **kwargs)
+
+
+@pytest.mark.parametrize("q_lens,seq_lens", [([1], [1]), ([7], [7]), ([1, 1], [6, 33]), MIXED])
+@pytest.mark.parametrize("heads", [(2, 2), (4, 2), (8, 1), (6, 2)])
+def test_reference_matches_dense_causal_attention(q_lens, seq_lens, heads):
+    batch = make_paged_batch(q_lens, seq_lens, *heads, head_dim=16, block_size=4, pad_seqs=1, pad_tokens=2)
+    out = _run(paged_attention_ref, batch, 0.25)
+    expected = naive_attention(batch, q_lens, 0.25)
+    torch.testing.assert_close(out[: batch.num_real_tokens].double(), expected, atol=1e-5, rtol=1e-5)
+    assert out[batch.num_real_tokens :].abs().sum() == 0
+
+
+@pytest.mark.parametrize(
+    "q_lens,seq_lens,heads,head_dim,block_size",
+    [
+        ([1], [1], (2, 2), 48, 4),  # a single token
+        ([1, 1, 1], [3, 8, 13], (8, 2), 128, 4),  # decode batch, group 4, crosses blocks
+        ([9], [9], (4, 2), 48, 4),  # prefill, odd length, several query tiles
+        ([4], [11], (2, 2), 64, 8),  # chunked prefill on top of existing context
+        (*MIXED, (8, 1), 48, 4),  # mixed batch, group 8
+        (*MIXED, (4, 4), 80, 16),  # mixed batch, no GQA, a block larger than most sequences
+        (*MIXED, (7, 1), 64, 4),  # Qwen2.5-7B's group of 7 (padded to 8 rows)
+        ([2, 1], [9, 4], (10, 2), 32, 4),  # Qwen2.5-14B's group of 5
+    ],
+)
+@pytest.mark.parametrize("num_splits", [None, 2])
+def test_triton_matches_reference(q_lens, seq_lens, heads, head_dim, block_size, num_splits):
+    batch = make_paged_batch(q_lens, seq_lens, *heads, head_dim=head_dim, block_size=block_size,
+                             pad_seqs=2, pad_tokens=3)
+    scale = head_dim**-0.5
+    expected = _run(paged_attention_ref, batch, scale)
+    out = _run(paged_attention_triton, batch, scale, num_splits=num_splits)
+    n = batch.num_real_tokens
+    torch.testing.assert_close(out[:n], expected[:n], atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_triton_long_context_split_kv(num_splits):
+    q_lens, seq_lens = [1, 3], [300, 150]  # many KV tiles so every split gets work; some splits are empty
+    batch = make_paged_batch(q_lens, seq_lens, 4, 2, head_dim=32, block_size=16, pad_tokens=1)
+    expected = _run(paged_attention_ref, batch, 0.2)
+    out = _run(paged_attention_triton, batch, 0.2, num_splits=num_splits)
+    torch.testing.assert_close(out[:4], expected[:4], atol=2e-5, rtol=2e-5)
+
+
+def test_triton_half_precision_inputs():
+    batch = make_paged_batch(*MIXED, 4, 2, head_dim=48, block_size=4, dtype=torch.float16)
+    expected = _run(paged_attention_ref, batch, 0.15)
+    out = _run(paged_attention_triton, batch, 0.15)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out, expected, atol=2e-3, rtol=2e-3)
+
+
+def test_triton_strided_query_view():
+    """q as a slice of a fused qkv projection output (row stride larger than Hq * D)."""
+    batch = make_paged_batch(*MIXED, 4, 2, head_dim=16, block_size=4)
+    tokens = batch.q.shape[0]
+    fused = torch.randn(tokens, (4 + 2 * 2) * 16)
+    fused[:, : 4 * 16] = batch.q.reshape(tokens, -1)
+    q_view = fused[:, : 4 * 16].view(tokens, 4, 16)
+    assert not q_view.is_contiguous()
+    args = (batch.k_cache, batch.v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables, 0.3)
+    torch.testing.assert_close(paged_attention_triton(q_view, *args), paged_attention_ref(batch.q, *args),
+                               atol=2e-5, rtol=2e-5)

@@ -1,0 +1,64 @@
+"""Compile every kernel for the H200 (sm_90) without a GPU, so code-generation errors show up in CPU CI.
+
+The interpreter (used by the other CPU tests) accepts things the real compiler rejects; this closes that gap.
+It runs in a subprocess because the test session has TRITON_INTERPRET=1 set before triton was imported.
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _compile_all() -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from blink.kernels import activation, attention, kv_write, rmsnorm, rope
+
+    def check(fn, pointers: dict, constexprs: dict, **options):
+        scalar = lambda name: "fp32" if name in ("scale_log2", "eps") else "i32"
+        signature = {name: "constexpr" if name in constexprs else pointers.get(name, scalar(name))
+                     for name in fn.arg_names}
+        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs)
+        triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+    bf16 = lambda *names: {name: "*bf16" for name in names}
+    attention_ptrs = {**bf16("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"), "partial_ptr": "*fp32",
+                      "max_ptr": "*fp32", "sum_ptr": "*fp32", "query_start_loc_ptr": "*i32",
+                      "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32"}
+    configs = [(4, 4, 4, 128, 1), (4, 4, 16, 128, 1), (8, 8, 2, 128, 4), (1, 1, 64, 64, 1),
+               (7, 8, 2, 128, 16)]  # (group, padded group, BLOCK_Q, BLOCK_D, splits)
+    for group, group_pad, block_q, block_d, splits in configs:
+        check(attention._paged_attention_kernel, attention_ptrs,
+              dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=64, BLOCK_D=block_d, BLOCK_S=64,
+                   NUM_SPLITS=splits), num_warps=4, num_stages=2)
+    check(attention._merge_splits_kernel,
+          {"partial_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32", "out_ptr": "*bf16",
+           "query_start_loc_ptr": "*i32"}, dict(NUM_SPLITS=4, BLOCK_D=128))
+    check(kv_write._write_kv_kernel, {**bf16("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr"),
+                                      "slot_mapping_ptr": "*i64"}, dict(BLOCK_HEADS=8, BLOCK_D=128))
+    norm_ptrs = bf16("x_ptr", "residual_ptr", "weight_ptr", "out_ptr", "sum_ptr")
+    for has_residual, rows, hidden in [(True, 1, 4096), (False, 1, 4096), (False, 16, 128)]:
+        check(rmsnorm._rms_norm_kernel, norm_ptrs,
+              dict(HAS_RESIDUAL=has_residual, BLOCK_ROWS=rows, BLOCK_H=hidden))
+    check(rope._rope_kernel, {**bf16("q_ptr", "k_ptr"), "positions_ptr": "*i64", "cos_sin_ptr": "*fp32"},
+          dict(BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64))
+    check(activation._silu_and_mul_kernel, bf16("x_ptr", "out_ptr"), dict(BLOCK=1024))
+
+
+def test_kernels_compile_for_sm90():
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
+    result = subprocess.run([sys.executable, __file__], env=env, cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=500)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+if __name__ == "__main__":
+    _compile_all()

@@ -1,0 +1,138 @@
+"""The Triton kernels on real shapes in bf16 against their references (needs a CUDA GPU)."""
+import pytest
+import torch
+
+from blink.kernels import apply_rope, paged_attention, rms_norm, silu_and_mul, write_kv
+from blink.kernels.activation import silu_and_mul_ref
+from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.kv_write import write_kv_ref
+from blink.kernels.rmsnorm import rms_norm_ref
+from blink.kernels.rope import apply_rope_ref
+from tests.kernels.paged_batch import make_paged_batch
+
+pytestmark = pytest.mark.gpu
+BF16_TOL = dict(atol=2e-2, rtol=2e-2)
+
+
+def _poison_allocator(shape, dtype):
+    """Leave a NaN-filled block in the caching allocator so the kernel's output reuses it."""
+    poison = torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+    del poison
+
+
+def _attention_case(q_lens, seq_lens, heads=(32, 8), head_dim=128, pad_seqs=0, pad_tokens=0, splits=None):
+    batch = make_paged_batch(q_lens, seq_lens, *heads, head_dim=head_dim, block_size=16,
+                             dtype=torch.bfloat16, device="cuda", pad_seqs=pad_seqs, pad_tokens=pad_tokens)
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
+            head_dim**-0.5)
+    expected = paged_attention_ref(*args)
+    _poison_allocator(batch.q.shape, batch.q.dtype)
+    out = paged_attention_triton(*args, num_splits=splits)
+    n = batch.num_real_tokens
+    assert torch.isfinite(out[:n]).all(), "some output element was not written"
+    torch.testing.assert_close(out[:n], expected[:n], **BF16_TOL)
+
+
+def test_attention_decode_batch_64():
+    gen = torch.Generator().manual_seed(0)
+    seq_lens = torch.randint(1, 4097, (64,), generator=gen).tolist()
+    _attention_case([1] * 64, seq_lens, pad_seqs=3, pad_tokens=3)
+
+
+@pytest.mark.parametrize("seq_len", [1, 37, 4096])
+def test_attention_single_decode_split_kv(seq_len):
+    _attention_case([1], [seq_len])
+
+
+def test_attention_prefill_2k():
+    _attention_case([2048], [2048])
+
+
+def test_attention_mixed_batch():
+    q_lens = [512, 333, 1] + [1] * 40
+    seq_lens = [1512, 333, 4000] + [int(x) for x in torch.randint(1, 3000, (40,)).tolist()]
+    _attention_case(q_lens, seq_lens, pad_seqs=5, pad_tokens=21)
+
+
+@pytest.mark.parametrize("heads", [(8, 8), (16, 8), (32, 8), (64, 8), (28, 4)])
+@pytest.mark.parametrize("head_dim", [48, 64, 80, 96, 128])
+@pytest.mark.parametrize("splits", [None, 4])
+def test_attention_group_ratios_and_head_dims(heads, head_dim, splits):
+    _attention_case([7, 1, 100, 1], [7, 300, 160, 1025], heads=heads, head_dim=head_dim, pad_seqs=1,
+                    pad_tokens=2, splits=splits)
+
+
+def test_attention_cuda_graph_replay_with_new_contents():
+    """Grid depends only on T and S: one capture serves any batch of that bucket."""
+    num_tokens, num_seqs = 48, 8
+    first = make_paged_batch([20, 1, 1, 5, 1], [20, 900, 30, 105, 2], 32, 8, 128, 16, torch.bfloat16, "cuda",
+                             pad_seqs=3, pad_tokens=20, max_blocks=256, seed=1)
+    second = make_paged_batch([1] * 6 + [40], [4000, 1, 17, 33, 64, 2048, 40], 32, 8, 128, 16,
+                              torch.bfloat16, "cuda", pad_seqs=1, pad_tokens=2, max_blocks=256, seed=2)
+    fields = ("q", "k_cache", "v_cache", "query_start_loc", "seq_lens", "block_tables")
+    static = {name: getattr(first, name).clone() for name in fields}
+    assert static["q"].shape[0] == num_tokens and static["seq_lens"].shape[0] == num_seqs
+    static["k_cache"] = torch.zeros_like(second.k_cache)  # large enough for both batches' blocks
+    static["v_cache"] = torch.zeros_like(second.v_cache)
+    run = lambda: paged_attention(*(static[name] for name in fields), 128**-0.5)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        run()  # compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for batch in (first, second):
+        for name in fields:
+            src = getattr(batch, name)
+            static[name].zero_()
+            static[name][tuple(slice(0, n) for n in src.shape)].copy_(src)
+        graph.replay()
+        expected = paged_attention_ref(*(static[name] for name in fields), 128**-0.5)
+        n = batch.num_real_tokens
+        torch.testing.assert_close(out[:n], expected[:n], **BF16_TOL)
+
+
+def test_write_kv_real_shapes():
+    tokens, heads, dim = 512, 8, 128
+    qkv = torch.randn(tokens, (32 + 2 * heads) * dim, device="cuda", dtype=torch.bfloat16)
+    k = qkv[:, 32 * dim : (32 + heads) * dim].view(tokens, heads, dim)
+    v = qkv[:, (32 + heads) * dim :].view(tokens, heads, dim)
+    slots = torch.randperm(64 * 16, device="cuda")[:tokens]
+    slots[::7] = -1
+    caches = [torch.randn(64, 16, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+    expected = [c.clone() for c in caches]
+    write_kv(k, v, *caches, slots)
+    write_kv_ref(k, v, *expected, slots)
+    assert torch.equal(caches[0], expected[0]) and torch.equal(caches[1], expected[1])
+
+
+def test_rms_norm_matches_reference_to_one_ulp():
+    x, residual = (torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    weight = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+    # Only rsqrt may differ (in its last bit), which can move the bf16 result by one ulp.
+    torch.testing.assert_close(rms_norm(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5), atol=0, rtol=2**-7)
+    out, new_residual = rms_norm(x, weight, 1e-5, residual)
+    expected_out, expected_residual = rms_norm_ref(x, weight, 1e-5, residual)
+    assert torch.equal(new_residual, expected_residual)
+    torch.testing.assert_close(out, expected_out, atol=0, rtol=2**-7)
+    q = torch.randn(300, 48 * 128, device="cuda", dtype=torch.bfloat16)[:, : 32 * 128].view(300, 32, 128)
+    q_weight = torch.randn(128, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(rms_norm(q, q_weight, 1e-6), rms_norm_ref(q, q_weight, 1e-6), atol=0,
+                               rtol=2**-7)
+
+
+def test_rope_and_silu_real_shapes():
+    tokens = 1000
+    qkv = torch.randn(tokens, 48 * 128, device="cuda", dtype=torch.bfloat16)
+    q = qkv[:, : 32 * 128].view(tokens, 32, 128)
+    k = qkv[:, 32 * 128 : 40 * 128].view(tokens, 8, 128)
+    angles = torch.rand(8192, 64, device="cuda") * 6.3
+    cos_sin = torch.cat((angles.cos(), angles.sin()), dim=-1)
+    positions = torch.randint(0, 8192, (tokens,), device="cuda")
+    q_ref, k_ref = apply_rope_ref(q.clone(), k.clone(), positions, cos_sin)
+    apply_rope(q, k, positions, cos_sin)
+    torch.testing.assert_close(q, q_ref, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(k, k_ref, atol=1e-2, rtol=1e-2)
+    x = torch.randn(tokens, 2 * 14336, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(silu_and_mul(x), silu_and_mul_ref(x), atol=1e-2, rtol=1e-2)

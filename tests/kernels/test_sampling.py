@@ -1,0 +1,297 @@
+import math
+import struct
+
+import pytest
+import torch
+
+from blink.engine.sampling_state import SamplingState
+from blink.kernels.sampling import (
+    apply_penalties_ref,
+    apply_penalties_triton,
+    choose_tokens_ref,
+    choose_tokens_triton,
+    keep_thresholds,
+    race_uniform_ref,
+    sample,
+    sample_ref,
+    sample_triton,
+)
+from blink.request import SamplingParams
+
+MIXED_PARAMS = [
+    SamplingParams(),
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.7, top_k=20),
+    SamplingParams(temperature=1.3, top_p=0.8),
+    SamplingParams(min_p=0.05),
+    SamplingParams(temperature=0.9, top_k=50, top_p=0.9, min_p=0.02),
+    SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.4),
+    SamplingParams(temperature=0.0, repetition_penalty=0.8, logit_bias={3: 5.0, 11: -2.0}),
+    SamplingParams(temperature=0.8, frequency_penalty=-1.0, logit_bias={0: 1.5, 5: 100.0, 6: -100.0}),
+]
+
+
+def mixed_state(vocab: int, seed: int = 0) -> SamplingState:
+    gen = torch.Generator().manual_seed(seed)
+    state = SamplingState(len(MIXED_PARAMS), vocab, "cpu")
+    for slot, params in enumerate(MIXED_PARAMS):
+        prompt = torch.randint(0, vocab, (12,), generator=gen).tolist()
+        output = torch.randint(0, vocab, (6,), generator=gen).tolist()
+        state.set_slot(slot, params, seed=1000 + slot * 7919, prompt_ids=prompt, output_ids=output)
+    return state
+
+
+def mixed_rows(num_rows: int, vocab: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(num_rows, vocab, generator=gen) * 3
+    slots = torch.arange(num_rows, dtype=torch.int32) % len(MIXED_PARAMS)
+    slots[-1] = -1  # a padding row
+    positions = torch.randint(0, 10_000, (num_rows,), generator=gen)
+    return logits, slots, positions
+
+
+# ---- the RNG -----------------------------------------------------------------------------------------
+def murmur3_32(data: bytes, seed: int) -> int:
+    """MurmurHash3_x86_32 straight from its specification, on Python ints."""
+    def rotl(x, r):
+        return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
+
+    h = seed
+    for (word,) in struct.iter_unpack("<I", data):
+        k = rotl(word * 0xCC9E2D51 & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
+        h = (rotl(h ^ k, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
+    h ^= len(data)
+    h = ((h ^ (h >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
+    h = ((h ^ (h >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def test_murmur3_matches_published_vectors():
+    assert murmur3_32(b"", 0) == 0
+    assert murmur3_32(b"", 1) == 0x514E28B7
+    assert murmur3_32(b"\x00\x00\x00\x00", 0) == 0x2362F9DE
+    assert murmur3_32(b"\xff\xff\xff\xff", 0) == 0x76293B50
+    assert murmur3_32(b"\x21\x43\x65\x87", 0x5082EDEE) == 0x2362F9DE
+
+
+def test_race_uniform_is_murmur3_of_seed_position_token():
+    seeds = [0, 1, -1, 2**63 - 1, -(2**63), 123456789123]
+    positions = [0, 5, 2**32 - 1, 77, 1 << 20, 3]
+    u = race_uniform_ref(torch.tensor(seeds), torch.tensor(positions), 40)
+    for row, (seed, position) in enumerate(zip(seeds, positions, strict=True)):
+        seed &= (1 << 64) - 1
+        for token in (0, 1, 17, 39):
+            key = struct.pack("<III", seed >> 32, position, token)
+            h = murmur3_32(key, seed & 0xFFFFFFFF)
+            assert u[row, token].item() == ((h >> 9) + 0.5) / 2**23
+    assert 0 < u.min() and u.max() < 1
+
+
+# ---- Triton against the reference ------------------------------------------------------------------
+@pytest.mark.parametrize("vocab", [64, 777])
+def test_triton_matches_reference(vocab):
+    state = mixed_state(vocab)
+    logits, slots, positions = mixed_rows(40, vocab, seed=vocab)
+    penalized = apply_penalties_ref(logits, slots, state)
+    torch.testing.assert_close(apply_penalties_triton(logits, slots, state), penalized, rtol=1e-6, atol=1e-6)
+    threshold = keep_thresholds(penalized, slots, state)
+    expected = choose_tokens_ref(penalized, threshold, slots, positions, state)
+    assert choose_tokens_triton(penalized, threshold, slots, positions, state).tolist() == expected.tolist()
+    ref = sample_ref(logits, slots, positions, state, 4)
+    tri = sample_triton(logits, slots, positions, state, 4)
+    assert tri.token_ids.tolist() == ref.token_ids.tolist()
+    torch.testing.assert_close(tri.logprobs, ref.logprobs)
+
+
+def test_triton_choice_matches_reference_on_many_rows():
+    vocab = 300
+    state = SamplingState(1, vocab, "cpu")
+    state.set_slot(0, SamplingParams(temperature=0.6), seed=42, prompt_ids=[0])
+    logits = torch.randn(150, vocab, generator=torch.Generator().manual_seed(1)) * 2
+    slots = torch.zeros(150, dtype=torch.int32)
+    positions = torch.arange(150) * 13
+    threshold = torch.full((150,), float("-inf"))
+    expected = choose_tokens_ref(logits, threshold, slots, positions, state)
+    assert choose_tokens_triton(logits, threshold, slots, positions, state).tolist() == expected.tolist()
+
+
+# ---- determinism -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("impl", [sample_ref, sample_triton])
+def test_seeded_tokens_do_not_depend_on_the_batch(impl):
+    vocab = 128
+    state = mixed_state(vocab)
+    logits, slots, positions = mixed_rows(12, vocab)
+    alone = [impl(logits[i:i + 1], slots[i:i + 1], positions[i:i + 1], state, 0).token_ids.item()
+             for i in range(12)]
+    order = torch.randperm(12, generator=torch.Generator().manual_seed(3))
+    shuffled = impl(logits[order], slots[order], positions[order], state, 0).token_ids
+    assert shuffled.tolist() == [alone[i] for i in order.tolist()]
+    assert impl(logits, slots, positions, state, 0).token_ids.tolist() == alone
+
+
+def test_same_seed_same_tokens_other_seed_other_tokens():
+    vocab = 100
+    state = SamplingState(3, vocab, "cpu")
+    for slot, seed in enumerate([5, 5, 6]):
+        state.set_slot(slot, SamplingParams(), seed=seed, prompt_ids=[0])
+    logits = torch.zeros(60, vocab)  # uniform: every position is a fresh draw
+    positions = torch.arange(60)
+    draws = [sample(logits, torch.full((60,), s, dtype=torch.int32), positions, state, 0).token_ids
+             for s in range(3)]
+    assert torch.equal(draws[0], draws[1])
+    assert (draws[0] != draws[2]).sum() > 40
+
+
+# ---- the distribution and the filters --------------------------------------------------------------
+def sample_counts(params: SamplingParams, logits_row: torch.Tensor, draws: int = 20_000) -> torch.Tensor:
+    vocab = logits_row.numel()
+    state = SamplingState(1, vocab, "cpu")
+    state.set_slot(0, params, seed=2024, prompt_ids=[])
+    out = sample_ref(logits_row.expand(draws, vocab).contiguous(), torch.zeros(draws, dtype=torch.int32),
+                     torch.arange(draws), state, 0)
+    return torch.bincount(out.token_ids, minlength=vocab).double()
+
+
+def assert_frequencies_match(counts: torch.Tensor, probs: torch.Tensor):
+    draws = counts.sum()
+    freq = counts / draws
+    bound = 5 * torch.sqrt(probs * (1 - probs) / draws) + 1e-3  # 5 sigma: never fails by chance
+    assert ((freq - probs).abs() <= bound).all(), (freq, probs)
+
+
+LOGITS_8 = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -3.0])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 1.7])
+def test_frequencies_match_softmax(temperature):
+    counts = sample_counts(SamplingParams(temperature=temperature), LOGITS_8)
+    assert_frequencies_match(counts, torch.softmax(LOGITS_8.double() / temperature, -1))
+
+
+def renormalized(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    probs = torch.where(keep, probs, 0)
+    return probs / probs.sum()
+
+
+def test_top_k_min_p_top_p_keep_the_right_tokens_with_the_right_odds():
+    probs = torch.softmax(LOGITS_8.double(), -1)  # 0.40 0.25 0.15 0.09 0.05 0.03 0.02 0.003
+    cases = [
+        (SamplingParams(top_k=3), torch.arange(8) < 3),
+        (SamplingParams(min_p=0.2), probs >= 0.2 * probs.max()),
+        (SamplingParams(top_p=0.7), torch.arange(8) < 3),  # 0.40 + 0.25 < 0.7 <= + 0.15
+        (SamplingParams(top_k=5, top_p=0.9), torch.arange(8) < 4),  # renormalized over the top 5
+        (SamplingParams(min_p=0.1, top_p=0.95), torch.arange(8) < 5),
+    ]
+    for params, keep in cases:
+        assert_frequencies_match(sample_counts(params, LOGITS_8), renormalized(probs, keep))
+
+
+@pytest.mark.parametrize("impl", [sample_ref, sample_triton])
+def test_top_k_1_and_tiny_top_p_are_greedy(impl):
+    vocab = 500
+    logits = torch.randn(8, vocab, generator=torch.Generator().manual_seed(7)) * 2
+    state = SamplingState(3, vocab, "cpu")
+    state.set_slot(0, SamplingParams(temperature=1.5, top_k=1), seed=1, prompt_ids=[])
+    state.set_slot(1, SamplingParams(temperature=1.5, top_p=1e-6), seed=1, prompt_ids=[])
+    state.set_slot(2, SamplingParams(temperature=1.5, min_p=1.0), seed=1, prompt_ids=[])
+    for slot in range(3):
+        out = impl(logits, torch.full((8,), slot, dtype=torch.int32), torch.arange(8), state, 0)
+        assert out.token_ids.tolist() == logits.argmax(-1).tolist()
+
+
+def test_min_p_threshold():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.1, 0.06, 0.04]]))
+    state = SamplingState(1, 5, "cpu")
+    state.set_slot(0, SamplingParams(min_p=0.19), seed=1, prompt_ids=[])  # keeps p >= 0.095
+    threshold = keep_thresholds(logits, torch.zeros(1, dtype=torch.int32), state)
+    assert threshold.item() == pytest.approx(math.log(0.1))
+
+
+# ---- penalties and bias ----------------------------------------------------------------------------
+def penalized_by_hand(row, params, prompt, output):
+    row = row.tolist()
+    for token, bias in params.logit_bias.items():
+        row[token] += bias
+    for token in range(len(row)):
+        count = output.count(token)
+        if count or token in prompt:
+            rp = params.repetition_penalty
+            row[token] = row[token] / rp if row[token] > 0 else row[token] * rp
+        row[token] -= params.frequency_penalty * count + params.presence_penalty * (count > 0)
+    return torch.tensor(row)
+
+
+@pytest.mark.parametrize("apply_penalties", [apply_penalties_ref, apply_penalties_triton])
+def test_penalties_and_bias_match_a_hand_written_reference(apply_penalties):
+    vocab = 16
+    prompt, output = [1, 2, 3, 3], [3, 4, 4, 5, 9]
+    cases = [
+        SamplingParams(repetition_penalty=1.5),
+        SamplingParams(presence_penalty=0.7, frequency_penalty=0.3),
+        SamplingParams(repetition_penalty=0.7, presence_penalty=-0.5, frequency_penalty=-1.2),
+        SamplingParams(logit_bias={0: 3.0, 4: -20.0, 15: 0.5}),
+        SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, logit_bias={1: -4.0, 4: 6.0, 7: 1.0}),
+        SamplingParams(),
+    ]
+    state = SamplingState(len(cases), vocab, "cpu")
+    for slot, params in enumerate(cases):
+        state.set_slot(slot, params, seed=0, prompt_ids=prompt, output_ids=output[:-1])
+    slots = torch.arange(len(cases), dtype=torch.int32)
+    state.record_tokens(slots, torch.full((len(cases),), output[-1]))
+    logits = torch.randn(len(cases), vocab, generator=torch.Generator().manual_seed(0)) * 4
+    got = apply_penalties(logits, slots, state)
+    for slot, params in enumerate(cases):
+        torch.testing.assert_close(got[slot], penalized_by_hand(logits[slot], params, prompt, output))
+    # A padding row (slot -1) passes its logits through, whatever slot 0 holds.
+    torch.testing.assert_close(apply_penalties(logits[:1], torch.tensor([-1], dtype=torch.int32), state),
+                               logits[:1])
+
+
+def test_greedy_picks_the_argmax_of_the_penalized_logits():
+    state = SamplingState(1, 8, "cpu")
+    state.set_slot(0, SamplingParams(temperature=0.0, logit_bias={6: 10.0}), seed=0, prompt_ids=[])
+    slots, positions = torch.zeros(1, dtype=torch.int32), torch.zeros(1, dtype=torch.long)
+    out = sample(LOGITS_8[None], slots, positions, state, 2)
+    assert out.token_ids.item() == 6
+    # ...while its logprob is the raw one.
+    assert out.logprobs.item() == pytest.approx(torch.log_softmax(LOGITS_8, -1)[6].item())
+
+
+# ---- logprobs --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("impl", [sample_ref, sample_triton])
+def test_logprobs_are_raw_log_softmax(impl):
+    vocab = 200
+    state = mixed_state(vocab)
+    logits, slots, positions = mixed_rows(9, vocab)
+    out = impl(logits, slots, positions, state, 5)
+    expected = torch.log_softmax(logits, -1)
+    torch.testing.assert_close(out.logprobs, expected.gather(1, out.token_ids[:, None]).squeeze(1))
+    top_values, top_ids = expected.topk(5, -1)
+    assert torch.equal(out.top_ids, top_ids)
+    torch.testing.assert_close(out.top_logprobs, top_values)
+    assert out.token_ids.dtype == torch.int64 and out.top_ids.dtype == torch.int64
+    empty = impl(logits, slots, positions, state, 0)
+    assert empty.top_ids.shape == (9, 0) and empty.top_logprobs.shape == (9, 0)
+
+
+# ---- GPU -------------------------------------------------------------------------------------------
+@pytest.mark.gpu
+def test_gpu_matches_reference_on_a_real_vocab():
+    vocab, rows = 128256, 64
+    cpu_state = mixed_state(vocab)
+    cuda_state = SamplingState(cpu_state.max_slots, vocab, "cuda")
+    for name, tensor in vars(cpu_state).items():
+        if isinstance(tensor, torch.Tensor):
+            getattr(cuda_state, name).copy_(tensor)
+    logits, slots, positions = mixed_rows(rows, vocab)
+    logits = (logits * 2).bfloat16().float()  # bf16-rounded like a real model's logits
+    ref = sample_ref(logits, slots, positions, cpu_state, 20)
+    got = sample(logits.cuda(), slots.cuda(), positions.cuda(), cuda_state, 20)
+    torch.testing.assert_close(apply_penalties_triton(logits.cuda(), slots.cuda(), cuda_state).cpu(),
+                               apply_penalties_ref(logits, slots, cpu_state))
+    assert got.token_ids.cpu().tolist() == ref.token_ids.tolist()
+    torch.testing.assert_close(got.logprobs.cpu(), ref.logprobs, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.top_logprobs.cpu(), ref.top_logprobs, rtol=1e-5, atol=1e-5)
+    cuda_state.record_tokens(slots.cuda(), got.token_ids)
+    cpu_state.record_tokens(slots, ref.token_ids)
+    assert torch.equal(cuda_state.output_counts.cpu(), cpu_state.output_counts)

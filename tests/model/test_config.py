@@ -1,0 +1,137 @@
+"""ModelConfig: both config.json forms, defaults, eos sources, and every refusal."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from blink.model.config import Llama3RopeScaling, ModelConfig, ModelConfigError
+
+LLAMA31_CLASSIC = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 1000, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001, "tie_word_embeddings": False,
+    "pretraining_tp": 1, "use_cache": True, "attention_dropout": 0.0, "initializer_range": 0.02,
+}
+QWEN3_T5 = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 1000, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 48, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "dtype": "bfloat16",
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+    "layer_types": ["full_attention"] * 3, "sliding_window": None, "use_sliding_window": False,
+    "max_window_layers": 3, "tie_word_embeddings": True, "eos_token_id": 151645,
+}
+
+
+def write_dir(tmp_path, config: dict, generation: dict | None = None):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if generation is not None:
+        (tmp_path / "generation_config.json").write_text(json.dumps(generation))
+    return tmp_path
+
+
+def test_classic_form_with_llama3_scaling(tmp_path):
+    cfg = ModelConfig.from_dir(write_dir(tmp_path, LLAMA31_CLASSIC))
+    assert cfg.architecture == "LlamaForCausalLM"
+    assert (cfg.head_dim, cfg.num_key_value_heads, cfg.rope_theta) == (16, 2, 500000.0)
+    assert cfg.rope_scaling == Llama3RopeScaling(8.0, 1.0, 4.0, 8192)
+    assert cfg.dtype == torch.bfloat16 and cfg.rms_norm_eps == 1e-5
+    assert cfg.eos_token_ids == (128001,) and cfg.bos_token_id == 128000
+    assert not (cfg.qkv_bias or cfg.o_proj_bias or cfg.mlp_bias or cfg.qk_norm or cfg.tie_word_embeddings)
+
+
+def test_legacy_rope_scaling_type_key():
+    hf = {**LLAMA31_CLASSIC, "rope_scaling": {**LLAMA31_CLASSIC["rope_scaling"]}}
+    hf["rope_scaling"]["type"] = hf["rope_scaling"].pop("rope_type")
+    assert ModelConfig.from_hf_dict(hf).rope_scaling.factor == 8.0
+
+
+def test_transformers5_form(tmp_path):
+    cfg = ModelConfig.from_dir(write_dir(tmp_path, QWEN3_T5, {"eos_token_id": [151645, 151643]}))
+    assert cfg.qk_norm and cfg.head_dim == 48 and cfg.tie_word_embeddings
+    assert cfg.rope_theta == 1e6 and cfg.rope_scaling is None and cfg.dtype == torch.bfloat16
+    assert cfg.eos_token_ids == (151645, 151643)  # generation_config.json wins over config.json
+    assert (cfg.q_size, cfg.kv_size) == (192, 96)
+
+
+def test_transformers5_llama3_rope_parameters():
+    hf = {k: v for k, v in LLAMA31_CLASSIC.items() if k not in ("rope_theta", "rope_scaling", "torch_dtype")}
+    hf["rope_parameters"] = {**LLAMA31_CLASSIC["rope_scaling"], "rope_theta": 500000.0}
+    hf["dtype"] = "bfloat16"
+    assert ModelConfig.from_hf_dict(hf) == ModelConfig.from_hf_dict(LLAMA31_CLASSIC)
+
+
+def test_family_defaults():
+    base = {k: v for k, v in QWEN3_T5.items() if k not in ("head_dim", "dtype", "rope_parameters")}
+    qwen3 = ModelConfig.from_hf_dict(base)
+    assert qwen3.head_dim == 128 and qwen3.dtype == torch.float32 and qwen3.rope_theta == 10000.0
+    qwen2 = ModelConfig.from_hf_dict({**base, "architectures": ["Qwen2ForCausalLM"]})
+    assert qwen2.head_dim == 16 and qwen2.qkv_bias and not qwen2.o_proj_bias and not qwen2.qk_norm
+    llama = ModelConfig.from_hf_dict({**LLAMA31_CLASSIC, "attention_bias": True, "mlp_bias": True})
+    assert llama.qkv_bias and llama.o_proj_bias and llama.mlp_bias
+    no_eos = ModelConfig.from_hf_dict({k: v for k, v in base.items() if k != "eos_token_id"})
+    assert no_eos.eos_token_ids == () and no_eos.num_key_value_heads == 2
+
+
+@pytest.mark.parametrize("harmless", [
+    {"use_sliding_window": False, "sliding_window": 4096},  # Qwen2/3: the window is off
+    {"use_sliding_window": True, "sliding_window": 4096, "max_window_layers": 3},  # no layer past 3
+    {"layer_types": ["full_attention"] * 3, "rope_scaling": None, "attention_dropout": 0.1},
+    {"hidden_act": "silu", "pad_token_id": 7, "use_cache": False, "initializer_range": 1.0},
+])
+def test_fields_that_do_not_change_the_math_are_accepted(harmless):
+    hf = {**QWEN3_T5, **harmless}
+    if "layer_types" not in harmless:
+        hf.pop("layer_types")
+    ModelConfig.from_hf_dict(hf)
+
+
+def test_mistral_window_not_shorter_than_the_context_is_accepted():
+    hf = {**LLAMA31_CLASSIC, "architectures": ["MistralForCausalLM"], "rope_scaling": None,
+          "max_position_embeddings": 4096, "sliding_window": 4096}
+    assert ModelConfig.from_hf_dict(hf).architecture == "MistralForCausalLM"
+
+
+def _without_layer_types(hf: dict) -> dict:
+    return {k: v for k, v in hf.items() if k != "layer_types"}
+
+
+REFUSALS = {
+    "architecture": ({**QWEN3_T5, "architectures": ["GemmaForCausalLM"]}, "unsupported architecture"),
+    "no architecture": ({**QWEN3_T5, "architectures": []}, "exactly one architecture"),
+    "yarn": ({**QWEN3_T5, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}},
+             "unsupported rope type 'yarn'"),
+    "dynamic": ({**LLAMA31_CLASSIC, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "'dynamic'"),
+    "longrope": ({**LLAMA31_CLASSIC, "rope_scaling": {"rope_type": "longrope", "factor": 2.0}}, "'longrope'"),
+    "linear": ({**LLAMA31_CLASSIC, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "'linear'"),
+    "llama3 incomplete": ({**LLAMA31_CLASSIC, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+                          "lacks low_freq_factor"),
+    "partial rotary": ({**QWEN3_T5, "partial_rotary_factor": 0.5}, "partial rotary"),
+    "sliding layer type": ({**QWEN3_T5, "layer_types": ["full_attention", "sliding_attention", "full_attention"]},
+                           "unsupported layer types ['sliding_attention']"),
+    "qwen sliding window": ({**_without_layer_types(QWEN3_T5), "use_sliding_window": True,
+                             "sliding_window": 4096, "max_window_layers": 1}, "sliding_attention"),
+    "mistral sliding window": ({**LLAMA31_CLASSIC, "architectures": ["MistralForCausalLM"], "rope_scaling": None,
+                                "max_position_embeddings": 32768, "sliding_window": 4096}, "sliding window"),
+    "activation": ({**QWEN3_T5, "hidden_act": "gelu"}, "hidden_act"),
+    "quantized": ({**QWEN3_T5, "quantization_config": {"quant_method": "awq"}}, "quantized"),
+    "dtype": ({**QWEN3_T5, "dtype": "float8_e4m3fn"}, "unsupported checkpoint dtype"),
+    "missing field": ({k: v for k, v in QWEN3_T5.items() if k != "hidden_size"}, "lacks hidden_size"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_refusals(case):
+    hf, message = REFUSALS[case]
+    with pytest.raises(ModelConfigError, match=message.replace("[", r"\[").replace("]", r"\]")) as info:
+        ModelConfig.from_hf_dict(hf)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_config_json(tmp_path):
+    with pytest.raises(ModelConfigError, match="no config.json"):
+        ModelConfig.from_dir(tmp_path)
