@@ -1,6 +1,7 @@
 """One interference process (run as `python -m blink.bench.attack_worker`), started by attackers.py.
 
-It works until its deadline or SIGTERM/SIGINT, then prints one JSON line (what it did) and exits 0.
+It prints `ready` once it handles SIGTERM/SIGINT, works until its deadline or one of those signals, then
+prints one JSON line (what it did) and exits 0.
 It dies with its parent (PR_SET_PDEATHSIG) and never opens a socket.
 """
 from __future__ import annotations
@@ -120,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
+    print("ready", flush=True)
     report = KINDS[args.kind](stop, deadline, args)
     report.update(kind=args.kind, cpu=args.cpu, pid=os.getpid(), seconds=time.monotonic() - started,
                   stopped_by_signal=stop.is_set())

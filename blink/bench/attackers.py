@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -66,6 +67,19 @@ def default_buffer_mib(procs: int) -> int:
     return max(1, min(wanted, allowed) >> 20)
 
 
+def read_line(proc: subprocess.Popen, deadline: float) -> bytes:
+    """Read a worker's unbuffered stdout up to its first newline (or its exit, or the deadline)."""
+    data = b""
+    fd = proc.stdout.fileno()
+    while b"\n" not in data and time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        chunk = os.read(fd, 4096) if ready else b""
+        if ready and not chunk:  # end of file: the worker exited
+            break
+        data += chunk
+    return data
+
+
 @dataclass(frozen=True)
 class AttackSpec:
     kind: str
@@ -92,6 +106,7 @@ class Attackers:
     def __init__(self, spec: AttackSpec):
         self.spec = spec
         self._procs: list[subprocess.Popen] = []
+        self._early_output: dict[int, bytes] = {}  # what start() read of each worker's stdout
         self.reports: list[dict] = []
 
     def worker_command(self, index: int) -> list[str]:
@@ -106,13 +121,17 @@ class Attackers:
             cmd += ["--tokenizer", spec.tokenizer]
         return cmd
 
-    def start(self) -> Attackers:
+    def start(self, ready_timeout_s: float = 60.0) -> Attackers:
+        """Start every worker and return once each handles SIGTERM (so a stop is always clean)."""
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         for index in range(self.spec.procs):
             self._procs.append(subprocess.Popen(
                 self.worker_command(index), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=env, text=True))
+                stderr=subprocess.PIPE, env=env, bufsize=0))
+        deadline = time.monotonic() + ready_timeout_s
+        for proc in self._procs:
+            self._early_output[proc.pid] = read_line(proc, deadline)
         return self
 
     def wait(self) -> list[dict]:
@@ -134,9 +153,10 @@ class Attackers:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 out, err = proc.communicate()
+            out = (self._early_output.pop(proc.pid, b"") + out).decode(errors="replace")
             report = {"pid": proc.pid, "returncode": proc.returncode}
             lines = [line for line in out.splitlines() if line.startswith("{")]
-            report.update(json.loads(lines[-1]) if lines else {"error": err.strip()[-500:]})
+            report.update(json.loads(lines[-1]) if lines else {"error": err.decode(errors="replace")[-500:]})
             self.reports.append(report)
             self._procs.pop(0)
         return self.reports
@@ -155,7 +175,7 @@ class Attackers:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", choices=KINDS, required=True)
     p.add_argument("--procs", type=int, required=True)
-    p.add_argument("--cpus", default=None, help="cores to pin to, round robin, e.g. 0-3,8 (default: unpinned)")
+    p.add_argument("--cpus", default=None, help="cores to pin to, round robin, e.g. 0-3,8 (default: none)")
     p.add_argument("--duration", type=float, required=True, help="seconds")
     p.add_argument("--tokenizer", default=None, help="tokenize kind: a tokenizer.json or a dir holding one")
     p.add_argument("--buffer-mib", type=int, default=None, help="memory kind: MiB per process")
@@ -179,11 +199,14 @@ def _interrupt(signum, frame):
 def run(args: argparse.Namespace) -> int:
     cpus = parse_cpu_list(args.cpus)
     spec = AttackSpec(kind=args.kind, procs=args.procs, duration_s=args.duration,
-                      cpus=tuple(cpus) if cpus else None, tokenizer=args.tokenizer, buffer_mib=args.buffer_mib)
+                      cpus=tuple(cpus) if cpus else None, tokenizer=args.tokenizer,
+                      buffer_mib=args.buffer_mib)
     attackers = Attackers(spec)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         attackers.start()
+        print(f"attacking: {spec.procs} {spec.kind} processes on cpus "
+              f"{format_cpu_list(cpus) or 'any'} for {spec.duration_s:g} s", flush=True)
         reports = attackers.wait()
     except KeyboardInterrupt:
         reports = attackers.stop()

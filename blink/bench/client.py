@@ -30,7 +30,8 @@ def is_token_chunk(choice: dict) -> bool:
     return bool(choice.get("text")) or choice.get("finish_reason") is None
 
 
-async def stream_completion(http: httpx.AsyncClient, url: str, payload: dict, prompt_len: int) -> RequestResult:
+async def stream_completion(http: httpx.AsyncClient, url: str, payload: dict,
+                            prompt_len: int) -> RequestResult:
     """Send one request; TTFT at the first token chunk, one ITL per later token chunk, E2E at the last."""
     result = RequestResult(prompt_len=prompt_len)
     start = time.perf_counter()

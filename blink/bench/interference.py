@@ -27,7 +27,7 @@ from blink.bench.attackers import Attackers, AttackSpec, format_cpu_list, parse_
 from blink.bench.gpu_monitor import GpuMonitor
 from blink.bench.host_cpu import CpuMeter, engine_pid_from_metrics
 from blink.bench.interference_report import ISOLATED, save_point, write_report
-from blink.bench.runner import LoadConfig, fetch_model_name, run_load
+from blink.bench.runner import LoadConfig, fetch_model_name, requests_for_window, run_load
 from blink.bench.serve import add_workload_arguments, build_requests, load_config
 from blink.bench.server_process import BlinkServer, ServeSpec
 
@@ -53,8 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--extra-engine-pid", action="append", default=[], metavar="NAME=PID",
                    help="the pid whose CPU time is charged to extra mode NAME")
     p.add_argument("--layouts", default=None,
-                   help="split: front end, engine and client on their own cores, attackers on the engine's; "
-                        "shared: everything on all cores (default: split if --engine-cpus is given, else shared)")
+                   help="comma separated. split: front end, engine and client on their own cores, attackers "
+                        "on the engine's; shared: everything on all cores (default: split if --engine-cpus "
+                        "is given, else shared)")
     p.add_argument("--request-rates", default="1,2,4,8", help="req/s, comma separated")
     p.add_argument("--attack-kinds", default="spin", help="comma separated: spin, memory, compile, tokenize")
     p.add_argument("--attack-levels", default="0,1,2",
@@ -160,7 +161,7 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         cpu.start()
         sweep.gpu.start()
         with pinned(sweep.client_cpus):
-            outcome = asyncio.run(run_load(config, requests[: math.ceil(rate * args.point_seconds)]))
+            outcome = asyncio.run(run_load(config, requests[: requests_for_window(rate, args.point_seconds)]))
         gpu = sweep.gpu.stop()
         cpu_seconds = cpu.stop()
         attackers_alive = attack.running if attack else 0
@@ -168,6 +169,7 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         reports = attack.stop() if attack else []
     bench = outcome.summary()
     tokens = bench["total_output_tokens"]
+    per_token = lambda total, scale: total * scale / tokens if total is not None and tokens else None
     return {
         "mode": sweep.target, "layout": sweep.layout, "attack_kind": kind, "attack_level": level,
         "attack_procs": procs, "attack_cpus": format_cpu_list(sweep.attack_cpus) if procs else "",
@@ -176,9 +178,8 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         "base_url": sweep.base_url, "model": sweep.model, "server_command": sweep.server_command,
         "client_cpus": format_cpu_list(sweep.client_cpus), "engine_pid": sweep.engine_pid,
         "engine_cpu_seconds": cpu_seconds,
-        "engine_cpu_s_per_1k_tokens": cpu_seconds / tokens * 1000 if cpu_seconds is not None and tokens else None,
-        "gpu_energy_mj": gpu.energy_mj,
-        "energy_per_output_token_mj": gpu.energy_mj / tokens if gpu.energy_mj is not None and tokens else None,
+        "engine_cpu_s_per_1k_tokens": per_token(cpu_seconds, 1000),
+        "gpu_energy_mj": gpu.energy_mj, "energy_per_output_token_mj": per_token(gpu.energy_mj, 1),
         "gpu_mean_utilization_pct": gpu.mean_utilization_pct,
         "attackers": [{k: r.get(k) for k in ("cpu", "iterations", "returncode")} for r in reports],
         "bench": bench,
@@ -217,7 +218,7 @@ def run_sweeps(args: argparse.Namespace, console: Console) -> int:
     rates = parse_floats(args.request_rates)
     if not rates or any(math.isinf(r) or r <= 0 for r in rates):
         raise SystemExit("--request-rates must be finite and positive: each point lasts --point-seconds")
-    num_requests = math.ceil(max(rates) * args.point_seconds) + args.warmup_requests
+    num_requests = max(requests_for_window(max(rates), args.point_seconds), args.warmup_requests)
     requests: list = []
     gpu = GpuMonitor(args.gpu_index)
     failures = 0

@@ -26,8 +26,9 @@ class LoadConfig:
     ignore_eos: bool = False
     temperature: float = 0.0
     seed: int = 0
-    # Time-boxed runs (interference points): no request is sent after `max_duration_s`, and those still
-    # running `drain_s` later are cancelled and reported as `incomplete`, not as failures.
+    # Time-boxed runs (interference points): requests due after `max_duration_s` are not sent (give more
+    # requests than the window needs, see requests_for_window), and those still running `drain_s` later
+    # are cancelled and reported as `incomplete`, not as failures.
     max_duration_s: float | None = None
     drain_s: float = 30.0
     show_progress: bool = True
@@ -36,11 +37,21 @@ class LoadConfig:
 @dataclass
 class LoadOutcome:
     results: list[RequestResult]  # finished requests, successful or failed, in completion order
-    incomplete: int  # cancelled at the deadline or never sent
+    sent: int
     duration_s: float
 
+    @property
+    def incomplete(self) -> int:
+        """Sent but cancelled at the drain deadline."""
+        return self.sent - len(self.results)
+
     def summary(self) -> dict:
-        return {**summarize(self.results, self.duration_s), "incomplete": self.incomplete}
+        return {**summarize(self.results, self.duration_s), "sent": self.sent, "incomplete": self.incomplete}
+
+
+def requests_for_window(request_rate: float, seconds: float) -> int:
+    """Enough requests that a Poisson schedule at `request_rate` still has some due after `seconds`."""
+    return math.ceil(1.5 * request_rate * seconds) + 16
 
 
 async def run_load(config: LoadConfig, requests: list[SampleRequest]) -> LoadOutcome:
@@ -48,7 +59,8 @@ async def run_load(config: LoadConfig, requests: list[SampleRequest]) -> LoadOut
     limit = asyncio.Semaphore(config.max_concurrency) if config.max_concurrency else None
     url = config.base_url.rstrip("/") + config.endpoint
     results: list[RequestResult] = []
-    progress = tqdm(total=len(requests), disable=not config.show_progress, desc="requests")
+    total = None if config.max_duration_s else len(requests)  # a time box sends only part of them
+    progress = tqdm(total=total, disable=not config.show_progress, desc="requests")
 
     async def one(http: httpx.AsyncClient, request: SampleRequest) -> None:
         payload = completion_payload(config.model, request, config.ignore_eos, config.temperature)
@@ -70,7 +82,8 @@ async def run_load(config: LoadConfig, requests: list[SampleRequest]) -> LoadOut
                 break
             await asyncio.sleep(max(0.0, send_at - time.perf_counter()))
             tasks.append(asyncio.create_task(one(http, request)))
-        wait_s = None if math.isinf(send_deadline) else max(0.0, send_deadline + config.drain_s - time.perf_counter())
+        drain_until = send_deadline + config.drain_s
+        wait_s = None if math.isinf(drain_until) else max(0.0, drain_until - time.perf_counter())
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=wait_s)
             for task in pending:
@@ -78,7 +91,7 @@ async def run_load(config: LoadConfig, requests: list[SampleRequest]) -> LoadOut
             await asyncio.gather(*pending, return_exceptions=True)
         duration = time.perf_counter() - start
     progress.close()
-    return LoadOutcome(results=results, incomplete=len(requests) - len(results), duration_s=duration)
+    return LoadOutcome(results=results, sent=len(tasks), duration_s=duration)
 
 
 async def fetch_model_name(base_url: str) -> str:

@@ -63,7 +63,8 @@ def build_requests(args: argparse.Namespace, base_url: str, model: str, num_prom
             return random_requests(codec, num_prompts, args.random_input_len, args.random_output_len,
                                    args.random_range_ratio, args.seed)
         if args.dataset_path:
-            return sharegpt_requests(codec, args.dataset_path, num_prompts, args.seed, args.sharegpt_output_len)
+            return sharegpt_requests(codec, args.dataset_path, num_prompts, args.seed,
+                                     args.sharegpt_output_len)
         return synthetic_sharegpt_requests(codec, num_prompts, args.seed, args.sharegpt_output_len)
     finally:
         if hasattr(codec, "close"):

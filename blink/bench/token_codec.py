@@ -31,7 +31,19 @@ class LocalTokenCodec:
             self._hf = AutoTokenizer.from_pretrained(path)
             added = set(self._hf.all_special_ids) | set(self._hf.added_tokens_decoder)
             size = len(self._hf)
-        self._candidates = np.array([i for i in range(size) if i not in added], dtype=np.int64)
+        plain = [i for i in range(size) if i not in added]
+        self._candidates = np.array(self._round_trip_ids(plain), dtype=np.int64)
+
+    def _round_trip_ids(self, ids: list[int]) -> list[int]:
+        """The ids whose text re-encodes to themselves alone. This drops byte-level pieces of multi-byte
+        characters (alone they decode to U+FFFD, three tokens again), which would make the random
+        prompts' lengths drift on each round trip."""
+        texts = [self.decode([i]) for i in ids]
+        if self._fast is not None:
+            encoded = [e.ids for e in self._fast.encode_batch(texts, add_special_tokens=False)]
+        else:
+            encoded = self._hf(texts, add_special_tokens=False)["input_ids"]
+        return [i for i, e in zip(ids, encoded, strict=True) if e == [i]]
 
     def encode(self, text: str) -> list[int]:
         if self._fast is not None:

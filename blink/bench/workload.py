@@ -51,11 +51,13 @@ def sample_lengths(rng: np.random.Generator, mean_len: int, range_ratio: float, 
     return rng.integers(low, high + 1, size=n)
 
 
-def random_token_prompt(codec, rng: np.random.Generator, num_tokens: int, attempts: int = 4) -> tuple[str, int]:
+def random_token_prompt(codec, rng: np.random.Generator, num_tokens: int,
+                        attempts: int = 10) -> tuple[str, int]:
     """Text that re-tokenizes to `num_tokens` tokens (almost always exactly), from random token ids.
 
     Decoding arbitrary ids and encoding the text again can merge or split tokens, so the ids are re-read
-    from the text and cut or topped up with fresh random ids until the round trip is stable.
+    from the text; the tail is redrawn (a cut alone can re-merge the same way every time) or topped up
+    with fresh random ids until the round trip gives the length. Returns the text and its real length.
     """
     candidates = codec.candidate_ids()
     ids = list(rng.choice(candidates, size=num_tokens))
@@ -64,10 +66,8 @@ def random_token_prompt(codec, rng: np.random.Generator, num_tokens: int, attemp
         ids = codec.encode(text)
         if len(ids) == num_tokens:
             return text, num_tokens
-        if len(ids) > num_tokens:
-            ids = ids[:num_tokens]
-        else:
-            ids = ids + list(rng.choice(candidates, size=num_tokens - len(ids)))
+        keep = min(len(ids), num_tokens - 1)
+        ids = ids[:keep] + list(rng.choice(candidates, size=num_tokens - keep))
         text = codec.decode(ids)
     return text, len(codec.encode(text))
 

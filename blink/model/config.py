@@ -121,8 +121,18 @@ _DEFAULT_MAX_POS = {
 }
 
 
+_ARCHITECTURE_OF_MODEL_TYPE = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
 def _architecture(hf: dict) -> str:
     architectures = hf.get("architectures") or []
+    if not architectures and hf.get("model_type") in _ARCHITECTURE_OF_MODEL_TYPE:
+        architectures = [_ARCHITECTURE_OF_MODEL_TYPE[hf["model_type"]]]  # configs saved without it
     if len(architectures) != 1:
         raise ModelConfigError(f"config.json must name exactly one architecture, got {architectures}")
     if architectures[0] not in SUPPORTED_ARCHITECTURES:
@@ -143,8 +153,8 @@ def _refuse_unimplemented(hf: dict, architecture: str) -> None:
         raise ModelConfigError(f"unsupported hidden_act {hf['hidden_act']!r} (only silu)")
     if hf.get("quantization_config"):
         raise ModelConfigError("quantized checkpoints are not supported")
-    if any(t != "full_attention" for t in _layer_types(hf, architecture)):
-        others = sorted({t for t in _layer_types(hf, architecture) if t != "full_attention"})
+    others = sorted({t for t in _layer_types(hf, architecture) if t != "full_attention"})
+    if others:
         raise ModelConfigError(f"unsupported layer types {others} (only full_attention)")
     # Mistral has no use_sliding_window switch: a window is active whenever it is shorter than the
     # context (the engine never runs past max_position_embeddings).

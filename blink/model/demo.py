@@ -68,8 +68,8 @@ def build_tokenizer(vocab_size: int = 1024) -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tokenizer.train_from_iterator(TRAINING_TEXT.splitlines(keepends=True), trainer=trainer)
     return tokenizer
@@ -136,7 +136,8 @@ def random_llama_tensors(hf: dict, seed: int, std: float = 0.02) -> dict[str, to
         shapes["lm_head.weight"] = (vocab, hidden)
     generator = torch.Generator().manual_seed(seed)
     return {
-        name: torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=generator) * std
+        name: torch.ones(shape) if name.endswith("norm.weight")
+        else torch.randn(shape, generator=generator) * std
         for name, shape in shapes.items()
     }
 
@@ -154,22 +155,26 @@ def build_demo_model(out_dir: Path, seed: int = 0) -> None:
     (out_dir / "blink_demo_version").write_text(DEMO_VERSION)
 
 
+def _is_current(model_dir: Path) -> bool:
+    marker = model_dir / "blink_demo_version"
+    return marker.is_file() and marker.read_text() == DEMO_VERSION
+
+
 def ensure_default_model() -> Path:
     """The demo model's directory, built on first use (atomically: concurrent first uses are safe)."""
     target = cache_dir() / "demo-model"
-    marker = target / "blink_demo_version"
-    if marker.is_file() and marker.read_text() == DEMO_VERSION:
+    if _is_current(target):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="demo-model-", dir=target.parent))
     try:
         build_demo_model(staging)
-        if target.exists():  # an older version
+        if not _is_current(target):  # absent, or an older version: replace it
             shutil.rmtree(target, ignore_errors=True)
-        try:
-            staging.rename(target)
-        except OSError:  # another process finished first; its copy is identical
-            pass
+            try:
+                staging.rename(target)
+            except OSError:  # another process finished first; its copy is identical
+                pass
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -68,8 +68,8 @@ class LlamaMLP(nn.Module):
             cfg.hidden_size, {"gate": cfg.intermediate_size, "up": cfg.intermediate_size}, cfg.mlp_bias,
             device, dtype, tp_rank, tp_size,
         )
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias, device, dtype,
-                                           tp_rank, tp_size)
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias,
+                                           device, dtype, tp_rank, tp_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))
@@ -125,8 +125,8 @@ class LlamaForCausalLM(nn.Module):
             raise NotImplementedError("tensor parallelism is not implemented yet (tp_size must be 1)")
         self.config = cfg
         self.model = LlamaModel(cfg, device, dtype, tp_rank, tp_size)
-        self.lm_head = ColumnParallelLinear(cfg.hidden_size, {"lm_head": cfg.vocab_size}, False, device, dtype,
-                                            tp_rank, tp_size)
+        self.lm_head = ColumnParallelLinear(cfg.hidden_size, {"lm_head": cfg.vocab_size}, False,
+                                            device, dtype, tp_rank, tp_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         max_positions = max_positions or cfg.max_position_embeddings

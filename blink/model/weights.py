@@ -67,7 +67,9 @@ def _expected_targets(model: nn.Module) -> set[tuple[str, str | None]]:
 
 def _ignored(hf_name: str, cfg: ModelConfig) -> bool:
     # Old checkpoints carry RoPE's inv_freq buffer; tied checkpoints may repeat the embedding as lm_head.
-    return hf_name.endswith("rotary_emb.inv_freq") or (cfg.tie_word_embeddings and hf_name == "lm_head.weight")
+    if hf_name.endswith("rotary_emb.inv_freq"):
+        return True
+    return cfg.tie_word_embeddings and hf_name == "lm_head.weight"
 
 
 @torch.no_grad()
@@ -132,8 +134,9 @@ def resolve_dtype(dtype: str | torch.dtype | None, cfg: ModelConfig) -> torch.dt
     return DTYPES[dtype]
 
 
-def load_model(path_or_preset: str | Path, device: str | torch.device, dtype: str | torch.dtype | None = "auto",
-               max_positions: int | None = None, seed: int = 0) -> tuple[LlamaForCausalLM, ModelConfig]:
+def load_model(path_or_preset: str | Path, device: str | torch.device,
+               dtype: str | torch.dtype | None = "auto", max_positions: int | None = None,
+               seed: int = 0) -> tuple[LlamaForCausalLM, ModelConfig]:
     """A model from a checkpoint dir (config.json + safetensors) or a preset name (random weights)."""
     device = torch.device(device)
     if Path(path_or_preset).is_dir():

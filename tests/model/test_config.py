@@ -73,7 +73,9 @@ def test_family_defaults():
     assert qwen2.head_dim == 16 and qwen2.qkv_bias and not qwen2.o_proj_bias and not qwen2.qk_norm
     llama = ModelConfig.from_hf_dict({**LLAMA31_CLASSIC, "attention_bias": True, "mlp_bias": True})
     assert llama.qkv_bias and llama.o_proj_bias and llama.mlp_bias
-    no_eos = ModelConfig.from_hf_dict({k: v for k, v in base.items() if k != "eos_token_id"})
+    bare = {k: v for k, v in base.items() if k not in ("eos_token_id", "architectures")}
+    no_eos = ModelConfig.from_hf_dict(bare)
+    assert no_eos.architecture == "Qwen3ForCausalLM"  # from model_type
     assert no_eos.eos_token_ids == () and no_eos.num_key_value_heads == 2
 
 
@@ -102,7 +104,7 @@ def _without_layer_types(hf: dict) -> dict:
 
 REFUSALS = {
     "architecture": ({**QWEN3_T5, "architectures": ["GemmaForCausalLM"]}, "unsupported architecture"),
-    "no architecture": ({**QWEN3_T5, "architectures": []}, "exactly one architecture"),
+    "no architecture": ({**QWEN3_T5, "architectures": [], "model_type": "gemma"}, "exactly one architecture"),
     "yarn": ({**QWEN3_T5, "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}},
              "unsupported rope type 'yarn'"),
     "dynamic": ({**LLAMA31_CLASSIC, "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "'dynamic'"),
@@ -111,12 +113,13 @@ REFUSALS = {
     "llama3 incomplete": ({**LLAMA31_CLASSIC, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
                           "lacks low_freq_factor"),
     "partial rotary": ({**QWEN3_T5, "partial_rotary_factor": 0.5}, "partial rotary"),
-    "sliding layer type": ({**QWEN3_T5, "layer_types": ["full_attention", "sliding_attention", "full_attention"]},
+    "sliding layer type": ({**QWEN3_T5, "layer_types": ["full_attention", "sliding_attention"] * 2},
                            "unsupported layer types ['sliding_attention']"),
     "qwen sliding window": ({**_without_layer_types(QWEN3_T5), "use_sliding_window": True,
                              "sliding_window": 4096, "max_window_layers": 1}, "sliding_attention"),
-    "mistral sliding window": ({**LLAMA31_CLASSIC, "architectures": ["MistralForCausalLM"], "rope_scaling": None,
-                                "max_position_embeddings": 32768, "sliding_window": 4096}, "sliding window"),
+    "mistral sliding window": ({**LLAMA31_CLASSIC, "architectures": ["MistralForCausalLM"],
+                                "rope_scaling": None, "max_position_embeddings": 32768,
+                                "sliding_window": 4096}, "sliding window"),
     "activation": ({**QWEN3_T5, "hidden_act": "gelu"}, "hidden_act"),
     "quantized": ({**QWEN3_T5, "quantization_config": {"quant_method": "awq"}}, "quantized"),
     "dtype": ({**QWEN3_T5, "dtype": "float8_e4m3fn"}, "unsupported checkpoint dtype"),

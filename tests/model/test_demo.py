@@ -58,3 +58,13 @@ def test_chat_template_renders_with_transformers(tmp_path):
                                            add_generation_prompt=True)
     assert prompt == "<|begin_of_text|><|start_header|>user<|end_header|>\n\nHi<|eot|>" \
                      "<|start_header|>assistant<|end_header|>\n\n"
+
+
+def test_an_older_version_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("BLINK_CACHE", str(tmp_path))
+    stale = tmp_path / "demo-model"
+    stale.mkdir()
+    (stale / "blink_demo_version").write_text("0")
+    (stale / "leftover.bin").write_text("old")
+    path = ensure_default_model()
+    assert not (path / "leftover.bin").exists() and (path / "config.json").is_file()

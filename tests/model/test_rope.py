@@ -36,8 +36,8 @@ def test_table_matches_transformers(rope, head_dim):
 
 
 def test_llama3_scaling_changes_low_frequencies_only():
-    base = {"architectures": ["LlamaForCausalLM"], "vocab_size": 8, "hidden_size": 512, "intermediate_size": 8,
-            "num_hidden_layers": 1, "num_attention_heads": 4}
+    base = {"architectures": ["LlamaForCausalLM"], "vocab_size": 8, "hidden_size": 512,
+            "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 4}
     plain = ModelConfig.from_hf_dict({**base, "rope_theta": 500000.0})
     scaled = ModelConfig.from_hf_dict({**base, "rope_parameters": ROPES["llama3"]})
     a, b = rope_cos_sin(plain, 10000), rope_cos_sin(scaled, 10000)

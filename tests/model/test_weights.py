@@ -24,8 +24,8 @@ def test_name_mapping_round_trips():
         hf_name = f"model.layers.3.{hf_module}.weight"
         assert to_blink_name(hf_name) == (f"model.layers.3.{fused}.weight", part)
         assert to_hf_name(*to_blink_name(hf_name)) == hf_name
-    assert to_blink_name("model.layers.0.self_attn.o_proj.weight") == ("model.layers.0.self_attn.o_proj.weight",
-                                                                        None)
+    o_proj = "model.layers.0.self_attn.o_proj.weight"
+    assert to_blink_name(o_proj) == (o_proj, None)
 
 
 def test_classic_config_form_loads_the_same(tmp_path):
@@ -94,7 +94,8 @@ def test_rotary_inv_freq_is_ignored(tmp_path):
     (lambda t: t.pop("model.layers.1.self_attn.k_proj.weight"),
      "lacks 1 tensor.*model.layers.1.self_attn.k_proj.weight"),
     (lambda t: t.pop("lm_head.weight"), "lacks 1 tensor.*lm_head.weight"),
-    (lambda t: [t.pop(k) for k in list(t) if k.startswith("model.layers.0.")], r"lacks 9 tensor.* and 4 more"),
+    (lambda t: [t.pop(k) for k in list(t) if k.startswith("model.layers.0.")],
+     r"lacks 9 tensor.* and 4 more"),
     (lambda t: t.update({"model.layers.0.mlp.extra.weight": torch.ones(2)}), "unexpected tensor"),
     (lambda t: t.update({"model.layers.0.self_attn.q_proj.bias": torch.ones(64)}), "unexpected tensor"),
     (lambda t: t.update({"model.layers.0.mlp.up_proj.weight": torch.ones(127, 64)}),

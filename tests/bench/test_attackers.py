@@ -1,0 +1,99 @@
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from blink.bench.attackers import Attackers, AttackSpec, format_cpu_list, parse_cpu_list
+
+CPUS = sorted(os.sched_getaffinity(0))
+
+
+def process_gone(pid: int) -> bool:
+    """Exited (a zombie counts: a container's init may be slow to reap orphans)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pids, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(process_gone(pid) for pid in pids):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_cpu_lists():
+    assert parse_cpu_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpu_list("") is None and parse_cpu_list(None) is None
+    assert format_cpu_list([1, 2]) == "1,2"
+
+
+def test_spec_is_validated():
+    with pytest.raises(ValueError):
+        AttackSpec(kind="bitcoin", procs=1, duration_s=1)
+    with pytest.raises(ValueError):
+        AttackSpec(kind="spin", procs=0, duration_s=1)
+
+
+@pytest.mark.parametrize("kind", ["spin", "memory", "compile", "tokenize"])
+def test_each_kind_works_until_its_deadline_then_exits_cleanly(kind):
+    spec = AttackSpec(kind=kind, procs=2, duration_s=1.0, cpus=tuple(CPUS[:1]), buffer_mib=8)
+    attackers = Attackers(spec).start()
+    pids = [r for r in attackers._procs]
+    reports = attackers.wait()
+    assert len(reports) == 2
+    for report in reports:
+        assert report["returncode"] == 0, report
+        assert report["kind"] == kind and report["cpu"] == CPUS[0]
+        assert report["iterations"] > 0
+        assert report["seconds"] < 30  # bounded by its duration, not by us
+        assert not report["stopped_by_signal"]
+    assert wait_gone([p.pid for p in pids])
+
+
+def test_stop_ends_a_long_attack_early():
+    with Attackers(AttackSpec(kind="spin", procs=2, duration_s=600)) as attackers:
+        pids = [p.pid for p in attackers._procs]
+        assert attackers.running == 2
+    assert [r["returncode"] for r in attackers.reports] == [0, 0]
+    assert all(r["stopped_by_signal"] for r in attackers.reports)
+    assert wait_gone(pids)
+
+
+def test_attack_command_exits_cleanly_on_sigterm():
+    proc = subprocess.Popen([sys.executable, "-m", "blink.bench", "attack", "--kind", "compile",
+                             "--procs", "2", "--duration", "600"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("attacking: 2 compile processes")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    assert out.count("compile") >= 2  # one row per worker in the report table
+
+
+def test_workers_die_with_their_parent():
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import time\n"
+        "from blink.bench.attackers import Attackers, AttackSpec\n"
+        "a = Attackers(AttackSpec(kind='spin', procs=2, duration_s=600)).start()\n"
+        "print(' '.join(str(p.pid) for p in a._procs), flush=True)\n"
+        "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2 and not any(process_gone(pid) for pid in pids)
+        parent.kill()
+        parent.wait()
+        assert wait_gone(pids)
+    finally:
+        if parent.poll() is None:
+            parent.kill()

@@ -1,0 +1,112 @@
+"""The `blink serve` process model: readiness, pinning, failed starts, shutdown, no orphans."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from blink.frontend.processes import parse_cpu_list
+from tests.frontend.server_process import ServerProcess, make_tokenizer_only_model
+
+FAKE = ["--engine-module", "tests.frontend.fake_engine"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tokenizer_only_model(tmp_path_factory.mktemp("proc"))
+
+
+def cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def engine_and_frontend(proc: ServerProcess) -> tuple[int, int]:
+    pids = proc.children()
+    assert len(pids) == 2, [cmdline(p) for p in pids]
+    engine = next(p for p in pids if "fake_engine" in cmdline(p) or "blink.engine" in cmdline(p))
+    return engine, next(p for p in pids if p != engine)
+
+
+def gone(pids: list[int], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(Path(f"/proc/{p}").exists() and "Z" not in Path(f"/proc/{p}/stat").read_text().split()[2]
+              for p in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_parse_cpu_list():
+    assert parse_cpu_list("0-3,8, 10-11") == {0, 1, 2, 3, 8, 10, 11}
+    for bad in ("", "3-1", "a", "-1"):
+        with pytest.raises(ValueError):
+            parse_cpu_list(bad)
+
+
+def test_sigterm_to_server_shuts_down_cleanly(model_dir):
+    proc = ServerProcess(["--model", str(model_dir), *FAKE])
+    proc.wait_ready()
+    pids = proc.children()
+    assert len(pids) == 2 and len(proc.segments()) == 1
+    assert httpx.get(proc.base_url + "/health").status_code == 200
+    proc.process.send_signal(signal.SIGTERM)
+    assert proc.wait_exit(20) == 0
+    assert gone(pids, 1) and proc.children() == [] and proc.segments() == []
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_cpu_pinning(model_dir):
+    cpus = sorted(os.sched_getaffinity(0))
+    proc = ServerProcess(["--model", str(model_dir), *FAKE, "--engine-cpus", str(cpus[0]),
+                          "--frontend-cpus", str(cpus[1])])
+    try:
+        proc.wait_ready()
+        engine, frontend = engine_and_frontend(proc)
+        assert os.sched_getaffinity(engine) == {cpus[0]}
+        assert os.sched_getaffinity(frontend) == {cpus[1]}
+    finally:
+        proc.stop()
+
+
+def test_children_die_with_a_killed_server(model_dir):
+    proc = ServerProcess(["--model", str(model_dir), *FAKE])
+    proc.wait_ready()
+    pids = proc.children()
+    segments = proc.segments()
+    proc.process.kill()
+    proc.wait_exit(5)
+    try:
+        assert gone(pids, 10), "orphaned children"
+    finally:
+        for path in segments:  # nobody is left to unlink it after a SIGKILL
+            Path(path).unlink(missing_ok=True)
+
+
+def test_engine_death_stops_the_server(model_dir):
+    proc = ServerProcess(["--model", str(model_dir), *FAKE])
+    proc.wait_ready()
+    engine, frontend = engine_and_frontend(proc)
+    os.kill(engine, signal.SIGKILL)
+    assert proc.wait_exit(20) == 1
+    assert gone([frontend], 1) and proc.segments() == []
+    assert any("engine exited unexpectedly" in line for line in proc.stderr)
+
+
+@pytest.mark.parametrize("engine", ["fake", "real"])
+def test_failed_start_is_one_line_and_exit_2(tmp_path, engine):
+    if engine == "fake":  # the fake engine refuses a model dir named *missing-model
+        args = ["--model", str(make_tokenizer_only_model(tmp_path / "missing-model")), *FAKE]
+    else:
+        args = ["--model", str(make_tokenizer_only_model(tmp_path / "no-weights")), "--engine", "host",
+                "--device", "cpu"]
+    proc = ServerProcess(args)
+    assert proc.wait_exit(60) == 2
+    time.sleep(0.2)  # let the reader threads drain the pipes
+    lines = [line for line in proc.stderr if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("blink serve: error: "), lines
+    assert proc.children() == [] and proc.segments() == []

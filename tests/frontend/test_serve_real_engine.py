@@ -1,0 +1,131 @@
+"""End-to-end: the real `blink serve` (host engine, tiny random Llama on CPU) through the openai client."""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.frontend.server_process import ServerProcess
+from tests.hf_models import make_tiny_model
+
+PROMPT = "The quick brown fox jumps over the lazy dog."
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("serve"), "llama")
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    proc = ServerProcess(["--model", str(model_dir), "--served-model-name", "tiny", "--engine", "host",
+                          "--device", "cpu", "--max-num-seqs", "16"])
+    proc.wait_ready()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+
+
+def running_requests(base_url: str) -> float:
+    text = httpx.get(base_url + "/metrics").text
+    return float(re.search(r"^blink_num_requests_running (\S+)$", text, re.M).group(1))
+
+
+def test_greedy_stream_equals_non_stream(client):
+    kwargs = {"model": "tiny", "prompt": PROMPT, "max_tokens": 24, "temperature": 0,
+              "extra_body": {"ignore_eos": True}}
+    full = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert full.choices[0].finish_reason == "length" and full.usage.completion_tokens == 24
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 24
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
+
+
+def test_chat_stream_equals_non_stream(client):
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    kwargs = {"model": "tiny", "messages": messages, "max_tokens": 16, "temperature": 0}
+    full = client.chat.completions.create(**kwargs)
+    usage_option = {"include_usage": True}
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options=usage_option))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens >= 1
+    assert full.choices[0].finish_reason in ("stop", "length")
+
+
+def test_concurrent_streams_match_non_streamed(server):
+    """32 streams with different parameters at once; each, seeded, equals its non-streamed rerun."""
+
+    def params(i: int) -> dict:
+        return {"model": "tiny", "prompt": f"{PROMPT} {i}", "max_tokens": 3 + i % 6, "seed": 1000 + i,
+                "temperature": [0.0, 0.7, 1.3][i % 3], "top_p": [1.0, 0.9][i % 2], "logprobs": i % 3 or None,
+                "presence_penalty": 0.5 * (i % 2), "extra_body": {"ignore_eos": True, "top_k": [0, 5][i % 2]}}
+
+    async def one(c, i):
+        texts, finishes, usage = [], [], None
+        async for chunk in await c.completions.create(**params(i), stream=True,
+                                                      stream_options={"include_usage": True}):
+            if chunk.choices:
+                texts.append(chunk.choices[0].text)
+                finishes.append(chunk.choices[0].finish_reason)
+            else:
+                usage = chunk.usage
+        return "".join(texts), finishes, usage
+
+    async def main():
+        async with openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0) as c:
+            streamed = await asyncio.gather(*(one(c, i) for i in range(32)))
+            again = await asyncio.gather(*(c.completions.create(**params(i)) for i in range(32)))
+        return streamed, again
+
+    streamed, again = asyncio.run(main())
+    for i, ((text, finishes, usage), full) in enumerate(zip(streamed, again, strict=True)):
+        assert finishes[-1] == "length" and all(f is None for f in finishes[:-1]), i
+        assert usage.completion_tokens == 3 + i % 6 and usage.prompt_tokens == full.usage.prompt_tokens, i
+        assert text == full.choices[0].text, i
+
+
+def test_disconnect_frees_the_request(server, client):
+    stream = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=200, stream=True,
+                                       extra_body={"ignore_eos": True})
+    first = [next(iter(stream)) for _ in range(2)]
+    assert all(c.choices[0].finish_reason is None for c in first)
+    assert running_requests(server.base_url) == 1
+    stream.close()
+    deadline = time.monotonic() + 15
+    while running_requests(server.base_url) != 0:
+        assert time.monotonic() < deadline, "the engine still runs the abandoned request"
+        time.sleep(0.05)
+
+
+def test_stop_string_aborts_engine_request(server, client):
+    full = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    text = full.choices[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    cut = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop],
+                                    extra_body={"ignore_eos": True})
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].text == text[:text.index(stop)]
+    assert cut.usage.completion_tokens < 12
+
+
+def test_sigterm_to_process_group_cleans_up(model_dir):
+    proc = ServerProcess(["--model", str(model_dir), "--engine", "host", "--device", "cpu"], new_session=True)
+    proc.wait_ready()
+    children = proc.children()
+    assert len(children) == 2 and proc.segments()
+    os.killpg(proc.process.pid, signal.SIGTERM)
+    assert proc.wait_exit(20) == 0
+    assert proc.children() == [] and proc.segments() == []
