@@ -138,3 +138,10 @@ def _engine(name: str, args: EngineArgs, loaded):
     from blink.control.device_engine import DeviceEngine
 
     return DeviceEngine(args, loaded=loaded)
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser()
+    add_parser(_parser.add_subparsers(dest="cmd", required=True))
+    _ns = _parser.parse_args()
+    raise SystemExit(_ns.handler(_ns))

@@ -90,3 +90,10 @@ def run(ns: argparse.Namespace) -> int:
         with open(ns.result_json, "w") as f:
             json.dump(rows, f, indent=1)
     return 0
+
+
+if __name__ == "__main__":
+    _parser = argparse.ArgumentParser()
+    add_parser(_parser.add_subparsers(dest="cmd", required=True))
+    _ns = _parser.parse_args()
+    raise SystemExit(_ns.handler(_ns))
