@@ -1,7 +1,7 @@
 """One interference process (run as `python -m blink.bench.attack_worker`), started by attackers.py.
 
-It prints `ready` once it handles SIGTERM/SIGINT, works until its deadline or one of those signals, then
-prints one JSON line (what it did) and exits 0.
+It sets itself up (imports, buffers, tokenizer), prints `ready`, works for `--seconds` or until
+SIGTERM/SIGINT, then prints one JSON line (what it did) and exits 0.
 It dies with its parent (PR_SET_PDEATHSIG) and never opens a socket.
 """
 from __future__ import annotations
@@ -33,43 +33,51 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(0)
 
 
-def spin(stop: threading.Event, deadline: float, _args) -> dict:
-    iterations, x = 0, 1.0
-    while not stop.is_set() and time.monotonic() < deadline:
-        for _ in range(20_000):
-            x = x * 1.0000001 + 1e-9
-        iterations += 1
-    return {"iterations": iterations}
+def spin(_args):
+    def work(stop: threading.Event, deadline: float) -> dict:
+        iterations, x = 0, 1.0
+        while not stop.is_set() and time.monotonic() < deadline:
+            for _ in range(20_000):
+                x = x * 1.0000001 + 1e-9
+            iterations += 1
+        return {"iterations": iterations}
+
+    return work
 
 
-def memory(stop: threading.Event, deadline: float, args) -> dict:
+def memory(args):
     """Stream copies between two buffers each larger than the LLC: every pass evicts the whole cache."""
     import numpy as np
 
     elements = max(1, args.buffer_mib * (1 << 20) // 2 // 8)
-    source = np.ones(elements, dtype=np.float64)
-    target = np.empty_like(source)
-    passes = 0
-    while not stop.is_set() and time.monotonic() < deadline:
-        np.copyto(target, source)
-        source, target = target, source
-        passes += 1
-    return {"iterations": passes, "bytes_streamed": passes * 2 * source.nbytes}
+    buffers = [np.ones(elements, dtype=np.float64), np.ones(elements, dtype=np.float64)]  # touched now
+
+    def work(stop: threading.Event, deadline: float) -> dict:
+        passes = 0
+        while not stop.is_set() and time.monotonic() < deadline:
+            np.copyto(buffers[passes % 2], buffers[(passes + 1) % 2])
+            passes += 1
+        return {"iterations": passes, "bytes_streamed": passes * 2 * buffers[0].nbytes}
+
+    return work
 
 
-def compile_like(stop: threading.Event, deadline: float, _args) -> dict:
+def compile_like(_args):
     """One short-lived CPU-bound child after another, as one `make -j` slot does."""
-    jobs = 0
-    while not stop.is_set() and time.monotonic() < deadline:
-        child = subprocess.Popen([sys.executable, "-S", "-c", COMPILE_JOB], stdin=subprocess.DEVNULL)
-        while child.poll() is None:
-            if stop.is_set() or time.monotonic() >= deadline:
-                child.kill()
-                child.wait()
-                return {"iterations": jobs}
-            time.sleep(0.005)
-        jobs += 1
-    return {"iterations": jobs}
+    def work(stop: threading.Event, deadline: float) -> dict:
+        jobs = 0
+        while not stop.is_set() and time.monotonic() < deadline:
+            child = subprocess.Popen([sys.executable, "-S", "-c", COMPILE_JOB], stdin=subprocess.DEVNULL)
+            while child.poll() is None:
+                if stop.is_set() or time.monotonic() >= deadline:
+                    child.kill()
+                    child.wait()
+                    return {"iterations": jobs}
+                time.sleep(0.005)
+            jobs += 1
+        return {"iterations": jobs}
+
+    return work
 
 
 def load_tokenizer(path: str | None):
@@ -87,19 +95,24 @@ def load_tokenizer(path: str | None):
     return tokenizer
 
 
-def tokenize(stop: threading.Event, deadline: float, args) -> dict:
+def tokenize(args):
     """Tokenize a long prompt again and again, as a front end under a flood of long requests does."""
-    tokenizer = load_tokenizer(args.tokenizer)
     from blink.bench.token_codec import synthetic_text
 
+    tokenizer = load_tokenizer(args.tokenizer)
     prompt = synthetic_text(seed=2, num_words=args.prompt_words)
-    encodes, tokens = 0, 0
-    while not stop.is_set() and time.monotonic() < deadline:
-        tokens += len(tokenizer.encode(prompt).ids)
-        encodes += 1
-    return {"iterations": encodes, "tokens": tokens}
+
+    def work(stop: threading.Event, deadline: float) -> dict:
+        encodes, tokens = 0, 0
+        while not stop.is_set() and time.monotonic() < deadline:
+            tokens += len(tokenizer.encode(prompt).ids)
+            encodes += 1
+        return {"iterations": encodes, "tokens": tokens}
+
+    return work
 
 
+# kind -> set-up (imports, buffers, tokenizer), which returns the work loop run until the deadline.
 KINDS = {"spin": spin, "memory": memory, "compile": compile_like, "tokenize": tokenize}
 
 
@@ -113,16 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--prompt-words", type=int, default=4000)
     args = p.parse_args(argv)
-    started = time.monotonic()
-    deadline = started + args.seconds
     die_with_parent(args.parent_pid)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
+    work = KINDS[args.kind](args)
     print("ready", flush=True)
-    report = KINDS[args.kind](stop, deadline, args)
+    started = time.monotonic()
+    report = work(stop, started + args.seconds)
     report.update(kind=args.kind, cpu=args.cpu, pid=os.getpid(), seconds=time.monotonic() - started,
                   stopped_by_signal=stop.is_set())
     print(json.dumps(report), flush=True)

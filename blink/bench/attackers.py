@@ -122,7 +122,7 @@ class Attackers:
         return cmd
 
     def start(self, ready_timeout_s: float = 60.0) -> Attackers:
-        """Start every worker and return once each handles SIGTERM (so a stop is always clean)."""
+        """Start every worker; return once each is set up and attacking (its duration starts then)."""
         env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
                "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         for index in range(self.spec.procs):
@@ -160,6 +160,11 @@ class Attackers:
             self.reports.append(report)
             self._procs.pop(0)
         return self.reports
+
+    @property
+    def pids(self) -> list[int]:
+        """The workers not yet collected."""
+        return [proc.pid for proc in self._procs]
 
     @property
     def running(self) -> int:

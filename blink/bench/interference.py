@@ -28,7 +28,7 @@ from blink.bench.gpu_monitor import GpuMonitor
 from blink.bench.host_cpu import CpuMeter, engine_pid_from_metrics
 from blink.bench.interference_report import ISOLATED, save_point, write_report
 from blink.bench.runner import LoadConfig, fetch_model_name, requests_for_window, run_load
-from blink.bench.serve import add_workload_arguments, build_requests, load_config
+from blink.bench.serve import add_workload_arguments, build_requests, load_config, run_config
 from blink.bench.server_process import BlinkServer, ServeSpec
 
 LAYOUTS = ("split", "shared")
@@ -107,6 +107,17 @@ def targets(args: argparse.Namespace, layout: str) -> list[Target]:
     return found
 
 
+def served_model_name(base_url: str, fallback: str | None) -> str:
+    """The name to put in requests: what the server lists (an external peer may serve --model under
+    another name), else --model."""
+    try:
+        return asyncio.run(fetch_model_name(base_url))
+    except (httpx.HTTPError, KeyError, IndexError):
+        if fallback is None:
+            raise
+        return fallback
+
+
 @contextlib.contextmanager
 def pinned(cpus: list[int] | None):
     """Run the load generator (this thread and the threads it starts) on `cpus`, then restore."""
@@ -182,6 +193,8 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         "gpu_energy_mj": gpu.energy_mj, "energy_per_output_token_mj": per_token(gpu.energy_mj, 1),
         "gpu_mean_utilization_pct": gpu.mean_utilization_pct,
         "attackers": [{k: r.get(k) for k in ("cpu", "iterations", "returncode")} for r in reports],
+        "drain_seconds": args.drain_seconds, "attack_settle_seconds": args.attack_settle_seconds,
+        "workload": run_config(args, sweep.base_url, sweep.model, rate),
         "bench": bench,
     }
 
@@ -240,7 +253,7 @@ def run_sweeps(args: argparse.Namespace, console: Console) -> int:
                     elif pid is None:
                         with contextlib.suppress(Exception):
                             pid = engine_pid_from_metrics(base_url)
-                    model = asyncio.run(fetch_model_name(base_url)) if args.model is None else args.model
+                    model = served_model_name(base_url, args.model)
                     if not requests:
                         requests = build_requests(args, base_url, model, num_requests)
                     sweep = Sweep(args=args, layout=layout, target=target.name, base_url=base_url,

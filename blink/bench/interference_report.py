@@ -90,7 +90,9 @@ def plot_latency(points: list[dict], path: str, title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
+    plain = FuncFormatter(lambda value, _: f"{value:g}")
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for (mode, cond), series in _series(points).items():
         rates = [p["request_rate"] for p in series]
@@ -100,7 +102,9 @@ def plot_latency(points: list[dict], path: str, title: str) -> None:
     for ax, label in zip(axes, ("P99 TTFT (ms)", "P99 TPOT (ms)"), strict=True):
         ax.set_xlabel("request rate (req/s)")
         ax.set_ylabel(label)
-        ax.set_yscale("log")
+        ax.set_yscale("log")  # a tail that blows up spans orders of magnitude
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
         ax.grid(True, alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(title)
@@ -124,6 +128,8 @@ def plot_retention(points: list[dict], path: str, title: str) -> None:
         if pairs:
             ax.plot(*zip(*pairs, strict=True), marker="o", label=f"{mode}, {cond}")
     ax.axhline(1.0, color="grey", linewidth=0.8)
+    top = max([1.05] + [max(line.get_ydata()) + 0.05 for line in ax.lines[:-1]])
+    ax.set_ylim(0.0, top)  # from zero, so that noise of a percent does not look like a collapse
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("output throughput, colocated / isolated")
     ax.grid(True, alpha=0.3)

@@ -6,7 +6,9 @@ import asyncio
 import datetime
 import json
 import math
+import sys
 
+import httpx
 from rich.console import Console
 from rich.table import Table
 
@@ -57,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_requests(args: argparse.Namespace, base_url: str, model: str, num_prompts: int):
-    codec = make_codec(args.tokenizer, model, base_url, seed=args.seed)
+    """`model`: the name the server serves (it may differ from --model, e.g. for an external peer)."""
+    codec = make_codec(args.tokenizer, args.model or model, base_url, seed=args.seed, served_model=model)
     try:
         if args.dataset_name == "random":
             return random_requests(codec, num_prompts, args.random_input_len, args.random_output_len,
@@ -130,7 +133,11 @@ async def bench_serve(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    result = asyncio.run(bench_serve(args))
+    try:
+        result = asyncio.run(bench_serve(args))
+    except httpx.HTTPError as exc:  # server down or refusing /v1/models, /tokenize: one line, not a trace
+        print(f"blink bench serve: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
     print_summary(result)
     if args.result_json:
         with open(args.result_json, "w", encoding="utf-8") as f:

@@ -121,9 +121,11 @@ class ServerTokenCodec:
         self._http.close()
 
 
-def make_codec(tokenizer: str | None, model: str | None, base_url: str, seed: int = 0):
-    """--tokenizer, else --model when it is a local dir, else the server's own endpoints."""
+def make_codec(tokenizer: str | None, model: str | None, base_url: str, seed: int = 0,
+               served_model: str | None = None):
+    """--tokenizer, else --model when it is a local dir, else the server's own endpoints (which are
+    asked for `served_model`, default `model`)."""
     path = tokenizer or (model if model and os.path.isdir(model) else None)
     if path is not None:
         return LocalTokenCodec(path)
-    return ServerTokenCodec(base_url, model or "", seed=seed)
+    return ServerTokenCodec(base_url, served_model or model or "", seed=seed)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from blink.engine.interface import TokenEvent
 from blink.frontend.detokenizer import IncrementalDetokenizer, StopStringMatcher
-from blink.frontend.engine_client import EngineClient
+from blink.frontend.engine_client import EngineClient, EngineUnavailable
+from blink.frontend.errors import APIError
 from blink.frontend.metrics import FrontendMetrics, RequestTimer
 from blink.frontend.tokenizer import ModelTokenizer
 from blink.request import FinishReason, SamplingParams
@@ -46,7 +47,12 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
                    skip_special_tokens: bool = True) -> AsyncIterator[Delta]:
     """Yields deltas with text (or logprobs) as they become final; the last one has finish_reason."""
     timer = RequestTimer(ctx.metrics, len(prompt_ids))
-    req_id, queue = ctx.client.add_request(prompt_ids, params)
+    try:
+        req_id, queue = ctx.client.add_request(prompt_ids, params)
+    except EngineUnavailable as e:
+        raise APIError(503, str(e)) from None
+    except ValueError as e:  # what the ring cannot carry (the API checks should have caught it)
+        raise APIError(400, str(e)) from None
     detokenizer = IncrementalDetokenizer(ctx.tokenizer, prompt_ids, skip_special_tokens)
     stops = StopStringMatcher(params.stop)
     num_tokens = 0

@@ -12,7 +12,6 @@ import os
 import secrets
 import signal
 import sys
-import threading
 import time
 
 from blink.config import EngineArgs
@@ -27,6 +26,7 @@ MIN_ARENA_TOKENS = 1 << 21  # 8 MiB: many long prompts in flight at once
 EGRESS_CAPACITY = 1 << 15
 STOP_WAIT_S = 8.0  # after stop_flag / SIGTERM, before escalating
 TERM_WAIT_S = 4.0  # after the escalation SIGTERM, before SIGKILL
+POLL_S = 0.05
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -55,11 +55,11 @@ def serve_main(args: argparse.Namespace) -> int:
         engine_args = _resolve_model(EngineArgs.from_cli(args))
     except Exception as e:  # bad flags or no demo model: one line
         return _fail(str(e))
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     name = f"blink-{os.getpid()}-{secrets.token_hex(4)}"
     arena = max(MIN_ARENA_TOKENS, 4 * (engine_args.max_model_len or 0))
     segment = Segment.create(name, SegmentLayout(INGRESS_CAPACITY, arena, EGRESS_CAPACITY))
+    stop = StopRequest()
+    previous = {sig: signal.signal(sig, stop.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     children: list[Child] = []
     try:
         return _run(args, engine_args, segment, children, stop)
@@ -69,6 +69,24 @@ def serve_main(args: argparse.Namespace) -> int:
         segment.unlink()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+class StopRequest:
+    """Set by the signal handler. A plain flag on purpose: threading.Event.set() inside a handler can
+    deadlock when the signal lands while the main thread holds the Event's own lock (in Event.wait)."""
+
+    def __init__(self):
+        self.requested = False
+
+    def handler(self, *_) -> None:
+        self.requested = True
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds` in short naps; True once a stop was requested."""
+        deadline = time.monotonic() + seconds
+        while not self.requested and time.monotonic() < deadline:
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+        return self.requested
 
 
 def _resolve_model(engine_args: EngineArgs) -> EngineArgs:
@@ -81,7 +99,7 @@ def _resolve_model(engine_args: EngineArgs) -> EngineArgs:
 
 
 def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
-         stop: threading.Event) -> int:
+         stop: StopRequest) -> int:
     python = sys.executable
     engine = Child("engine", [python, "-m", args.engine_module, "--shm", segment.name, *engine_args.to_cli()],
                    args.engine_cpus)

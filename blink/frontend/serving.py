@@ -14,7 +14,7 @@ from blink.frontend.engine_client import EngineClient
 from blink.frontend.errors import APIError, error_body
 from blink.frontend.generation import GenerationContext
 from blink.frontend.metrics import FrontendMetrics
-from blink.frontend.protocol import _SamplingFields
+from blink.frontend.protocol import SamplingFields
 from blink.frontend.tokenizer import ModelTokenizer
 from blink.request import SamplingParams
 
@@ -67,7 +67,7 @@ class FrontendState:
                            "max_tokens")
         return requested
 
-    def sampling_params(self, body: _SamplingFields, prompt_ids: list[int], max_tokens: int | None,
+    def sampling_params(self, body: SamplingFields, prompt_ids: list[int], max_tokens: int | None,
                         logprobs: int | None, choice_index: int) -> SamplingParams:
         max_tokens = self.max_tokens_for(prompt_ids, max_tokens)
         try:
@@ -103,6 +103,8 @@ async def sse_stream(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
             yield sse(chunk)
     except APIError as e:
         yield sse(error_body(e.status, e.message, e.param))
+    except Exception as e:  # headers are sent: the error can only travel as an event
+        yield sse(error_body(500, f"internal error: {type(e).__name__}: {e}"))
     yield sse("[DONE]")
 
 

@@ -1,4 +1,4 @@
-"""One POSIX shared-memory segment laid out by `SegmentLayout`: created by the front end, attached by the engine.
+"""One POSIX shared-memory segment laid out by `SegmentLayout`: the front end creates it, the engine attaches.
 
 The segment is a plain file under /dev/shm mapped with mmap (ordinary write-back memory, never
 write-combined). We avoid multiprocessing.shared_memory on purpose: its resource_tracker unlinks (or
@@ -75,7 +75,7 @@ class Segment:
         try:
             size = os.fstat(fd).st_size
             if size < C.sizeof(ControlBlock):
-                raise ValueError(f"shared-memory segment {name!r} is too small ({size} bytes) to be a blink segment")
+                raise ValueError(f"shared-memory segment {name!r} is too small ({size} bytes) for blink")
             mapping = mmap.mmap(fd, size)
         finally:
             os.close(fd)

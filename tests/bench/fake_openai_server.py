@@ -1,15 +1,15 @@
 """A tiny OpenAI-compatible streaming server for the bench tests, run in a thread on 127.0.0.1.
 
-Its tokenizer is exact and trivial: token id i is the text "t<i> ". It adds a BOS to every prompt (as
-real servers do) and streams one token per chunk, then a usage chunk. max_tokens == FAIL_MAX_TOKENS
-gets an HTTP 500; without ignore_eos a request stops after EOS_AFTER tokens.
+Its tokenizer is exact and trivial: one token per character, the id being the code point (the
+vocabulary is the first VOCAB_SIZE code points). It adds a BOS (id 1) to every prompt, as real servers
+do, and streams one token per chunk, then a usage chunk. max_tokens == FAIL_MAX_TOKENS gets an HTTP 500;
+without ignore_eos a request stops after EOS_AFTER tokens.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import os
-import re
 import socket
 import threading
 from dataclasses import dataclass, field
@@ -25,11 +25,11 @@ MODEL = "fake-model"
 
 
 def encode(text: str) -> list[int]:
-    return [int(m) for m in re.findall(r"t(\d+) ", text)]
+    return [ord(c) % VOCAB_SIZE for c in text]
 
 
 def decode(ids: list[int]) -> str:
-    return "".join(f"t{i} " for i in ids)
+    return "".join(chr(i) for i in ids)
 
 
 @dataclass
@@ -105,7 +105,8 @@ class FakeServer:
         self.base_url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         config = uvicorn.Config(build_app(self.state), log_level="warning", lifespan="off")
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._sock]},
+                                        daemon=True)
 
     def __enter__(self) -> FakeServer:
         self._thread.start()

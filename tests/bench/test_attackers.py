@@ -46,7 +46,7 @@ def test_spec_is_validated():
 def test_each_kind_works_until_its_deadline_then_exits_cleanly(kind):
     spec = AttackSpec(kind=kind, procs=2, duration_s=1.0, cpus=tuple(CPUS[:1]), buffer_mib=8)
     attackers = Attackers(spec).start()
-    pids = [r for r in attackers._procs]
+    pids = attackers.pids
     reports = attackers.wait()
     assert len(reports) == 2
     for report in reports:
@@ -55,12 +55,12 @@ def test_each_kind_works_until_its_deadline_then_exits_cleanly(kind):
         assert report["iterations"] > 0
         assert report["seconds"] < 30  # bounded by its duration, not by us
         assert not report["stopped_by_signal"]
-    assert wait_gone([p.pid for p in pids])
+    assert wait_gone(pids)
 
 
 def test_stop_ends_a_long_attack_early():
     with Attackers(AttackSpec(kind="spin", procs=2, duration_s=600)) as attackers:
-        pids = [p.pid for p in attackers._procs]
+        pids = attackers.pids
         assert attackers.running == 2
     assert [r["returncode"] for r in attackers.reports] == [0, 0]
     assert all(r["stopped_by_signal"] for r in attackers.reports)
@@ -86,7 +86,7 @@ def test_workers_die_with_their_parent():
         "import time\n"
         "from blink.bench.attackers import Attackers, AttackSpec\n"
         "a = Attackers(AttackSpec(kind='spin', procs=2, duration_s=600)).start()\n"
-        "print(' '.join(str(p.pid) for p in a._procs), flush=True)\n"
+        "print(' '.join(map(str, a.pids)), flush=True)\n"
         "time.sleep(600)\n")], stdout=subprocess.PIPE, text=True)
     try:
         pids = [int(p) for p in parent.stdout.readline().split()]

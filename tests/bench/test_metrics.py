@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from blink.bench.metrics import RequestResult, percentile_stats, per_request_details, summarize
+from blink.bench.metrics import RequestResult, per_request_details, percentile_stats, summarize
 
 
 def test_percentile_stats_interpolate_linearly_in_ms():

@@ -1,4 +1,4 @@
-"""Start `blink serve` (python -m blink.frontend.server) as a subprocess for end-to-end tests."""
+"""Start `blink serve` (python -m blink serve) as a subprocess for end-to-end tests."""
 from __future__ import annotations
 
 import glob
@@ -37,7 +37,7 @@ class ServerProcess:
     def __init__(self, args: list[str], env: dict | None = None, new_session: bool = False):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "blink.frontend.server", "--port", str(self.port), *args]
+        command = [sys.executable, "-m", "blink", "serve", "--port", str(self.port), *args]
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                         env={**os.environ, **(env or {})}, start_new_session=new_session)
         self.stdout: list[str] = []

@@ -161,6 +161,34 @@ def test_stop_strings(client, tok):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_echo_n_and_max_completion_tokens(client, tok):
+    echoed = client.completions.create(model="fake", prompt=PROMPT, max_tokens=2, echo=True)
+    assert echoed.choices[0].text == PROMPT + expected_text(tok, PROMPT, 2)
+    streamed = list(client.completions.create(model="fake", prompt=PROMPT, max_tokens=2, echo=True,
+                                              stream=True))
+    assert "".join(c.choices[0].text for c in streamed) == echoed.choices[0].text
+    messages = [{"role": "user", "content": "Hello world"}]
+    chat = client.chat.completions.create(model="fake", messages=messages, n=3, max_completion_tokens=5,
+                                          max_tokens=50)
+    assert sorted(c.index for c in chat.choices) == [0, 1, 2]
+    assert len({c.message.content for c in chat.choices}) == 1 and chat.usage.completion_tokens == 15
+    four = client.chat.completions.create(model="fake", messages=messages, max_tokens=4).choices[0]
+    chunks = list(client.chat.completions.create(model="fake", messages=messages, n=2, max_tokens=4,
+                                                 stream=True))
+    for index in (0, 1):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == index]
+        assert mine[0].delta.role == "assistant" and mine[-1].finish_reason == "length"
+        assert "".join(c.delta.content or "" for c in mine) == four.message.content
+
+
+def test_stop_strings_wait_for_min_tokens(client, tok):
+    out = client.completions.create(model="fake", prompt=PROMPT, max_tokens=10, stop=["two"],
+                                    extra_body={"min_tokens": 4})
+    full = expected_text(tok, PROMPT, 10)  # "one two three fourone two..."
+    second_two = full.index("two", full.index("two") + 1)  # the first one comes before min_tokens
+    assert out.choices[0].finish_reason == "stop" and out.choices[0].text == full[:second_two]
+
+
 def test_stop_token_ids(client, tok):
     three = tok.encode(PROMPT)[three_index(tok)]
     out = client.completions.create(model="fake", prompt=PROMPT, max_tokens=10,
@@ -240,6 +268,11 @@ BAD_REQUESTS = [
     ("bad detokenize id", "/detokenize", {"tokens": [10**7]}, 400),
     ("prompt too long", "/v1/completions", {"prompt": [5] * 300, "max_tokens": 2}, 400),
     ("empty messages", "/v1/chat/completions", {"messages": []}, 400),
+    ("bad logit_bias key", "/v1/completions", {"prompt": "hi", "logit_bias": {"abc": 1}}, 400),
+    ("logit_bias id out of vocab", "/v1/completions", {"prompt": "hi", "logit_bias": {"99999": 1}}, 400),
+    ("top_logprobs > 20", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, 400),
+    ("n = 0", "/v1/completions", {"prompt": "hi", "n": 0}, 400),
     ("unknown model", "/v1/completions", {"model": "gpt-17", "prompt": "hi"}, 404),
     ("unknown chat model", "/v1/chat/completions",
      {"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404),

@@ -59,6 +59,23 @@ def test_sigterm_to_server_shuts_down_cleanly(model_dir):
     assert gone(pids, 1) and proc.children() == [] and proc.segments() == []
 
 
+def test_shutdown_with_a_stream_in_flight(model_dir):
+    proc = ServerProcess(["--model", str(model_dir), *FAKE], env={"FAKE_ENGINE_STEP_S": "0.05"})
+    proc.wait_ready()
+    pids = proc.children()
+    body = {"prompt": "one two", "max_tokens": 240, "stream": True}
+    with httpx.stream("POST", proc.base_url + "/v1/completions", json=body, timeout=30) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        start = time.monotonic()
+        proc.process.send_signal(signal.SIGTERM)
+        rest = list(lines)  # the stream ends (cut or with an error event) instead of hanging
+    assert proc.wait_exit(20) == 0 and time.monotonic() - start < 20
+    events = [line for line in rest if line]
+    assert events[-1] == "data: [DONE]" and "error" in events[-2], events[-3:]
+    assert gone(pids, 1) and proc.segments() == []
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
 def test_cpu_pinning(model_dir):
     cpus = sorted(os.sched_getaffinity(0))

@@ -38,7 +38,8 @@ def test_descriptor_bytes_are_what_the_engine_expects(make_segment):
     producer.abort(10)
     first, second = producer.descriptors.records[:2]
     assert first["kind"] == KIND_REQUEST and first["num_logprobs"] == -1 and first["flags"] == FLAG_IGNORE_EOS
-    assert (first["arena_offset"], first["prompt_len"], first["num_logit_bias"], first["arena_len"]) == (0, 3, 1, 5)
+    arena_fields = ("arena_offset", "prompt_len", "num_logit_bias", "arena_len")
+    assert [int(first[name]) for name in arena_fields] == [0, 3, 1, 5]
     arena = producer.arena.records
     assert arena[:4].tolist() == [1, 2, 3, 4] and arena[4:5].view(np.float32)[0] == 1.0
     assert second["kind"] == KIND_ABORT and second["req_id"] == 10 and second["arena_len"] == 0

@@ -21,7 +21,8 @@ CAPACITIES = [(1, 1, 1), (64, 4096, 256), (1000, 123457, 999), (4096, 1 << 20, 8
 CONSTANTS = {
     "kMagic": layout.MAGIC, "kVersion": layout.VERSION, "kCacheLine": layout.CACHE_LINE, "kPage": layout.PAGE,
     "kMaxStopIds": layout.MAX_STOP_IDS, "kMaxTopLogprobs": layout.MAX_TOP_LOGPROBS,
-    "kKindRequest": layout.KIND_REQUEST, "kKindAbort": layout.KIND_ABORT, "kFlagIgnoreEos": layout.FLAG_IGNORE_EOS,
+    "kKindRequest": layout.KIND_REQUEST, "kKindAbort": layout.KIND_ABORT,
+    "kFlagIgnoreEos": layout.FLAG_IGNORE_EOS,
     "kEngineModeNone": layout.ENGINE_MODE_NONE, "kEngineModeHost": layout.ENGINE_MODE_HOST,
     "kEngineModeDevice": layout.ENGINE_MODE_DEVICE,
     **{f"kFinish{reason.name.title()}": int(reason) for reason in FinishReason},
@@ -69,7 +70,8 @@ def program() -> str:
     for struct in STRUCTS:
         body += [f"  FIELD({struct.__name__}, {name});" for name, _ in struct._fields_]
         body.append(f'  std::printf("sizeof {struct.__name__} %zu\\n", sizeof(blink::{struct.__name__}));')
-    body += [f'  std::printf("const {name} %llu\\n", (unsigned long long)blink::{name});' for name in CONSTANTS]
+    body += [f'  std::printf("const {name} %llu\\n", (unsigned long long)blink::{name});'
+             for name in CONSTANTS]
     for caps in CAPACITIES:
         body.append(f"  {{ constexpr blink::SegmentLayout s{{{caps[0]}, {caps[1]}, {caps[2]}}};")
         body += [f'    std::printf("layout {caps} {name} %llu\\n", (unsigned long long)s.{name}());'
@@ -88,8 +90,8 @@ def test_header_matches_ctypes(tmp_path):
     source = tmp_path / "layout_dump.cpp"
     source.write_text(program())
     binary = tmp_path / "layout_dump"
-    subprocess.run(["g++", "-std=c++17", "-Wall", "-Werror", "-I", str(HEADER_DIR), str(source), "-o", str(binary)],
-                   check=True, capture_output=True, text=True)
+    compile_cmd = ["g++", "-std=c++17", "-Wall", "-Werror", f"-I{HEADER_DIR}", str(source), "-o", str(binary)]
+    subprocess.run(compile_cmd, check=True, capture_output=True, text=True)
     printed = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout.splitlines()
     assert printed == expected_lines()
 
@@ -100,5 +102,5 @@ def test_header_compiles_for_cuda(tmp_path):
     source.write_text('#include "layout.h"\n'
                       "__global__ void touch(blink::RingHeader* h, blink::SegmentLayout s) {\n"
                       "  h->tail = s.egress_records() + blink::kMaxTopLogprobs;\n}\n")
-    subprocess.run(["nvcc", "-std=c++17", "-I", str(HEADER_DIR), "-c", str(source), "-o", str(tmp_path / "u.o")],
-                   check=True, capture_output=True, text=True)
+    compile_cmd = ["nvcc", "-std=c++17", f"-I{HEADER_DIR}", "-c", str(source), "-o", str(tmp_path / "u.o")]
+    subprocess.run(compile_cmd, check=True, capture_output=True, text=True)

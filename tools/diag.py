@@ -1,0 +1,122 @@
+"""GPU diagnostics (not a test): bf16 error per kernel swapped to its reference, and a kernel-time profile
+of one decode step. Usage: python tools/diag.py precision|profile"""
+import copy
+import sys
+
+import torch
+import transformers
+
+import blink.model.layers as layers
+import blink.model.llama as llama
+from blink.model import presets
+from blink.model.config import ModelConfig
+from blink.model.llama import LlamaForCausalLM
+from blink.model.weights import load_hf_tensors
+from tests.hf_models import randomize_weights
+from tests.model.paged import PagedDriver
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def precision(name="llama3-8b", std=0.02, randomize=True):
+    from blink.kernels.activation import silu_and_mul_ref
+    from blink.kernels.attention import paged_attention_ref
+    from blink.kernels.kv_write import write_kv_ref
+    from blink.kernels.rmsnorm import rms_norm_ref
+    from blink.kernels.rope import apply_rope_ref
+
+    hf_dict = {**presets.PRESETS[name], "num_hidden_layers": 2}
+    arch = hf_dict["architectures"][0]
+    hf_cfg = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**hf_dict)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        hf = getattr(transformers, arch)(hf_cfg).to(torch.bfloat16).eval()
+    if randomize:
+        randomize_weights(hf, seed=0, std=std)
+    hf32 = copy.deepcopy(hf).float()
+    ids = torch.randint(0, 100000, (300,)).tolist()
+    with torch.no_grad():
+        exact = hf32(torch.tensor([ids], device="cuda")).logits[0]
+        hf_bf16 = hf(torch.tensor([ids], device="cuda")).logits[0]
+    print(f"{name} randomize={randomize} std={std}: HF bf16 error {_rel(hf_bf16, exact):.5f}")
+    cfg = ModelConfig.from_hf_dict(hf_dict)
+    swaps = {"none": {}, "rms_norm": {(layers, "rms_norm"): rms_norm_ref},
+             "attention": {(llama, "paged_attention"): paged_attention_ref},
+             "rope": {(llama, "apply_rope"): apply_rope_ref}, "silu": {(llama, "silu_and_mul"): silu_and_mul_ref},
+             "kv_write": {(llama, "write_kv"): write_kv_ref}}
+    swaps["all"] = {k: v for d in list(swaps.values()) for k, v in d.items()}
+    for flag in (True, False):
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = flag
+        model = LlamaForCausalLM(cfg, "cuda", torch.bfloat16, max_positions=4096)
+        load_hf_tensors(model, hf.state_dict().items())
+        out = PagedDriver(model, num_blocks=64, block_size=16).step({0: ids})[0]
+        print(f"  blink bf16, allow_bf16_reduced_precision_reduction={flag}: error {_rel(out, exact):.5f}")
+        with torch.no_grad():
+            hf_out = hf(torch.tensor([ids], device="cuda")).logits[0]
+        print(f"  HF bf16, allow_bf16_reduced_precision_reduction={flag}: error {_rel(hf_out, exact):.5f}")
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
+    model32 = LlamaForCausalLM(cfg, "cuda", torch.float32, max_positions=4096)
+    load_hf_tensors(model32, hf32.state_dict().items())
+    out = PagedDriver(model32, num_blocks=64, block_size=16).step({0: ids})[0]
+    print(f"  blink fp32 (same weights): error {_rel(out, exact):.6f}")
+    # Unfused GEMMs in the blink model: same math as HF's three projections.
+    x = torch.randn(300, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    w = model.model.layers[0].self_attn.qkv_proj.weight
+    fused = torch.nn.functional.linear(x, w)
+    parts = torch.cat([torch.nn.functional.linear(x, p) for p in w.split([cfg.q_size, cfg.kv_size, cfg.kv_size])], 1)
+    ref = torch.nn.functional.linear(x.float(), w.float())
+    print(f"  qkv GEMM fused err {_rel(fused, ref):.5f}  unfused err {_rel(parts, ref):.5f}")
+    for label, patch in swaps.items():
+        saved = {k: getattr(*k) for k in patch}
+        for (mod, attr), fn in patch.items():
+            setattr(mod, attr, fn)
+        model = LlamaForCausalLM(cfg, "cuda", torch.bfloat16, max_positions=4096)
+        load_hf_tensors(model, hf.state_dict().items())
+        drv = PagedDriver(model, num_blocks=64, block_size=16)
+        out = drv.step({0: ids})[0]
+        print(f"  blink bf16 with refs for [{label:9s}]: error {_rel(out, exact):.5f}")
+        for (mod, attr), fn in saved.items():
+            setattr(mod, attr, fn)
+
+
+def profile(name="llama3-8b", batch=1, ctx=1024):
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    from blink.bench.step import decode_plan
+    from blink.config import EngineArgs
+    from blink.engine.loaded_model import LoadedModel
+    from blink.engine.runner import ModelRunner
+
+    args = EngineArgs(model=name, dtype="bfloat16", device="cuda", max_num_seqs=batch, max_num_batched_tokens=batch,
+                      num_kv_blocks=batch * 80, max_model_len=ctx + 16)
+    m = LoadedModel.load(args)
+    r = ModelRunner(m.model, m.kv_cache, m.sampling_state, max_num_seqs=batch, max_num_batched_tokens=batch,
+                    max_model_len=m.max_model_len, device="cuda", use_graphs=False)
+    plan = decode_plan(None, batch, ctx, 16)
+    r.prepare(plan, r.buffers, (batch, batch))
+    for _ in range(3):
+        r.forward(r.buffers, batch, batch)
+    torch.cuda.synchronize()
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(5):
+            r.forward(r.buffers, batch, batch)
+        torch.cuda.synchronize()
+    print(f"{name} batch {batch} ctx {ctx}: per-step kernel time by name (5 steps, us per step)")
+    rows = sorted(p.key_averages(), key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in rows) / 5
+    for e in rows[:25]:
+        print(f"  {e.device_time_total / 5:9.1f} us  x{e.count // 5:4d}  {e.key[:100]}")
+    print(f"  total {total:.1f} us")
+
+
+if __name__ == "__main__":
+    for what in sys.argv[1:]:
+        if what == "precision":
+            precision()
+            precision(randomize=False)
+        elif what == "profile":
+            profile(batch=1)
+            profile(batch=32)
