@@ -132,6 +132,12 @@ class Attackers:
         deadline = time.monotonic() + ready_timeout_s
         for proc in self._procs:
             self._early_output[proc.pid] = read_line(proc, deadline)
+        broken = [proc.pid for proc in self._procs if not self._early_output[proc.pid].startswith(b"ready")]
+        if broken:  # a bad --cpus, a missing tokenizer...: no silent "attack" that never ran
+            reports = self.stop()
+            errors = {(r.get("error") or "").strip().rpartition("\n")[2] or f"exit {r['returncode']}"
+                      for r in reports if r["pid"] in broken}
+            raise RuntimeError(f"attack workers {broken} failed to start: {errors}")
         return self
 
     def wait(self) -> list[dict]:
@@ -215,6 +221,9 @@ def run(args: argparse.Namespace) -> int:
         reports = attackers.wait()
     except KeyboardInterrupt:
         reports = attackers.stop()
+    except RuntimeError as exc:
+        print(f"blink bench attack: error: {exc}", file=sys.stderr)
+        return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
     print_reports(reports)

@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
 def decode_plan(scheduler_cls, batches: int, context: int, block_size: int):
     """A plan of `batches` sequences that each decode one token after `context` cached tokens."""
     from blink.engine.scheduler import ScheduledChunk, StepPlan
-    from blink.engine.sequence import Sequence, SeqStatus
+    from blink.engine.sequence import SeqStatus, Sequence
     from blink.request import SamplingParams
 
     chunks, blocks_per = [], -(-(context + 1) // block_size)

@@ -10,7 +10,7 @@ from blink.engine.interface import Engine, EngineStats, TokenEvent
 from blink.engine.loaded_model import LoadedModel
 from blink.engine.runner import ModelRunner, SampledToken
 from blink.engine.scheduler import Scheduler
-from blink.engine.sequence import Sequence, SeqStatus
+from blink.engine.sequence import SeqStatus, Sequence
 from blink.engine.stops import check_stop
 from blink.request import FinishReason, SamplingParams
 

@@ -11,7 +11,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from blink.engine.kv_cache import BlockAllocator
-from blink.engine.sequence import Sequence, SeqStatus
+from blink.engine.sequence import SeqStatus, Sequence
 
 
 @dataclass

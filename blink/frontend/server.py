@@ -106,7 +106,7 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
     children.append(engine)
     frontend_cmd = [python, "-m", "blink.frontend.api_server", "--shm", segment.name,
                     "--model", engine_args.model,
-                    "--served-model-name", args.served_model_name or args.model or engine_args.model,
+                    "--served-model-name", args.served_model_name or args.model or "demo",
                     "--host", args.host, "--port", str(args.port), "--engine-pid", str(engine.pid),
                     "--max-request-body-bytes", str(args.max_request_body_bytes)]
     if engine_args.tokenizer:

@@ -2,14 +2,23 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
+from blink.kernels import gemm_small_m
 from blink.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.gemm_small_m import linear_small_m_ref, linear_small_m_triton
 from blink.kernels.kv_write import write_kv_ref, write_kv_triton
 from blink.kernels.rmsnorm import rms_norm_ref, rms_norm_triton
-from blink.kernels.rope import apply_rope_ref, apply_rope_triton
+from blink.kernels.rope import (
+    apply_rope_ref,
+    apply_rope_triton,
+    rope_and_write_kv_ref,
+    rope_and_write_kv_triton,
+)
 
-__all__ = ["write_kv", "paged_attention", "rms_norm", "apply_rope", "silu_and_mul"]
+__all__ = ["write_kv", "paged_attention", "rms_norm", "apply_rope", "silu_and_mul", "rope_and_write_kv",
+           "linear"]
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -38,3 +47,26 @@ def apply_rope(q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_si
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     impl = silu_and_mul_triton if x.is_cuda else silu_and_mul_ref
     return impl(x)
+
+
+def rope_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                      cos_sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor, q_norm_weight: torch.Tensor | None = None,
+                      k_norm_weight: torch.Tensor | None = None, eps: float = 0.0):
+    """(q/k RMSNorm,) RoPE on q and k in place, then k and v into the cache: one launch. Returns (q, k)."""
+    impl = rope_and_write_kv_triton if q.is_cuda else rope_and_write_kv_ref
+    return impl(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_norm_weight, k_norm_weight, eps)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, small_m_gemm: bool = False,
+           silu_mul_input: bool = False) -> torch.Tensor:
+    """F.linear (cuBLAS), or with small_m_gemm the Triton small-M GEMM where the shapes fit it.
+
+    With silu_mul_input, x is a gate|up output and silu_and_mul is applied first (fused into the small-M
+    GEMM). The choice depends on shapes and dtypes only, so a captured graph stays valid.
+    """
+    if small_m_gemm and x.is_cuda and gemm_small_m.supports(x, weight, silu_mul_input):
+        return linear_small_m_triton(x, weight, bias, silu_mul_input)
+    if silu_mul_input:
+        x = silu_and_mul(x)
+    return F.linear(x, weight, bias)

@@ -11,16 +11,30 @@ share that KV head (BLOCK_M = BLOCK_Q * GROUP rows), so each KV tile is loaded o
 owns program tiles starting at query_start_loc[s] // BLOCK_Q + s; that bound needs no data, so the grid is
 (T // BLOCK_Q + S, Hkv, splits) and programs past a sequence's queries exit at once. With splits > 1
 (small batches, flash-decoding) each program covers a slice of the KV range and a second kernel merges
-the partial results by their log-sum-exp.
+the partial results by their log-sum-exp. AttentionTuning holds the launch knobs (KV tile, warps, pipeline
+stages, how many programs to aim for); the defaults are the decode-oriented guess, and
+blink/kernels/bench_step_kernels.py sweeps the alternatives on the GPU.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
 _NUM_SMS_H200 = 132  # target for split-KV; over-splitting a smaller GPU is harmless
-_MAX_SPLITS = 16
+
+
+@dataclass(frozen=True)
+class AttentionTuning:
+    """Launch knobs. Every choice depends on shapes only, so a captured graph stays valid."""
+
+    block_n: int | None = None  # KV positions per tile; None: 64 for head_dim <= 128, else 32
+    num_warps: int = 4
+    num_stages: int = 3  # cp.async pipeline depth over the KV loop (K+V tile: 32 KB at 64 x 128 bf16)
+    programs_per_sm: int = 3  # split the KV range until about this many programs per SM are busy
+    max_splits: int = 16
 
 
 def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -70,10 +84,10 @@ def _paged_attention_kernel(
     seq = tl.sum((first_tiles <= tile).to(tl.int32)) - 1
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)  # issued with the loads above, not after the branch below
     q_first = (tile - (q_start // BLOCK_Q + seq)) * BLOCK_Q  # first query of this tile within the seq
     if q_first >= q_len:
         return
-    seq_len = tl.load(seq_lens_ptr + seq)
     context = seq_len - q_len
 
     rows = tl.arange(0, BLOCK_M)
@@ -147,20 +161,23 @@ def _merge_splits_kernel(partial_ptr, max_ptr, sum_ptr, out_ptr, query_start_loc
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
 
 
-def _choose_splits(num_tiles: int, num_tokens: int, num_kv_heads: int, max_kv_len: int, block_n: int) -> int:
-    """Split the KV range only when the natural grid leaves most SMs idle (graph-safe: shapes only)."""
+def _choose_splits(num_tiles: int, num_tokens: int, num_kv_heads: int, max_kv_len: int, block_n: int,
+                   tuning: AttentionTuning) -> int:
+    """Split the KV range only when the natural grid leaves SMs short of work (graph-safe: shapes only)."""
     programs = min(num_tiles, num_tokens) * num_kv_heads  # at most one working tile per token
-    if programs >= _NUM_SMS_H200:
+    target = tuning.programs_per_sm * _NUM_SMS_H200
+    if programs >= target:
         return 1
-    wanted = triton.cdiv(2 * _NUM_SMS_H200, programs)
-    useful = triton.cdiv(max_kv_len, 4 * block_n)  # keep at least a few KV tiles per split
-    splits = min(wanted, useful, _MAX_SPLITS)
+    wanted = triton.cdiv(target, programs)
+    useful = triton.cdiv(max_kv_len, 2 * block_n)  # keep at least a couple of KV tiles per split
+    splits = min(wanted, useful, tuning.max_splits)
     return triton.next_power_of_2(splits) if splits > 1 else 1
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                           scale: float, num_splits: int | None = None) -> torch.Tensor:
+                           scale: float, num_splits: int | None = None,
+                           tuning: AttentionTuning | None = None) -> torch.Tensor:
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     assert block_tables.stride(-1) == 1
     num_tokens, num_q_heads, head_dim = q.shape
@@ -171,12 +188,13 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     decode_heavy = num_tokens <= 2 * num_seqs
     block_m = max(16, group_pad) if decode_heavy else max(64, group_pad)  # tl.dot needs M >= 16
     block_q = block_m // group_pad
-    block_n = 64 if head_dim <= 128 else 32
+    tuning = tuning or AttentionTuning()
+    block_n = tuning.block_n or (64 if head_dim <= 128 else 32)
     block_d = triton.next_power_of_2(head_dim)
     num_tiles = num_tokens // block_q + num_seqs
     if num_splits is None:
         max_kv_len = block_tables.shape[1] * block_size
-        num_splits = _choose_splits(num_tiles, num_tokens, num_kv_heads, max_kv_len, block_n)
+        num_splits = _choose_splits(num_tiles, num_tokens, num_kv_heads, max_kv_len, block_n, tuning)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     out = torch.empty_like(q)
     if num_splits > 1:
@@ -194,7 +212,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         num_seqs, num_q_heads, block_size, head_dim,
         GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
         BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits,
-        num_warps=4, num_stages=2,
+        num_warps=tuning.num_warps, num_stages=tuning.num_stages,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from blink.kernels import rms_norm
+from blink.kernels import gemm_small_m, linear, rms_norm
 
 
 def _empty_param(*shape: int, device, dtype) -> nn.Parameter:
@@ -72,9 +72,10 @@ class ColumnParallelLinear(nn.Module):
             offset += local
         self.weight = _empty_param(offset, in_features, device=device, dtype=dtype)
         self.bias = _empty_param(offset, device=device, dtype=dtype) if bias else None
+        self.small_m_gemm = gemm_small_m.enabled_by_env()  # Triton GEMM for <= 16 tokens instead of cuBLAS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.small_m_gemm)
 
     def load_hf(self, param_name: str, hf_tensor: torch.Tensor, part: str | None) -> None:
         """Copy this rank's rows of one HF projection (`part`; None if there is only one) into place."""
@@ -101,9 +102,11 @@ class RowParallelLinear(nn.Module):
         local_in = _shard_size(in_features, tp_size, "input features")
         self.weight = _empty_param(out_features, local_in, device=device, dtype=dtype)
         self.bias = _empty_param(out_features, device=device, dtype=dtype) if bias else None
+        self.small_m_gemm = gemm_small_m.enabled_by_env()  # Triton GEMM for <= 16 tokens instead of cuBLAS
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+    def forward(self, x: torch.Tensor, silu_mul_input: bool = False) -> torch.Tensor:
+        """With silu_mul_input, x is a gate|up output: computes down(silu(gate) * up), fused when it can."""
+        return linear(x, self.weight, self.bias, self.small_m_gemm, silu_mul_input)
 
     def load_hf(self, param_name: str, hf_tensor: torch.Tensor, part: str | None) -> None:
         param = getattr(self, param_name)

@@ -5,6 +5,8 @@ One forward step takes a flat batch of T tokens from any mix of prefills and dec
     embed -> [ norm(+residual) -> qkv -> (q/k norm) -> rope -> write_kv -> paged_attention -> o_proj
                -> norm(+residual) -> gate|up -> silu_and_mul -> down ] x layers -> norm
 
+(q/k norm, rope and write_kv run as one fused kernel; silu_and_mul is folded into the down projection.)
+
 Every shape depends only on T and the config, and nothing reads tensor values on the host, so a step can
 be captured in a CUDA graph. Module and parameter names are HF's except for the fused projections
 (qkv_proj, gate_up_proj), whose mapping from HF names lives in blink/model/weights.py.
@@ -14,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from blink.kernels import apply_rope, paged_attention, silu_and_mul, write_kv
+from blink.kernels import paged_attention, rope_and_write_kv
 from blink.model.attention_metadata import AttentionMetadata
 from blink.model.config import ModelConfig
 from blink.model.layers import ColumnParallelLinear, Embedding, RMSNorm, RowParallelLinear
@@ -52,10 +54,12 @@ class LlamaAttention(nn.Module):
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:  # Qwen3: per-head RMSNorm before RoPE
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, k, positions, cos_sin)
-        write_kv(k, v, k_cache, v_cache, attn.slot_mapping)
+        # Qwen3's per-head q/k RMSNorm, RoPE (in place) and the KV-cache write, in one kernel.
+        q_norm_weight, k_norm_weight, eps = None, None, 0.0
+        if self.q_norm is not None:
+            q_norm_weight, k_norm_weight, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
+        q, k = rope_and_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, attn.slot_mapping,
+                                 q_norm_weight, k_norm_weight, eps)
         out = paged_attention(q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_tables,
                               self.scale)
         return self.o_proj(out.reshape(tokens, q_size))
@@ -72,7 +76,7 @@ class LlamaMLP(nn.Module):
                                            device, dtype, tp_rank, tp_size)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_and_mul(self.gate_up_proj(hidden)))
+        return self.down_proj(self.gate_up_proj(hidden), silu_mul_input=True)  # down(silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):

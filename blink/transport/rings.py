@@ -250,10 +250,10 @@ def _decode_request(record: dict, payload: np.ndarray) -> IngressItem:
     bias_ids = payload[prompt_len:prompt_len + num_bias].tolist()
     bias_values = payload[prompt_len + num_bias:prompt_len + 2 * num_bias].view(np.float32).tolist()
     params = SamplingParams(
-        temperature=record["temperature"], top_p=record["top_p"], top_k=record["top_k"], min_p=record["min_p"],
-        presence_penalty=record["presence_penalty"], frequency_penalty=record["frequency_penalty"],
-        repetition_penalty=record["repetition_penalty"], logit_bias=dict(zip(bias_ids, bias_values, strict=True)),
-        seed=record["seed"], max_tokens=record["max_tokens"], min_tokens=record["min_tokens"],
+        temperature=record["temperature"], top_p=record["top_p"], top_k=record["top_k"],
+        min_p=record["min_p"], presence_penalty=record["presence_penalty"],
+        frequency_penalty=record["frequency_penalty"], repetition_penalty=record["repetition_penalty"],
+        logit_bias=dict(zip(bias_ids, bias_values, strict=True)), seed=record["seed"], max_tokens=record["max_tokens"], min_tokens=record["min_tokens"],
         stop_token_ids=record["stop_token_ids"][:record["num_stop_ids"]].tolist(),
         ignore_eos=bool(record["flags"] & FLAG_IGNORE_EOS),
         logprobs=None if record["num_logprobs"] < 0 else record["num_logprobs"],
@@ -284,9 +284,9 @@ class EgressProducer:
 
 def _encode_events(events: list[TokenEvent]) -> np.ndarray:
     records = np.zeros(len(events), TOKEN_DTYPE)
-    columns = zip(*[(e.req_id, e.token_id, e.position, int(e.finish_reason), e.logprob) for e in events],
-                  strict=True)
-    for name, column in zip(("req_id", "token_id", "position", "finish_reason", "logprob"), columns, strict=True):
+    names = ("req_id", "token_id", "position", "finish_reason", "logprob")
+    rows = [(e.req_id, e.token_id, e.position, int(e.finish_reason), e.logprob) for e in events]
+    for name, column in zip(names, zip(*rows, strict=True), strict=True):
         records[name] = _checked(column, TOKEN_DTYPE[name], name)
     for i, event in enumerate(events):
         if num_top := len(event.top_ids):

@@ -58,6 +58,11 @@ def test_each_kind_works_until_its_deadline_then_exits_cleanly(kind):
     assert wait_gone(pids)
 
 
+def test_a_worker_that_cannot_start_is_an_error():
+    with pytest.raises(RuntimeError, match="failed to start"):
+        Attackers(AttackSpec(kind="spin", procs=1, duration_s=5, cpus=(100000,))).start()
+
+
 def test_stop_ends_a_long_attack_early():
     with Attackers(AttackSpec(kind="spin", procs=2, duration_s=600)) as attackers:
         pids = attackers.pids

@@ -1,6 +1,8 @@
 import os
 import time
 
+import pytest
+
 from blink.bench.gpu_monitor import GpuMonitor
 from blink.bench.host_cpu import CpuMeter, gauge_value, process_cpu_seconds
 
@@ -34,3 +36,22 @@ def test_gpu_monitor_reads_none_without_nvml():
     if not monitor.available:
         assert reading.energy_mj is None and reading.mean_utilization_pct is None
     monitor.close()
+
+
+@pytest.mark.gpu
+def test_gpu_monitor_measures_energy_and_utilisation_on_a_gpu():
+    pytest.importorskip("pynvml")
+    import torch
+
+    monitor = GpuMonitor(sample_interval_s=0.05)
+    assert monitor.available
+    x = torch.randn(4096, 4096, device="cuda")
+    monitor.start()
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        x = (x @ x).clamp_(-1, 1)
+        torch.cuda.synchronize()
+    reading = monitor.stop()
+    monitor.close()
+    assert reading.energy_mj is not None and reading.energy_mj > 0
+    assert reading.samples > 0 and reading.mean_utilization_pct > 0

@@ -3,7 +3,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blink.engine.scheduler import Scheduler
-from blink.engine.sequence import Sequence, SeqStatus
+from blink.engine.sequence import SeqStatus, Sequence
 from blink.request import SamplingParams
 
 

@@ -15,10 +15,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 def _compile_all() -> None:
     import triton
+    from blink.kernels.bench_step_kernels import BENCH_GEMM_CONFIGS
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from blink.kernels import activation, attention, kv_write, rmsnorm, rope
+    from blink.kernels import activation, attention, gemm_small_m, kv_write, rmsnorm, rope
 
     def check(fn, pointers: dict, constexprs: dict, **options):
         scalar = lambda name: "fp32" if name in ("scale_log2", "eps") else "i32"
@@ -34,9 +35,10 @@ def _compile_all() -> None:
     configs = [(4, 4, 4, 128, 1), (4, 4, 16, 128, 1), (8, 8, 2, 128, 4), (1, 1, 64, 64, 1),
                (7, 8, 2, 128, 16)]  # (group, padded group, BLOCK_Q, BLOCK_D, splits)
     for group, group_pad, block_q, block_d, splits in configs:
-        check(attention._paged_attention_kernel, attention_ptrs,
-              dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=64, BLOCK_D=block_d, BLOCK_S=64,
-                   NUM_SPLITS=splits), num_warps=4, num_stages=2)
+        for block_n, num_warps, num_stages in [(64, 4, 3), (32, 4, 2), (128, 8, 3)]:
+            check(attention._paged_attention_kernel, attention_ptrs,
+                  dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
+                       BLOCK_S=64, NUM_SPLITS=splits), num_warps=num_warps, num_stages=num_stages)
     check(attention._merge_splits_kernel,
           {"partial_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32", "out_ptr": "*bf16",
            "query_start_loc_ptr": "*i32"}, dict(NUM_SPLITS=4, BLOCK_D=128))
@@ -49,6 +51,19 @@ def _compile_all() -> None:
     check(rope._rope_kernel, {**bf16("q_ptr", "k_ptr"), "positions_ptr": "*i64", "cos_sin_ptr": "*fp32"},
           dict(BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64))
     check(activation._silu_and_mul_kernel, bf16("x_ptr", "out_ptr"), dict(BLOCK=1024))
+    fused_ptrs = {**bf16("q_ptr", "k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr", "q_norm_ptr", "k_norm_ptr"),
+                  "positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "slot_mapping_ptr": "*i64"}
+    for has_norm in (False, True):
+        check(rope._rope_and_write_kv_kernel, fused_ptrs,
+              dict(HAS_NORM=has_norm, BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64))
+    gemm_ptrs = bf16("x_ptr", "w_ptr", "bias_ptr", "out_ptr")
+    gemm_shapes = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (4096, 128256)]
+    gemm_configs = {gemm_small_m.default_config(n, k) for k, n in gemm_shapes} | set(BENCH_GEMM_CONFIGS)
+    for config in sorted(gemm_configs, key=str):
+        for silu in (False, True):
+            check(gemm_small_m._small_m_gemm_kernel, gemm_ptrs,
+                  dict(HAS_BIAS=False, SILU_MUL=silu, EVEN_K=True, BLOCK_M=16, BLOCK_N=config.block_n,
+                       BLOCK_K=config.block_k), num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def test_kernels_compile_for_sm90():
