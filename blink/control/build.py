@@ -87,7 +87,8 @@ def build_device_library(arch: str | None = None) -> Path:
 def build_host_library() -> Path:
     cxx = os.environ.get("CXX", "g++")
     return _compile("libblink_sched_host.so", [
-        cxx, "-O2", "-std=c++17", "-Wall", "-shared", "-fPIC", "-o", "{out}", str(CSRC / "host_api.cpp")])
+        cxx, "-O2", "-std=c++17", "-Wall", "-shared", "-fPIC", "-pthread", "-o", "{out}",
+        str(CSRC / "host_api.cpp")])
 
 
 def _declare(lib: C.CDLL, signatures: dict[str, tuple]) -> C.CDLL:
@@ -108,8 +109,8 @@ def load_host_library() -> C.CDLL:
     return _declare(C.CDLL(str(build_host_library())), {
         **_COMMON,
         "blink_sched_init": (None, _P, _P, _U64, _U64, _U64),
-        "blink_sched_prepare": (_I, _P),
-        "blink_sched_complete": (None, _P),
+        "blink_sched_prepare": (_I, _P, _I),
+        "blink_sched_complete": (None, _P, _I),
         "blink_sched_fail": (None, _P, C.c_int32),
         "blink_sched_check": (_I, _P, _P),
         "blink_sched_info": (None, _P, C.POINTER(C.c_int64)),
@@ -133,6 +134,7 @@ def load_device_library(arch: str | None = None) -> C.CDLL:
         "blink_instantiate_device": (_I, _P, _P, C.POINTER(_P)),
         "blink_instantiate_host_only": (_I, _P, C.POINTER(_P)),
         "blink_exec_destroy": (_I, _P),
+        "blink_describe_graph": (_I, _P, C.POINTER(C.c_int)),
         "blink_loop_create": (_I, _P, _P, C.POINTER(_P)),
         "blink_loop_launch": (_I, _P, _P),
         "blink_cuda_error_string": (C.c_char_p, _I),

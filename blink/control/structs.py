@@ -52,6 +52,8 @@ class SchedConfig(C.Structure):
         ("bucket_tokens", C.c_int32 * MAX_BUCKETS),
         ("bucket_seqs", C.c_int32 * MAX_BUCKETS),
         ("eos_ids", C.c_int32 * MAX_EOS),
+        ("relaunch_each_step", C.c_int32),
+        ("_pad", C.c_int32),
         ("step_timeout_ns", C.c_int64),
     ]
 
@@ -108,7 +110,7 @@ def abi_layout() -> list[int]:
     ]
 
 
-def ring_pointers(address: int, layout, control_address: int | None = None) -> RingPtrs:
+def ring_pointers(address: int, layout) -> RingPtrs:
     """Pointers into a segment mapped at `address` (on the GPU the same address, once registered)."""
     return RingPtrs(
         control=address + layout.control, ingress_header=address + layout.ingress_header,

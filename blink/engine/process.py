@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             from blink.engine.ring_loop import serve_rings
 
             serve_rings(HostEngine(args), segment, should_stop=lambda: stop["flag"])
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, RuntimeError) as e:
         segment.control.error_code = 1
         print(f"blink engine: error: {e}", file=sys.stderr)
         return 2

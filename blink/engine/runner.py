@@ -49,8 +49,9 @@ class ModelRunner:
         self.max_tokens, self.max_seqs = self.buckets[-1][0], max(s for _, s in self.buckets)
         self.buffers = self.new_buffers()
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # One memory pool for every capture (host mode's and device mode's).
+        self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         if use_graphs:
-            self.pool = torch.cuda.graph_pool_handle()
             for bucket in reversed(self.buckets):  # largest first, so smaller ones reuse its pool
                 self.graphs[bucket] = self.capture(bucket, self.buffers)
 

@@ -20,11 +20,14 @@ names, dtypes and shapes are a contract (all contiguous, dimension 0 = slot):
 | output_counts | i32 [slots, vocab] | occurrences of each token in the output so far |
 | prompt_mask | u8 [slots, vocab] | 1 for tokens that occur in the prompt |
 | flags | i32 [slots] | bit 0 (FLAG_PENALTIES): some penalty is on; bit 1 (FLAG_LOGIT_BIAS): bias_ids used |
+| num_logprobs | i32 [slots] | top logprobs the request asks for (SamplingParams.logprobs, None -> 0); 0 = none |
 
 output_counts and prompt_mask rows are read and updated only while the slot's FLAG_PENALTIES bit is
 set: admitting a request with penalties must zero both rows and then fill them; admitting one without
-may leave them stale. A slot never admitted is greedy with no penalties, so it can serve as a padding
-row (slot -1 works too: greedy, no penalties, never counted).
+may leave them stale. The sampler computes top logprobs only for rows whose slot has num_logprobs > 0
+(it then fills all max_top_logprobs columns; other rows get ids -1 and logprobs -inf). A slot never
+admitted is greedy with no penalties and no logprobs, so it can serve as a padding row (slot -1 works
+too: greedy, no penalties, never counted).
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ from collections.abc import Sequence
 
 import torch
 
-from blink.request import MAX_LOGIT_BIAS, SamplingParams
+from blink.request import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
 
 FLAG_PENALTIES = 1
 FLAG_LOGIT_BIAS = 2
@@ -66,6 +69,7 @@ class SamplingState:
         self.output_counts = new(torch.int32, vocab_size)
         self.prompt_mask = new(torch.uint8, vocab_size)
         self.flags = new(torch.int32)
+        self.num_logprobs = new(torch.int32)
 
     def set_slot(self, slot: int, params: SamplingParams, seed: int, prompt_ids: Sequence[int],
                  output_ids: Sequence[int] = ()) -> None:
@@ -88,7 +92,7 @@ class SamplingState:
             (self.min_p, params.min_p), (self.presence_penalty, params.presence_penalty),
             (self.frequency_penalty, params.frequency_penalty),
             (self.repetition_penalty, params.repetition_penalty), (self.seed, _as_int64(seed)),
-            (self.flags, flags),
+            (self.flags, flags), (self.num_logprobs, min(params.logprobs or 0, MAX_TOP_LOGPROBS)),
         ]
         for tensor, value in scalars:
             tensor[slot] = value

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from blink.kernels import gemm_small_m
 from blink.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
-from blink.kernels.gemm_small_m import linear_small_m_ref, linear_small_m_triton
+from blink.kernels.gemm_small_m import linear_small_m_triton
 from blink.kernels.kv_write import write_kv_ref, write_kv_triton
 from blink.kernels.rmsnorm import rms_norm_ref, rms_norm_triton
 from blink.kernels.rope import (

@@ -78,10 +78,13 @@ def _paged_attention_kernel(
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
     # Which sequence owns this tile: the last s whose first tile index is <= tile.
-    seq_ids = tl.arange(0, BLOCK_S)
-    seq_starts = tl.load(query_start_loc_ptr + seq_ids, mask=seq_ids < num_seqs, other=0)
-    first_tiles = tl.where(seq_ids < num_seqs, seq_starts // BLOCK_Q + seq_ids, 2147483647)
-    seq = tl.sum((first_tiles <= tile).to(tl.int32)) - 1
+    if BLOCK_S == 1:
+        seq = 0  # one sequence: skip a dependent load (batch-1 decode is latency-bound)
+    else:
+        seq_ids = tl.arange(0, BLOCK_S)
+        seq_starts = tl.load(query_start_loc_ptr + seq_ids, mask=seq_ids < num_seqs, other=0)
+        first_tiles = tl.where(seq_ids < num_seqs, seq_starts // BLOCK_Q + seq_ids, 2147483647)
+        seq = tl.sum((first_tiles <= tile).to(tl.int32)) - 1
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)  # issued with the loads above, not after the branch below
@@ -174,6 +177,28 @@ def _choose_splits(num_tiles: int, num_tokens: int, num_kv_heads: int, max_kv_le
     return triton.next_power_of_2(splits) if splits > 1 else 1
 
 
+@dataclass(frozen=True)
+class LaunchPlan:
+    block_q: int  # query tokens per program (times the padded group: the tile's rows)
+    block_n: int
+    num_tiles: int
+    num_splits: int
+
+
+def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                max_kv_len: int, tuning: AttentionTuning, num_splits: int | None = None) -> LaunchPlan:
+    group_pad = triton.next_power_of_2(num_q_heads // num_kv_heads)  # Qwen2.5 has groups of 5 and 7
+    decode_heavy = num_tokens <= 2 * num_seqs
+    block_m = max(16, group_pad) if decode_heavy else max(64, group_pad)  # tl.dot needs M >= 16
+    block_q = block_m // group_pad
+    block_n = tuning.block_n or (64 if head_dim <= 128 else 32)
+    num_tiles = num_tokens // block_q + num_seqs
+    if num_splits is None:
+        num_splits = _choose_splits(num_tiles, num_tokens, num_kv_heads, max_kv_len, block_n, tuning)
+    assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
+    return LaunchPlan(block_q, block_n, num_tiles, num_splits)
+
+
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                            scale: float, num_splits: int | None = None,
@@ -183,19 +208,12 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_tokens, num_q_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_q_heads // num_kv_heads
-    group_pad = triton.next_power_of_2(group)  # Qwen2.5 has groups of 5 and 7
     num_seqs = seq_lens.shape[0]
-    decode_heavy = num_tokens <= 2 * num_seqs
-    block_m = max(16, group_pad) if decode_heavy else max(64, group_pad)  # tl.dot needs M >= 16
-    block_q = block_m // group_pad
     tuning = tuning or AttentionTuning()
-    block_n = tuning.block_n or (64 if head_dim <= 128 else 32)
+    plan = launch_plan(num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim,
+                       block_tables.shape[1] * block_size, tuning, num_splits)
+    num_splits = plan.num_splits
     block_d = triton.next_power_of_2(head_dim)
-    num_tiles = num_tokens // block_q + num_seqs
-    if num_splits is None:
-        max_kv_len = block_tables.shape[1] * block_size
-        num_splits = _choose_splits(num_tiles, num_tokens, num_kv_heads, max_kv_len, block_n, tuning)
-    assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     out = torch.empty_like(q)
     if num_splits > 1:
         partial = torch.empty((num_tokens, num_q_heads, num_splits, block_d), dtype=torch.float32,
@@ -204,14 +222,14 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         sums = torch.empty_like(maxes)
     else:
         partial = maxes = sums = out  # unused
-    _paged_attention_kernel[(num_tiles, num_kv_heads, num_splits)](
+    _paged_attention_kernel[(plan.num_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, partial, maxes, sums,
         query_start_loc, seq_lens, block_tables, scale * 1.4426950408889634,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         num_seqs, num_q_heads, block_size, head_dim,
-        GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
-        BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits,
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=plan.block_q, BLOCK_N=plan.block_n,
+        BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits,
         num_warps=tuning.num_warps, num_stages=tuning.num_stages,
     )
     if num_splits > 1:

@@ -9,6 +9,8 @@ so the compiler cannot move one across another), counters are aligned 8-byte wor
 and x86-64 keeps store->store and load->load order, which gives release/acquire for these plain accesses.
 The GPU side of the same protocol must use st.release.sys / ld.acquire.sys (see csrc/layout.h).
 All state lives in the segment, so either side may be a different process, a new object, or the GPU.
+Each side is single-threaded by contract: one producer and one consumer object per ring, whose calls
+never overlap (an asyncio front end should submit with timeout=0 and retry, not block its loop).
 """
 from __future__ import annotations
 
@@ -253,7 +255,8 @@ def _decode_request(record: dict, payload: np.ndarray) -> IngressItem:
         temperature=record["temperature"], top_p=record["top_p"], top_k=record["top_k"],
         min_p=record["min_p"], presence_penalty=record["presence_penalty"],
         frequency_penalty=record["frequency_penalty"], repetition_penalty=record["repetition_penalty"],
-        logit_bias=dict(zip(bias_ids, bias_values, strict=True)), seed=record["seed"], max_tokens=record["max_tokens"], min_tokens=record["min_tokens"],
+        logit_bias=dict(zip(bias_ids, bias_values, strict=True)), seed=record["seed"],
+        max_tokens=record["max_tokens"], min_tokens=record["min_tokens"],
         stop_token_ids=record["stop_token_ids"][:record["num_stop_ids"]].tolist(),
         ignore_eos=bool(record["flags"] & FLAG_IGNORE_EOS),
         logprobs=None if record["num_logprobs"] < 0 else record["num_logprobs"],

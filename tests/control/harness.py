@@ -58,6 +58,7 @@ class Config:
     arena_capacity: int = 512
     egress_capacity: int = 256
     buckets: list[tuple[int, int]] = field(default_factory=list)
+    team: int = 1  # host threads standing in for the CTA's threads
 
 
 def _buffers(tmax: int, smax: int, mb: int) -> dict[str, np.ndarray]:
@@ -137,7 +138,7 @@ class HostScheduler:
 
     def step(self) -> int:
         """One scheduler step with the fake forward; returns the step's rows (0 = idle)."""
-        rows = self.lib.blink_sched_prepare(C.byref(self.params))
+        rows = self.lib.blink_sched_prepare(C.byref(self.params), self.cfg.team)
         if rows:
             info = self.info()
             self.plans.append(self.plan(rows))
@@ -146,7 +147,7 @@ class HostScheduler:
                 self.lib.blink_sched_fail(C.byref(self.params), structs.ERR_LAUNCH_BASE + 1)
             else:
                 self.forward(self.buffers[info["parity"]], self.cfg.buckets[info["plan_bucket"]], rows)
-                self.lib.blink_sched_complete(C.byref(self.params))
+                self.lib.blink_sched_complete(C.byref(self.params), self.cfg.team)
         self.drain()
         assert self.check() == 0, f"invariant {self.check()} broken"
         return rows

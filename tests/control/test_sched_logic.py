@@ -65,19 +65,21 @@ def test_one_request_matches_the_reference(make):
     assert_idle_and_clean(h)
 
 
-def test_mixed_workload_with_preemption_matches_the_host_scheduler(make):
+@pytest.mark.parametrize("team", [1, 3])
+def test_mixed_workload_with_preemption_matches_the_host_scheduler(make, team):
     """Staggered arrivals into a KV pool far too small: every request still yields the reference tokens,
-    and every step is the one blink.engine.scheduler.Scheduler (host mode) would have planned."""
+    and every step is the one blink.engine.scheduler.Scheduler (host mode) would have planned. With
+    team=3, three host threads run the team code as a CTA's threads do on the GPU."""
     from blink.engine.scheduler import Scheduler
     from blink.engine.sequence import Sequence
 
     h = make(max_num_seqs=6, max_num_batched_tokens=16, num_blocks=24, max_requests=12, max_model_len=48,
-             eos=())
+             eos=(), team=team)
     host = Scheduler(24, 4, 6, 16)
     seqs: dict[int, Sequence] = {}
     rng = random.Random(0)
     reqs = []
-    for rid in range(1, 41):
+    for rid in range(1, 151):
         prompt = [rng.randrange(2, 50) for _ in range(rng.randrange(1, 30))]
         reqs.append((rid, prompt, greedy(rng.randrange(1, 48 - len(prompt)))))
     pending = list(reqs)
@@ -202,8 +204,9 @@ def test_invalid_descriptors_are_refused_and_the_engine_stays_up(make):
     assert_idle_and_clean(h)
 
 
-def test_ring_and_arena_wrap_around_with_a_full_request_table(make):
-    h = make(ingress_capacity=3, arena_capacity=40, max_requests=3, max_num_seqs=2, egress_capacity=64)
+@pytest.mark.parametrize("team", [1, 3])
+def test_ring_and_arena_wrap_around_with_a_full_request_table(make, team):
+    h = make(ingress_capacity=3, arena_capacity=40, max_requests=3, max_num_seqs=2, egress_capacity=64, team=team)
     rng = random.Random(5)
     reqs = {rid: ([rng.randrange(2, 50) for _ in range(rng.randrange(1, 13))],
                   greedy(rng.randrange(1, 6), logit_bias={3: 1.0} if rid % 3 == 0 else {}))
@@ -230,14 +233,15 @@ def test_egress_backpressure_loses_nothing(make):
         h.submit(rid, prompt, params)
     stop = threading.Event()
     got = []
+    consumer = h.consumer
 
     def reader():
         while not stop.is_set():
-            got.extend(h.consumer.poll(1))
+            got.extend(consumer.poll(1))
             time.sleep(0.0005)
 
     t = threading.Thread(target=reader)
-    consumer, h.consumer = h.consumer, type("NoRead", (), {"poll": lambda self: []})()
+    h.consumer = type("NoRead", (), {"poll": lambda self: []})()  # only the slow reader reads
     t.start()
     try:
         while h.busy():
@@ -255,14 +259,16 @@ def test_egress_backpressure_loses_nothing(make):
         assert h.outputs(rid) == expect(h, prompt, params)
 
 
-def test_admission_writes_the_sampling_slot_and_rebuilds_counts_after_preemption(make):
-    h = make(max_num_seqs=2, max_num_batched_tokens=8, num_blocks=6, block_size=4, max_model_len=24, eos=())
+@pytest.mark.parametrize("team", [1, 4])
+def test_admission_writes_the_sampling_slot_and_rebuilds_counts_after_preemption(make, team):
+    h = make(max_num_seqs=2, max_num_batched_tokens=8, num_blocks=6, block_size=4, max_model_len=24, eos=(),
+             team=team)
     params = SamplingParams(temperature=0.7, top_p=0.9, top_k=5, min_p=0.1, presence_penalty=0.5,
                             frequency_penalty=0.25, repetition_penalty=1.5, seed=1234, max_tokens=12,
                             logit_bias={4: 2.5, 9: -1.0})
-    h.submit(1, [2, 3, 4], params)
     h.submit(2, [5, 6, 7, 8, 9], greedy(12))
-    seen_preemption = False
+    h.submit(1, [2, 3, 4], params)  # the newest: the one preempted
+    seen_preemption, counts_checked = False, 0
     while h.busy():
         h.step()
         seen_preemption |= h.info()["preemptions"] > 0
@@ -278,7 +284,10 @@ def test_admission_writes_the_sampling_slot_and_rebuilds_counts_after_preemption
             generated = [e.token_id for e in h.events.get(1, []) if e.token_id >= 0]
             if h.info()["running"] and 1 in {r for r, *_ in h.plans[-1]} and not h.events[1][-1].finished:
                 assert (s["output_counts"][slot] == np.bincount(generated, minlength=50)).all()
-    assert seen_preemption
+                counts_checked += 1
+    assert seen_preemption and counts_checked > 3
+    recomputed = [p for p in h.plans for r, start, n, _ in p if r == 1 and start == 0 and n > 3]
+    assert recomputed, "request 1 was re-admitted with its generated tokens (recompute)"
     assert h.outputs(1) == expect(h, [2, 3, 4], params)
     assert h.outputs(2) == expect(h, [5, 6, 7, 8, 9], greedy(12))
 
@@ -297,4 +306,17 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(make):
     h.submit(3, [6], greedy(3, ignore_eos=True))
     h.run()
     assert h.outputs(3) == expect(h, [6], greedy(3, ignore_eos=True))
+    assert_idle_and_clean(h)
+
+
+def test_one_step_ingests_several_staging_rounds_in_ring_order(make):
+    h = make(ingress_capacity=200, arena_capacity=2048, max_requests=200, egress_capacity=1024)
+    for rid in range(1, 151):
+        h.submit(rid, [rid % 40 + 2], greedy(1))
+    h.step()
+    i = h.info()
+    assert i["running"] + i["waiting"] + len(h.events) == 150  # three rounds of 64 descriptors, one step
+    assert [r for r, *_ in h.plans[0]] == [1, 2, 3, 4]  # FCFS
+    h.run()
+    assert sorted(h.events) == list(range(1, 151))
     assert_idle_and_clean(h)

@@ -2,12 +2,13 @@
 import pytest
 import torch
 
-from blink.kernels import apply_rope, paged_attention, rms_norm, silu_and_mul, write_kv
+from blink.kernels import apply_rope, linear, paged_attention, rms_norm, silu_and_mul, write_kv
 from blink.kernels.activation import silu_and_mul_ref
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.gemm_small_m import linear_small_m_ref
 from blink.kernels.kv_write import write_kv_ref
 from blink.kernels.rmsnorm import rms_norm_ref
-from blink.kernels.rope import apply_rope_ref
+from blink.kernels.rope import apply_rope_ref, rope_and_write_kv_ref, rope_and_write_kv_triton
 from tests.kernels.paged_batch import make_paged_batch
 
 pytestmark = pytest.mark.gpu
@@ -136,3 +137,36 @@ def test_rope_and_silu_real_shapes():
     torch.testing.assert_close(k, k_ref, atol=1e-2, rtol=1e-2)
     x = torch.randn(tokens, 2 * 14336, device="cuda", dtype=torch.bfloat16)
     torch.testing.assert_close(silu_and_mul(x), silu_and_mul_ref(x), atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_and_write_kv_real_shapes(qk_norm):
+    tokens, heads, kv_heads, dim = 300, 32, 8, 128
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, device="cuda", dtype=torch.bfloat16)
+    angles = torch.rand(8192, dim // 2, device="cuda") * 6.3
+    cos_sin = torch.cat((angles.cos(), angles.sin()), dim=-1)
+    positions = torch.randint(0, 8192, (tokens,), device="cuda")
+    slots = torch.randperm(64 * 16, device="cuda")[:tokens]
+    slots[::7] = -1
+    norms = [torch.randn(dim, device="cuda", dtype=torch.bfloat16) for _ in range(2)] if qk_norm else [None] * 2
+    results = []
+    for impl in (rope_and_write_kv_ref, rope_and_write_kv_triton):
+        buffer = qkv.clone()
+        q, k, v = (t.view(tokens, -1, dim) for t in buffer.split([heads * dim, kv_heads * dim, kv_heads * dim], 1))
+        caches = [torch.zeros(64, 16, kv_heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        impl(q, k, v, positions, cos_sin, *caches, slots, *norms, 1e-6)
+        results.append((buffer, *caches))
+    for got, expected in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("m", [1, 5, 16])
+@pytest.mark.parametrize("k,n,silu", [(4096, 6144, False), (4096, 4096, False), (14336, 4096, True),
+                                      (4096, 128256, False)])
+def test_small_m_gemm_real_shapes(m, k, n, silu):
+    x = torch.randn(m, 2 * k if silu else k, device="cuda", dtype=torch.bfloat16)
+    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    expected = linear_small_m_ref(x.float(), weight.float(), silu_mul_input=silu)
+    got = linear(x, weight, small_m_gemm=True, silu_mul_input=silu)
+    torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=2e-2)
+    torch.testing.assert_close(linear(x, weight, silu_mul_input=silu).float(), expected, atol=3e-2, rtol=2e-2)

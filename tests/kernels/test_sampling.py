@@ -11,6 +11,7 @@ from blink.kernels.sampling import (
     choose_tokens_ref,
     choose_tokens_triton,
     keep_thresholds,
+    keep_thresholds_triton,
     race_uniform_ref,
     sample,
     sample_ref,
@@ -19,15 +20,16 @@ from blink.kernels.sampling import (
 from blink.request import SamplingParams
 
 MIXED_PARAMS = [
-    SamplingParams(),
-    SamplingParams(temperature=0.0),
-    SamplingParams(temperature=0.7, top_k=20),
+    SamplingParams(logprobs=3),
+    SamplingParams(temperature=0.0, logprobs=0),
+    SamplingParams(temperature=0.7, top_k=20, logprobs=20),
     SamplingParams(temperature=1.3, top_p=0.8),
-    SamplingParams(min_p=0.05),
+    SamplingParams(min_p=0.05, logprobs=1),
     SamplingParams(temperature=0.9, top_k=50, top_p=0.9, min_p=0.02),
     SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.4),
     SamplingParams(temperature=0.0, repetition_penalty=0.8, logit_bias={3: 5.0, 11: -2.0}),
     SamplingParams(temperature=0.8, frequency_penalty=-1.0, logit_bias={0: 1.5, 5: 100.0, 6: -100.0}),
+    SamplingParams(temperature=0.9, top_k=30, top_p=0.9, repetition_penalty=1.2, logit_bias={2: 3.0}, logprobs=2),
 ]
 
 
@@ -95,12 +97,15 @@ def test_triton_matches_reference(vocab):
     penalized = apply_penalties_ref(logits, slots, state)
     torch.testing.assert_close(apply_penalties_triton(logits, slots, state), penalized, rtol=1e-6, atol=1e-6)
     threshold = keep_thresholds(penalized, slots, state)
+    assert torch.equal(keep_thresholds_triton(penalized, slots, state), threshold)
     expected = choose_tokens_ref(penalized, threshold, slots, positions, state)
     assert choose_tokens_triton(penalized, threshold, slots, positions, state).tolist() == expected.tolist()
     ref = sample_ref(logits, slots, positions, state, 4)
     tri = sample_triton(logits, slots, positions, state, 4)
     assert tri.token_ids.tolist() == ref.token_ids.tolist()
     torch.testing.assert_close(tri.logprobs, ref.logprobs)
+    assert torch.equal(tri.top_ids, ref.top_ids)
+    torch.testing.assert_close(tri.top_logprobs, ref.top_logprobs)
 
 
 def test_triton_choice_matches_reference_on_many_rows():
@@ -207,6 +212,74 @@ def test_min_p_threshold():
     assert threshold.item() == pytest.approx(math.log(0.1))
 
 
+
+FILTER_PARAMS = [
+    SamplingParams(top_k=1), SamplingParams(top_k=2), SamplingParams(temperature=0.5, top_k=7),
+    SamplingParams(top_k=150), SamplingParams(top_k=299), SamplingParams(top_k=300), SamplingParams(top_k=1000),
+    SamplingParams(top_p=1e-6), SamplingParams(top_p=0.3), SamplingParams(temperature=2.0, top_p=0.9),
+    SamplingParams(top_p=0.999), SamplingParams(min_p=0.01), SamplingParams(temperature=0.7, min_p=0.5),
+    SamplingParams(min_p=1.0), SamplingParams(top_k=40, top_p=0.8), SamplingParams(top_k=3, min_p=0.2, top_p=0.5),
+    SamplingParams(temperature=1.3, top_k=100, top_p=0.95, min_p=0.02), SamplingParams(),
+    SamplingParams(temperature=0.0, top_k=5),
+]
+
+
+def tricky_rows(num_rows: int, vocab: int, seed: int) -> torch.Tensor:
+    """Continuous rows, rows full of ties, bf16-rounded rows, rows with -inf, signed zeros, constant rows."""
+    gen = torch.Generator().manual_seed(seed)
+    kinds = [
+        lambda: torch.randn(vocab, generator=gen) * 3,
+        lambda: torch.randint(-4, 5, (vocab,), generator=gen).float(),
+        lambda: (torch.randn(vocab, generator=gen) * 4).bfloat16().float(),
+        lambda: torch.where(torch.rand(vocab, generator=gen) < 0.3, float("-inf"), torch.randn(vocab, generator=gen)),
+        lambda: torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0)
+        + torch.randint(0, 2, (vocab,), generator=gen).float(),
+        lambda: torch.full((vocab,), 1.25),
+    ]
+    return torch.stack([kinds[i % len(kinds)]() for i in range(num_rows)])
+
+
+def test_triton_thresholds_equal_the_sort_definition_on_many_rows():
+    vocab = 300
+    state = SamplingState(len(FILTER_PARAMS), vocab, "cpu")
+    for slot, params in enumerate(FILTER_PARAMS):
+        state.set_slot(slot, params, seed=slot, prompt_ids=[])
+    rows = 6 * len(FILTER_PARAMS)
+    logits = tricky_rows(rows, vocab, seed=11)
+    slots = (torch.arange(rows, dtype=torch.int32) // 6)  # every kind of row under every filter
+    expected = keep_thresholds(logits, slots, state)
+    assert torch.equal(keep_thresholds_triton(logits, slots, state), expected)
+    assert (expected > float("-inf")).sum() > rows // 2  # most rows really were filtered
+    # The threshold is an element of its row, or -inf (no filter, or a greedy row).
+    for row in range(rows):
+        assert expected[row] == float("-inf") or (logits[row] == expected[row]).any()
+
+
+def test_top_k_keeps_every_tie_at_the_threshold():
+    state = SamplingState(1, 6, "cpu")
+    state.set_slot(0, SamplingParams(top_k=2), seed=0, prompt_ids=[])
+    logits = torch.tensor([[3.0, 1.0, 3.0, 2.0, 3.0, 0.0]])
+    slots = torch.zeros(1, dtype=torch.int32)
+    assert keep_thresholds(logits, slots, state).item() == 3.0
+    assert keep_thresholds_triton(logits, slots, state).item() == 3.0
+
+
+def test_top_logprobs_order_ties_by_token_id():
+    vocab, k = 90, 7
+    state = SamplingState(1, vocab, "cpu")
+    state.set_slot(0, SamplingParams(temperature=0.0, logprobs=k), seed=0, prompt_ids=[])
+    logits = torch.randint(-3, 3, (5, vocab), generator=torch.Generator().manual_seed(2)).float()
+    slots, positions = torch.zeros(5, dtype=torch.int32), torch.arange(5)
+    ref = sample_ref(logits, slots, positions, state, k)
+    tri = sample_triton(logits, slots, positions, state, k)
+    normalizer = torch.logsumexp(logits, -1)
+    for row in range(5):
+        by_hand = sorted(range(vocab), key=lambda t: (-logits[row, t].item(), t))[:k]
+        assert ref.top_ids[row].tolist() == by_hand
+        torch.testing.assert_close(ref.top_logprobs[row], logits[row, by_hand] - normalizer[row])
+    assert torch.equal(tri.top_ids, ref.top_ids)
+    torch.testing.assert_close(tri.top_logprobs, ref.top_logprobs)
+
 # ---- penalties and bias ----------------------------------------------------------------------------
 def penalized_by_hand(row, params, prompt, output):
     row = row.tolist()
@@ -267,8 +340,13 @@ def test_logprobs_are_raw_log_softmax(impl):
     expected = torch.log_softmax(logits, -1)
     torch.testing.assert_close(out.logprobs, expected.gather(1, out.token_ids[:, None]).squeeze(1))
     top_values, top_ids = expected.topk(5, -1)
-    assert torch.equal(out.top_ids, top_ids)
-    torch.testing.assert_close(out.top_logprobs, top_values)
+    asks = torch.tensor([p.logprobs is not None and p.logprobs > 0 for p in MIXED_PARAMS])[slots.clamp(min=0)]
+    asks &= slots >= 0
+    assert asks.any() and not asks.all()
+    assert torch.equal(out.top_ids[asks], top_ids[asks])
+    torch.testing.assert_close(out.top_logprobs[asks], top_values[asks])
+    # Rows whose slot asks for no logprobs (or padding) get nothing computed.
+    assert (out.top_ids[~asks] == -1).all() and (out.top_logprobs[~asks] == float("-inf")).all()
     assert out.token_ids.dtype == torch.int64 and out.top_ids.dtype == torch.int64
     empty = impl(logits, slots, positions, state, 0)
     assert empty.top_ids.shape == (9, 0) and empty.top_logprobs.shape == (9, 0)
@@ -291,7 +369,11 @@ def test_gpu_matches_reference_on_a_real_vocab():
                                apply_penalties_ref(logits, slots, cpu_state))
     assert got.token_ids.cpu().tolist() == ref.token_ids.tolist()
     torch.testing.assert_close(got.logprobs.cpu(), ref.logprobs, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.top_ids.cpu(), ref.top_ids)  # bf16 logits tie a lot: ties go by token id
     torch.testing.assert_close(got.top_logprobs.cpu(), ref.top_logprobs, rtol=1e-5, atol=1e-5)
+    penalized = apply_penalties_ref(logits, slots, cpu_state)
+    assert torch.equal(keep_thresholds_triton(penalized.cuda(), slots.cuda(), cuda_state).cpu(),
+                       keep_thresholds(penalized, slots, cpu_state))
     cuda_state.record_tokens(slots.cuda(), got.token_ids)
     cpu_state.record_tokens(slots, ref.token_ids)
     assert torch.equal(cuda_state.output_counts.cpu(), cpu_state.output_counts)

@@ -1,5 +1,8 @@
 // The scheduler logic built for the host (g++) and driven through ctypes by tests/control: the test
 // plays the forward pass (it reads the step inputs and writes sampled ids) between prepare and complete.
+#include <thread>
+#include <vector>
+
 #include "abi.h"
 #include "sched.h"
 
@@ -46,6 +49,20 @@ int check_invariants(const SchedState* s, const SchedConfig& c) {
   return 0;
 }
 
+// Run fn(team) on `threads` host threads sharing a barrier, like the CTA's threads on the GPU.
+template <typename Fn>
+void run_team(int threads, Fn fn) {
+  if (threads <= 1) {
+    fn(Team{0, 1, nullptr});
+    return;
+  }
+  HostBarrier barrier{threads, 0, 0};
+  std::vector<std::thread> pool;
+  for (int r = 1; r < threads; ++r) pool.emplace_back([&, r] { fn(Team{r, threads, &barrier}); });
+  fn(Team{0, threads, &barrier});
+  for (auto& t : pool) t.join();
+}
+
 }  // namespace
 
 extern "C" {
@@ -59,13 +76,21 @@ void blink_sched_init(void* state, const SchedConfig* c, uint64_t ingress_head, 
   sched_init(static_cast<SchedState*>(state), *c, ingress_head, arena_head, egress_tail);
 }
 
-// One step up to the forward: returns its rows (0 = idle); bucket and parity via blink_sched_info.
-int blink_sched_prepare(const LoopParams* p) { return sched_prepare(Team{0, 1}, *p); }
+// One step up to the forward, run by `threads` host threads: returns its rows (0 = idle); bucket and
+// parity via blink_sched_info.
+int blink_sched_prepare(const LoopParams* p, int threads) {
+  int rows = 0;
+  run_team(threads, [&](const Team& t) {
+    int r = sched_prepare(t, *p);
+    if (t.leader()) rows = r;
+  });
+  return rows;
+}
 
 // The forward ran (the caller wrote sampled ids into buffers[launched & 1]): finish the step.
-void blink_sched_complete(const LoopParams* p) {
+void blink_sched_complete(const LoopParams* p, int threads) {
   p->state->launched++;
-  sched_complete(Team{0, 1}, *p);
+  run_team(threads, [&](const Team& t) { sched_complete(t, *p); });
 }
 
 // The step could not run (as after a failed launch): its requests end with ERROR.

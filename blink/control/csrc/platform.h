@@ -7,20 +7,43 @@
 #include "layout.h"
 
 #if !defined(__CUDA_ARCH__)
+#include <sched.h>
 #include <time.h>
 #endif
 
 namespace blink {
 
-// The threads that run one scheduler: rank 0 decides, all ranks share bulk copies. On the host the
-// team is one thread and sync() is nothing, so the same code runs unchanged in the CPU tests.
+#if !defined(__CUDA_ARCH__)
+// A sense-reversing barrier for host threads standing in for a CTA (CPU tests of the team code).
+struct HostBarrier {
+  int size;
+  int count;
+  int generation;
+  void wait() {
+    const int gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
+    if (__atomic_add_fetch(&count, 1, __ATOMIC_ACQ_REL) == size) {
+      __atomic_store_n(&count, 0, __ATOMIC_RELAXED);
+      __atomic_store_n(&generation, gen + 1, __ATOMIC_RELEASE);
+    } else {
+      while (__atomic_load_n(&generation, __ATOMIC_ACQUIRE) == gen) sched_yield();
+    }
+  }
+};
+#endif
+
+// The threads that run one scheduler: rank 0 decides, all ranks share bulk copies. On the GPU they are
+// the CTA; on the host one thread (barrier == nullptr) or several host threads with a HostBarrier, so
+// the very same code, races included, runs in the CPU tests.
 struct Team {
   int rank;
   int size;
+  void* barrier;
   BLINK_HD bool leader() const { return rank == 0; }
   BLINK_HD void sync() const {
 #if defined(__CUDA_ARCH__)
     __syncthreads();
+#else
+    if (barrier) static_cast<HostBarrier*>(barrier)->wait();
 #endif
   }
 };
@@ -37,10 +60,10 @@ BLINK_HD inline uint64_t load_acquire(const uint64_t* p) {
 #endif
 }
 
-// Publish an index after its payload: the payload (in host memory across PCIe) must land first.
+// Publish an index after its payload: the payload (in host memory across PCIe) must land first. A
+// release store at system scope orders every earlier write of this thread before it.
 BLINK_HD inline void store_release(uint64_t* p, uint64_t v) {
 #if defined(__CUDA_ARCH__)
-  __threadfence_system();
   asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 #else
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
@@ -49,7 +72,6 @@ BLINK_HD inline void store_release(uint64_t* p, uint64_t v) {
 
 BLINK_HD inline void store_release(uint32_t* p, uint32_t v) {
 #if defined(__CUDA_ARCH__)
-  __threadfence_system();
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 #else
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
@@ -70,7 +92,7 @@ BLINK_HD inline void atomic_add(int32_t* p, int32_t v) {
 #if defined(__CUDA_ARCH__)
   atomicAdd(p, v);
 #else
-  *p += v;
+  __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 #endif
 }
 

@@ -12,11 +12,14 @@ BLINK_HD inline void egress_flush(SchedState* s, const RingPtrs& rp) {
 }
 
 // Wait for a free egress slot. Returns false only when the host asks the loop to stop meanwhile.
+// The reader's head is re-read (over PCIe) only when the cached one says the ring is full.
 BLINK_HD inline bool egress_wait_room(SchedState* s, const RingPtrs& rp) {
-  if (s->egress_tail - load_acquire(&rp.egress_header->head) < rp.egress_capacity) return true;
+  if (s->egress_tail - s->egress_head_seen < rp.egress_capacity) return true;
+  s->egress_head_seen = load_acquire(&rp.egress_header->head);
+  if (s->egress_tail - s->egress_head_seen < rp.egress_capacity) return true;
   egress_flush(s, rp);  // the consumer can only make room by reading what we already wrote
   uint32_t backoff = 128;
-  while (s->egress_tail - load_acquire(&rp.egress_header->head) >= rp.egress_capacity) {
+  while (s->egress_tail - (s->egress_head_seen = load_acquire(&rp.egress_header->head)) >= rp.egress_capacity) {
     if (load_volatile(&rp.control->stop_flag)) return false;
     pause_ns(backoff);
     if (backoff < 64000) backoff *= 2;

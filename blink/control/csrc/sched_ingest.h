@@ -76,14 +76,22 @@ BLINK_HD inline void ingest_copy(const Team& t, SchedState* s, const SchedConfig
     int32_t* dst = entry_tokens(s, c, e);
     int32_t* bias_ids = s->bias_ids + (int64_t)e * kMaxLogitBias;
     int32_t* bias_bits = reinterpret_cast<int32_t*>(s->bias_vals + (int64_t)e * kMaxLogitBias);
-    const int prompt = (int)d.prompt_len, nb = (int)d.num_logit_bias;
-    for (int k = t.rank; k < (int)d.arena_len; k += t.size) {
-      int32_t v = load_volatile(rp.arena + (d.arena_offset + k) % rp.arena_capacity);
-      bool is_token = k < prompt + nb;
-      if (is_token && (v < 0 || v >= c.vocab_size)) s->staged_bad[i] = 1;
-      if (k < prompt) dst[k] = v;
-      else if (k < prompt + nb) bias_ids[k - prompt] = v;
-      else bias_bits[k - prompt - nb] = v;
+    const int prompt = (int)d.prompt_len, nb = (int)d.num_logit_bias, len = (int)d.arena_len;
+    // Four independent loads in flight per thread: each is a PCIe round trip from the GPU.
+    for (int k0 = t.rank; k0 < len; k0 += 4 * t.size) {
+      int32_t v[4];
+      for (int u = 0; u < 4; ++u) {
+        const int k = k0 + u * t.size;
+        v[u] = k < len ? load_volatile(rp.arena + (d.arena_offset + k) % rp.arena_capacity) : 0;
+      }
+      for (int u = 0; u < 4; ++u) {
+        const int k = k0 + u * t.size;
+        if (k >= len) break;
+        if (k < prompt + nb && (v[u] < 0 || v[u] >= c.vocab_size)) s->staged_bad[i] = 1;
+        if (k < prompt) dst[k] = v[u];
+        else if (k < prompt + nb) bias_ids[k - prompt] = v[u];
+        else bias_bits[k - prompt - nb] = v[u];
+      }
     }
   }
 }
@@ -91,7 +99,9 @@ BLINK_HD inline void ingest_copy(const Team& t, SchedState* s, const SchedConfig
 // Team: one ingest round. Returns (to every rank) whether anything was consumed.
 BLINK_HD inline bool ingest(const Team& t, SchedState* s, const SchedConfig& c, const RingPtrs& rp) {
   if (t.leader()) {
-    uint64_t avail = load_acquire(&rp.ingress_header->tail) - s->ingress_head;
+    const uint64_t tail = s->ingress_tail_valid ? s->ingress_tail_seen : load_acquire(&rp.ingress_header->tail);
+    s->ingress_tail_valid = 0;
+    const uint64_t avail = tail - s->ingress_head;
     s->num_staged = avail < (uint64_t)kIngestBatch ? (int)avail : kIngestBatch;
   }
   t.sync();

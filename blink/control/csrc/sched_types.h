@@ -3,6 +3,7 @@
 // tests/control/test_structs.py checks every size and offset.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "platform.h"
@@ -41,6 +42,8 @@ struct SchedConfig {
   int32_t bucket_tokens[kMaxBuckets];
   int32_t bucket_seqs[kMaxBuckets];
   int32_t eos_ids[kMaxEos];
+  int32_t relaunch_each_step;  // 1: pattern (a), F&F the forward then tail-relaunch (frees the SM meanwhile)
+  int32_t _pad;
   int64_t step_timeout_ns;  // a forward that never signals is an error, not a hang
 };
 
@@ -119,9 +122,13 @@ struct SchedState {
   uint64_t launched;  // forward launches so far (parity = launched & 1)
   uint64_t steps, tokens, preemptions, heartbeat;
   uint64_t ingress_head, arena_head, egress_tail;  // our own ring counters (we are their only writer)
+  // Cached copies of the other side's counters: each fresh read is a PCIe round trip (~1-2 us).
+  uint64_t egress_head_seen;    // the reader has consumed at least this far
+  uint64_t ingress_tail_seen;   // read while the last forward ran; valid when ingress_tail_valid
+  int32_t ingress_tail_valid, _pad1;
   int32_t free_block_top, free_slot_top, free_entry_top;
   int32_t waiting_head, waiting_count, running_count;
-  int32_t stopping, launches_this_kernel, idle_ns, num_staged, num_consumed, _pad0;
+  int32_t stopping, launches_this_kernel, idle_ns, num_staged, num_consumed, pending_complete;
   int32_t plan_rows, plan_tokens, plan_bucket, num_jobs;
   // arrays, carved from the same buffer
   RequestEntry* entries;  // [max_requests]
@@ -144,6 +151,8 @@ struct SchedState {
   int32_t* staged_entry;      // [kIngestBatch] entry taken for each, or -1
   int32_t* staged_bad;        // [kIngestBatch] a prompt token was out of range
 };
+
+static_assert(offsetof(SchedState, launched) == 8, "runtime.py reads `launched` at byte 8");
 
 BLINK_HD inline int64_t token_stride(const SchedConfig& c) { return (int64_t)c.max_model_len + 1; }
 

@@ -35,8 +35,9 @@ __global__ void init_kernel(SchedState* s, SchedConfig c, uint64_t ingress_head,
   if (threadIdx.x == 0 && blockIdx.x == 0) sched_init(s, c, ingress_head, arena_head, egress_tail);
 }
 
-// Leader: launch the planned step's forward graph and wait for it. On failure the step's requests
-// end with ERROR (fail_step) and the loop goes on, except after a timeout (the graph may still run).
+// Leader: launch the planned step's forward graph and wait for it (or, relaunching each step, leave it
+// to the next instance: a tail launch starts only once the forward is done). On failure the step's
+// requests end with ERROR (fail_step) and the loop goes on, except after a timeout.
 __device__ void launch_and_wait(const LoopParams& p) {
   SchedState* s = p.state;
   const int parity = (int)(s->launched & 1);
@@ -52,20 +53,38 @@ __device__ void launch_and_wait(const LoopParams& p) {
   }
   s->launched++;
   s->launches_this_kernel++;
+  trace[0] = t0;
+  trace[2] = ((uint64_t)s->plan_tokens << 32) | (uint32_t)s->plan_rows;
+  if (p.cfg.relaunch_each_step) {
+    s->pending_complete = 1;
+    return;
+  }
+  // Poll the ingress tail now, while the forward runs: the next step's ingest then skips that PCIe
+  // round trip (a request arriving after this read waits one more step).
+  s->ingress_tail_seen = load_acquire(&p.rings.ingress_header->tail);
+  s->ingress_tail_valid = 1;
   while ((int32_t)(load_acquire_gpu(&s->done_count) - target) < 0) {
     if ((int64_t)(now_ns() - t0) > p.cfg.step_timeout_ns) {
       fail_step(s, p.cfg, p.rings, kErrStepTimeout);
       return;
     }
   }
-  trace[0] = t0;
   trace[1] = now_ns();
-  trace[2] = ((uint64_t)s->plan_tokens << 32) | (uint32_t)s->plan_rows;
+}
+
+// Relaunch-each-step mode: this instance was tail-launched after the previous one's forward finished.
+__device__ void complete_pending(const Team& t, const LoopParams& p) {
+  SchedState* s = p.state;
+  if (!load_volatile(&s->pending_complete)) return;
+  if (t.leader()) p.trace[((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords + 1] = now_ns();
+  sched_complete(t, p);
+  if (t.leader()) s->pending_complete = 0;
+  t.sync();
 }
 
 __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* params) {
   const LoopParams& p = *params;
-  const Team t{(int)threadIdx.x, (int)blockDim.x};
+  const Team t{(int)threadIdx.x, (int)blockDim.x, nullptr};
   SchedState* s = p.state;
   ControlBlock* ctl = p.rings.control;
   if (t.leader()) {
@@ -74,6 +93,8 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
     store_volatile(&ctl->engine_mode, kEngineModeDevice);
     store_volatile(&ctl->ready, 1u);
   }
+  t.sync();
+  complete_pending(t, p);
   while (true) {
     if (t.leader()) s->stopping = load_volatile(&ctl->stop_flag) != 0 || s->error_code == kErrStepTimeout;
     t.sync();
@@ -92,8 +113,9 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
       launch_and_wait(p);
     }
     t.sync();
-    if (load_volatile(&s->plan_rows) > 0) sched_complete(t, p);  // fail_step leaves no rows
-    if (load_volatile(&s->launches_this_kernel) >= p.cfg.launches_per_kernel) {
+    const bool relaunch = load_volatile(&s->pending_complete) != 0;
+    if (!relaunch && load_volatile(&s->plan_rows) > 0) sched_complete(t, p);  // fail_step leaves no rows
+    if (relaunch || load_volatile(&s->launches_this_kernel) >= p.cfg.launches_per_kernel) {
       if (t.leader()) {
         const cudaError_t err = cudaGraphLaunch(cudaGetCurrentGraphExec(), cudaStreamGraphTailLaunch);
         if (err != cudaSuccess) {
@@ -158,6 +180,21 @@ int blink_instantiate_device(void* raw_graph, void* stream, void** exec) {
 // For the error-path self-test: an exec without the device-launch flag (a device launch must fail).
 int blink_instantiate_host_only(void* raw_graph, void** exec) {
   return (int)cudaGraphInstantiate((cudaGraphExec_t*)exec, (cudaGraph_t)raw_graph, 0);
+}
+
+// Node counts by cudaGraphNodeType (first 16 types), to explain a refused device-launch instantiation.
+int blink_describe_graph(void* raw_graph, int* counts) {
+  size_t n = 0;
+  cudaError_t e = cudaGraphGetNodes((cudaGraph_t)raw_graph, nullptr, &n);
+  if (e != cudaSuccess) return (int)e;
+  cudaGraphNode_t* nodes = new cudaGraphNode_t[n];
+  e = cudaGraphGetNodes((cudaGraph_t)raw_graph, nodes, &n);
+  for (size_t i = 0; e == cudaSuccess && i < n; ++i) {
+    cudaGraphNodeType type;
+    if (cudaGraphNodeGetType(nodes[i], &type) == cudaSuccess && (int)type < 16) counts[(int)type]++;
+  }
+  delete[] nodes;
+  return (int)e;
 }
 
 int blink_exec_destroy(void* exec) { return (int)cudaGraphExecDestroy((cudaGraphExec_t)exec); }

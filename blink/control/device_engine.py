@@ -1,0 +1,134 @@
+"""Device mode behind the Engine interface: the GPU runs the loop, this object only talks to the rings.
+
+In process (`blink generate --engine device`, the offline LLM, tests): `DeviceEngine` creates its own
+segment, submits through IngressProducer and drains EgressConsumer in `step()`. As the engine process of
+`blink serve --engine device`: `serve_device(segment_name, args)` attaches the front end's segment,
+provisions, lets the GPU serve the rings, and sleeps until stop_flag.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Callable
+
+from blink.config import EngineArgs
+from blink.control.runtime import DeviceLoop
+from blink.engine.interface import Engine, EngineStats, TokenEvent
+from blink.engine.loaded_model import LoadedModel
+from blink.request import SamplingParams
+from blink.transport.layout import SegmentLayout
+from blink.transport.rings import EgressConsumer, IngressProducer
+from blink.transport.shm import Segment
+
+POLL_WAIT_S = 0.05  # step() waits this long for the GPU's next record before returning empty
+STOP_POLL_S = 0.05
+SUBMIT_WAIT_S = 0.01
+_segment_ids = itertools.count()
+
+
+def default_layout(loaded: LoadedModel) -> SegmentLayout:
+    return SegmentLayout(ingress_capacity=1024, arena_capacity=max(1 << 20, 4 * loaded.max_model_len),
+                         egress_capacity=1 << 14)
+
+
+class DeviceEngine(Engine):
+    def __init__(self, args: EngineArgs, loaded: LoadedModel | None = None, **loop_kwargs):
+        self.args = args
+        self.m = loaded or LoadedModel.load(args)
+        name = f"blink-device-{os.getpid()}-{next(_segment_ids)}"
+        self.segment = Segment.create(name, default_layout(self.m))
+        self.producer = IngressProducer(self.segment)
+        self.consumer = EgressConsumer(self.segment)
+        self.live: set[int] = set()
+        self._pending: list[TokenEvent] = []  # drained while add_request waited for ingress room
+        try:
+            self.loop = DeviceLoop(self.m, args, self.segment, **loop_kwargs)
+            self.loop.start()
+            self.loop.wait_ready()
+        except BaseException:
+            self._release_segment()
+            raise
+
+    # -- Engine interface ---------------------------------------------------------------------------------
+    def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
+        if req_id in self.live:
+            raise ValueError(f"request id {req_id} is already in use")
+        self.m.validate_prompt(prompt_ids, params)
+        # While the ingress ring is full, keep draining egress: a GPU blocked on a full egress ring
+        # stops reading ingress, and waiting on it alone would deadlock.
+        while not self.producer.submit(req_id, list(prompt_ids), params, timeout=SUBMIT_WAIT_S):
+            self._check_alive()
+            self._pending += self.consumer.poll()
+        self.live.add(req_id)
+
+    def abort_request(self, req_id: int) -> None:
+        if req_id in self.live:  # the GPU answers with the ABORT record
+            while not self.producer.abort(req_id, timeout=SUBMIT_WAIT_S):
+                self._check_alive()
+                self._pending += self.consumer.poll()
+
+    def step(self) -> list[TokenEvent]:
+        events, self._pending = self._pending, []
+        events += self.consumer.wait(0 if events or not self.live else POLL_WAIT_S)
+        for ev in events:
+            if ev.finished:
+                self.live.discard(ev.req_id)
+        if not events and self.live:
+            self._check_alive()
+        return events
+
+    def has_unfinished(self) -> bool:
+        return bool(self.live or self._pending)
+
+    def stats(self) -> EngineStats:
+        c = self.segment.control
+        return EngineStats(c.running, c.waiting, c.free_kv_blocks, c.total_kv_blocks, c.steps, c.tokens,
+                           c.preemptions)
+
+    def shutdown(self) -> None:
+        if getattr(self, "loop", None) is not None:
+            try:
+                self.loop.stop()
+            finally:
+                self.loop.close()
+                self.loop = None
+        self._release_segment()
+
+    # -- helpers -------------------------------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if not self.loop.alive():
+            raise RuntimeError(f"the device loop has stopped: {self.loop.error()}")
+
+    def _release_segment(self) -> None:
+        if self.segment is not None:
+            self.producer = self.consumer = None
+            self.segment.close()
+            self.segment.unlink()
+            self.segment = None
+
+
+def serve_device(segment: Segment | str, args: EngineArgs, loaded: LoadedModel | None = None,
+                 should_stop: Callable[[], bool] = lambda: False) -> None:
+    """The engine process in serve mode: provision, hand the rings to the GPU, sleep until stop_flag (or
+    should_stop()), then stop the loop and free. `segment` is the front end's (attached or by name)."""
+    own = isinstance(segment, str)
+    seg = Segment.attach(segment) if own else segment
+    loop = None
+    try:
+        loaded = loaded or LoadedModel.load(args)
+        loop = DeviceLoop(loaded, args, seg)
+        loop.start()
+        loop.wait_ready()
+        ctl = seg.control
+        while not ctl.stop_flag and not should_stop():
+            if ctl.exited:
+                raise RuntimeError(f"the device loop stopped on its own: {loop.error()}")
+            time.sleep(STOP_POLL_S)
+        loop.stop()
+    finally:
+        if loop is not None:
+            loop.close()
+        seg.control.exited = 1
+        if own:
+            seg.close()

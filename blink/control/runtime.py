@@ -1,0 +1,241 @@
+"""Device mode's host side: provision everything once, launch the GPU loop, then stay out of its way.
+
+`DeviceLoop(loaded, args, segment)` allocates the scheduler state, two StepBuffers sets, captures each
+bucket's forward graph once per buffer set (with the step_done kernel as its last node), instantiates
+them for device launch, registers the shared-memory segment for the GPU and builds the scheduler's own
+graph. `start()` launches it once on a non-blocking stream; from then on nothing here touches the device
+(no synchronize, no .item(), no allocation: cudaFree and the caching allocator's OOM retry synchronize
+and would hang behind the resident kernel). `stop()` raises stop_flag and joins; `close()` frees.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import gc
+import time
+
+import numpy as np
+import torch
+
+from blink.control import structs
+from blink.control.build import load_device_library
+from blink.engine.runner import ModelRunner
+from blink.transport.shm import HEAD_INDEX, TAIL_INDEX
+
+DEFAULT_TRACE_CAPACITY = 1 << 16
+STEP_TIMEOUT_S = 120.0
+TOKEN_STORE_BUDGET = 256 << 20  # bytes for prompt + output tokens of every queued request
+CUDA_ERROR_NOT_READY = 600  # cudaStreamQuery: work still running
+NODE_TYPES = ("kernel", "memcpy", "memset", "host", "child graph", "empty", "wait event", "record event",
+              "ext semaphore signal", "ext semaphore wait", "mem alloc", "mem free", "batch mem op",
+              "conditional", "type14", "type15")
+
+
+def cuda_check(lib, code: int, what: str) -> None:
+    if code != 0:
+        raise RuntimeError(f"{what} failed: {lib.blink_cuda_error_string(code).decode()} ({code})")
+
+
+def max_requests_for(max_num_seqs: int, max_model_len: int) -> int:
+    """Request table size: room for a deep FCFS queue, within the token store's memory budget."""
+    fit = TOKEN_STORE_BUDGET // (4 * (max_model_len + 1))
+    return int(max(max_num_seqs, min(4096, max(4 * max_num_seqs, 256), fit)))
+
+
+class DeviceLoop:
+    def __init__(self, loaded, args, segment, *, trace_capacity: int = DEFAULT_TRACE_CAPACITY,
+                 max_requests: int | None = None, bad_bucket: int | None = None, relaunch_each_step: bool = False):
+        """bad_bucket (self-test only): instantiate that bucket index (negative counts from the end)
+        without the device-launch flag, so its device launches fail and exercise the error path.
+        relaunch_each_step: instead of staying resident and spinning on the completion counter, the
+        scheduler fire-and-forgets the forward and tail-relaunches itself (probe pattern (a)): slower per
+        step on trivial graphs, but it leaves the SM free while the forward runs. For comparison."""
+        m = self.loaded = loaded
+        self.segment = segment
+        self.lib = lib = load_device_library()
+        self.device = torch.device(m.device)
+        self.runner = ModelRunner(m.model, m.kv_cache, m.sampling_state, max_num_seqs=args.max_num_seqs,
+                                  max_num_batched_tokens=m.max_num_batched_tokens, max_model_len=m.max_model_len,
+                                  device=m.device, use_graphs=False)
+        buckets = self.runner.buckets
+        if len(buckets) > structs.MAX_BUCKETS or len(m.eos_token_ids) > structs.MAX_EOS:
+            raise ValueError(f"device mode supports {structs.MAX_BUCKETS} buckets and {structs.MAX_EOS} EOS ids")
+        if buckets[-1][0] < m.max_num_batched_tokens or max(s for _, s in buckets) < args.max_num_seqs:
+            raise ValueError(f"the largest bucket {buckets[-1]} cannot hold a full step")
+        self.stream, self.loop_exec, self.execs, self.graphs = C.c_void_p(), C.c_void_p(), [], {}
+        self.registered = self.running = False
+        self.fault: str | None = None  # a CUDA error seen on the loop's stream
+        cuda_check(lib, lib.blink_stream_create(C.byref(self.stream)), "cudaStreamCreate")
+        try:
+            self._provision(args, trace_capacity, max_requests, bad_bucket, relaunch_each_step)
+        except BaseException:
+            self.close()
+            raise
+
+    def _provision(self, args, trace_capacity, max_requests, bad_bucket, relaunch_each_step) -> None:
+        m, lib, segment, buckets = self.loaded, self.lib, self.segment, self.runner.buckets
+
+        cfg = self.cfg = structs.SchedConfig(
+            max_num_seqs=args.max_num_seqs, max_num_batched_tokens=m.max_num_batched_tokens,
+            max_model_len=m.max_model_len, block_size=m.kv_cache.block_size, num_blocks=m.kv_cache.num_blocks,
+            max_blocks_per_seq=self.runner.max_blocks_per_seq, vocab_size=m.vocab_size,
+            max_requests=max_requests or max_requests_for(args.max_num_seqs, m.max_model_len),
+            num_buckets=len(buckets), num_eos=len(m.eos_token_ids), trace_capacity=trace_capacity,
+            launches_per_kernel=structs.LAUNCHES_PER_KERNEL, relaunch_each_step=int(relaunch_each_step),
+            step_timeout_ns=int(STEP_TIMEOUT_S * 1e9))
+        for i, (t, s) in enumerate(buckets):
+            cfg.bucket_tokens[i], cfg.bucket_seqs[i] = t, s
+        for i, e in enumerate(m.eos_token_ids):
+            cfg.eos_ids[i] = e
+
+        # Everything the loop touches, allocated now.
+        self.state = torch.zeros(lib.blink_sched_state_bytes(C.byref(cfg)), dtype=torch.uint8, device=self.device)
+        self.trace = torch.zeros(trace_capacity * structs.TRACE_WORDS, dtype=torch.int64, device=self.device)
+        words = lambda off: segment.ring_header(off)
+        lay = segment.layout
+        torch.cuda.synchronize(self.device)  # the zero fills run on torch's stream, the init on ours
+        cuda_check(lib, lib.blink_sched_init_device(
+            self.state.data_ptr(), C.byref(cfg), int(words(lay.ingress_header)[HEAD_INDEX]),
+            int(words(lay.arena_header)[HEAD_INDEX]), int(words(lay.egress_header)[TAIL_INDEX]), self.stream),
+            "scheduler state init")
+        cuda_check(lib, lib.blink_stream_synchronize(self.stream), "scheduler state init")
+        self.done_counter = lib.blink_done_counter(self.state.data_ptr())
+
+        self.buffer_sets = [self.runner.new_buffers(), self.runner.new_buffers()]
+        self._capture_all(bad_bucket)
+        self.exec_table = torch.tensor(np.array(self.execs, dtype=np.uint64).view(np.int64), device=self.device)
+
+        cuda_check(lib, lib.blink_host_register(segment.address, segment.size), "cudaHostRegister(segment)")
+        self.registered = True
+        dev = C.c_void_p()
+        cuda_check(lib, lib.blink_host_device_pointer(segment.address, C.byref(dev)), "cudaHostGetDevicePointer")
+        if dev.value != segment.address:
+            raise RuntimeError("the GPU sees the shared segment at another address (needs UVA)")
+
+        params = structs.LoopParams(cfg=cfg, state=self.state.data_ptr(),
+                                    rings=structs.ring_pointers(segment.address, lay),
+                                    graph_execs=self.exec_table.data_ptr(), trace=self.trace.data_ptr())
+        for k, buf in enumerate(self.buffer_sets):
+            for name, ptr in buf.pointers().items():
+                setattr(params.buffers[k], name, ptr)
+        for name in structs.SAMPLING_FIELDS:
+            setattr(params.sampling, name, getattr(m.sampling_state, name).data_ptr())
+        raw = np.frombuffer(bytes(params), dtype=np.uint8).copy()
+        self.params = torch.from_numpy(raw).to(self.device)
+        self.loop_exec = C.c_void_p()
+        cuda_check(lib, lib.blink_loop_create(self.params.data_ptr(), self.stream, C.byref(self.loop_exec)),
+                   "scheduler graph")
+        torch.cuda.synchronize(self.device)
+
+    def _capture_all(self, bad_bucket: int | None) -> None:
+        """Each bucket captured once per buffer set, then instantiated for device launch."""
+        lib, graphs, execs = self.lib, self.graphs, self.execs
+
+        def step_done(stream_ptr: int) -> None:
+            cuda_check(lib, lib.blink_capture_step_done(C.c_void_p(stream_ptr), C.c_void_p(self.done_counter)),
+                       "capturing step_done")
+
+        for b in reversed(range(len(self.runner.buckets))):  # largest first: the rest reuse its pool
+            for parity in (0, 1):
+                graphs[b, parity] = self.runner.capture(self.runner.buckets[b], self.buffer_sets[parity], step_done)
+        if bad_bucket is not None:
+            bad_bucket %= len(self.runner.buckets)
+        for b in range(len(self.runner.buckets)):
+            for parity in (0, 1):
+                exec_ = C.c_void_p()
+                raw = C.c_void_p(graphs[b, parity].raw_cuda_graph())
+                if b == bad_bucket:
+                    cuda_check(lib, lib.blink_instantiate_host_only(raw, C.byref(exec_)), "instantiate")
+                else:
+                    code = lib.blink_instantiate_device(raw, self.stream, C.byref(exec_))
+                    if code != 0:
+                        counts = (C.c_int * 16)()
+                        lib.blink_describe_graph(raw, counts)
+                        kinds = {NODE_TYPES[i]: n for i, n in enumerate(counts) if n}
+                        cuda_check(lib, code, f"device-launch instantiation of bucket {self.runner.buckets[b]} "
+                                              f"(graph nodes: {kinds})")
+                execs.append(exec_.value)
+
+    # -- life cycle -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        # Collect garbage now: a CUDA graph or pool freed later, while the loop runs, would cudaFree, which
+        # synchronizes the device and waits forever behind the resident kernel.
+        gc.collect()
+        torch.cuda.synchronize(self.device)  # every set-up copy done before the loop owns the device
+        ctl = self.segment.control
+        ctl.stop_flag = 0
+        ctl.exited = 0
+        cuda_check(self.lib, self.lib.blink_loop_launch(self.loop_exec, self.stream), "launching the scheduler")
+        self.running = True
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        ctl, deadline = self.segment.control, time.monotonic() + timeout
+        while not (ctl.ready and ctl.heartbeat):
+            if ctl.exited:
+                raise RuntimeError(f"the device loop exited at start: {self.error()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the device loop did not start within {timeout:.0f} s")
+            time.sleep(0.001)
+
+    def alive(self) -> bool:
+        """Still serving: the loop's stream is busy (cudaStreamQuery never blocks) and it did not exit.
+        A kernel fault shows up here as the stream's error, which error() then reports."""
+        if not self.running:
+            return False
+        code = self.lib.blink_stream_query(self.stream)
+        if code not in (0, CUDA_ERROR_NOT_READY):
+            self.fault = f"{self.lib.blink_cuda_error_string(code).decode()} ({code})"
+        return code == CUDA_ERROR_NOT_READY and not self.segment.control.exited
+
+    def error(self) -> str:
+        text = structs.describe_error(int(self.segment.control.error_code))
+        return f"{text}; the loop's stream failed: {self.fault}" if self.fault else text
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Raise stop_flag; the loop finishes its step and exits; then join the stream."""
+        if not self.running:
+            return
+        ctl = self.segment.control
+        ctl.stop_flag = 1
+        deadline = time.monotonic() + timeout
+        while not ctl.exited and self.lib.blink_stream_query(self.stream) == CUDA_ERROR_NOT_READY:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the device loop did not exit within {timeout:.0f} s "
+                                   f"(heartbeat {ctl.heartbeat}, {self.error()})")
+            time.sleep(0.001)
+        code = self.lib.blink_stream_synchronize(self.stream)
+        self.running = False
+        cuda_check(self.lib, code, f"the device loop ({self.error()})")
+
+    def read_trace(self) -> np.ndarray:
+        """[launches, 3]: launch ns, completion-seen ns, tokens << 32 | rows (oldest first). After stop()."""
+        assert not self.running, "reading the trace synchronizes: stop the loop first"
+        launched = self.launched()
+        cap = self.cfg.trace_capacity
+        t = self.trace.view(cap, structs.TRACE_WORDS).cpu().numpy()
+        n = min(launched, cap)
+        order = (np.arange(launched - n, launched) % cap) if launched > cap else np.arange(n)
+        return t[order]
+
+    def launched(self) -> int:
+        """Forward graphs launched so far (SchedState.launched; reading it synchronizes: after stop())."""
+        assert not self.running, "reading the state synchronizes: stop the loop first"
+        return int(self.state[8:16].cpu().view(torch.int64).item())
+
+    def close(self) -> None:
+        if self.running:
+            try:
+                self.stop(timeout=10)
+            except RuntimeError:
+                return  # the loop is wedged: freeing what it uses would fault; the process has to exit
+        lib = self.lib
+        for exec_ in [*self.execs, self.loop_exec.value]:
+            if exec_:
+                lib.blink_exec_destroy(exec_)
+        self.execs, self.loop_exec = [], C.c_void_p()
+        if self.registered:
+            lib.blink_host_unregister(self.segment.address)
+            self.registered = False
+        if self.stream:
+            lib.blink_stream_destroy(self.stream)
+            self.stream = C.c_void_p()
+        self.graphs.clear()

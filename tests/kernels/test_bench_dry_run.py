@@ -1,0 +1,28 @@
+"""bench_step_kernels end to end on the CPU (interpreter, tiny model, fp16, timing stubbed out), so the one GPU
+run the benchmark gets does not die on a typo; also checks that its correctness columns are computed."""
+import sys
+
+import torch
+
+from blink.kernels import bench_step_kernels as bench
+from blink.kernels.attention import AttentionTuning
+from blink.kernels.gemm_small_m import GemmConfig
+
+
+def test_bench_runs_on_a_tiny_model(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "DTYPE", torch.float16)  # the interpreter's bf16 tl.dot is wrong
+    monkeypatch.setattr(bench, "graph_time_us", lambda calls, replays=30: [call() for call in calls] and 1.0)
+    monkeypatch.setattr(bench, "copies_for", lambda nbytes: 1)
+    monkeypatch.setattr(bench, "ATTENTION_VARIANTS", {"default": AttentionTuning(),
+                                                      bench.PREVIOUS_ATTENTION: AttentionTuning(num_stages=2)})
+    monkeypatch.setattr(bench, "BENCH_GEMM_CONFIGS", (GemmConfig(32, 64),))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
+    monkeypatch.setattr(sys, "argv", ["bench", "--model", "tiny-qwen3", "--context", "40",
+                                      "--max-model-len", "64", "--batches", "2"])
+    bench.main()
+    out = capsys.readouterr().out
+    assert "SUMMARY" in out and "ALL GEMMs b2" in out
+    words = out.split()
+    errors = [float(word) for prev, word in zip(words, words[1:], strict=False) if prev == "err"]
+    assert len(errors) >= 10 and max(errors) < 5e-3
