@@ -23,6 +23,7 @@ import torch
 from blink.config import EngineArgs
 from blink.control import selftest_runs as runs
 from blink.control.device_engine import DeviceEngine
+from blink.control.selftest_trace import context_healthy, phase_text, shutdown_quietly, trace_stats
 from blink.engine.host_engine import HostEngine
 from blink.engine.loaded_model import LoadedModel
 from blink.request import FinishReason, SamplingParams
@@ -67,18 +68,6 @@ def pct(values, q) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else float("nan")
 
 
-def trace_stats(trace: np.ndarray, rows: int | None = None) -> dict[str, float]:
-    """Control gap (next launch - completion seen), step period (launch to launch) and in-graph time
-    (launch to completion seen) over consecutive launches, optionally only decode steps of `rows` rows."""
-    launch, done, meta = trace[:, 0], trace[:, 1], trace[:, 2].astype(np.uint64)
-    n_rows, n_tok = (meta & 0xFFFFFFFF).astype(np.int64), (meta >> 32).astype(np.int64)
-    keep = np.ones(len(trace) - 1, bool) if rows is None else (
-        (n_rows[:-1] == rows) & (n_tok[:-1] == rows) & (n_rows[1:] == rows) & (n_tok[1:] == rows))
-    gap, period, run = (launch[1:] - done[:-1])[keep], (launch[1:] - launch[:-1])[keep], (done - launch)[:-1][keep]
-    return {"n": int(keep.sum()), "gap50": pct(gap, 50) / 1e3, "gap99": pct(gap, 99) / 1e3,
-            "period50": pct(period, 50) / 1e3, "run50": pct(run, 50) / 1e3}
-
-
 def check_clean(rep: Report, name: str, engine) -> None:
     s = engine.stats()
     rep.check(name, s.running == 0 and s.waiting == 0 and s.free_kv_blocks == s.total_kv_blocks, str(s))
@@ -102,6 +91,13 @@ def phase_parity(rep: Report, loaded: LoadedModel, args: EngineArgs) -> None:
     t = time.perf_counter()
     dev = DeviceEngine(args, loaded)
     rep.time("device engine start-up (capture x2, instantiate, launch)", f"{time.perf_counter() - t:.1f} s")
+    try:
+        parity_checks(rep, dev, loaded, greedy, seeded, stress, ref, ref_seeded, ref_stress, rng)
+    finally:
+        shutdown_quietly(dev)
+
+
+def parity_checks(rep, dev, loaded, greedy, seeded, stress, ref, ref_seeded, ref_stress, rng) -> None:
     with runs.Watchdog(300, lambda: counters(dev)):
         aborts = {rid: rng.choice([0, 1, 3, 10]) for rid in rng.sample([r for r, _, _ in greedy], 25)}
         got = runs.run_staggered(dev, greedy, aborts, seed=4)
@@ -132,7 +128,7 @@ def phase_parity(rep: Report, loaded: LoadedModel, args: EngineArgs) -> None:
         rep.check("stop_flag: the loop finished and exited", bool(dev.segment.control.exited))
         st = trace_stats(dev.loop.read_trace())
         rep.time("mixed workload: control gap p50 / p99 (us)", f"{st['gap50']:.2f} / {st['gap99']:.2f} (n={st['n']})")
-    dev.shutdown()
+        rep.time("mixed workload: gap phases p50 (us)", phase_text(st))
 
 
 def phase_invalid_descriptors(rep: Report, dev: DeviceEngine, loaded: LoadedModel) -> None:
@@ -159,6 +155,13 @@ def phase_launch_error(rep: Report, loaded: LoadedModel, args: EngineArgs) -> No
     """The largest bucket instantiated without the device-launch flag: its launches must fail (a long
     prompt's first chunk needs it), while steps in the other buckets go on."""
     dev = DeviceEngine(args, loaded, bad_bucket=-1)
+    try:
+        launch_error_checks(rep, dev, args)
+    finally:
+        shutdown_quietly(dev)
+
+
+def launch_error_checks(rep: Report, dev: DeviceEngine, args: EngineArgs) -> None:
     with runs.Watchdog(90, lambda: counters(dev)):
         long_prompt = [5 + i % 100 for i in range(args.max_num_batched_tokens)]
         solo = runs.run_all_at_once(dev, [(1, long_prompt, SamplingParams(temperature=0, max_tokens=4))])[1]
@@ -170,7 +173,8 @@ def phase_launch_error(rep: Report, loaded: LoadedModel, args: EngineArgs) -> No
                                           (3, [7, 8], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))])
         rep.check("engine stays up after a launch error", all(len(r.tokens) == 4 for r in pair.values()),
                   str({k: (v.reason.name, len(v.tokens)) for k, v in pair.items()}))
-    dev.shutdown()
+        dev.loop.stop()
+        rep.check("loop exits cleanly after a launch error", bool(dev.segment.control.exited), dev.loop.error())
 
 
 def decode_workload(batch: int, steps: int, vocab: int, first_id: int) -> list[runs.Request]:
@@ -207,20 +211,24 @@ def phase_timing(rep: Report, loaded: LoadedModel, args: EngineArgs, label: str,
     traces, dev_cpu = {}, {}
     for relaunch in (False, True):
         dev = DeviceEngine(args, loaded, relaunch_each_step=relaunch)
-        with runs.Watchdog(240, lambda d=dev: counters(d)):
-            for b in batches:
-                cpu0 = runs.cpu_seconds()
-                runs.run_all_at_once(dev, decode_workload(b, steps, vocab, 1000 * b))
-                dev_cpu[relaunch, b] = (runs.cpu_seconds() - cpu0) / (b * steps) * 1000
-            dev.loop.stop()
-            traces[relaunch] = dev.loop.read_trace()
-        dev.shutdown()
+        try:
+            with runs.Watchdog(240, lambda d=dev: counters(d)):
+                for b in batches:
+                    cpu0 = runs.cpu_seconds()
+                    runs.run_all_at_once(dev, decode_workload(b, steps, vocab, 1000 * b))
+                    dev_cpu[relaunch, b] = (runs.cpu_seconds() - cpu0) / (b * steps) * 1000
+                dev.loop.stop()
+                traces[relaunch] = dev.loop.read_trace()
+        finally:
+            shutdown_quietly(dev)
     for b in batches:
         res, rel = trace_stats(traces[False], rows=b), trace_stats(traces[True], rows=b)
         rep.time(f"{label}: decode ms/step, batch {b}: resident | relaunch | host",
                  f"{res['period50'] / 1e3:.3f} | {rel['period50'] / 1e3:.3f} | {host_ms[b]:.3f}  (n={res['n']})")
         rep.time(f"{label}: batch {b} control gap p50/p99 us: resident | relaunch",
                  f"{res['gap50']:.2f}/{res['gap99']:.2f} | {rel['gap50']:.2f}/{rel['gap99']:.2f}")
+        rep.time(f"{label}: batch {b} resident gap phases p50 us", phase_text(res))
+        rep.time(f"{label}: batch {b} relaunch gap phases p50 us", phase_text(rel))
         rep.time(f"{label}: batch {b} host CPU s per 1k tokens: device | host",
                  f"{dev_cpu[False, b]:.3f} | {host_cpu[b]:.3f}")
 
@@ -233,9 +241,11 @@ def phase_llama3_8b(rep: Report, layers: int | None) -> None:
     work = runs.mixed_workload(64, 7, loaded.vocab_size, 1500)
     ref = runs.run_all_at_once(HostEngine(args, loaded), work)
     dev = DeviceEngine(args, loaded)
-    with runs.Watchdog(900, lambda: counters(dev)):
-        got = runs.run_all_at_once(dev, work)
-    dev.shutdown()
+    try:
+        with runs.Watchdog(900, lambda: counters(dev)):
+            got = runs.run_all_at_once(dev, work)
+    finally:
+        shutdown_quietly(dev)
     same = sum(got[r].tokens == ref[r].tokens for r in ref)
     rep.time(f"{label}: requests identical between modes", f"{same}/{len(ref)}")
     phase_timing(rep, loaded, args, label, steps=128)
@@ -273,7 +283,7 @@ def main() -> int:
         phases.append(loaded_phase)
     if opts.llama3_8b:
         phases.append(lambda: phase_llama3_8b(rep, opts.layers))
-    if not opts.skip_checks:  # last: a failed device launch is the phase most likely to upset the context
+    if not opts.skip_checks:
         phases.append(lambda: phase_launch_error(rep, loaded, small))
     for phase in phases:
         try:
@@ -281,6 +291,10 @@ def main() -> int:
         except Exception as e:  # one phase failing must not hide what the others show
             traceback.print_exc()
             rep.check("phase raised", False, f"{type(e).__name__}: {e}")
+        broken = context_healthy()
+        if broken is not None:  # a fault poisons the context: later phases would only report noise
+            rep.check("CUDA context still usable after the phase", False, f"{broken}; later phases skipped")
+            break
     return rep.summary()
 
 

@@ -44,8 +44,9 @@ def max_requests_for(max_num_seqs: int, max_model_len: int) -> int:
 class DeviceLoop:
     def __init__(self, loaded, args, segment, *, trace_capacity: int = DEFAULT_TRACE_CAPACITY,
                  max_requests: int | None = None, bad_bucket: int | None = None, relaunch_each_step: bool = False):
-        """bad_bucket (self-test only): instantiate that bucket index (negative counts from the end)
-        without the device-launch flag, so its device launches fail and exercise the error path.
+        """bad_bucket (self-test only): launches of that bucket index (negative counts from the end) report
+        a launch error (cudaErrorLaunchFailure) instead of launching, exercising the error path. (Passing
+        the device runtime an exec it cannot launch is not an error it reports: it faults the context.)
         relaunch_each_step: instead of staying resident and spinning on the completion counter, the
         scheduler fire-and-forgets the forward and tail-relaunches itself (probe pattern (a)): slower per
         step on trivial graphs, but it leaves the SM free while the forward runs. For comparison."""
@@ -81,7 +82,8 @@ class DeviceLoop:
             max_requests=max_requests or max_requests_for(args.max_num_seqs, m.max_model_len),
             num_buckets=len(buckets), num_eos=len(m.eos_token_ids), trace_capacity=trace_capacity,
             launches_per_kernel=structs.LAUNCHES_PER_KERNEL, relaunch_each_step=int(relaunch_each_step),
-            step_timeout_ns=int(STEP_TIMEOUT_S * 1e9))
+            step_timeout_ns=int(STEP_TIMEOUT_S * 1e9),
+            fail_bucket=-1 if bad_bucket is None else bad_bucket % len(buckets))
         for i, (t, s) in enumerate(buckets):
             cfg.bucket_tokens[i], cfg.bucket_seqs[i] = t, s
         for i, e in enumerate(m.eos_token_ids):
@@ -101,7 +103,7 @@ class DeviceLoop:
         self.done_counter = lib.blink_done_counter(self.state.data_ptr())
 
         self.buffer_sets = [self.runner.new_buffers(), self.runner.new_buffers()]
-        self._capture_all(bad_bucket)
+        self._capture_all()
         self.exec_table = torch.tensor(np.array(self.execs, dtype=np.uint64).view(np.int64), device=self.device)
 
         cuda_check(lib, lib.blink_host_register(segment.address, segment.size), "cudaHostRegister(segment)")
@@ -126,7 +128,7 @@ class DeviceLoop:
                    "scheduler graph")
         torch.cuda.synchronize(self.device)
 
-    def _capture_all(self, bad_bucket: int | None) -> None:
+    def _capture_all(self) -> None:
         """Each bucket captured once per buffer set, then instantiated for device launch."""
         lib, graphs, execs = self.lib, self.graphs, self.execs
 
@@ -137,22 +139,17 @@ class DeviceLoop:
         for b in reversed(range(len(self.runner.buckets))):  # largest first: the rest reuse its pool
             for parity in (0, 1):
                 graphs[b, parity] = self.runner.capture(self.runner.buckets[b], self.buffer_sets[parity], step_done)
-        if bad_bucket is not None:
-            bad_bucket %= len(self.runner.buckets)
         for b in range(len(self.runner.buckets)):
             for parity in (0, 1):
                 exec_ = C.c_void_p()
                 raw = C.c_void_p(graphs[b, parity].raw_cuda_graph())
-                if b == bad_bucket:
-                    cuda_check(lib, lib.blink_instantiate_host_only(raw, C.byref(exec_)), "instantiate")
-                else:
-                    code = lib.blink_instantiate_device(raw, self.stream, C.byref(exec_))
-                    if code != 0:
-                        counts = (C.c_int * 16)()
-                        lib.blink_describe_graph(raw, counts)
-                        kinds = {NODE_TYPES[i]: n for i, n in enumerate(counts) if n}
-                        cuda_check(lib, code, f"device-launch instantiation of bucket {self.runner.buckets[b]} "
-                                              f"(graph nodes: {kinds})")
+                code = lib.blink_instantiate_device(raw, self.stream, C.byref(exec_))
+                if code != 0:
+                    counts = (C.c_int * 16)()
+                    lib.blink_describe_graph(raw, counts)
+                    kinds = {NODE_TYPES[i]: n for i, n in enumerate(counts) if n}
+                    cuda_check(lib, code, f"device-launch instantiation of bucket {self.runner.buckets[b]} "
+                                          f"(graph nodes: {kinds})")
                 execs.append(exec_.value)
 
     # -- life cycle -----------------------------------------------------------------------------------
@@ -207,7 +204,7 @@ class DeviceLoop:
         cuda_check(self.lib, code, f"the device loop ({self.error()})")
 
     def read_trace(self) -> np.ndarray:
-        """[launches, 3]: launch ns, completion-seen ns, tokens << 32 | rows (oldest first). After stop()."""
+        """[launches, TRACE_WORDS] (structs.TRACE_PHASES), oldest first. After stop()."""
         assert not self.running, "reading the trace synchronizes: stop the loop first"
         launched = self.launched()
         cap = self.cfg.trace_capacity

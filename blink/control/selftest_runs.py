@@ -17,6 +17,7 @@ class Result:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     tops: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
     reason: FinishReason = FinishReason.NONE
     problems: list[str] = field(default_factory=list)
 
@@ -29,6 +30,7 @@ class Result:
             self.tokens.append(ev.token_id)
             self.logprobs.append(ev.logprob)
             self.tops.append(list(ev.top_ids))
+            self.top_logprobs.append(list(ev.top_logprobs))
         self.reason = ev.finish_reason
 
 
@@ -120,7 +122,11 @@ def compare(reference: dict[int, Result], got: dict[int, Result], aborted: set[i
         elif any(abs(a - b) > logprob_tol for a, b in zip(ref.logprobs, g.logprobs, strict=True)):
             problems.append(f"request {rid}: logprobs differ by more than {logprob_tol}")
         elif ref.tops != g.tops:
-            problems.append(f"request {rid}: top-logprob ids differ")
+            at = next(i for i, (a, b) in enumerate(zip(ref.tops, g.tops, strict=True)) if a != b)
+            problems.append(f"request {rid}: top-logprob ids differ at token {at}: {ref.tops[at]} vs {g.tops[at]}")
+        elif any(abs(a - b) > logprob_tol for x, y in zip(ref.top_logprobs, g.top_logprobs, strict=True)
+                 for a, b in zip(x, y, strict=True)):
+            problems.append(f"request {rid}: top logprobs differ by more than {logprob_tol}")
     return problems
 
 

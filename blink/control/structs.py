@@ -8,7 +8,10 @@ import ctypes as C
 
 MAX_BUCKETS = 32
 MAX_EOS = 8
-TRACE_WORDS = 3  # per launch: launch time, completion seen (ns, %globaltimer), tokens << 32 | rows
+# per launch (csrc/sched_types.h kTraceWords): %globaltimer ns of the launch call, completion seen, then
+# tokens << 32 | rows, then the phase stamps: finish done, ingest done, plan done, inputs written, launch returned
+TRACE_WORDS = 8
+TRACE_PHASES = ("launch", "done", "meta", "finish", "ingest", "plan", "inputs", "launched")
 LAUNCHES_PER_KERNEL = 119  # fire-and-forget budget is 120 per execution; the 120th is the tail relaunch
 
 # error_code values written by the scheduler (ControlBlock.error_code)
@@ -53,16 +56,21 @@ class SchedConfig(C.Structure):
         ("bucket_seqs", C.c_int32 * MAX_BUCKETS),
         ("eos_ids", C.c_int32 * MAX_EOS),
         ("relaunch_each_step", C.c_int32),
-        ("_pad", C.c_int32),
+        ("fail_bucket", C.c_int32),
         ("step_timeout_ns", C.c_int64),
     ]
+
+    def __init__(self, **fields):
+        fields.setdefault("fail_bucket", -1)  # 0 would be a real bucket
+        super().__init__(**fields)
 
 
 STEP_BUFFER_FIELDS = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables",
                       "logits_indices", "sample_slots", "sample_positions", "sampled_ids", "logprobs", "top_ids",
                       "top_logprobs")
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty", "seed", "bias_ids", "bias_vals", "output_counts", "prompt_mask", "flags")
+                   "repetition_penalty", "seed", "bias_ids", "bias_vals", "output_counts", "prompt_mask", "flags",
+                   "num_logprobs")
 
 
 class StepBufferPtrs(C.Structure):

@@ -33,7 +33,8 @@ class AttentionTuning:
     block_n: int | None = None  # KV positions per tile; None: 64 for head_dim <= 128, else 32
     num_warps: int = 4
     num_stages: int = 3  # cp.async pipeline depth over the KV loop (K+V tile: 32 KB at 64 x 128 bf16)
-    programs_per_sm: int = 3  # split the KV range until about this many programs per SM are busy
+    split_below_per_sm: float = 1.0  # split the KV range only if fewer programs than this per SM have work,
+    programs_per_sm: int = 3  # and then until about this many programs per SM are busy
     max_splits: int = 16
 
 
@@ -79,7 +80,7 @@ def _paged_attention_kernel(
 
     # Which sequence owns this tile: the last s whose first tile index is <= tile.
     if BLOCK_S == 1:
-        seq = 0  # one sequence: skip a dependent load (batch-1 decode is latency-bound)
+        seq = tile * 0  # one sequence: skip a dependent load (batch-1 decode is latency-bound)
     else:
         seq_ids = tl.arange(0, BLOCK_S)
         seq_starts = tl.load(query_start_loc_ptr + seq_ids, mask=seq_ids < num_seqs, other=0)
@@ -168,10 +169,9 @@ def _choose_splits(num_tiles: int, num_tokens: int, num_kv_heads: int, max_kv_le
                    tuning: AttentionTuning) -> int:
     """Split the KV range only when the natural grid leaves SMs short of work (graph-safe: shapes only)."""
     programs = min(num_tiles, num_tokens) * num_kv_heads  # at most one working tile per token
-    target = tuning.programs_per_sm * _NUM_SMS_H200
-    if programs >= target:
-        return 1
-    wanted = triton.cdiv(target, programs)
+    if programs >= tuning.split_below_per_sm * _NUM_SMS_H200:
+        return 1  # a full wave already streams the KV at bandwidth; a merge kernel would only add time
+    wanted = triton.cdiv(tuning.programs_per_sm * _NUM_SMS_H200, programs)
     useful = triton.cdiv(max_kv_len, 2 * block_n)  # keep at least a couple of KV tiles per split
     splits = min(wanted, useful, tuning.max_splits)
     return triton.next_power_of_2(splits) if splits > 1 else 1

@@ -28,22 +28,26 @@ from blink.kernels.rope import apply_rope_triton, rope_and_write_kv_ref, rope_an
 DEVICE, DTYPE = "cuda", torch.bfloat16  # the dry run on CPU (tests) swaps in cpu, float16
 L2_BYTES = 50 * 2**20
 BLOCK_SIZE = 16
-PREVIOUS_ATTENTION = "previous (stages 2, 2/SM)"
+PREVIOUS_ATTENTION = "previous (stages 2, split < 2/SM)"
 ATTENTION_VARIANTS = {
     "default": AttentionTuning(),
-    PREVIOUS_ATTENTION: AttentionTuning(num_stages=2, programs_per_sm=2),
-    "1 prog/SM": AttentionTuning(programs_per_sm=1),
-    "6 prog/SM, 32 splits": AttentionTuning(programs_per_sm=6, max_splits=32),
+    PREVIOUS_ATTENTION: AttentionTuning(num_stages=2, split_below_per_sm=2, programs_per_sm=2),
+    "split below 2/SM": AttentionTuning(split_below_per_sm=2),
+    "split to 1/SM": AttentionTuning(programs_per_sm=1),
+    "split to 6/SM, 32 splits": AttentionTuning(programs_per_sm=6, max_splits=32),
     "n32, 32 splits": AttentionTuning(block_n=32, max_splits=32),
     "n32, 6/SM, 32 splits": AttentionTuning(block_n=32, programs_per_sm=6, max_splits=32),
     "n128, 8 warps": AttentionTuning(block_n=128, num_warps=8),
     "n64, 8 warps": AttentionTuning(num_warps=8),
     "n64, stages 4": AttentionTuning(num_stages=4),
+    "n64, 2 warps": AttentionTuning(num_warps=2),
+    "n32, stages 4, 32 splits": AttentionTuning(block_n=32, num_stages=4, max_splits=32),
 }
 BENCH_GEMM_CONFIGS = (  # (block_n, block_k, num_warps, num_stages), beside default_config's choice
     GemmConfig(16, 256, 4, 4), GemmConfig(16, 512, 4, 3), GemmConfig(16, 256, 2, 6),
     GemmConfig(32, 128, 4, 4), GemmConfig(32, 256, 4, 3), GemmConfig(64, 64, 4, 4),
     GemmConfig(64, 128, 4, 4), GemmConfig(128, 64, 4, 4), GemmConfig(128, 64, 8, 4),
+    GemmConfig(16, 256, 4, 6), GemmConfig(32, 128, 4, 6), GemmConfig(128, 128, 4, 3),
 )
 
 
@@ -194,6 +198,58 @@ def bench_gemm(name: str, k: int, n: int, m: int) -> dict[str, float]:
     return results
 
 
+def bench_step(model_name: str, batches: list[int], context: int, max_model_len: int) -> list[tuple]:
+    """A whole decode step (forward + logits) of the model in one CUDA graph: cuBLAS vs the small-M GEMM."""
+    from blink.model.weights import load_model
+
+    model, cfg = load_model(model_name, DEVICE, DTYPE, max_positions=max_model_len)
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
+    if cfg.tie_word_embeddings:
+        weight_bytes += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    rows = []
+    for batch in batches:
+        kv_bytes = 2 * batch * context * cfg.kv_size * 2 * cfg.num_hidden_layers
+        floor_us = (weight_bytes + kv_bytes) / 4.29e6  # bytes / (4.29 TB/s), in us
+        print(f"whole decode step: batch {batch}, context {context}: floor {floor_us:.0f} us "
+              f"({weight_bytes / 1e9:.1f} GB weights + {kv_bytes / 1e9:.2f} GB KV at 4.29 TB/s)", flush=True)
+        step = _decode_step(model, cfg, batch, context, max_model_len)
+        reference = None
+        for small_m in (False, True) if batch <= MAX_M else (False,):
+            for module in model.modules():
+                if hasattr(module, "small_m_gemm"):
+                    module.small_m_gemm = small_m
+            with torch.inference_mode():
+                logits = step()
+                reference = logits if reference is None else reference
+                us = graph_time_us([step], replays=20)
+            label = "small-M GEMM" if small_m else "cuBLAS"
+            row(label, us, weight_bytes + kv_bytes, rel_err(logits, reference), f"{us / floor_us:.3f} x floor")
+            rows.append((f"step b{batch} {label} (baseline: floor)", floor_us, us, us, f"{us / floor_us:.3f} x floor"))
+    return rows
+
+
+def _decode_step(model, cfg, batch: int, context: int, max_model_len: int):
+    """One decode token for each of `batch` sequences of `context` tokens (the last one written now)."""
+    from blink.model.attention_metadata import AttentionMetadata
+
+    blocks_per_seq, width = triton.cdiv(context, BLOCK_SIZE), triton.cdiv(max_model_len, BLOCK_SIZE)
+    num_blocks = batch * blocks_per_seq + 1
+    shape = (num_blocks, BLOCK_SIZE, cfg.num_key_value_heads, cfg.head_dim)
+    kv_caches = [(torch.randn(shape, device=DEVICE, dtype=DTYPE), torch.randn(shape, device=DEVICE, dtype=DTYPE))
+                 for _ in range(cfg.num_hidden_layers)]
+    tables = torch.zeros(batch, width, dtype=torch.int32, device=DEVICE)
+    tables[:, :blocks_per_seq] = torch.randperm(num_blocks - 1, device=DEVICE)[: batch * blocks_per_seq].view(
+        batch, blocks_per_seq).int()
+    last = context - 1
+    attn = AttentionMetadata(
+        slot_mapping=tables[:, last // BLOCK_SIZE].long() * BLOCK_SIZE + last % BLOCK_SIZE,
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=DEVICE),
+        seq_lens=torch.full((batch,), context, dtype=torch.int32, device=DEVICE), block_tables=tables)
+    input_ids = torch.randint(0, cfg.vocab_size, (batch,), device=DEVICE)
+    positions = torch.full((batch,), last, dtype=torch.int64, device=DEVICE)
+    return lambda: model.compute_logits(model(input_ids, positions, attn, kv_caches))
+
+
 def main() -> None:
     from blink.model import presets
 
@@ -202,7 +258,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--max-model-len", type=int, default=8192, help="block-table width, in tokens")
     parser.add_argument("--batches", default="1,8,32")
-    parser.add_argument("--sections", default="attention,small,gemm")
+    parser.add_argument("--sections", default="attention,small,gemm,step")
     args = parser.parse_args()
     cfg = presets.get(args.model)
     batches = [int(b) for b in args.batches.split(",")]
@@ -235,6 +291,8 @@ def main() -> None:
                                 res[best] * calls, best))
             advice = "BLINK_SMALL_M_GEMM=1 wins" if totals[1] < totals[0] else "keep cuBLAS (default)"
             summary.append((f"ALL GEMMs b{batch}", *totals, advice))
+    if "step" in sections:
+        summary += bench_step(args.model, batches, args.context, args.max_model_len)
     print("\nSUMMARY: us per decode step (per-layer time x layers); 'default' is what the model now uses,")
     print("except the small-M GEMM column, which the model uses only with BLINK_SMALL_M_GEMM=1")
     print(f"  {'what':<48} {'baseline':>9} {'default':>9} {'best':>9}  best variant")

@@ -183,9 +183,14 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
         ids_out = top_ids_ptr + row.to(tl.int64) * K
         logprobs_out = top_logprobs_ptr + row.to(tl.int64) * K
         if asks:
-            smallest = tl.min(tl.load(part_smallest_ptr + part, mask=in_range, other=_INT32_MAX), 0)
-            largest = tl.max(tl.load(part_largest_ptr + part, mask=in_range, other=-_INT32_MAX - 1), 0)
-            write_top_logprobs(raw_row, scratch_ptr + row.to(tl.int64) * vocab_size, smallest, largest,
+            chunk_largest = tl.load(part_largest_ptr + part, mask=in_range, other=-_INT32_MAX - 1)
+            if NUM_CHUNKS >= K:
+                # The K-th largest chunk maximum: K elements reach it, so the K-th largest element does too.
+                ordered = tl.sort(chunk_largest, 0, descending=True)
+                floor = tl.max(tl.where(c == K - 1, ordered, -_INT32_MAX - 1), 0)
+            else:
+                floor = tl.min(tl.load(part_smallest_ptr + part, mask=in_range, other=_INT32_MAX), 0)
+            write_top_logprobs(raw_row, scratch_ptr + row.to(tl.int64) * vocab_size, floor, tl.max(chunk_largest, 0),
                                normalizer, ids_out, logprobs_out, vocab_size, K, K_PAD, BLOCK)
         else:
             k = tl.arange(0, K_PAD)

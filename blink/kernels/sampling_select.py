@@ -60,7 +60,8 @@ def smallest_passing(data, size, scratch, lo, hi, bound, num_candidates, inv_tem
 
     data holds the `size` elements searched (the row, or already the candidates in scratch, which
     holds vocab_size floats). lo and hi must be keys of elements, the answer must lie in [lo, hi]
-    (hi passes), and num_candidates must count the elements in [lo, hi].
+    (hi passes); num_candidates counts the elements in [lo, hi] (more is fine: it only decides when
+    to gather).
     Returns (key, weight of the elements above it).
     """
     above = tl.zeros((), tl.int64)  # weight of the elements above hi
@@ -121,17 +122,19 @@ def row_extremes(src, vocab_size: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _min_p_floor(src, cutoff, inv_temperature, vocab_size: tl.constexpr, BLOCK: tl.constexpr):
-    """Key of the smallest element with x / T >= cutoff, and how many there are."""
+def _gather_min_p(src, scratch, cutoff, inv_temperature, vocab_size: tl.constexpr, BLOCK: tl.constexpr):
+    """Copy the elements with x * (1 / T) >= cutoff into scratch; the smallest one's key, and their count."""
     smallest = tl.full([BLOCK], 0x7FFFFFFF, tl.int32)
-    count = tl.zeros([BLOCK], tl.int32)
+    count = tl.zeros((), tl.int32)
     for start in range(0, vocab_size, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = canonical(tl.load(src + offs, mask=offs < vocab_size, other=float("-inf")))
         kept = (offs < vocab_size) & (x * inv_temperature >= cutoff)
         smallest = tl.minimum(smallest, tl.where(kept, sortable_key(x), 0x7FFFFFFF))
-        count += kept.to(tl.int32)
-    return tl.min(smallest, 0), tl.sum(count, 0)
+        tl.store(scratch + count + tl.cumsum(kept.to(tl.int32), 0) - 1, x, mask=kept)
+        count += tl.sum(kept.to(tl.int32), 0)
+    tl.debug_barrier()  # the gathered elements must land before this program reads them
+    return tl.min(smallest, 0), count
 
 
 @triton.jit
@@ -171,12 +174,14 @@ def keep_threshold_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, slots
         floor, top = row_extremes(src, vocab_size, BLOCK)
         s_max = key_value(top) * inv_temperature
         num_kept = tl.full([], vocab_size, tl.int32)
+        data = src  # what the top_k search reads: the row, or what min_p kept of it
         if min_p > 0.0:
-            floor, num_kept = _min_p_floor(src, s_max + tl.log(min_p), inv_temperature, vocab_size, BLOCK)
+            floor, num_kept = _gather_min_p(src, scratch, s_max + tl.log(min_p), inv_temperature, vocab_size,
+                                            BLOCK)
+            data = scratch
         if (top_k > 0) & (top_k < num_kept):
-            floor, _ = smallest_passing(src, tl.full([], vocab_size, tl.int32), scratch, floor, top,
-                                        top_k.to(tl.float64), num_kept, inv_temperature, s_max, vocab_size,
-                                        False, BLOCK)
+            floor, _ = smallest_passing(data, num_kept, scratch, floor, top, top_k.to(tl.float64), num_kept,
+                                        inv_temperature, s_max, vocab_size, False, BLOCK)
         if top_p < 1.0:
             tl.debug_barrier()  # the top_k search is done reading scratch before it is rewritten
             total, num_kept = _gather_kept(src, scratch, floor, inv_temperature, s_max, vocab_size, BLOCK)
@@ -188,11 +193,14 @@ def keep_threshold_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, slots
 
 
 @triton.jit
-def write_top_logprobs(src, scratch, smallest, largest, normalizer, ids_out, logprobs_out,
+def write_top_logprobs(src, scratch, floor, largest, normalizer, ids_out, logprobs_out,
                        vocab_size: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr, BLOCK: tl.constexpr):
-    """The K largest elements of a row (ties: lower id first), as ids and x - normalizer, descending."""
+    """The K largest elements of a row (ties: lower id first), as ids and x - normalizer, descending.
+
+    floor and largest are keys of elements: the row's largest, and one at most its K-th largest.
+    """
     everything = tl.full([], vocab_size, tl.int32)
-    kth, num_above = smallest_passing(src, everything, scratch, smallest, largest, tl.full([], K, tl.float64),
+    kth, num_above = smallest_passing(src, everything, scratch, floor, largest, tl.full([], K, tl.float64),
                                       everything, 1.0, 0.0, vocab_size, False, BLOCK)
     # Gather: all elements above the K-th (fewer than K), then its ties in id order while room is left.
     num_above = num_above.to(tl.int32)

@@ -24,7 +24,7 @@ from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
 
 INFO = ("running", "waiting", "free_blocks", "free_slots", "free_entries", "plan_rows", "plan_tokens",
-        "plan_bucket", "parity", "preemptions", "steps", "tokens", "error_code")
+        "plan_bucket", "parity", "preemptions", "steps", "tokens", "error_code", "fast_plans")
 _names = itertools.count()
 
 
@@ -59,6 +59,7 @@ class Config:
     egress_capacity: int = 256
     buckets: list[tuple[int, int]] = field(default_factory=list)
     team: int = 1  # host threads standing in for the CTA's threads
+    defer_publish: bool = False  # publish a step's records only after the next launch (or idle), as the GPU loop
 
 
 def _buffers(tmax: int, smax: int, mb: int) -> dict[str, np.ndarray]:
@@ -113,7 +114,7 @@ class HostScheduler:
             "repetition_penalty": np.ones(slots, np.float32), "seed": np.zeros(slots, np.int64),
             "bias_ids": np.full((slots, 300), -1, np.int32), "bias_vals": np.zeros((slots, 300), np.float32),
             "output_counts": np.full((slots, v), 7, np.int32), "prompt_mask": np.full((slots, v), 9, np.uint8),
-            "flags": np.zeros(slots, np.int32),
+            "flags": np.zeros(slots, np.int32), "num_logprobs": np.full(slots, 5, np.int32),  # stale on purpose
         }
         p = structs.LoopParams(cfg=sc, state=self.state,
                                rings=structs.ring_pointers(self.seg.address, layout))
@@ -139,6 +140,8 @@ class HostScheduler:
     def step(self) -> int:
         """One scheduler step with the fake forward; returns the step's rows (0 = idle)."""
         rows = self.lib.blink_sched_prepare(C.byref(self.params), self.cfg.team)
+        if self.cfg.defer_publish:  # where the GPU loop publishes: right after the launch, or idle
+            self.lib.blink_sched_publish(C.byref(self.params))
         if rows:
             info = self.info()
             self.plans.append(self.plan(rows))
@@ -147,7 +150,7 @@ class HostScheduler:
                 self.lib.blink_sched_fail(C.byref(self.params), structs.ERR_LAUNCH_BASE + 1)
             else:
                 self.forward(self.buffers[info["parity"]], self.cfg.buckets[info["plan_bucket"]], rows)
-                self.lib.blink_sched_complete(C.byref(self.params), self.cfg.team)
+                self.lib.blink_sched_complete(C.byref(self.params), self.cfg.team, int(not self.cfg.defer_publish))
         self.drain()
         assert self.check() == 0, f"invariant {self.check()} broken"
         return rows
@@ -164,6 +167,8 @@ class HostScheduler:
             self.step()
             steps += 1
             assert steps < max_steps, "the scheduler made no progress"
+        if self.cfg.defer_publish:
+            self.step()  # the idle step publishes the last records
         return steps
 
     def busy(self) -> bool:
@@ -192,9 +197,12 @@ class HostScheduler:
             token = next_token(self.kv_tok[kv_slots], c.vocab_size)
             b["sampled_ids"][s] = token
             b["logprobs"][s] = -0.25 * (s + 1)
-            b["top_ids"][s] = (token + np.arange(MAX_TOP_LOGPROBS)) % c.vocab_size
-            b["top_logprobs"][s] = -np.arange(MAX_TOP_LOGPROBS, dtype=np.float32)
             slot = int(b["sample_slots"][s])
+            if self.sampling["num_logprobs"][slot] > 0:  # as the sampler: tops only for slots asking
+                b["top_ids"][s] = (token + np.arange(MAX_TOP_LOGPROBS)) % c.vocab_size
+                b["top_logprobs"][s] = -np.arange(MAX_TOP_LOGPROBS, dtype=np.float32)
+            else:
+                b["top_ids"][s], b["top_logprobs"][s] = -1, -np.inf
             if slot != c.max_num_seqs:
                 assert b["sample_positions"][s] == seq_len
                 if self.sampling["flags"][slot] & 1:  # what SamplingState.record_tokens does in the graph

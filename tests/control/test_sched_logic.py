@@ -65,7 +65,7 @@ def test_one_request_matches_the_reference(make):
     assert_idle_and_clean(h)
 
 
-@pytest.mark.parametrize("team", [1, 3])
+@pytest.mark.parametrize("team", [1, 3, 8])
 def test_mixed_workload_with_preemption_matches_the_host_scheduler(make, team):
     """Staggered arrivals into a KV pool far too small: every request still yields the reference tokens,
     and every step is the one blink.engine.scheduler.Scheduler (host mode) would have planned. With
@@ -108,11 +108,13 @@ def test_mixed_workload_with_preemption_matches_the_host_scheduler(make, team):
     for rid, prompt, params in reqs:
         assert h.outputs(rid) == expect(h, prompt, params), rid
     assert h.info()["preemptions"] > 0 and host.num_preemptions == h.info()["preemptions"]
+    assert 0 < h.info()["fast_plans"] < steps, "both the parallel decode plan and the leader's plan ran"
     assert_idle_and_clean(h)
 
 
-def test_chunked_prefill_respects_the_budget_and_decodes_go_first(make):
-    h = make(max_num_batched_tokens=8, max_model_len=64, num_blocks=64)
+@pytest.mark.parametrize("team", [1, 4])
+def test_chunked_prefill_respects_the_budget_and_decodes_go_first(make, team):
+    h = make(max_num_batched_tokens=8, max_model_len=64, num_blocks=64, team=team)
     h.submit(1, [3] * 3, greedy(6, ignore_eos=True))
     h.step()  # request 1 prefilled in one chunk; now decoding
     h.submit(2, list(range(2, 32)), greedy(2, ignore_eos=True))  # 30 tokens: 4 chunks under budget 8
@@ -126,8 +128,9 @@ def test_chunked_prefill_respects_the_budget_and_decodes_go_first(make):
     assert h.outputs(2) == expect(h, list(range(2, 32)), greedy(2, ignore_eos=True))
 
 
-def test_stop_conditions(make):
-    h = make(eos=(1,), max_model_len=24, vocab_size=50)
+@pytest.mark.parametrize("team", [1, 4])
+def test_stop_conditions(make, team):
+    h = make(eos=(1,), max_model_len=24, vocab_size=50, team=team)
     rng = random.Random(3)
     cases = {}
     rid = 0
@@ -156,8 +159,9 @@ def test_stop_conditions(make):
     assert_idle_and_clean(h)
 
 
-def test_aborts_at_every_stage(make):
-    h = make(max_num_seqs=2, max_num_batched_tokens=4, max_model_len=64, num_blocks=32)
+@pytest.mark.parametrize("team", [1, 4])
+def test_aborts_at_every_stage(make, team):
+    h = make(max_num_seqs=2, max_num_batched_tokens=4, max_model_len=64, num_blocks=32, team=team)
     p = greedy(30, ignore_eos=True)
     h.submit(1, [2] * 3, p)       # will be running (decoding)
     h.submit(2, [3] * 20, p)      # will be mid-prefill (20 tokens, budget 4)
@@ -222,12 +226,13 @@ def test_ring_and_arena_wrap_around_with_a_full_request_table(make, team):
     assert_idle_and_clean(h)
 
 
-def test_egress_backpressure_loses_nothing(make):
+@pytest.mark.parametrize("team", [1, 4])
+def test_egress_backpressure_loses_nothing(make, team):
     """An egress ring of 2 records and a slow reader: the scheduler waits, nothing is lost or reordered."""
     import threading
     import time
 
-    h = make(egress_capacity=2, max_num_seqs=4)
+    h = make(egress_capacity=2, max_num_seqs=4, team=team)
     reqs = {rid: ([rid + 2] * 3, greedy(5, ignore_eos=True)) for rid in range(1, 9)}
     for rid, (prompt, params) in reqs.items():
         h.submit(rid, prompt, params)
@@ -292,8 +297,9 @@ def test_admission_writes_the_sampling_slot_and_rebuilds_counts_after_preemption
     assert h.outputs(2) == expect(h, [5, 6, 7, 8, 9], greedy(12))
 
 
-def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(make):
-    h = make()
+@pytest.mark.parametrize("team", [1, 4])
+def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(make, team):
+    h = make(team=team)
     h.submit(1, [2, 3], greedy(5, ignore_eos=True))
     h.submit(2, [4, 5], greedy(5, ignore_eos=True))
     h.step()

@@ -77,3 +77,13 @@ def test_triton_strided_query_view():
     args = (batch.k_cache, batch.v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables, 0.3)
     torch.testing.assert_close(paged_attention_triton(q_view, *args), paged_attention_ref(batch.q, *args),
                                atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("q_lens,seq_lens", [([1], [70]), ([6], [6]), ([3], [40])])
+@pytest.mark.parametrize("num_splits", [None, 4])
+def test_triton_single_sequence_without_padding(q_lens, seq_lens, num_splits):
+    """One sequence (batch-1 decode): the kernel skips its sequence lookup."""
+    batch = make_paged_batch(q_lens, seq_lens, 8, 2, head_dim=32, block_size=8)
+    expected = _run(paged_attention_ref, batch, 0.2)
+    out = _run(paged_attention_triton, batch, 0.2, num_splits=num_splits)
+    torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)

@@ -19,7 +19,8 @@ def test_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     monkeypatch.setattr(bench, "BENCH_GEMM_CONFIGS", (GemmConfig(32, 64),))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
     monkeypatch.setattr(sys, "argv", ["bench", "--model", "tiny-qwen3", "--context", "40",
-                                      "--max-model-len", "64", "--batches", "2"])
+                                      "--max-model-len", "64", "--batches", "2",
+                                      "--sections", "attention,small,gemm,step"])
     bench.main()
     out = capsys.readouterr().out
     assert "SUMMARY" in out and "ALL GEMMs b2" in out

@@ -170,3 +170,23 @@ def test_small_m_gemm_real_shapes(m, k, n, silu):
     got = linear(x, weight, small_m_gemm=True, silu_mul_input=silu)
     torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=2e-2)
     torch.testing.assert_close(linear(x, weight, silu_mul_input=silu).float(), expected, atol=3e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-llama"])
+def test_model_with_small_m_gemm_matches_cublas(preset):
+    """The model's linears through the small-M GEMM (and silu fused into down_proj) give cuBLAS's logits."""
+    from blink.model.weights import load_model
+    from tests.model.paged import PagedDriver
+
+    model, _ = load_model(preset, "cuda", dtype=torch.bfloat16, seed=1)
+    chunks = [{0: [1, 2, 3, 4, 5], 1: [6]}, {0: [7], 1: [8]}]  # 6 then 2 tokens: both take the small-M path
+    results = []
+    for small_m in (False, True):
+        for module in model.modules():
+            if hasattr(module, "small_m_gemm"):
+                module.small_m_gemm = small_m
+        driver = PagedDriver(model, block_size=16)
+        results.append([driver.step(c, pad_tokens=1, pad_seqs=1) for c in chunks])
+    for cublas_step, small_m_step in zip(*results, strict=True):
+        for seq, logits in cublas_step.items():
+            torch.testing.assert_close(small_m_step[seq], logits, atol=5e-2, rtol=5e-2)

@@ -1,5 +1,8 @@
 import math
+import os
 import struct
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -264,8 +267,9 @@ def test_top_k_keeps_every_tie_at_the_threshold():
     assert keep_thresholds_triton(logits, slots, state).item() == 3.0
 
 
-def test_top_logprobs_order_ties_by_token_id():
-    vocab, k = 90, 7
+@pytest.mark.parametrize("k", [3, 7])  # the kernel's search starts from the chunk maxima when k <= #chunks (3)
+def test_top_logprobs_order_ties_by_token_id(k):
+    vocab = 90
     state = SamplingState(1, vocab, "cpu")
     state.set_slot(0, SamplingParams(temperature=0.0, logprobs=k), seed=0, prompt_ids=[])
     logits = torch.randint(-3, 3, (5, vocab), generator=torch.Generator().manual_seed(2)).float()
@@ -351,6 +355,42 @@ def test_logprobs_are_raw_log_softmax(impl):
     empty = impl(logits, slots, positions, state, 0)
     assert empty.top_ids.shape == (9, 0) and empty.top_logprobs.shape == (9, 0)
 
+
+
+HOPPER_COMPILE = """
+import inspect
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from blink.kernels import sampling, sampling_select
+
+V = 128256
+ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_ptr": "*i32", "prompt_mask_ptr": "*u8",
+        "bias_ids_ptr": "*i32", "positions_ptr": "*i64", "seed_ptr": "*i64", "part_token_ptr": "*i32",
+        "part_smallest_ptr": "*i32", "part_largest_ptr": "*i32", "num_logprobs_ptr": "*i32", "token_ptr": "*i64",
+        "top_ids_ptr": "*i64"}
+kernels = [
+    (sampling._penalties_kernel, dict(vocab_size=V, NUM_BIAS=300, BIAS_BLOCK=512, CHUNK=2048, BLOCK=1024), 4),
+    (sampling_select.keep_threshold_kernel, dict(vocab_size=V, BLOCK=4096), 16),
+    (sampling._choose_kernel, dict(vocab_size=V, NUM_CHUNKS=63, KEY_BYTES=12, CHUNK=2048, BLOCK=1024), 4),
+    (sampling._finish_kernel, dict(vocab_size=V, NUM_CHUNKS=63, CHUNKS_PAD=64, K=20, K_PAD=32, BLOCK=4096), 16),
+]
+for kernel, constants, warps in kernels:
+    names = list(inspect.signature(kernel.fn).parameters)
+    signature = {n: "constexpr" if n in constants else ints.get(n, "*fp32") for n in names}
+    constexprs = {(names.index(n),): v for n, v in constants.items()}
+    triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
+                   options={"enable_fp_fusion": False, "num_warps": warps})
+"""
+
+
+def test_kernels_compile_for_hopper():
+    """The interpreter forgives what the compiler refuses: build every kernel for sm_90 (no GPU needed)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run([sys.executable, "-c", HOPPER_COMPILE], cwd=repo, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
 
 # ---- GPU -------------------------------------------------------------------------------------------
 @pytest.mark.gpu

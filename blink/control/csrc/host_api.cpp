@@ -87,11 +87,15 @@ int blink_sched_prepare(const LoopParams* p, int threads) {
   return rows;
 }
 
-// The forward ran (the caller wrote sampled ids into buffers[launched & 1]): finish the step.
-void blink_sched_complete(const LoopParams* p, int threads) {
+// The forward ran (the caller wrote sampled ids into buffers[launched & 1]): finish the step. With
+// publish_now == 0 the records wait for blink_sched_publish, as the GPU loop publishes them only after
+// its next launch.
+void blink_sched_complete(const LoopParams* p, int threads, int publish_now) {
   p->state->launched++;
-  run_team(threads, [&](const Team& t) { sched_complete(t, *p); });
+  run_team(threads, [&](const Team& t) { sched_complete(t, *p, publish_now != 0); });
 }
+
+void blink_sched_publish(const LoopParams* p) { publish(p->state, p->cfg, p->rings); }
 
 // The step could not run (as after a failed launch): its requests end with ERROR.
 void blink_sched_fail(const LoopParams* p, int32_t code) { fail_step(p->state, p->cfg, p->rings, code); }
@@ -101,13 +105,13 @@ int blink_sched_check(const void* state, const SchedConfig* c) {
 }
 
 // [running, waiting, free_blocks, free_slots, free_entries, plan_rows, plan_tokens, plan_bucket,
-//  parity, preemptions, steps, tokens, error_code]
+//  parity, preemptions, steps, tokens, error_code, fast_plans]
 void blink_sched_info(const void* state, int64_t* out) {
   const SchedState* s = static_cast<const SchedState*>(state);
   const int64_t v[] = {s->running_count, s->waiting_count, s->free_block_top, s->free_slot_top,
                        s->free_entry_top, s->plan_rows, s->plan_tokens, s->plan_bucket,
                        (int64_t)(s->launched & 1), (int64_t)s->preemptions, (int64_t)s->steps,
-                       (int64_t)s->tokens, s->error_code};
+                       (int64_t)s->tokens, s->error_code, (int64_t)s->fast_plans};
   for (unsigned i = 0; i < sizeof(v) / sizeof(v[0]); ++i) out[i] = v[i];
 }
 

@@ -11,29 +11,35 @@ namespace blink {
 constexpr int kIngestRoundsPerStep = 8;
 
 // Team: everything before the forward. Returns (to every rank) the number of rows; 0 = nothing to run.
+// The leader stamps each phase's end (s->t_*) for the launch's trace row.
 BLINK_HD inline int sched_prepare(const Team& t, const LoopParams& p) {
   SchedState* s = p.state;
   const SchedConfig& c = p.cfg;
   for (int round = 0; round < kIngestRoundsPerStep && ingest(t, s, c, p.rings); ++round) {
   }
-  if (t.leader()) {
-    plan_step(s, c);
-    if (s->plan_rows > 0 && s->plan_bucket < 0) fail_step(s, c, p.rings, kErrNoBucket);
-  }
+  if (t.leader()) s->t_ingest = now_ns();
+  plan_step(t, s, c);
+  if (t.leader() && s->plan_rows > 0 && s->plan_bucket < 0) fail_step(s, c, p.rings, kErrNoBucket);
   t.sync();
   const int rows = load_volatile(&s->plan_rows);
   if (rows == 0) return 0;
   write_admissions(t, s, c, p.sampling);
+  if (t.leader()) s->t_plan = now_ns();
   write_inputs(t, s, c, p.buffers[s->launched & 1]);
   t.sync();
+  if (t.leader()) s->t_inputs = now_ns();
   return rows;
 }
 
-// Team: after the forward launched as number `launched - 1` has finished.
-BLINK_HD inline void sched_complete(const Team& t, const LoopParams& p) {
+// Team: after the forward launched as number `launched - 1` has finished. publish_now = false: the
+// caller publishes (records and counters) soon, on every path (next launch, idle, failure, exit).
+BLINK_HD inline void sched_complete(const Team& t, const LoopParams& p, bool publish_now) {
   SchedState* s = p.state;
-  if (t.leader()) finish_step(s, p.cfg, p.rings, p.buffers[(s->launched - 1) & 1]);
-  t.sync();
+  finish_step(t, s, p.cfg, p.rings, p.buffers[(s->launched - 1) & 1], publish_now);
+  if (t.leader()) {
+    s->t_finish = now_ns();
+    if (p.trace) p.trace[((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords + 3] = s->t_finish;
+  }
 }
 
 }  // namespace blink

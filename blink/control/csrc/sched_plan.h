@@ -32,11 +32,9 @@ BLINK_HD inline int plan_drop_row(SchedState* s, int e) {
   return len;
 }
 
-// Leader: running decodes, then running prefill chunks (admission order), then FCFS admissions, under
-// the token budget. When blocks run out, the newest running request is preempted (recompute).
-BLINK_HD inline void plan_step(SchedState* s, const SchedConfig& c) {
-  s->plan_rows = s->plan_tokens = s->num_jobs = 0;
-  s->plan_bucket = -1;
+// Leader: running decodes, then running prefill chunks (admission order) under the token budget. When
+// blocks run out, the newest running request is preempted (recompute). Returns the budget left.
+BLINK_HD inline int plan_running(SchedState* s, const SchedConfig& c) {
   int budget = c.max_num_batched_tokens, n_order = 0;
   for (int pass = 0; pass < 2; ++pass)
     for (int k = 0; k < s->running_count; ++k)
@@ -57,6 +55,61 @@ BLINK_HD inline void plan_step(SchedState* s, const SchedConfig& c) {
       budget -= n;
     }
   }
+  return budget;
+}
+
+// Team: the steady state, every running request decoding and all of them fitting (budget, blocks), is
+// what plan_running decides too, computed one thread per request; blocks are popped in row order, as
+// there. Returns (to every rank) whether it applied; if not, nothing changed and the leader plans.
+BLINK_HD inline bool plan_decodes_fast(const Team& t, SchedState* s, const SchedConfig& c) {
+  const int n = s->running_count;
+  if (t.leader()) s->not_decode = 0;
+  t.sync();
+  for (int k = t.rank; k < n; k += t.size) {
+    const RequestEntry& r = s->entries[s->running[k]];
+    if (!entry_is_decode(r)) atomic_add(&s->not_decode, 1);
+    s->row_need[k] = blocks_needed(c, r, r.num_computed + 1);
+  }
+  t.sync();
+  if (t.leader()) {
+    int need = 0;
+    for (int k = 0; k < n; ++k) s->row_need[k] = s->row_need[k] ? s->free_block_top - 1 - need++ : -1;
+    s->fast_plan = n > 0 && load_volatile(&s->not_decode) == 0 && n <= c.max_num_batched_tokens &&
+                   need <= s->free_block_top;
+    if (s->fast_plan) {
+      s->free_block_top -= need;
+      s->fast_plans++;
+      s->plan_rows = s->plan_tokens = n;
+    }
+  }
+  t.sync();
+  if (!load_volatile(&s->fast_plan)) return false;
+  for (int k = t.rank; k < n; k += t.size) {
+    const int e = s->running[k];
+    RequestEntry& r = s->entries[e];
+    if (s->row_need[k] >= 0) slot_blocks(s, c, r.slot)[r.num_blocks++] = s->free_blocks[s->row_need[k]];
+    s->row_entry[k] = e;
+    s->row_start[k] = r.num_computed;
+    s->row_len[k] = 1;
+    s->row_qstart[k] = k;
+    r.planned_row = k;
+  }
+  t.sync();
+  return true;
+}
+
+// Team: the whole plan. Decodes (fast path or leader), then FCFS admissions under what is left of the
+// budget, then the bucket and each row's first query index.
+BLINK_HD inline void plan_step(const Team& t, SchedState* s, const SchedConfig& c) {
+  if (t.leader()) {
+    s->plan_rows = s->plan_tokens = s->num_jobs = 0;
+    s->plan_bucket = -1;
+  }
+  t.sync();
+  const bool fast = plan_decodes_fast(t, s, c);
+  if (!t.leader()) return;
+  int budget = fast ? c.max_num_batched_tokens - s->plan_tokens : plan_running(s, c);
+  const int first_new = s->plan_rows;
   while (s->waiting_count > 0 && budget > 0 && s->running_count < c.max_num_seqs) {
     const int e = waiting_front(s);
     RequestEntry& r = s->entries[e];
@@ -77,11 +130,17 @@ BLINK_HD inline void plan_step(SchedState* s, const SchedConfig& c) {
       s->plan_bucket = b;
       break;
     }
-  int q = 0;
-  for (int r = 0; r < s->plan_rows; ++r) {
+  int q = fast ? first_new : 0;  // the fast path set its rows' (one token each: row k starts at k)
+  for (int r = fast ? first_new : 0; r < s->plan_rows; ++r) {
     s->row_qstart[r] = q;
     q += s->row_len[r];
   }
+}
+
+// Top logprobs a request asks for: its records carry that many; the sampler computes them only for
+// slots whose num_logprobs is > 0 (descriptor: -1 = none, 0 = the chosen token's logprob only).
+BLINK_HD inline int num_top_for(const RequestDescriptor& d) {
+  return d.num_logprobs < 0 ? 0 : d.num_logprobs > kMaxTopLogprobs ? kMaxTopLogprobs : d.num_logprobs;
 }
 
 // Team: write each admitted request's sampling parameters into its slot (SamplingState.set_slot).
@@ -103,6 +162,7 @@ BLINK_HD inline void write_admissions(const Team& t, SchedState* s, const SchedC
       sp.repetition_penalty[slot] = d.repetition_penalty;
       sp.seed[slot] = (int64_t)d.seed;
       sp.flags[slot] = (penalties ? kFlagPenalties : 0) | (nb > 0 ? kFlagLogitBias : 0);
+      sp.num_logprobs[slot] = num_top_for(d);
     }
     for (int k = t.rank; k < kMaxLogitBias; k += t.size) {
       sp.bias_ids[(int64_t)slot * kMaxLogitBias + k] = k < nb ? s->bias_ids[(int64_t)e * kMaxLogitBias + k] : -1;
@@ -128,27 +188,35 @@ BLINK_HD inline void write_admissions(const Team& t, SchedState* s, const SchedC
   }
 }
 
-// Team: the step's inputs, padded to its bucket (padding rows empty, padding tokens slot -1).
+// Row of query index q: the last row whose first query index is <= q (binary search, rows >= 1).
+BLINK_HD inline int row_of_query(const SchedState* s, int q) {
+  int lo = 0, hi = s->plan_rows - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (s->row_qstart[mid] <= q) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Team: the step's inputs, padded to its bucket (padding rows empty, padding tokens slot -1). Every
+// loop is flat over the team: per token, per row, per block-table entry.
 BLINK_HD inline void write_inputs(const Team& t, SchedState* s, const SchedConfig& c, const StepBufferPtrs& b) {
   const int rows = s->plan_rows, tokens = s->plan_tokens, bs = c.block_size, mb = c.max_blocks_per_seq;
   const int T = c.bucket_tokens[s->plan_bucket], S = c.bucket_seqs[s->plan_bucket];
-  for (int row = 0; row < rows; ++row) {
-    const int e = s->row_entry[row], start = s->row_start[row], len = s->row_len[row], q0 = s->row_qstart[row];
-    const RequestEntry& r = s->entries[e];
-    const int32_t* toks = entry_tokens(s, c, e);
-    const int32_t* table = slot_blocks(s, c, r.slot);
-    for (int k = t.rank; k < len; k += t.size) {
-      const int p = start + k;
-      b.input_ids[q0 + k] = toks[p];
-      b.positions[q0 + k] = p;
-      b.slot_mapping[q0 + k] = (int64_t)table[p / bs] * bs + p % bs;
+  for (int q = t.rank; q < T; q += t.size) {
+    if (q >= tokens) {
+      b.input_ids[q] = 0;
+      b.positions[q] = 0;
+      b.slot_mapping[q] = -1;
+      continue;
     }
-    for (int j = t.rank; j < r.num_blocks; j += t.size) b.block_tables[(int64_t)row * mb + j] = table[j];
-  }
-  for (int k = tokens + t.rank; k < T; k += t.size) {
-    b.input_ids[k] = 0;
-    b.positions[k] = 0;
-    b.slot_mapping[k] = -1;
+    const int row = row_of_query(s, q), e = s->row_entry[row];
+    const int p = s->row_start[row] + q - s->row_qstart[row];
+    const int32_t* table = slot_blocks(s, c, s->entries[e].slot);
+    b.input_ids[q] = entry_tokens(s, c, e)[p];
+    b.positions[q] = p;
+    b.slot_mapping[q] = (int64_t)table[p / bs] * bs + p % bs;
   }
   for (int row = t.rank; row <= S; row += t.size) b.query_start_loc[row] = row < rows ? s->row_qstart[row] : tokens;
   for (int row = t.rank; row < S; row += t.size) {
@@ -165,6 +233,13 @@ BLINK_HD inline void write_inputs(const Team& t, SchedState* s, const SchedConfi
       b.sample_slots[row] = c.max_num_seqs;
       b.sample_positions[row] = 0;
     }
+  }
+  // Block tables: only the blocks covering each row's sequence (attention reads no further).
+  for (int i = t.rank; i < rows * mb; i += t.size) {
+    const int row = i / mb, j = i % mb;
+    const int end = s->row_start[row] + s->row_len[row];
+    if (j * bs >= end) continue;
+    b.block_tables[(int64_t)row * mb + j] = slot_blocks(s, c, s->entries[s->row_entry[row]].slot)[j];
   }
 }
 

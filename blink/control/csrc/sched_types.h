@@ -14,7 +14,10 @@ constexpr int kMaxBuckets = 32;
 constexpr int kMaxEos = 8;
 constexpr int kMaxLogitBias = 300;  // blink.request.MAX_LOGIT_BIAS (the sampling state's row width)
 constexpr int kIngestBatch = 64;    // descriptors staged per ingest round
-constexpr int kTraceWords = 3;      // per launch: launch time, completion seen, tokens << 32 | rows
+// Per launch, %globaltimer ns unless noted: [0] launch call, [1] completion seen, [2] tokens << 32 | rows,
+// [3] this step's finish done, [4] ingest done, [5] plan done, [6] inputs written, [7] launch call returned.
+// The gap before launch L splits into finish (L-1: [3]-[1]), ingest (L[4] - L-1[3]), plan, inputs, launch.
+constexpr int kTraceWords = 8;
 
 constexpr int32_t kFlagPenalties = 1;  // sampling_state.FLAG_PENALTIES
 constexpr int32_t kFlagLogitBias = 2;  // sampling_state.FLAG_LOGIT_BIAS
@@ -43,7 +46,7 @@ struct SchedConfig {
   int32_t bucket_seqs[kMaxBuckets];
   int32_t eos_ids[kMaxEos];
   int32_t relaunch_each_step;  // 1: pattern (a), F&F the forward then tail-relaunch (frees the SM meanwhile)
-  int32_t _pad;
+  int32_t fail_bucket;  // self-test only: launches of this bucket report a launch error (-1: none)
   int64_t step_timeout_ns;  // a forward that never signals is an error, not a hang
 };
 
@@ -77,6 +80,7 @@ struct SamplingPtrs {  // blink.engine.sampling_state.SamplingState tensors
   int32_t* output_counts;
   uint8_t* prompt_mask;
   int32_t* flags;
+  int32_t* num_logprobs;  // the sampler computes top logprobs only for slots asking for them
 };
 
 struct RingPtrs {  // sections of the shared-memory segment (device pointer == host pointer)
@@ -120,16 +124,18 @@ struct SchedState {
   uint32_t done_count;  // bumped by the step_done kernel at the end of every forward graph
   int32_t error_code;
   uint64_t launched;  // forward launches so far (parity = launched & 1)
-  uint64_t steps, tokens, preemptions, heartbeat;
+  uint64_t steps, tokens, preemptions, heartbeat, fast_plans;  // fast_plans: plan_decodes_fast applied
   uint64_t ingress_head, arena_head, egress_tail;  // our own ring counters (we are their only writer)
   // Cached copies of the other side's counters: each fresh read is a PCIe round trip (~1-2 us).
   uint64_t egress_head_seen;    // the reader has consumed at least this far
   uint64_t ingress_tail_seen;   // read while the last forward ran; valid when ingress_tail_valid
-  int32_t ingress_tail_valid, _pad1;
+  int32_t ingress_tail_valid, stop_seen;  // stop_flag, read with the tail (same validity)
+  uint64_t t_finish, t_ingest, t_plan, t_inputs;  // phase stamps of the step being built (trace)
   int32_t free_block_top, free_slot_top, free_entry_top;
   int32_t waiting_head, waiting_count, running_count;
   int32_t stopping, launches_this_kernel, idle_ns, num_staged, num_consumed, pending_complete;
   int32_t plan_rows, plan_tokens, plan_bucket, num_jobs;
+  int32_t fast_plan, not_decode, num_records, chunk;  // team scratch: plan fast path, egress chunking
   // arrays, carved from the same buffer
   RequestEntry* entries;  // [max_requests]
   int32_t* free_entries;  // [max_requests] stack
@@ -150,6 +156,9 @@ struct SchedState {
   RequestDescriptor* staged;  // [kIngestBatch] descriptors copied out of the ring
   int32_t* staged_entry;      // [kIngestBatch] entry taken for each, or -1
   int32_t* staged_bad;        // [kIngestBatch] a prompt token was out of range
+  int32_t* row_need;          // [max_num_seqs] per running/step row: a new KV block, then its stack index
+  int32_t* row_record;        // [max_num_seqs] the row's egress record index in this step, or -1
+  int32_t* row_reason;        // [max_num_seqs] the row's finish reason
 };
 
 static_assert(offsetof(SchedState, launched) == 8, "runtime.py reads `launched` at byte 8");
@@ -167,7 +176,7 @@ BLINK_HD inline uint64_t sched_carve(SchedState* s, const SchedConfig& c) {
     return p;
   };
   const uint64_t R = c.max_requests, S = c.max_num_seqs, i4 = 4;
-  void* p[19];
+  void* p[22];
   p[0] = take(R * sizeof(RequestEntry));
   p[1] = take(R * i4);
   p[2] = take(R * i4);
@@ -183,6 +192,7 @@ BLINK_HD inline uint64_t sched_carve(SchedState* s, const SchedConfig& c) {
   p[16] = take(kIngestBatch * i4);
   p[17] = take(kIngestBatch * i4);
   p[18] = take(S * i4);
+  for (int k = 19; k < 22; ++k) p[k] = take(S * i4);
   if (s) {
     s->entries = (RequestEntry*)p[0];
     s->free_entries = (int32_t*)p[1];
@@ -203,6 +213,9 @@ BLINK_HD inline uint64_t sched_carve(SchedState* s, const SchedConfig& c) {
     s->staged_entry = (int32_t*)p[16];
     s->staged_bad = (int32_t*)p[17];
     s->order = (int32_t*)p[18];
+    s->row_need = (int32_t*)p[19];
+    s->row_record = (int32_t*)p[20];
+    s->row_reason = (int32_t*)p[21];
   }
   return off;
 }

@@ -35,6 +35,17 @@ __global__ void init_kernel(SchedState* s, SchedConfig c, uint64_t ingress_head,
   if (threadIdx.x == 0 && blockIdx.x == 0) sched_init(s, c, ingress_head, arena_head, egress_tail);
 }
 
+// Leader: while a forward runs, fetch what the next step would otherwise read over PCIe on its critical
+// path: the ingress tail and the stop flag (two loads in flight at once: one round trip).
+__device__ void prefetch_host_words(const LoopParams& p) {
+  SchedState* s = p.state;
+  const uint64_t tail = load_acquire(&p.rings.ingress_header->tail);
+  const uint32_t stop = load_volatile(&p.rings.control->stop_flag);
+  s->ingress_tail_seen = tail;
+  s->stop_seen = stop != 0;
+  s->ingress_tail_valid = 1;
+}
+
 // Leader: launch the planned step's forward graph and wait for it (or, relaunching each step, leave it
 // to the next instance: a tail launch starts only once the forward is done). On failure the step's
 // requests end with ERROR (fail_step) and the loop goes on, except after a timeout.
@@ -46,7 +57,10 @@ __device__ void launch_and_wait(const LoopParams& p) {
   const uint32_t target = (uint32_t)(s->launched + 1);
   __threadfence();  // the step's inputs (written by the whole CTA, then __syncthreads) before the launch
   const uint64_t t0 = now_ns();
-  const cudaError_t err = cudaGraphLaunch(exec, cudaStreamGraphFireAndForget);
+  // The self-test's injected failure goes through exactly the path a real launch error takes.
+  const cudaError_t err = s->plan_bucket == p.cfg.fail_bucket ? cudaErrorLaunchFailure
+                                                              : cudaGraphLaunch(exec, cudaStreamGraphFireAndForget);
+  const uint64_t t1 = now_ns();
   if (err != cudaSuccess) {
     fail_step(s, p.cfg, p.rings, kErrLaunchBase + (int32_t)err);
     return;
@@ -55,14 +69,16 @@ __device__ void launch_and_wait(const LoopParams& p) {
   s->launches_this_kernel++;
   trace[0] = t0;
   trace[2] = ((uint64_t)s->plan_tokens << 32) | (uint32_t)s->plan_rows;
+  trace[4] = s->t_ingest;
+  trace[5] = s->t_plan;
+  trace[6] = s->t_inputs;
+  trace[7] = t1;
+  publish(s, p.cfg, p.rings);  // the last step's records and counters, while this forward runs
+  prefetch_host_words(p);      // a request arriving after this read waits one more step
   if (p.cfg.relaunch_each_step) {
     s->pending_complete = 1;
     return;
   }
-  // Poll the ingress tail now, while the forward runs: the next step's ingest then skips that PCIe
-  // round trip (a request arriving after this read waits one more step).
-  s->ingress_tail_seen = load_acquire(&p.rings.ingress_header->tail);
-  s->ingress_tail_valid = 1;
   while ((int32_t)(load_acquire_gpu(&s->done_count) - target) < 0) {
     if ((int64_t)(now_ns() - t0) > p.cfg.step_timeout_ns) {
       fail_step(s, p.cfg, p.rings, kErrStepTimeout);
@@ -77,7 +93,7 @@ __device__ void complete_pending(const Team& t, const LoopParams& p) {
   SchedState* s = p.state;
   if (!load_volatile(&s->pending_complete)) return;
   if (t.leader()) p.trace[((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords + 1] = now_ns();
-  sched_complete(t, p);
+  sched_complete(t, p, false);
   if (t.leader()) s->pending_complete = 0;
   t.sync();
 }
@@ -96,12 +112,15 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
   t.sync();
   complete_pending(t, p);
   while (true) {
-    if (t.leader()) s->stopping = load_volatile(&ctl->stop_flag) != 0 || s->error_code == kErrStepTimeout;
+    if (t.leader()) {  // the stop flag as read during the last forward, else fresh (idle: no hurry)
+      const bool stop = s->ingress_tail_valid ? s->stop_seen != 0 : load_volatile(&ctl->stop_flag) != 0;
+      s->stopping = stop || s->error_code == kErrStepTimeout;
+    }
     t.sync();
     if (load_volatile(&s->stopping)) break;
     if (sched_prepare(t, p) == 0) {
       if (t.leader()) {  // idle: back off, but keep the heartbeat going
-        publish_counters(s, p.cfg, p.rings);
+        publish(s, p.cfg, p.rings);
         pause_ns((uint32_t)s->idle_ns);
         s->idle_ns = s->idle_ns * 2 > (int)kIdleMaxNs ? (int)kIdleMaxNs : s->idle_ns * 2;
       }
@@ -114,12 +133,13 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
     }
     t.sync();
     const bool relaunch = load_volatile(&s->pending_complete) != 0;
-    if (!relaunch && load_volatile(&s->plan_rows) > 0) sched_complete(t, p);  // fail_step leaves no rows
+    if (!relaunch && load_volatile(&s->plan_rows) > 0) sched_complete(t, p, false);  // fail_step leaves none
     if (relaunch || load_volatile(&s->launches_this_kernel) >= p.cfg.launches_per_kernel) {
       if (t.leader()) {
         const cudaError_t err = cudaGraphLaunch(cudaGetCurrentGraphExec(), cudaStreamGraphTailLaunch);
         if (err != cudaSuccess) {
           set_error(s, p.rings, kErrTailLaunchBase + (int32_t)err);
+          publish(s, p.cfg, p.rings);
           store_release(&ctl->exited, 1u);
         }
       }
@@ -127,8 +147,7 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
     }
   }
   if (t.leader()) {
-    egress_flush(s, p.rings);
-    publish_counters(s, p.cfg, p.rings);
+    publish(s, p.cfg, p.rings);
     store_release(&ctl->exited, 1u);
   }
 }
@@ -175,11 +194,6 @@ int blink_instantiate_device(void* raw_graph, void* stream, void** exec) {
   cudaError_t e = cudaGraphInstantiateWithParams((cudaGraphExec_t*)exec, (cudaGraph_t)raw_graph, &ip);
   if (e != cudaSuccess) return (int)e;
   return (int)cudaGraphUpload((cudaGraphExec_t)*exec, (cudaStream_t)stream);
-}
-
-// For the error-path self-test: an exec without the device-launch flag (a device launch must fail).
-int blink_instantiate_host_only(void* raw_graph, void** exec) {
-  return (int)cudaGraphInstantiate((cudaGraphExec_t*)exec, (cudaGraph_t)raw_graph, 0);
 }
 
 // Node counts by cudaGraphNodeType (first 16 types), to explain a refused device-launch instantiation.
