@@ -21,11 +21,9 @@ def _rel(a, b):
 
 
 def precision(name="llama3-8b", std=0.02, randomize=True):
-    from blink.kernels.activation import silu_and_mul_ref
     from blink.kernels.attention import paged_attention_ref
-    from blink.kernels.kv_write import write_kv_ref
     from blink.kernels.rmsnorm import rms_norm_ref
-    from blink.kernels.rope import apply_rope_ref
+    from blink.kernels.rope import rope_and_write_kv_ref
 
     hf_dict = {**presets.PRESETS[name], "num_hidden_layers": 2}
     arch = hf_dict["architectures"][0]
@@ -44,8 +42,7 @@ def precision(name="llama3-8b", std=0.02, randomize=True):
     cfg = ModelConfig.from_hf_dict(hf_dict)
     swaps = {"none": {}, "rms_norm": {(layers, "rms_norm"): rms_norm_ref},
              "attention": {(llama, "paged_attention"): paged_attention_ref},
-             "rope": {(llama, "apply_rope"): apply_rope_ref}, "silu": {(llama, "silu_and_mul"): silu_and_mul_ref},
-             "kv_write": {(llama, "write_kv"): write_kv_ref}}
+             "rope_kv": {(llama, "rope_and_write_kv"): rope_and_write_kv_ref}}
     swaps["all"] = {k: v for d in list(swaps.values()) for k, v in d.items()}
     for flag in (True, False):
         torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = flag
@@ -81,6 +78,40 @@ def precision(name="llama3-8b", std=0.02, randomize=True):
             setattr(mod, attr, fn)
 
 
+def fp32_devices(name="llama3-8b"):
+    """Blink fp32 on the GPU vs HF fp32 on the CPU and on the GPU: is a gap GPU-specific?"""
+    hf_dict = {**presets.PRESETS[name], "num_hidden_layers": 2}
+    arch = hf_dict["architectures"][0]
+    hf_cfg = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**hf_dict)
+    torch.manual_seed(0)
+    hf = getattr(transformers, arch)(hf_cfg).float().eval()
+    ids = torch.randint(0, 100000, (300,)).tolist()
+    with torch.no_grad():
+        ref_cpu = hf(torch.tensor([ids])).logits[0]
+        hf_gpu = hf.to("cuda")(torch.tensor([ids], device="cuda")).logits[0].cpu()
+    print(f"{name} fp32: HF gpu vs HF cpu {_rel(hf_gpu, ref_cpu):.2e}")
+    cfg = ModelConfig.from_hf_dict(hf_dict)
+    for device in ("cpu", "cuda"):
+        model = LlamaForCausalLM(cfg, device, torch.float32, max_positions=4096)
+        load_hf_tensors(model, hf.state_dict().items())
+        out = PagedDriver(model, num_blocks=64, block_size=16).step({0: ids})[0].cpu()
+        print(f"  blink fp32 on {device} vs HF cpu: {_rel(out, ref_cpu):.2e}")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for mod, attr in [(llama, "paged_attention"), (llama, "rope_and_write_kv"), (layers, "rms_norm")]:
+        model = LlamaForCausalLM(cfg, "cuda", torch.float32, max_positions=4096)
+        load_hf_tensors(model, hf.state_dict().items())
+        import blink.kernels.attention as att
+        import blink.kernels.rmsnorm as rn
+        import blink.kernels.rope as rp
+        ref = {"paged_attention": att.paged_attention_ref, "rope_and_write_kv": rp.rope_and_write_kv_ref,
+               "rms_norm": rn.rms_norm_ref}[attr]
+        saved = getattr(mod, attr)
+        setattr(mod, attr, ref)
+        out = PagedDriver(model, num_blocks=64, block_size=16).step({0: ids})[0].cpu()
+        setattr(mod, attr, saved)
+        print(f"  blink fp32 cuda with ref {attr}: {_rel(out, ref_cpu):.2e}")
+
+
 def profile(name="llama3-8b", batch=1, ctx=1024):
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as prof
@@ -114,7 +145,9 @@ def profile(name="llama3-8b", batch=1, ctx=1024):
 
 if __name__ == "__main__":
     for what in sys.argv[1:]:
-        if what == "precision":
+        if what == "fp32":
+            fp32_devices()
+        elif what == "precision":
             precision()
             precision(randomize=False)
         elif what == "profile":

@@ -18,6 +18,10 @@ for stage in "$@"; do
          python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.device_count())';;
     tests) python3 -m pytest -q -m gpu --timeout 300 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40;;
     diag) python3 tools/diag.py precision profile 2>&1 | tee "$OUT/diag.log";;
+    fp32) python3 tools/diag.py fp32 2>&1 | grep -v Warn | tee "$OUT/fp32.log";;
+    sampling) python3 -m blink.kernels.bench_sampling --old-file old_sampling.py 2>&1 | tee "$OUT/sampling.log" | tail -40;;
+    step8b) python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 | tee "$OUT/step8b.log";;
+    step8b-smallm) BLINK_SMALL_M_GEMM=1 python3 -m blink.bench.step step --presets llama3-8b --batches 1,8 2>&1 | tee "$OUT/step8b_smallm.log";;
     precision) python3 tools/diag.py precision 2>&1 | grep -v Warn | tee "$OUT/precision.log";;
     profile) python3 tools/diag.py profile 2>&1 | grep -v Warn | tee "$OUT/profile.log";;
     serve-gpu) python3 -m pytest -q -m gpu tests/frontend 2>&1 | tee "$OUT/serve_gpu.log" | tail -30;;

@@ -67,8 +67,8 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
                 num_tokens += 1
                 timer.token()
                 if params.logprobs is not None:
-                    logprobs.append(TokenLogprob(event.token_id, event.logprob,
-                                                 list(zip(event.top_ids, event.top_logprobs, strict=True))))
+                    tops = [(t, lp) for t, lp in zip(event.top_ids, event.top_logprobs, strict=True) if t >= 0]
+                    logprobs.append(TokenLogprob(event.token_id, event.logprob, tops))
                 if reason != FinishReason.STOP:  # a stop token (EOS or stop_token_ids) is not output text
                     piece = detokenizer.add(event.token_id)
             if event.finished:

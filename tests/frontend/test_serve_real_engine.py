@@ -96,17 +96,29 @@ def test_concurrent_streams_match_non_streamed(server):
         assert text == full.choices[0].text, i
 
 
-def test_disconnect_frees_the_request(server, client):
-    stream = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=200, stream=True,
+def generated_tokens(base_url: str) -> float:
+    text = httpx.get(base_url + "/metrics").text
+    return float(re.search(r"^blink_engine_generated_tokens (\S+)$", text, re.M).group(1))
+
+
+@pytest.fixture(scope="module")
+def disconnect_max_tokens():
+    return 200  # fits the tiny model's 256-token context; the CPU takes far longer than the test
+
+
+def test_disconnect_frees_the_request(server, client, disconnect_max_tokens):
+    max_tokens = disconnect_max_tokens  # only an abort can end the request before this many tokens
+    before = generated_tokens(server.base_url)
+    stream = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=max_tokens, stream=True,
                                        extra_body={"ignore_eos": True})
     first = [next(iter(stream)) for _ in range(2)]
     assert all(c.choices[0].finish_reason is None for c in first)
-    assert running_requests(server.base_url) == 1
     stream.close()
     deadline = time.monotonic() + 15
     while running_requests(server.base_url) != 0:
         assert time.monotonic() < deadline, "the engine still runs the abandoned request"
         time.sleep(0.05)
+    assert generated_tokens(server.base_url) - before < max_tokens, "the request ran to the end: not aborted"
 
 
 def test_stop_string_aborts_engine_request(server, client):
