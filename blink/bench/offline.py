@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 
@@ -21,7 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--engines", default="host,device,hf")
+    p.add_argument("--engines", default="device,host,hf")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--num-layers", type=int, default=None)
     p.add_argument("--result-json", default=None)
@@ -41,15 +42,26 @@ def workload_floor_s(shape: ModelShape, n: int, plen: int, olen: int, budget: in
     return total
 
 
-def run_engine(engine, prompts, olen) -> tuple[float, int]:
+_request_ids = itertools.count(1)  # ids stay unique across runs on one engine
+
+
+def run_engine(engine, prompts, olen, timeout_s: float = 300.0) -> tuple[float, int]:
     params = SamplingParams(temperature=0, max_tokens=olen, ignore_eos=True)
     torch.cuda.synchronize()
     start = time.perf_counter()
-    for i, p in enumerate(prompts):
-        engine.add_request(i + 1, p, params)
+    live = set()
+    for p in prompts:
+        rid = next(_request_ids)
+        engine.add_request(rid, p, params)
+        live.add(rid)
     tokens = 0
-    while engine.has_unfinished():
-        tokens += sum(1 for e in engine.step() if e.token_id >= 0)
+    while live:
+        for e in engine.step():
+            tokens += e.token_id >= 0
+            if e.finished:
+                live.discard(e.req_id)
+        if time.perf_counter() - start > timeout_s:
+            raise TimeoutError(f"{len(live)} requests unfinished after {timeout_s} s: {engine.stats()}")
     return time.perf_counter() - start, tokens
 
 

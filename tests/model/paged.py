@@ -114,7 +114,7 @@ def compare_with_hf(model, hf_model, rtol: float | None = 1e-4, max_prompt: int 
     lengths = (max_prompt // 2 + 1, 1, max_prompt)
     prompts = [[rng.randrange(cfg.vocab_size) for _ in range(n)] for n in lengths]
     tokens, logits = run_mixed_schedule(model, prompts, cfg.vocab_size, block_size=block_size)
-    hf_fp32 = copy.deepcopy(hf_model).float() if rtol is None else None
+    hf_fp32 = _fp32_twin(hf_model, device) if rtol is None else None
     for seq, ids in tokens.items():
         with torch.no_grad():
             ref = hf_model(torch.tensor([ids], device=device)).logits[0].float()
@@ -125,6 +125,16 @@ def compare_with_hf(model, hf_model, rtol: float | None = 1e-4, max_prompt: int 
             continue
         ours_error, hf_error = _relative_error(logits[seq], exact), _relative_error(ref, exact)
         assert ours_error < 2 * hf_error + 1e-3, f"blink bf16 error {ours_error:.5f}, HF's {hf_error:.5f}"
+
+
+def _fp32_twin(hf_model, device):
+    """HF in fp32 on the same (bf16-valued) weights. Not `.float()` of the bf16 model: that keeps its RoPE
+    inverse frequencies rounded to bf16 (a non-persistent buffer cast by `.to(bf16)`), which shifts the
+    angles at large positions; a fresh model computes them in fp32, as blink does."""
+    with torch.device(device):
+        twin = type(hf_model)(copy.deepcopy(hf_model.config)).float().eval()
+    twin.load_state_dict({k: v.float() for k, v in hf_model.state_dict().items()})
+    return twin
 
 
 def compare_dir_with_hf(model_dir, rtol: float | None = 1e-4, dtype: torch.dtype = torch.float32) -> None:
