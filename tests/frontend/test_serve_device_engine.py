@@ -1,13 +1,11 @@
 """The real-engine front-end suite again, against `blink serve --engine device` on a GPU."""
 from __future__ import annotations
 
-import os
-import signal
-
 import pytest
 
 from tests.frontend.server_process import ServerProcess
 from tests.frontend.test_serve_real_engine import (  # noqa: F401 - the tests and fixtures re-run here
+    check_sigterm_cleans_up,
     client,
     test_chat_stream_equals_non_stream,
     test_concurrent_streams_match_non_streamed,
@@ -42,11 +40,5 @@ def server(model_dir):  # noqa: F811 - this module's server is the device engine
 
 
 def test_sigterm_to_process_group_cleans_up_device(model_dir):  # noqa: F811
-    proc = ServerProcess(["--model", str(model_dir), "--engine", "device", "--device", "cuda",
-                          "--gpu-memory-utilization", "0.6"], new_session=True)
-    proc.wait_ready()
-    children = proc.children()
-    assert len(children) == 2 and proc.segments()
-    os.killpg(proc.process.pid, signal.SIGTERM)
-    assert proc.wait_exit(20) == 0
-    assert proc.children() == [] and proc.segments() == []
+    check_sigterm_cleans_up(["--model", str(model_dir), "--engine", "device", "--device", "cuda",
+                             "--gpu-memory-utilization", "0.6"])

@@ -134,7 +134,11 @@ def test_stop_string_aborts_engine_request(server, client):
 
 
 def test_sigterm_to_process_group_cleans_up(model_dir):
-    proc = ServerProcess(["--model", str(model_dir), "--engine", "host", "--device", "cpu"], new_session=True)
+    check_sigterm_cleans_up(["--model", str(model_dir), "--engine", "host", "--device", "cpu"])
+
+
+def check_sigterm_cleans_up(serve_args: list[str]) -> None:
+    proc = ServerProcess(serve_args, new_session=True)
     proc.wait_ready()
     children = proc.children()
     assert len(children) == 2 and proc.segments()
