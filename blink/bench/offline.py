@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import time
@@ -45,9 +46,11 @@ def workload_floor_s(shape: ModelShape, n: int, plen: int, olen: int, budget: in
 _request_ids = itertools.count(1)  # ids stay unique across runs on one engine
 
 
-def run_engine(engine, prompts, olen, timeout_s: float = 300.0) -> tuple[float, int]:
+def run_engine(engine, prompts, olen, timeout_s: float = 120.0) -> tuple[float, int]:
     params = SamplingParams(temperature=0, max_tokens=olen, ignore_eos=True)
-    torch.cuda.synchronize()
+    # Not torch.cuda.synchronize(): device mode's scheduler kernel stays resident (on its own non-blocking
+    # stream) until shutdown, and a device-wide synchronize waits for it forever.
+    torch.cuda.current_stream().synchronize()
     start = time.perf_counter()
     live = set()
     for p in prompts:
@@ -115,7 +118,7 @@ def run(ns: argparse.Namespace) -> int:
     results = {"model": ns.model, "layers": loaded.cfg.num_hidden_layers, "workload":
                [ns.num_prompts, ns.input_len, ns.output_len], "roofline_tok_s": round(bound, 1)}
     print(f"workload {ns.num_prompts} x ({ns.input_len} in, {ns.output_len} out): roofline bound "
-          f"{bound:.0f} tok/s (floor {floor * 1e3:.1f} ms)")
+          f"{bound:.0f} tok/s (floor {floor * 1e3:.1f} ms)", flush=True)
     for name in ns.engines.split(","):
         if name == "hf":
             dt, n, impl = run_hf(hf_model, prompts, ns.output_len)
@@ -132,6 +135,8 @@ def run(ns: argparse.Namespace) -> int:
             print(f"{name}: batch-1 {b1_ms:.3f} ms/token (floor {b1_floor:.3f}, ratio {b1_ms / b1_floor:.2f}; "
                   "includes prefill)")
             engine.shutdown()
+            engine = None  # free its CUDA graphs now, not while the next engine's loop is resident
+            gc.collect()
             label = name
         results[f"{name}_tok_s"] = round(n / dt, 1)
         print(f"{label}: {n} tokens in {dt:.2f} s = {n / dt:.0f} tok/s ({n / dt / bound:.2f} of the bound)",

@@ -4,6 +4,11 @@ In process (`blink generate --engine device`, the offline LLM, tests): `DeviceEn
 segment, submits through IngressProducer and drains EgressConsumer in `step()`. As the engine process of
 `blink serve --engine device`: `serve_device(segment_name, args)` attaches the front end's segment,
 provisions, lets the GPU serve the rings, and sleeps until stop_flag.
+
+While a DeviceEngine lives, its scheduler kernel is resident: a device-wide synchronize in the same process
+(torch.cuda.synchronize(), empty_cache(), freeing a CUDA graph or pool) waits for it forever. Synchronize
+torch's stream instead (torch.cuda.current_stream().synchronize()), or shut the engine down first;
+PollWatchdog prints the stalled stack if it happens.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from blink.config import EngineArgs
+from blink.control.poll_watchdog import PollWatchdog
 from blink.control.runtime import DeviceLoop
 from blink.engine.interface import Engine, EngineStats, TokenEvent
 from blink.engine.loaded_model import LoadedModel
@@ -42,6 +48,7 @@ class DeviceEngine(Engine):
         self.consumer = EgressConsumer(self.segment)
         self.live: set[int] = set()
         self._pending: list[TokenEvent] = []  # drained while add_request waited for ingress room
+        self.watchdog = None
         try:
             self.loop = DeviceLoop(self.m, args, self.segment, **loop_kwargs)
             self.loop.start()
@@ -49,26 +56,32 @@ class DeviceEngine(Engine):
         except BaseException:
             self._release_segment()
             raise
+        # From here on a device-wide synchronize on the caller's thread hangs behind the resident loop.
+        self.watchdog = PollWatchdog(lambda: bool(self.live), self._describe).start()
 
     # -- Engine interface ---------------------------------------------------------------------------------
     def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
         if req_id in self.live:
             raise ValueError(f"request id {req_id} is already in use")
         self.m.validate_prompt(prompt_ids, params)
+        self.watchdog.poked()
         # While the ingress ring is full, keep draining egress: a GPU blocked on a full egress ring
         # stops reading ingress, and waiting on it alone would deadlock.
         while not self.producer.submit(req_id, list(prompt_ids), params, timeout=SUBMIT_WAIT_S):
             self._check_alive()
             self._pending += self.consumer.poll()
+            self.watchdog.poked()
         self.live.add(req_id)
 
     def abort_request(self, req_id: int) -> None:
+        self.watchdog.poked()
         if req_id in self.live:  # the GPU answers with the ABORT record
             while not self.producer.abort(req_id, timeout=SUBMIT_WAIT_S):
                 self._check_alive()
                 self._pending += self.consumer.poll()
 
     def step(self) -> list[TokenEvent]:
+        self.watchdog.poked()
         events, self._pending = self._pending, []
         events += self.consumer.wait(0 if events or not self.live else POLL_WAIT_S)
         for ev in events:
@@ -87,6 +100,9 @@ class DeviceEngine(Engine):
                            c.preemptions)
 
     def shutdown(self) -> None:
+        if getattr(self, "watchdog", None) is not None:
+            self.watchdog.stop()
+            self.watchdog = None
         if getattr(self, "loop", None) is not None:
             try:
                 self.loop.stop()
@@ -99,6 +115,11 @@ class DeviceEngine(Engine):
     def _check_alive(self) -> None:
         if not self.loop.alive():
             raise RuntimeError(f"the device loop has stopped: {self.loop.error()}")
+
+    def _describe(self) -> str:
+        """Live counters from the shared segment only (no CUDA call: it could block behind the stall)."""
+        seg = self.segment
+        return "no segment" if seg is None else f"{seg.counters()}; {len(self.live)} requests live"
 
     def _release_segment(self) -> None:
         if self.segment is not None:

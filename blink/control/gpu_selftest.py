@@ -1,5 +1,5 @@
 """Device mode, end to end on a GPU, in one call: `python -m blink.control.gpu_selftest [--interference]
-[--llama3-8b [--layers N]]`.
+[--llama3-8b] [--offline-8b] [--layers N]` (--offline-8b: `blink bench offline`'s run, selftest_offline.py).
 
 Checks (each prints PASS/FAIL with the reason): greedy parity with host mode on a mixed, staggered workload
 with aborts and a KV pool small enough to preempt; seeded sampling parity (penalties, logit_bias, top-k/p,
@@ -23,6 +23,7 @@ import torch
 from blink.config import EngineArgs
 from blink.control import selftest_runs as runs
 from blink.control.device_engine import DeviceEngine
+from blink.control.selftest_offline import phase_offline_8b
 from blink.control.selftest_trace import context_healthy, phase_text, shutdown_quietly, trace_stats
 from blink.engine.host_engine import HostEngine
 from blink.engine.loaded_model import LoadedModel
@@ -255,6 +256,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--interference", action="store_true", help="repeat the timings under CPU load")
     ap.add_argument("--llama3-8b", action="store_true", help="also the bf16 llama3-8b shape")
+    ap.add_argument("--offline-8b", action="store_true", help="first, `blink bench offline`'s device run")
     ap.add_argument("--layers", type=int, default=None, help="cut llama3-8b to this many layers")
     ap.add_argument("--skip-checks", action="store_true", help="timings only")
     opts = ap.parse_args()
@@ -266,7 +268,7 @@ def main() -> int:
 
     load_device_library()
     rep.time("build (or cache hit) of libblink_control.so", f"{time.perf_counter() - t:.1f} s")
-    phases = []
+    phases = [lambda: phase_offline_8b(rep, opts.layers)] if opts.offline_8b else []
     if not opts.skip_checks:
         small = EngineArgs(**TINY, num_kv_blocks=48)
         loaded = LoadedModel.load(small)

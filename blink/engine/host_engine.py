@@ -18,11 +18,20 @@ from blink.request import FinishReason, SamplingParams
 class HostEngine(Engine):
     def __init__(self, args: EngineArgs, loaded: LoadedModel | None = None):
         self.args = args
-        self.m = loaded or LoadedModel.load(args)
+        self.tp = None  # rank 0's TensorParallelRunner when --tensor-parallel-size > 1
+        if args.tensor_parallel_size > 1:
+            if loaded is not None:
+                raise ValueError("a preloaded model cannot be used with tensor parallelism")
+            from blink.parallel.host_runner import start_tensor_parallel
+
+            self.m, self.tp = start_tensor_parallel(args)
+        else:
+            self.m = loaded or LoadedModel.load(args)
         m = self.m
         self.scheduler = Scheduler(m.kv_cache.num_blocks, args.block_size, args.max_num_seqs,
                                    m.max_num_batched_tokens)
-        self.runner = ModelRunner(
+        # The TP runner has ModelRunner's execute() and mirrors each step on the other ranks.
+        self.runner = self.tp or ModelRunner(
             m.model, m.kv_cache, m.sampling_state, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=m.max_num_batched_tokens, max_model_len=m.max_model_len,
             device=m.device, use_graphs=m.device == "cuda" and not args.enforce_eager)
@@ -74,6 +83,10 @@ class HostEngine(Engine):
             if tok is not None:
                 events.append(self._append(chunk.seq, tok))
         return events
+
+    def shutdown(self) -> None:
+        if self.tp is not None:
+            self.tp.shutdown()
 
     # -- helpers ------------------------------------------------------------------------------------------
     def _append(self, seq: Sequence, tok: SampledToken) -> TokenEvent:

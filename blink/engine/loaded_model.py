@@ -1,6 +1,7 @@
 """Everything an engine provisions once at start: model, KV pool, sampling state and the limits."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -33,9 +34,11 @@ class LoadedModel:
         return self.cfg.vocab_size
 
     @classmethod
-    def load(cls, args: EngineArgs, num_layers: int | None = None) -> LoadedModel:
-        """num_layers: cut a preset to fewer layers (quick benchmarks of the real shapes)."""
+    def load(cls, args: EngineArgs, num_layers: int | None = None, tp=None) -> LoadedModel:
+        """num_layers: cut a preset to fewer layers (quick benchmarks of the real shapes).
+        tp: this rank's TPGroup (blink/parallel/group.py) under tensor parallelism, else None."""
         from blink.model.demo import ensure_default_model
+        from blink.model.llama import local_kv_heads
         from blink.model.weights import load_model
 
         device = args.resolved_device
@@ -47,15 +50,21 @@ class LoadedModel:
         if num_layers is not None:
             model, cfg = _short_preset(source, num_layers, device, dtype, max_len, args.seed)
         else:
-            model, cfg = load_model(source, device=device, dtype=dtype, max_positions=max_len, seed=args.seed)
+            model, cfg = load_model(source, device=device, dtype=dtype, max_positions=max_len, seed=args.seed,
+                                    tp=tp)
         dtype = next(model.parameters()).dtype
         max_len = max_len or min(cfg.max_position_embeddings, 8192)
         if max_len > cfg.max_position_embeddings:
             raise ValueError(f"--max-model-len {max_len} exceeds the model's {cfg.max_position_embeddings}")
-        per_block = bytes_per_block(cfg.num_hidden_layers, args.block_size, cfg.num_key_value_heads,
+        # Under tensor parallelism each rank caches only its own KV heads, and all ranks take the smallest
+        # pool any of them can hold (rank 0 schedules blocks for all of them).
+        kv_cfg = dataclasses.replace(cfg, num_key_value_heads=local_kv_heads(cfg, 1 if tp is None else tp.size))
+        per_block = bytes_per_block(cfg.num_hidden_layers, args.block_size, kv_cfg.num_key_value_heads,
                                     cfg.head_dim, dtype)
         num_blocks = choose_num_blocks(args, cfg, dtype, device, per_block)
-        kv = allocate_kv_cache(cfg, num_blocks, args.block_size, dtype, device)
+        if tp is not None:
+            num_blocks = tp.min_over_ranks(num_blocks)
+        kv = allocate_kv_cache(kv_cfg, num_blocks, args.block_size, dtype, device)
         # One extra slot: the scratch row that padding and mid-prefill rows point at.
         state = SamplingState(args.max_num_seqs + 1, cfg.vocab_size, device)
         path = None if _is_preset(source) else source
@@ -87,8 +96,6 @@ def _is_preset(source: str) -> bool:
 
 
 def _short_preset(name: str, num_layers: int, device, dtype, max_len, seed):
-    import dataclasses
-
     from blink.model import presets
     from blink.model.llama import LlamaForCausalLM
 

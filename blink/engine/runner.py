@@ -102,6 +102,11 @@ class ModelRunner:
         raise ValueError(f"step of {num_tokens} tokens / {num_seqs} seqs exceeds the largest bucket")
 
     def prepare(self, plan: StepPlan, buf: StepBuffers, bucket: tuple[int, int]) -> None:
+        self.fill(buf, self.step_inputs(plan, bucket))
+
+    def step_inputs(self, plan: StepPlan, bucket: tuple[int, int]) -> dict[str, torch.Tensor]:
+        """The step's inputs as CPU tensors padded to the bucket, keyed by StepBuffers field name
+        (tensor-parallel rank 0 sends exactly these to the other ranks)."""
         t_pad, s_pad = bucket
         ids, pos, slots, qsl, lens, logit_rows, sslots, spos = [], [], [], [0], [], [], [], []
         bs = self.kv_cache.block_size
@@ -120,29 +125,42 @@ class ModelRunner:
             table[i, : len(seq.block_ids)] = torch.tensor(seq.block_ids, dtype=torch.int32)
         n, s = len(ids), len(plan.chunks)
         pad_t, pad_s = t_pad - n, s_pad - s
-        fill = [
-            (buf.input_ids, ids + [0] * pad_t, torch.int64),
-            (buf.positions, pos + [0] * pad_t, torch.int64),
-            (buf.slot_mapping, slots + [-1] * pad_t, torch.int64),
-            (buf.query_start_loc, qsl + [n] * pad_s, torch.int32),
-            (buf.seq_lens, lens + [0] * pad_s, torch.int32),
-            (buf.logits_indices, logit_rows + [0] * pad_s, torch.int64),
-            (buf.sample_slots, sslots + [self.scratch_slot] * pad_s, torch.int32),
-            (buf.sample_positions, spos + [0] * pad_s, torch.int64),
-        ]
-        for dst, values, dtype in fill:
-            dst[: len(values)].copy_(torch.tensor(values, dtype=dtype), non_blocking=True)
-        buf.block_tables[:s_pad].copy_(table, non_blocking=True)
+        return {
+            "input_ids": torch.tensor(ids + [0] * pad_t, dtype=torch.int64),
+            "positions": torch.tensor(pos + [0] * pad_t, dtype=torch.int64),
+            "slot_mapping": torch.tensor(slots + [-1] * pad_t, dtype=torch.int64),
+            "query_start_loc": torch.tensor(qsl + [n] * pad_s, dtype=torch.int32),
+            "seq_lens": torch.tensor(lens + [0] * pad_s, dtype=torch.int32),
+            "logits_indices": torch.tensor(logit_rows + [0] * pad_s, dtype=torch.int64),
+            "sample_slots": torch.tensor(sslots + [self.scratch_slot] * pad_s, dtype=torch.int32),
+            "sample_positions": torch.tensor(spos + [0] * pad_s, dtype=torch.int64),
+            "block_tables": table,
+        }
 
-    def execute(self, plan: StepPlan, want_top: int = 0) -> list[SampledToken | None]:
-        """Run one step; returns, per chunk, the sampled token (None for a chunk mid-prefill)."""
-        n, s = plan.num_tokens, len(plan.chunks)
-        bucket = self.bucket_for(n, s) if self.graphs else (n, s)
-        self.prepare(plan, self.buffers, bucket)
+    def fill(self, buf: StepBuffers, inputs: dict[str, torch.Tensor]) -> None:
+        for name, values in inputs.items():
+            getattr(buf, name)[: len(values)].copy_(values, non_blocking=True)
+
+    def run(self, bucket: tuple[int, int]) -> None:
+        """Replay the bucket's graph on self.buffers (or run it eagerly)."""
         if self.graphs:
             self.graphs[bucket].replay()
         else:
             self.forward(self.buffers, *bucket)
+
+    def execute(self, plan: StepPlan, want_top: int = 0) -> list[SampledToken | None]:
+        """Run one step; returns, per chunk, the sampled token (None for a chunk mid-prefill)."""
+        bucket = self.bucket_of(plan)
+        self.prepare(plan, self.buffers, bucket)
+        self.run(bucket)
+        return self.read_back(plan, want_top)
+
+    def bucket_of(self, plan: StepPlan) -> tuple[int, int]:
+        n, s = plan.num_tokens, len(plan.chunks)
+        return self.bucket_for(n, s) if self.graphs else (n, s)
+
+    def read_back(self, plan: StepPlan, want_top: int) -> list[SampledToken | None]:
+        s = len(plan.chunks)
         buf = self.buffers
         ids = buf.sampled_ids[:s].tolist()
         lps = buf.logprobs[:s].tolist()

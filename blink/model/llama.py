@@ -19,25 +19,26 @@ from torch import nn
 from blink.kernels import paged_attention, rope_and_write_kv
 from blink.model.attention_metadata import AttentionMetadata
 from blink.model.config import ModelConfig
-from blink.model.layers import ColumnParallelLinear, Embedding, RMSNorm, RowParallelLinear
+from blink.model.layers import ColumnParallelLinear, RMSNorm, RowParallelLinear, VocabParallelEmbedding
 from blink.model.rope import rope_cos_sin
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (k_cache, v_cache)
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, device, dtype, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(self, cfg: ModelConfig, device, dtype, tp=None):
         super().__init__()
+        tp_size = 1 if tp is None else tp.size
+        kv_shards = min(cfg.num_key_value_heads, tp_size)  # fewer KV heads than ranks: ranks share one
         self.num_heads = cfg.num_attention_heads // tp_size
-        self.num_kv_heads = cfg.num_key_value_heads // tp_size
+        self.num_kv_heads = cfg.num_key_value_heads // kv_shards
         self.head_dim = cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         self.qkv_proj = ColumnParallelLinear(
             cfg.hidden_size, {"q": cfg.q_size, "k": cfg.kv_size, "v": cfg.kv_size}, cfg.qkv_bias,
-            device, dtype, tp_rank, tp_size,
+            device, dtype, tp, part_shards={"k": kv_shards, "v": kv_shards},
         )
-        self.o_proj = RowParallelLinear(cfg.q_size, cfg.hidden_size, cfg.o_proj_bias, device, dtype,
-                                        tp_rank, tp_size)
+        self.o_proj = RowParallelLinear(cfg.q_size, cfg.hidden_size, cfg.o_proj_bias, device, dtype, tp)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, device, dtype)
             self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps, device, dtype)
@@ -66,26 +67,26 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, device, dtype, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(self, cfg: ModelConfig, device, dtype, tp=None):
         super().__init__()
         self.gate_up_proj = ColumnParallelLinear(
             cfg.hidden_size, {"gate": cfg.intermediate_size, "up": cfg.intermediate_size}, cfg.mlp_bias,
-            device, dtype, tp_rank, tp_size,
+            device, dtype, tp,
         )
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, cfg.mlp_bias,
-                                           device, dtype, tp_rank, tp_size)
+                                           device, dtype, tp)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj(hidden), silu_mul_input=True)  # down(silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, device, dtype, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(self, cfg: ModelConfig, device, dtype, tp=None):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
-        self.self_attn = LlamaAttention(cfg, device, dtype, tp_rank, tp_size)
+        self.self_attn = LlamaAttention(cfg, device, dtype, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
-        self.mlp = LlamaMLP(cfg, device, dtype, tp_rank, tp_size)
+        self.mlp = LlamaMLP(cfg, device, dtype, tp)
 
     def forward(self, positions, hidden, residual, attn, k_cache, v_cache, cos_sin):
         """Returns (hidden, residual): the residual add is fused into the next layer's first norm."""
@@ -100,11 +101,11 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, device, dtype, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(self, cfg: ModelConfig, device, dtype, tp=None):
         super().__init__()
-        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size, device, dtype)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, device, dtype, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, device, dtype, tp_rank, tp_size) for _ in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, device, dtype, tp) for _ in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
 
@@ -119,20 +120,20 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """forward(...) -> final hidden states [T, hidden]; compute_logits(hidden[N]) -> [N, vocab] float32.
 
-    `max_positions` sizes the RoPE table (default: the config's max_position_embeddings).
+    `max_positions` sizes the RoPE table (default: the config's max_position_embeddings). `tp` is this
+    rank's TPGroup (None = one rank): the model then holds this rank's shard and its forward and
+    compute_logits run the group's collectives, in the same order on every rank.
     """
 
-    def __init__(self, cfg: ModelConfig, device, dtype: torch.dtype, tp_rank: int = 0, tp_size: int = 1,
-                 max_positions: int | None = None):
+    def __init__(self, cfg: ModelConfig, device, dtype: torch.dtype, tp=None, max_positions: int | None = None):
         super().__init__()
-        if tp_size != 1:
-            raise NotImplementedError("tensor parallelism is not implemented yet (tp_size must be 1)")
+        check_tp_size(cfg, 1 if tp is None else tp.size)
         self.config = cfg
-        self.model = LlamaModel(cfg, device, dtype, tp_rank, tp_size)
-        self.lm_head = ColumnParallelLinear(cfg.hidden_size, {"lm_head": cfg.vocab_size}, False,
-                                            device, dtype, tp_rank, tp_size)
+        self.model = LlamaModel(cfg, device, dtype, tp)
         if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            self.lm_head = self.model.embed_tokens  # one module, so one (sharded) weight
+        else:
+            self.lm_head = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, device, dtype, tp)
         max_positions = max_positions or cfg.max_position_embeddings
         self.register_buffer("cos_sin", rope_cos_sin(cfg, max_positions, device), persistent=False)
 
@@ -141,4 +142,22 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, attn, kv_caches, self.cos_sin)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        return self.lm_head.logits(hidden)
+
+
+def local_kv_heads(cfg: ModelConfig, tp_size: int) -> int:
+    """KV heads each rank holds: split across ranks, or one (replicated) when there are fewer than ranks."""
+    return cfg.num_key_value_heads // min(cfg.num_key_value_heads, tp_size)
+
+
+def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
+    """One-line ValueError unless tp_size splits the heads and the MLP evenly."""
+    heads, kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+    if tp_size < 1 or heads % tp_size:
+        raise ValueError(f"--tensor-parallel-size {tp_size} does not divide the model's {heads} attention heads")
+    if kv_heads % tp_size and tp_size % kv_heads:
+        raise ValueError(f"--tensor-parallel-size {tp_size} neither divides nor is a multiple of the model's "
+                         f"{kv_heads} KV heads")
+    if cfg.intermediate_size % tp_size:
+        raise ValueError(f"--tensor-parallel-size {tp_size} does not divide the intermediate size "
+                         f"{cfg.intermediate_size}")

@@ -2,8 +2,9 @@
 
 Tensors are read one at a time from the safetensors files and copied straight into the model's
 parameters, which already live on the target device in the target dtype (copy_ casts and moves), so no
-second copy of the model is ever held. Names are HF's, except for the projections blink fuses into one GEMM
-(FUSED_PROJECTIONS below).
+second copy of the model is ever held. With tensor parallelism each rank reads only its own rows or
+columns of a sharded tensor (safetensors slices: the layers' load_hf index them), never the whole of it.
+Names are HF's, except for the projections blink fuses into one GEMM (FUSED_PROJECTIONS below).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from torch import nn
 
 from blink.model import presets
 from blink.model.config import DTYPES, ModelConfig, ModelConfigError
-from blink.model.layers import ColumnParallelLinear
+from blink.model.layers import ColumnParallelLinear, read_all, source_shape
 from blink.model.llama import LlamaForCausalLM
 
 # HF module (inside model.layers.N) -> (blink module it is fused into, its part there). The part names the
@@ -73,8 +74,9 @@ def _ignored(hf_name: str, cfg: ModelConfig) -> bool:
 
 
 @torch.no_grad()
-def load_hf_tensors(model: LlamaForCausalLM, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Copy (HF name, tensor) pairs into the model; every parameter must be filled exactly by them."""
+def load_hf_tensors(model: LlamaForCausalLM, named_tensors: Iterable[tuple[str, object]]) -> None:
+    """Copy (HF name, tensor or safetensors slice) pairs into the model; every parameter must be filled
+    exactly by them."""
     expected = _expected_targets(model)
     loaded: set[tuple[str, str | None]] = set()
     for hf_name, tensor in named_tensors:
@@ -90,9 +92,9 @@ def load_hf_tensors(model: LlamaForCausalLM, named_tensors: Iterable[tuple[str, 
                 module.load_hf(param_name, tensor, part)
             else:
                 param = getattr(module, param_name)
-                if tensor.shape != param.shape:
-                    raise ValueError(f"has shape {tuple(tensor.shape)}, expected {tuple(param.shape)}")
-                param.copy_(tensor)
+                if source_shape(tensor) != tuple(param.shape):
+                    raise ValueError(f"has shape {source_shape(tensor)}, expected {tuple(param.shape)}")
+                param.copy_(read_all(tensor))
         except ValueError as e:
             raise WeightLoadError(f"{hf_name}: {e}") from None
         loaded.add((name, part))
@@ -123,6 +125,14 @@ def read_safetensors(files: Iterable[Path]) -> Iterator[tuple[str, torch.Tensor]
                 yield name, f.get_tensor(name)
 
 
+def read_safetensors_slices(files: Iterable[Path]) -> Iterator[tuple[str, object]]:
+    """(name, safetensors slice) pairs: nothing is read until the consumer indexes a slice."""
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                yield name, f.get_slice(name)
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, cfg: ModelConfig) -> torch.dtype:
     """`auto` (or None) = the checkpoint's dtype; otherwise a name from DTYPES or a torch.dtype."""
     if isinstance(dtype, torch.dtype):
@@ -136,16 +146,20 @@ def resolve_dtype(dtype: str | torch.dtype | None, cfg: ModelConfig) -> torch.dt
 
 def load_model(path_or_preset: str | Path, device: str | torch.device,
                dtype: str | torch.dtype | None = "auto", max_positions: int | None = None,
-               seed: int = 0) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """A model from a checkpoint dir (config.json + safetensors) or a preset name (random weights)."""
+               seed: int = 0, tp=None) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """A model from a checkpoint dir (config.json + safetensors) or a preset name (random weights).
+
+    tp: this rank's TPGroup (None = one rank); the model then holds and loads only this rank's shard.
+    A preset's random weights are drawn per shard, so they differ from the tp=1 model's.
+    """
     device = torch.device(device)
     if Path(path_or_preset).is_dir():
         cfg = ModelConfig.from_dir(path_or_preset)
-        model = LlamaForCausalLM(cfg, device, resolve_dtype(dtype, cfg), max_positions=max_positions)
-        load_hf_tensors(model, read_safetensors(checkpoint_files(path_or_preset)))
+        model = LlamaForCausalLM(cfg, device, resolve_dtype(dtype, cfg), tp, max_positions=max_positions)
+        load_hf_tensors(model, read_safetensors_slices(checkpoint_files(path_or_preset)))
     elif str(path_or_preset) in presets.PRESETS:
         cfg = presets.get(str(path_or_preset))
-        model = LlamaForCausalLM(cfg, device, resolve_dtype(dtype, cfg), max_positions=max_positions)
+        model = LlamaForCausalLM(cfg, device, resolve_dtype(dtype, cfg), tp, max_positions=max_positions)
         presets.init_random_weights(model, seed)
     else:
         raise ModelConfigError(

@@ -1,0 +1,155 @@
+"""Host-mode tensor parallelism on rank 0 (the engine process, or the in-process LLM).
+
+Rank 0 starts ranks 1..N-1 as spawned worker processes (blink/parallel/worker.py), loads its own shard,
+and then, each step, broadcasts the step's inputs (step_message.py), fills its own StepBuffers and runs
+the same bucket as every other rank; the all-reduces inside the forward keep the ranks in lockstep and
+the all-gathered logits make every rank sample the same tokens, so only rank 0 reads them back.
+"""
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+from pathlib import Path
+
+from blink.config import EngineArgs
+from blink.engine.scheduler import StepPlan
+from blink.parallel.group import TPGroup, connect, disable_nvlink_multicast, make_store
+from blink.parallel.step_message import Admission, send_step, send_stop
+from blink.parallel.worker import build_runner, worker_main
+
+READY_POLL_S = 0.2
+JOIN_TIMEOUT_S = 10.0
+
+
+class TensorParallelError(RuntimeError):
+    """A worker rank failed; the message names the rank and its error in one line."""
+
+
+class Workers:
+    """The spawned ranks 1..N-1 and the pipes they report through."""
+
+    def __init__(self, args: EngineArgs, size: int, port: int):
+        ctx = multiprocessing.get_context("spawn")
+        self.processes, self.conns = [], []
+        for rank in range(1, size):
+            ours, theirs = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=worker_main, args=(rank, size, port, args, os.getpid(), theirs),
+                            name=f"blink-tp-rank{rank}", daemon=True)
+            p.start()
+            theirs.close()
+            self.processes.append(p)
+            self.conns.append(ours)
+
+    def wait_ready(self) -> None:
+        waiting = set(range(len(self.processes)))
+        while waiting:
+            for i in list(waiting):
+                if self.conns[i].poll(READY_POLL_S):
+                    kind, message = self.conns[i].recv()
+                    if kind == "error":
+                        raise TensorParallelError(f"tensor-parallel rank {i + 1} failed: {message}")
+                    waiting.discard(i)
+                elif not self.processes[i].is_alive():
+                    raise self.failure()
+
+    def failure(self) -> TensorParallelError:
+        """The clearest account of what went wrong on the workers (called after a collective failed)."""
+        for i, (p, conn) in enumerate(zip(self.processes, self.conns, strict=True)):
+            p.join(timeout=2.0 if p.is_alive() else 0)  # a crashing worker needs a moment to exit
+            with contextlib.suppress(EOFError, OSError):
+                if conn.poll(0.5):
+                    kind, message = conn.recv()
+                    if kind == "error":
+                        return TensorParallelError(f"tensor-parallel rank {i + 1} failed: {message}")
+            if p.exitcode is not None:
+                return TensorParallelError(f"tensor-parallel rank {i + 1} died (exit code {p.exitcode})")
+        return TensorParallelError("a tensor-parallel collective failed, but every worker is alive")
+
+    def close(self) -> None:
+        for p in self.processes:
+            p.join(timeout=JOIN_TIMEOUT_S)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for conn in self.conns:
+            conn.close()
+
+
+class TensorParallelRunner:
+    """Rank 0's runner: ModelRunner.execute's contract, with every step mirrored on the worker ranks."""
+
+    def __init__(self, runner, group: TPGroup, workers: Workers, store):
+        self.runner, self.group, self.workers = runner, group, workers
+        self.store = store  # the rendezvous store must outlive the group
+        self.closed = False
+
+    def execute(self, plan: StepPlan, want_top: int = 0):
+        if self.closed:
+            raise TensorParallelError("the tensor-parallel workers are shut down")
+        runner = self.runner
+        bucket = runner.bucket_of(plan)
+        inputs = runner.step_inputs(plan, bucket)
+        admissions = [Admission(s.slot, s.params, s.seed, list(s.prompt_ids), list(s.output_ids))
+                      for s in plan.admitted]
+        try:
+            send_step(self.group, bucket, inputs, admissions)
+            runner.fill(runner.buffers, inputs)
+            runner.run(bucket)
+            result = runner.read_back(plan, want_top)
+        except Exception:
+            self.closed = True
+            error = self.workers.failure()
+            self.workers.close()
+            raise error from None
+        return result
+
+    def shutdown(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(Exception):  # a dead worker cannot hear it: close() reaps it anyway
+            send_stop(self.group)
+        self.workers.close()
+
+
+def _model_config(args: EngineArgs):
+    from blink.model import presets
+    from blink.model.config import ModelConfig
+    from blink.model.demo import ensure_default_model
+
+    source = args.model or str(ensure_default_model())
+    return presets.get(source) if source in presets.PRESETS else ModelConfig.from_dir(Path(source))
+
+
+def start_tensor_parallel(args: EngineArgs):
+    """Start ranks 1..N-1, load rank 0's shard; returns (LoadedModel, TensorParallelRunner)."""
+    from blink.engine.loaded_model import LoadedModel
+    from blink.model.llama import check_tp_size
+
+    size = args.tensor_parallel_size
+    check_tp_size(_model_config(args), size)  # refuse before starting anything
+    if args.resolved_device == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < size:
+            raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs; "
+                             f"{torch.cuda.device_count()} are visible")
+    disable_nvlink_multicast()
+    store = make_store(0, size, 0)
+    workers = Workers(args, size, store.port)
+    try:
+        group = connect(store, 0, size, args.resolved_device)
+        loaded = LoadedModel.load(args, tp=group)
+        runner = build_runner(loaded, args)
+        workers.wait_ready()
+    except TensorParallelError:
+        workers.close()
+        raise
+    except Exception as e:
+        failure = workers.failure() if any(not p.is_alive() for p in workers.processes) else e
+        for p in workers.processes:
+            p.kill()
+        workers.close()
+        raise failure from None
+    return loaded, TensorParallelRunner(runner, group, workers, store)

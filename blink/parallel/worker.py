@@ -1,0 +1,61 @@
+"""A tensor-parallel worker rank (1..N-1) in host mode: loads its shard, then replays every step rank 0
+broadcasts, until rank 0 says stop. It dies with its parent (PR_SET_PDEATHSIG) and reports any error to
+rank 0 as one line through its pipe before exiting."""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+import torch
+
+from blink.config import EngineArgs
+from blink.parallel.group import TPGroup, connect, disable_nvlink_multicast, make_store
+from blink.parallel.step_message import receive_step
+
+
+def die_with_parent(parent_pid: int) -> None:
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def build_runner(loaded, args: EngineArgs):
+    """The same ModelRunner (buckets, buffers, graphs) on every rank, as HostEngine builds it."""
+    from blink.engine.runner import ModelRunner
+
+    return ModelRunner(
+        loaded.model, loaded.kv_cache, loaded.sampling_state, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=loaded.max_num_batched_tokens, max_model_len=loaded.max_model_len,
+        device=loaded.device, use_graphs=loaded.device == "cuda" and not args.enforce_eager)
+
+
+def worker_main(rank: int, size: int, port: int, args: EngineArgs, parent_pid: int, conn) -> None:
+    """Entry point of a spawned worker process."""
+    die_with_parent(parent_pid)
+    disable_nvlink_multicast()
+    try:
+        if args.resolved_device == "cpu":
+            torch.set_num_threads(1)  # rank 0 keeps the other cores
+        from blink.engine.loaded_model import LoadedModel
+
+        group = connect(make_store(rank, size, port), rank, size, args.resolved_device)
+        loaded = LoadedModel.load(args, tp=group)
+        runner = build_runner(loaded, args)
+        conn.send(("ready", ""))
+        serve_steps(group, runner, loaded.sampling_state)
+    except BaseException as e:  # noqa: BLE001 - whatever it is, rank 0 must hear of it
+        message = " ".join(f"{type(e).__name__}: {e}".split())
+        try:
+            conn.send(("error", message))
+        finally:
+            os._exit(1)
+
+
+def serve_steps(group: TPGroup, runner, sampling_state) -> None:
+    while (step := receive_step(group, runner.max_blocks_per_seq)) is not None:
+        bucket, inputs, admissions = step
+        for a in admissions:
+            sampling_state.set_slot(a.slot, a.params, a.seed, a.prompt_ids, a.output_ids)
+        runner.fill(runner.buffers, inputs)
+        runner.run(bucket)
