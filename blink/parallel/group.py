@@ -38,9 +38,9 @@ class TPGroup:
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """[N, D] per rank -> [N, size * D]: the ranks' shards side by side along the last dim."""
-        flat = torch.empty(self.size * x.numel(), dtype=x.dtype, device=x.device)
-        self.device_group._allgather_base(flat, x.contiguous()).wait()
-        return flat.view(self.size, *x.shape).movedim(0, -2).reshape(*x.shape[:-1], self.size * x.shape[-1])
+        stacked = torch.empty((self.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        self.device_group._allgather_base(stacked, x.contiguous()).wait()  # rank r's x at rows r*N...
+        return stacked.view(self.size, *x.shape).movedim(0, -2).reshape(*x.shape[:-1], self.size * x.shape[-1])
 
     def broadcast_cpu(self, x: torch.Tensor, timeout: datetime.timedelta | None = None) -> torch.Tensor:
         """Rank 0's CPU tensor into x on every rank (over gloo)."""
