@@ -31,11 +31,11 @@ for stage in "$@"; do
     device) python3 -m blink.control.gpu_selftest 2>&1 | tee "$OUT/device.log" | tail -60;;
     device8b) python3 -m blink.control.gpu_selftest --offline-8b --skip-checks 2>&1 | tee "$OUT/device8b.log" | tail -40;;
     frontend-overhead)  # TTFT of a 1-token prompt and ITL at low load through the front end, vs the engine step
-      python3 -m blink serve --model llama3.2-1b --engine device --max-model-len 2048 --port 8011 > "$OUT/serve.log" 2>&1 &
+      python3 -m blink serve --model llama3.2-1b --engine device --max-model-len 2048 --port 8011 > "$OUT/serve.log" 2>&1 & srv=$!
       for i in $(seq 1 120); do curl -sf localhost:8011/health > /dev/null && break; sleep 1; done
       python3 -m blink bench serve --base-url http://127.0.0.1:8011 --num-prompts 50 --max-concurrency 1 \
         --random-input-len 1 --random-output-len 64 --ignore-eos --disable-tqdm --result-json "$OUT/frontend.json"
-      kill -INT %1; wait
+      kill -INT $srv; wait $srv
       python3 -m blink.bench.step step --presets llama3.2-1b --batches 1 2>&1 | tee -a "$OUT/frontend_step.log";;
     interference) python3 -m blink bench interference --model llama3-8b --modes device,host --frontend-cpus 0-1 \
         --engine-cpus 2-7 --request-rates 2,8,16,32 --attack-levels 0,2 --attack-kinds spin --point-seconds 30 \
