@@ -22,6 +22,10 @@ class RequestOutput:
 
 class LLM:
     def __init__(self, model: str | None = None, **engine_kwargs):
+        if model is None:  # the demo model: its directory also holds the tokenizer
+            from blink.model.demo import ensure_default_model
+
+            model = str(ensure_default_model())
         self.args = EngineArgs(model=model, **engine_kwargs)
         self.engine = make_engine(self.args)
         from blink.frontend.tokenizer import load_tokenizer
