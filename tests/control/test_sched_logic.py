@@ -9,23 +9,9 @@ import pytest
 
 from blink.control import structs
 from blink.request import FinishReason, SamplingParams
-from tests.control.harness import Config, HostScheduler, reference
+from tests.control.harness import HostScheduler, reference
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def make():
-    made = []
-
-    def factory(**kw):
-        h = HostScheduler(Config(**kw))
-        made.append(h)
-        return h
-
-    yield factory
-    for h in made:
-        h.close()
 
 
 def greedy(max_tokens=8, **kw) -> SamplingParams:

@@ -8,23 +8,9 @@ import pytest
 
 from blink.request import SamplingParams
 from blink.transport.layout import MAX_TOP_LOGPROBS
-from tests.control.harness import Config, HostScheduler, reference
+from tests.control.harness import reference
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def make():
-    made = []
-
-    def factory(**kw):
-        h = HostScheduler(Config(**kw))
-        made.append(h)
-        return h
-
-    yield factory
-    for h in made:
-        h.close()
 
 
 @pytest.mark.parametrize(("team", "defer_publish"), [(1, False), (4, True)])
