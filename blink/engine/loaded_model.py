@@ -48,7 +48,7 @@ class LoadedModel:
         dtype = None if args.dtype == "auto" else DTYPES[args.dtype]
         max_len = args.max_model_len
         if num_layers is not None:
-            model, cfg = _short_preset(source, num_layers, device, dtype, max_len, args.seed)
+            model, cfg = _short_preset(source, num_layers, device, dtype, max_len, args.seed, tp)
         else:
             model, cfg = load_model(source, device=device, dtype=dtype, max_positions=max_len, seed=args.seed,
                                     tp=tp)
@@ -95,11 +95,12 @@ def _is_preset(source: str) -> bool:
     return source in PRESETS
 
 
-def _short_preset(name: str, num_layers: int, device, dtype, max_len, seed):
+def _short_preset(name: str, num_layers: int, device, dtype, max_len, seed, tp):
     from blink.model import presets
     from blink.model.llama import LlamaForCausalLM
+    from blink.model.weights import init_preset_weights
 
     cfg = dataclasses.replace(presets.get(name), num_hidden_layers=num_layers)
-    model = LlamaForCausalLM(cfg, torch.device(device), dtype or cfg.dtype, max_positions=max_len)
-    presets.init_random_weights(model, seed)
+    model = LlamaForCausalLM(cfg, torch.device(device), dtype or cfg.dtype, tp, max_positions=max_len)
+    init_preset_weights(model, seed, tp)
     return model.eval(), cfg

@@ -133,6 +133,39 @@ def read_safetensors_slices(files: Iterable[Path]) -> Iterator[tuple[str, object
                 yield name, f.get_slice(name)
 
 
+@torch.no_grad()
+def init_random_weights_sharded(model: LlamaForCausalLM, seed: int = 0, std: float = 0.02) -> None:
+    """presets.init_random_weights for one tensor-parallel shard, equal to the matching slice of the
+    one-rank model's random weights: every full tensor is drawn exactly as the one-rank model draws it
+    (same generator, same order, one tensor at a time on the device) and this rank keeps its slice."""
+    cfg = model.config
+    one_rank = LlamaForCausalLM(cfg, "meta", model.model.norm.weight.dtype, max_positions=1)
+    device = model.model.norm.weight.device
+    generator = torch.Generator(device=device).manual_seed(seed)
+
+    def full_tensors() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, meta in one_rank.named_parameters():
+            full = torch.empty(meta.shape, dtype=meta.dtype, device=device)
+            if name.endswith("norm.weight"):
+                full.fill_(1.0)
+            else:
+                full.normal_(0.0, std, generator=generator)
+            module = one_rank.get_submodule(name.rpartition(".")[0])
+            fused = isinstance(module, ColumnParallelLinear) and len(module.part_slices) > 1
+            for part, rows in (module.part_slices.items() if fused else [(None, slice(None))]):
+                yield to_hf_name(name, part), full[rows]
+
+    load_hf_tensors(model, full_tensors())
+
+
+def init_preset_weights(model: LlamaForCausalLM, seed: int, tp=None) -> None:
+    """Random weights for a preset; under tensor parallelism the same model as with one rank."""
+    if tp is None or tp.size == 1:
+        presets.init_random_weights(model, seed)
+    else:
+        init_random_weights_sharded(model, seed)
+
+
 def resolve_dtype(dtype: str | torch.dtype | None, cfg: ModelConfig) -> torch.dtype:
     """`auto` (or None) = the checkpoint's dtype; otherwise a name from DTYPES or a torch.dtype."""
     if isinstance(dtype, torch.dtype):
@@ -150,7 +183,6 @@ def load_model(path_or_preset: str | Path, device: str | torch.device,
     """A model from a checkpoint dir (config.json + safetensors) or a preset name (random weights).
 
     tp: this rank's TPGroup (None = one rank); the model then holds and loads only this rank's shard.
-    A preset's random weights are drawn per shard, so they differ from the tp=1 model's.
     """
     device = torch.device(device)
     if Path(path_or_preset).is_dir():
@@ -160,7 +192,7 @@ def load_model(path_or_preset: str | Path, device: str | torch.device,
     elif str(path_or_preset) in presets.PRESETS:
         cfg = presets.get(str(path_or_preset))
         model = LlamaForCausalLM(cfg, device, resolve_dtype(dtype, cfg), tp, max_positions=max_positions)
-        presets.init_random_weights(model, seed)
+        init_preset_weights(model, seed, tp)
     else:
         raise ModelConfigError(
             f"{path_or_preset} is neither a model directory nor a preset ({', '.join(presets.PRESETS)})"

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.connection
 import os
+import weakref
 from pathlib import Path
 
 from blink.config import EngineArgs
@@ -19,7 +21,8 @@ from blink.parallel.step_message import Admission, send_step, send_stop
 from blink.parallel.worker import build_runner, worker_main
 
 READY_POLL_S = 0.2
-JOIN_TIMEOUT_S = 10.0
+JOIN_TIMEOUT_S = 10.0  # for workers to exit after the stop message
+DEATH_GRACE_S = 2.0  # for a failing worker to report and exit after a collective failed
 
 
 class TensorParallelError(RuntimeError):
@@ -46,25 +49,39 @@ class Workers:
         while waiting:
             for i in list(waiting):
                 if self.conns[i].poll(READY_POLL_S):
-                    kind, message = self.conns[i].recv()
+                    try:
+                        kind, message = self.conns[i].recv()
+                    except EOFError:  # it died without a word
+                        self.processes[i].join(DEATH_GRACE_S)
+                        kind, message = "error", f"exited with code {self.processes[i].exitcode}"
                     if kind == "error":
                         raise TensorParallelError(f"tensor-parallel rank {i + 1} failed: {message}")
                     waiting.discard(i)
                 elif not self.processes[i].is_alive():
-                    raise self.failure()
+                    raise self.failure() or TensorParallelError(f"tensor-parallel rank {i + 1} exited")
 
-    def failure(self) -> TensorParallelError:
-        """The clearest account of what went wrong on the workers (called after a collective failed)."""
+    def failure(self) -> TensorParallelError | None:
+        """What went wrong on the workers, if anything (called after a collective or the set-up failed)."""
+        # A crashing worker needs a moment to exit; a sentinel is ready once its process has ended.
+        ended = set(multiprocessing.connection.wait([p.sentinel for p in self.processes], DEATH_GRACE_S))
         for i, (p, conn) in enumerate(zip(self.processes, self.conns, strict=True)):
-            p.join(timeout=2.0 if p.is_alive() else 0)  # a crashing worker needs a moment to exit
+            if p.sentinel in ended:
+                p.join(DEATH_GRACE_S)  # reap it, so that its exit code is known
             with contextlib.suppress(EOFError, OSError):
-                if conn.poll(0.5):
+                if conn.poll(0):
                     kind, message = conn.recv()
                     if kind == "error":
                         return TensorParallelError(f"tensor-parallel rank {i + 1} failed: {message}")
             if p.exitcode is not None:
                 return TensorParallelError(f"tensor-parallel rank {i + 1} died (exit code {p.exitcode})")
-        return TensorParallelError("a tensor-parallel collective failed, but every worker is alive")
+        return None
+
+    def kill(self) -> None:
+        """After a failure: the others may be blocked in a collective that will never complete."""
+        for p in self.processes:
+            if p.is_alive():
+                p.kill()
+        self.close()
 
     def close(self) -> None:
         for p in self.processes:
@@ -82,10 +99,11 @@ class TensorParallelRunner:
     def __init__(self, runner, group: TPGroup, workers: Workers, store):
         self.runner, self.group, self.workers = runner, group, workers
         self.store = store  # the rendezvous store must outlive the group
-        self.closed = False
+        # Stops the workers even if nobody calls shutdown() (an LLM that is simply dropped).
+        self._stop_workers = weakref.finalize(self, _stop_workers, group, workers)
 
     def execute(self, plan: StepPlan, want_top: int = 0):
-        if self.closed:
+        if not self._stop_workers.alive:
             raise TensorParallelError("the tensor-parallel workers are shut down")
         runner = self.runner
         bucket = runner.bucket_of(plan)
@@ -96,21 +114,23 @@ class TensorParallelRunner:
             send_step(self.group, bucket, inputs, admissions)
             runner.fill(runner.buffers, inputs)
             runner.run(bucket)
-            result = runner.read_back(plan, want_top)
-        except Exception:
-            self.closed = True
-            error = self.workers.failure()
-            self.workers.close()
-            raise error from None
-        return result
+            return runner.read_back(plan, want_top)
+        except Exception as e:
+            self._stop_workers.detach()
+            failure = self.workers.failure()
+            self.workers.kill()
+            if failure is None:
+                raise  # rank 0's own error
+            raise failure from e
 
     def shutdown(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        with contextlib.suppress(Exception):  # a dead worker cannot hear it: close() reaps it anyway
-            send_stop(self.group)
-        self.workers.close()
+        self._stop_workers()
+
+
+def _stop_workers(group: TPGroup, workers: Workers) -> None:
+    with contextlib.suppress(Exception):  # a dead worker cannot hear it: close() reaps it anyway
+        send_stop(group)
+    workers.close()
 
 
 def _model_config(args: EngineArgs):
@@ -144,12 +164,12 @@ def start_tensor_parallel(args: EngineArgs):
         runner = build_runner(loaded, args)
         workers.wait_ready()
     except TensorParallelError:
-        workers.close()
+        workers.kill()
         raise
     except Exception as e:
-        failure = workers.failure() if any(not p.is_alive() for p in workers.processes) else e
-        for p in workers.processes:
-            p.kill()
-        workers.close()
-        raise failure from None
+        failure = workers.failure()
+        workers.kill()
+        if failure is None:
+            raise
+        raise failure from e
     return loaded, TensorParallelRunner(runner, group, workers, store)

@@ -14,7 +14,7 @@ from tests.hf_models import load_hf_model, make_tiny_model
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22], [30, 31, 32, 33, 34, 35]]
 PARAMS = [
-    SamplingParams(max_tokens=10, ignore_eos=True, logprobs=5),
+    SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, logprobs=5),
     SamplingParams(max_tokens=10, temperature=1.0, seed=3, ignore_eos=True),
     SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=4, ignore_eos=True, repetition_penalty=1.2),
 ]
@@ -59,3 +59,16 @@ def test_tp2_matches_tp1_and_hf(tmp_path, case):
         assert list(top) == want_ids
         torch.testing.assert_close(torch.tensor(list(top.values())), logprobs[step, want_ids],
                                    atol=1e-4, rtol=1e-4)
+
+
+def test_tp2_preset_random_weights_match_tp1():
+    """A preset's random weights are the same model at any TP size (the bf16 8B-shaped parity runs)."""
+    outs = {}
+    for tp in (1, 2):
+        llm = LLM("tiny-llama", tensor_parallel_size=tp, device="cpu", num_kv_blocks=16)
+        try:
+            outs[tp] = [o.token_ids for o in llm.generate(
+                [[5, 6, 7], [9, 8, 7, 6, 5]], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))]
+        finally:
+            llm.engine.shutdown()
+    assert outs[2] == outs[1]

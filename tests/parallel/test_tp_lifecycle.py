@@ -1,0 +1,119 @@
+"""TP set-up and tear-down: refusals, a crashed worker, clean shutdown, and `blink generate -tp 2`."""
+from __future__ import annotations
+
+import gc
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from blink.config import EngineArgs
+from blink.engine.factory import make_engine
+from blink.engine.host_engine import HostEngine
+from blink.parallel.host_runner import TensorParallelError
+from blink.request import SamplingParams
+from tests.hf_models import make_tiny_model
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("tp"), "llama")
+
+
+def _args(path, tp=2, **kw):
+    return EngineArgs(model=str(path), device="cpu", engine="host", tensor_parallel_size=tp, num_kv_blocks=16,
+                      block_size=4, max_num_seqs=4, max_num_batched_tokens=16, **kw)
+
+
+def test_tp_size_that_does_not_divide_the_heads_is_refused_before_any_worker(tiny_llama):
+    with pytest.raises(ValueError, match="--tensor-parallel-size 3 does not divide the model's 4 attention heads"):
+        HostEngine(_args(tiny_llama, tp=3))
+    assert multiprocessing.active_children() == []
+
+
+def test_device_mode_tp_is_refused(tiny_llama):
+    args = EngineArgs(model=str(tiny_llama), device="cuda", engine="device", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="device-mode tensor parallelism is not built yet"):
+        make_engine(args)
+
+
+def test_crashed_worker_gives_one_line_error_and_no_orphan(tiny_llama):
+    engine = HostEngine(_args(tiny_llama))
+    workers = engine.tp.workers.processes
+    try:
+        engine.add_request(1, [5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True))
+        assert len(engine.step()) == 1  # the prompt's step runs on both ranks
+        os.kill(workers[0].pid, signal.SIGKILL)
+        with pytest.raises(TensorParallelError) as err:
+            for _ in range(4):
+                engine.step()
+        assert "tensor-parallel rank 1 died (exit code -9)" in str(err.value)
+        assert "\n" not in str(err.value)
+    finally:
+        engine.shutdown()
+    assert not any(p.is_alive() for p in workers)
+
+
+def test_dropping_the_engine_stops_the_workers(tiny_llama):
+    engine = HostEngine(_args(tiny_llama))  # nobody calls shutdown(), as with a dropped LLM
+    workers = engine.tp.workers.processes
+    del engine
+    gc.collect()
+    assert [p.exitcode for p in workers] == [0]
+
+
+def _generate_cli(path, tp: int) -> list[dict]:
+    cmd = [sys.executable, "-m", "blink", "generate", "--model", str(path), "--device", "cpu",
+           "--tensor-parallel-size", str(tp), "--prompt", "hello world", "--prompt-ids", "5,6,7,8",
+           "--max-tokens", "6", "--ignore-eos", "--json", "--num-kv-blocks", "32"]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+def test_blink_generate_tp2_end_to_end(tiny_llama):
+    got = _generate_cli(tiny_llama, 2)
+    assert len(got) == 2 and all(len(o["token_ids"]) == 6 for o in got)
+    assert got == _generate_cli(tiny_llama, 1)
+
+
+_HOLD_ENGINE = """
+import sys, time
+from blink.config import EngineArgs
+from blink.engine.host_engine import HostEngine
+engine = HostEngine(EngineArgs(model=sys.argv[1], device="cpu", engine="host", tensor_parallel_size=2,
+                               num_kv_blocks=8))
+print(engine.tp.workers.processes[0].pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_workers_die_with_a_killed_rank0(tiny_llama):
+    rank0 = subprocess.Popen([sys.executable, "-c", _HOLD_ENGINE, str(tiny_llama)], cwd=REPO,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        worker_pid = int(rank0.stdout.readline())
+    finally:
+        rank0.kill()
+        rank0.wait()
+    for _ in range(100):  # PR_SET_PDEATHSIG delivers SIGKILL to the orphan at once; allow it 10 s
+        if not _alive(worker_pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(worker_pid)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
