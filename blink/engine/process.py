@@ -41,7 +41,11 @@ def main(argv: list[str] | None = None) -> int:
             from blink.engine.host_engine import HostEngine
             from blink.engine.ring_loop import serve_rings
 
-            serve_rings(HostEngine(args), segment, should_stop=lambda: stop["flag"])
+            engine = HostEngine(args)
+            try:
+                serve_rings(engine, segment, should_stop=lambda: stop["flag"])
+            finally:
+                engine.shutdown()  # stops tensor-parallel workers, if any
     except (ValueError, OSError, RuntimeError) as e:
         segment.control.error_code = 1
         print(f"blink engine: error: {e}", file=sys.stderr)
