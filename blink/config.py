@@ -28,6 +28,10 @@ class EngineArgs:
     seed: int = 0
     engine: str | None = None  # device | host; None = device on a GPU, host otherwise
     tensor_parallel_size: int = 1
+    # One CPU list per tensor-parallel rank, ';'-separated ("0-3;4-7"): each rank process pins itself to
+    # its own cores (the barrier experiment attacks one rank's cores). None = no pinning.
+    rank_cpus: str | None = None
+    num_layers: int | None = None  # cut a preset to this many layers (short benchmarks of real shapes)
 
     @property
     def resolved_device(self) -> str:
@@ -54,6 +58,10 @@ class EngineArgs:
         p.add_argument("--seed", type=int, default=d.seed)
         p.add_argument("--engine", default=d.engine, choices=["device", "host"])
         p.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
+        p.add_argument("--rank-cpus", default=d.rank_cpus,
+                       help="pin each tensor-parallel rank to its own cores: one list per rank, e.g. '0-3;4-7'")
+        p.add_argument("--num-layers", type=int, default=d.num_layers,
+                       help="cut a preset to this many layers (benchmarks)")
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run on the lent GPU machine (device tool): bash tools/gpu_run.sh STAGE...
-# Stages: env | tests | step | offline | device | serve-tests. Logs go to $OUT (or /tmp/out).
+# Stages: env | tests | step | offline | device | barrier (2 GPUs) | ... (see the case below). Logs go to $OUT (or /tmp/out).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -41,6 +41,10 @@ for stage in "$@"; do
         --engine-cpus 2-7 --request-rates 2,8,16,32 --attack-levels 0,2 --attack-kinds spin --point-seconds 30 \
         --ignore-eos --random-input-len 512 --random-output-len 128 --result-dir /tmp/interference;
       tar czf "$OUT/interference.tgz" -C /tmp interference;;  # $OUT returns at most 8 files
+    barrier)  # TP=2 host mode (needs nvidia-h200-x2): ranks pinned to cores 2 and 3; isolated, rank 1's core, all
+      python3 -m blink bench barrier --model llama3-8b --num-layers 8 --device cuda --engine host -tp 2 \
+        --rank-cpus "2;3" --attack-rank 1 --attack-kind spin --num-prompts 32 --input-len 256 --output-len 128 \
+        --max-model-len 512 --result-json "$OUT/barrier.json" 2>&1 | tee "$OUT/barrier.log";;
     *) echo "unknown stage $stage";;
   esac
 done

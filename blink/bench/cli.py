@@ -1,6 +1,6 @@
 """The `blink bench ...` subcommands; each stores its handler (args -> exit code) as `args.handler`.
 
-serve, attack and interference expose `add_arguments(parser)` and `run(args)`; step and offline (optional
+serve, attack, interference and barrier expose `add_arguments(parser)` and `run(args)`; step and offline (optional
 modules) expose `add_parser(subparsers)`, which registers themselves.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ SUBCOMMANDS = (
     ("serve", "blink.bench.serve", "load an OpenAI-compatible server (vLLM `bench serve` flags)"),
     ("attack", "blink.bench.attackers", "CPU interference on chosen cores for a fixed time"),
     ("interference", "blink.bench.interference", "rate sweeps per engine mode, isolated and under attack"),
+    ("barrier", "blink.bench.barrier", "tensor-parallel step times with one rank's cores attacked, or all"),
 )
 OPTIONAL_MODULES = ("blink.bench.step", "blink.bench.offline")
 

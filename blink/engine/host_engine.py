@@ -4,15 +4,19 @@ the model eagerly with the torch reference kernels."""
 from __future__ import annotations
 
 import random
+import time
+from collections import deque
 
 from blink.config import EngineArgs
-from blink.engine.interface import Engine, EngineStats, TokenEvent
+from blink.engine.interface import Engine, EngineStats, StepTime, TokenEvent
 from blink.engine.loaded_model import LoadedModel
 from blink.engine.runner import ModelRunner, SampledToken
 from blink.engine.scheduler import Scheduler
 from blink.engine.sequence import SeqStatus, Sequence
 from blink.engine.stops import check_stop
 from blink.request import FinishReason, SamplingParams
+
+STEP_TIMES_KEPT = 8192  # the last steps' durations, for benchmarks (blink bench barrier)
 
 
 class HostEngine(Engine):
@@ -41,6 +45,7 @@ class HostEngine(Engine):
         self._steps = 0
         self._tokens = 0
         self._rng = random.Random(args.seed)
+        self._step_times: deque[StepTime] = deque(maxlen=STEP_TIMES_KEPT)
 
     # -- Engine interface ------------------------------------------------------------------------------
     def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -68,7 +73,13 @@ class HostEngine(Engine):
         return EngineStats(len(s.running), len(s.waiting), s.blocks.num_free, s.blocks.num_blocks,
                            self._steps, self._tokens, s.num_preemptions)
 
+    def step_times(self) -> list[StepTime]:
+        """The last STEP_TIMES_KEPT steps that ran, oldest first (one per stats().steps increment)."""
+        return list(self._step_times)
+
     def step(self) -> list[TokenEvent]:
+        # The read-back of the sampled tokens already waits for the step: timing it adds no sync.
+        start = time.perf_counter()
         events, self._pending = self._pending, []
         plan = self.scheduler.schedule()
         if not plan.chunks:
@@ -82,6 +93,7 @@ class HostEngine(Engine):
         for chunk, tok in zip(plan.chunks, sampled, strict=True):
             if tok is not None:
                 events.append(self._append(chunk.seq, tok))
+        self._step_times.append(StepTime(time.perf_counter() - start, plan.num_tokens, len(plan.chunks)))
         return events
 
     def shutdown(self) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from blink.request import FinishReason, SamplingParams
 
@@ -33,6 +34,14 @@ class EngineStats:
     steps: int = 0
     tokens: int = 0
     preemptions: int = 0
+
+
+class StepTime(NamedTuple):
+    """One engine step as rank 0 saw it: wall seconds from scheduling to the sampled tokens being back."""
+
+    seconds: float
+    num_tokens: int  # tokens in the step (prefill chunks and decodes)
+    num_seqs: int  # sequences in the step; num_tokens == num_seqs for a pure decode step
 
 
 class Engine(abc.ABC):

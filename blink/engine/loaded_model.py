@@ -47,6 +47,7 @@ class LoadedModel:
         source = args.model or str(ensure_default_model())
         dtype = None if args.dtype == "auto" else DTYPES[args.dtype]
         max_len = args.max_model_len
+        num_layers = num_layers if num_layers is not None else args.num_layers
         if num_layers is not None:
             model, cfg = _short_preset(source, num_layers, device, dtype, max_len, args.seed, tp)
         else:

@@ -17,6 +17,7 @@ from pathlib import Path
 from blink.config import EngineArgs
 from blink.engine.scheduler import StepPlan
 from blink.parallel.group import TPGroup, connect, disable_nvlink_multicast, make_store
+from blink.parallel.pinning import parse_rank_cpus, pin_process
 from blink.parallel.step_message import Admission, send_step, send_stop
 from blink.parallel.worker import build_runner, worker_main
 
@@ -149,6 +150,7 @@ def start_tensor_parallel(args: EngineArgs):
 
     size = args.tensor_parallel_size
     check_tp_size(_model_config(args), size)  # refuse before starting anything
+    rank_cpus = parse_rank_cpus(args.rank_cpus, size)
     if args.resolved_device == "cuda":
         import torch
 
@@ -156,6 +158,8 @@ def start_tensor_parallel(args: EngineArgs):
             raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs; "
                              f"{torch.cuda.device_count()} are visible")
     disable_nvlink_multicast()
+    if rank_cpus:
+        pin_process(rank_cpus[0])  # this process is rank 0; the workers pin themselves at start
     store = make_store(0, size, 0)
     workers = Workers(args, size, store.port)
     try:

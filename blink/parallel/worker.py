@@ -11,6 +11,7 @@ import torch
 
 from blink.config import EngineArgs
 from blink.parallel.group import TPGroup, connect, disable_nvlink_multicast, make_store
+from blink.parallel.pinning import parse_rank_cpus, pin_process
 from blink.parallel.step_message import receive_step
 
 
@@ -35,6 +36,9 @@ def worker_main(rank: int, size: int, port: int, args: EngineArgs, parent_pid: i
     die_with_parent(parent_pid)
     disable_nvlink_multicast()
     try:
+        rank_cpus = parse_rank_cpus(args.rank_cpus, size, check_available=False)
+        if rank_cpus:
+            pin_process(rank_cpus[rank])  # before torch starts its thread pools
         if args.resolved_device == "cpu":
             torch.set_num_threads(1)  # rank 0 keeps the other cores
         from blink.engine.loaded_model import LoadedModel
