@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Run on the lent GPU machine (device tool): bash tools/gpu_run.sh STAGE...
+# Needs .whl/ (bash tools/fetch_wheels.sh here, then carry [".whl"]) for the server stages.
 # Stages: env | tests | step | offline | device | barrier (2 GPUs) | ... (see the case below). Logs go to $OUT (or /tmp/out).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
