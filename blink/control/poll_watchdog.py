@@ -56,8 +56,8 @@ class PollWatchdog:
             if not (self.busy() or in_torch_cuda(sys._current_frames().get(self.poller))):
                 continue
             self.warned = True
-            self.warnings += 1
             self.write(self.message(idle))
+            self.warnings += 1  # after the write: a reader that sees the count also sees the message
 
     def message(self, idle: float) -> str:
         frame = sys._current_frames().get(self.poller)
