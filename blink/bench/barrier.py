@@ -18,8 +18,8 @@ import time
 import numpy as np
 
 from blink.bench.attackers import KINDS, Attackers, AttackSpec
+from blink.bench.drive import run_greedy
 from blink.config import EngineArgs
-from blink.request import SamplingParams
 
 CONDITIONS = ("isolated", "rank", "all")
 ATTACK_SECONDS = 24 * 3600.0  # attackers run until the condition ends (they are stopped, not timed out)
@@ -53,23 +53,8 @@ def percentiles_ms(seconds: list[float]) -> dict:
 
 def run_workload(engine, prompts: list[list[int]], output_len: int, ids, timeout_s: float) -> dict:
     """Run every prompt to output_len tokens; the step times of exactly the steps this run took."""
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     steps_before = engine.stats().steps
-    start = time.perf_counter()
-    live = set()
-    for p in prompts:
-        rid = next(ids)
-        engine.add_request(rid, p, params)
-        live.add(rid)
-    tokens = 0
-    while live:
-        for e in engine.step():
-            tokens += e.token_id >= 0
-            if e.finished:
-                live.discard(e.req_id)
-        if time.perf_counter() - start > timeout_s:
-            raise TimeoutError(f"{len(live)} requests unfinished after {timeout_s} s")
-    wall = time.perf_counter() - start
+    wall, tokens = run_greedy(engine, prompts, output_len, ids, timeout_s)
     steps = engine.stats().steps - steps_before
     times = engine.step_times()[-steps:] if steps else []
     decode = [t.seconds for t in times if t.num_tokens == t.num_seqs]

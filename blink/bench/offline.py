@@ -12,9 +12,9 @@ import time
 import numpy as np
 import torch
 
+from blink.bench.drive import run_greedy
 from blink.bench.roofline import ModelShape
 from blink.config import EngineArgs
-from blink.request import SamplingParams
 
 
 def add_parser(sub) -> None:
@@ -47,25 +47,10 @@ _request_ids = itertools.count(1)  # ids stay unique across runs on one engine
 
 
 def run_engine(engine, prompts, olen, timeout_s: float = 120.0) -> tuple[float, int]:
-    params = SamplingParams(temperature=0, max_tokens=olen, ignore_eos=True)
     # Not torch.cuda.synchronize(): device mode's scheduler kernel stays resident (on its own non-blocking
     # stream) until shutdown, and a device-wide synchronize waits for it forever.
     torch.cuda.current_stream().synchronize()
-    start = time.perf_counter()
-    live = set()
-    for p in prompts:
-        rid = next(_request_ids)
-        engine.add_request(rid, p, params)
-        live.add(rid)
-    tokens = 0
-    while live:
-        for e in engine.step():
-            tokens += e.token_id >= 0
-            if e.finished:
-                live.discard(e.req_id)
-        if time.perf_counter() - start > timeout_s:
-            raise TimeoutError(f"{len(live)} requests unfinished after {timeout_s} s: {engine.stats()}")
-    return time.perf_counter() - start, tokens
+    return run_greedy(engine, prompts, olen, _request_ids, timeout_s)
 
 
 def run_hf(hf_model, prompts, olen) -> tuple[float, int, str]:
