@@ -7,9 +7,12 @@ a leaked or double-owned block, or a broken recompute after preemption changes t
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes as C
 import itertools
 import os
+import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -233,3 +236,30 @@ class HostScheduler:
         self.producer = self.consumer = None
         self.seg.close()
         self.seg.unlink()
+
+
+@contextlib.contextmanager
+def slow_reader(h: HostScheduler, period_s: float, expect_events: int):
+    """Only a background thread reads egress, one record per `period_s`, so the scheduler meets a full
+    ring. Yields the list it fills; on exit waits (up to 10 s) for `expect_events` records, then stops."""
+    got: list[TokenEvent] = []
+    stop = threading.Event()
+    consumer = h.consumer
+
+    def reader():
+        while not stop.is_set():
+            got.extend(consumer.poll(1))
+            time.sleep(period_s)
+
+    t = threading.Thread(target=reader)
+    h.consumer = type("NoRead", (), {"poll": lambda self: []})()
+    t.start()
+    try:
+        yield got
+        deadline = time.time() + 10
+        while len(got) < expect_events and time.time() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        t.join()
+        h.consumer = consumer

@@ -9,7 +9,7 @@ import pytest
 
 from blink.control import structs
 from blink.request import FinishReason, SamplingParams
-from tests.control.harness import HostScheduler, reference
+from tests.control.harness import HostScheduler, reference, slow_reader
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -215,35 +215,13 @@ def test_ring_and_arena_wrap_around_with_a_full_request_table(make, team):
 @pytest.mark.parametrize("team", [1, 4])
 def test_egress_backpressure_loses_nothing(make, team):
     """An egress ring of 2 records and a slow reader: the scheduler waits, nothing is lost or reordered."""
-    import threading
-    import time
-
     h = make(egress_capacity=2, max_num_seqs=4, team=team)
     reqs = {rid: ([rid + 2] * 3, greedy(5, ignore_eos=True)) for rid in range(1, 9)}
     for rid, (prompt, params) in reqs.items():
         h.submit(rid, prompt, params)
-    stop = threading.Event()
-    got = []
-    consumer = h.consumer
-
-    def reader():
-        while not stop.is_set():
-            got.extend(consumer.poll(1))
-            time.sleep(0.0005)
-
-    t = threading.Thread(target=reader)
-    h.consumer = type("NoRead", (), {"poll": lambda self: []})()  # only the slow reader reads
-    t.start()
-    try:
+    with slow_reader(h, 0.0005, expect_events=40) as got:
         while h.busy():
             h.step()
-        deadline = time.time() + 10
-        while len(got) < 40 and time.time() < deadline:
-            time.sleep(0.01)
-    finally:
-        stop.set()
-        t.join()
-    h.consumer = consumer
     for ev in got:
         h.events.setdefault(ev.req_id, []).append(ev)
     for rid, (prompt, params) in reqs.items():

@@ -8,7 +8,7 @@ import pytest
 
 from blink.request import SamplingParams
 from blink.transport.layout import MAX_TOP_LOGPROBS
-from tests.control.harness import reference
+from tests.control.harness import reference, slow_reader
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -57,33 +57,12 @@ def test_steady_decodes_across_block_boundaries_take_the_parallel_plan(make, tea
 def test_a_step_wider_than_the_egress_ring_publishes_in_chunks(make, team):
     """Six sampling rows, an egress ring of 4 records, a reader draining between steps only: each
     step's records go out in chunks, in row order, none lost."""
-    import threading
-    import time
-
     h = make(max_num_seqs=6, egress_capacity=4, max_num_batched_tokens=16, team=team)
     reqs = {rid: ([rid + 2], SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)) for rid in range(1, 7)}
     for rid, (prompt, params) in reqs.items():
         h.submit(rid, prompt, params)
-    got, stop = [], threading.Event()
-    consumer = h.consumer
-
-    def reader():
-        while not stop.is_set():
-            got.extend(consumer.poll(1))
-            time.sleep(0.0002)
-
-    t = threading.Thread(target=reader)
-    h.consumer = type("NoRead", (), {"poll": lambda self: []})()
-    t.start()
-    try:
+    with slow_reader(h, 0.0002, expect_events=18) as got:
         h.run()
-        deadline = time.time() + 10
-        while len(got) < 18 and time.time() < deadline:
-            time.sleep(0.01)
-    finally:
-        stop.set()
-        t.join()
-    h.consumer = consumer
     assert [ev.req_id for ev in got[:6]] == [1, 2, 3, 4, 5, 6], "row order within a step"
     for ev in got:
         h.events.setdefault(ev.req_id, []).append(ev)
