@@ -17,7 +17,7 @@ for stage in "$@"; do
   case $stage in
     env) nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv; nproc;
          python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.device_count())';;
-    tests) python3 -m pytest -q -m gpu --timeout 300 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40;;
+    tests) python3 -m pytest -q -s -m gpu --timeout 300 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40;;
     diag) python3 tools/diag.py precision profile 2>&1 | tee "$OUT/diag.log";;
     fp32) python3 tools/diag.py fp32 2>&1 | grep -v Warn | tee "$OUT/fp32.log";;
     sampling) python3 -m blink.kernels.bench_sampling --old-file old_sampling.py 2>&1 | tee "$OUT/sampling.log" | tail -40;;
@@ -31,6 +31,7 @@ for stage in "$@"; do
     offline) python3 -m blink.bench.offline offline --result-json "$OUT/offline.json" 2>&1 | tee "$OUT/offline.log";;
     device) python3 -m blink.control.gpu_selftest 2>&1 | tee "$OUT/device.log" | tail -60;;
     device8b) python3 -m blink.control.gpu_selftest --offline-8b --skip-checks 2>&1 | tee "$OUT/device8b.log" | tail -40;;
+    device8b-load) python3 -m blink.control.gpu_selftest --llama3-8b --interference --skip-checks 2>&1 | tee "$OUT/device8b_load.log" | tail -60;;
     frontend-overhead)  # TTFT of a 1-token prompt and ITL at low load through the front end, vs the engine step
       python3 -m blink serve --model llama3.2-1b --engine device --max-model-len 2048 --port 8011 > "$OUT/serve.log" 2>&1 & srv=$!
       for i in $(seq 1 120); do curl -sf localhost:8011/health > /dev/null && break; sleep 1; done
@@ -42,10 +43,16 @@ for stage in "$@"; do
         --engine-cpus 2-7 --request-rates 2,8,16,32 --attack-levels 0,2 --attack-kinds spin --point-seconds 30 \
         --ignore-eos --random-input-len 512 --random-output-len 128 --result-dir /tmp/interference;
       tar czf "$OUT/interference.tgz" -C /tmp interference;;  # $OUT returns at most 8 files
-    barrier)  # TP=2 host mode (needs nvidia-h200-x2): ranks pinned to cores 2 and 3; isolated, rank 1's core, all
-      python3 -m blink bench barrier --model llama3-8b --num-layers 8 --device cuda --engine host -tp 2 \
-        --rank-cpus "2;3" --attack-rank 1 --attack-kind spin --num-prompts 32 --input-len 256 --output-len 128 \
-        --max-model-len 512 --result-json "$OUT/barrier.json" 2>&1 | tee "$OUT/barrier.log";;
+    tp) timeout ${TP_TIMEOUT:-300} python3 -m pytest -x -q -s -m gpu --timeout 100 tests/parallel 2>&1 \
+          | grep --line-buffered -v "it/s" \
+          | tee "$OUT/tp_tests.log" | tail -30;;
+    barrier)  # TP=2 (needs nvidia-h200-x2), both modes: ranks pinned to cores 2 and 3; isolated, rank 1's core, all
+      for engine in ${BARRIER_ENGINES:-host device}; do
+        timeout ${BARRIER_TIMEOUT:-200} python3 -m blink bench barrier --model llama3-8b --num-layers 8 --device cuda --engine $engine \
+          -tp 2 --rank-cpus "2;3" --attack-rank 1 --attack-kind spin --num-prompts 32 --input-len 128 \
+          --output-len 96 --max-model-len 512 --result-json "$OUT/barrier_$engine.json" 2>&1 \
+          | grep --line-buffered -v "it/s" | tee "$OUT/barrier_$engine.log" | tail -12
+      done;;
     *) echo "unknown stage $stage";;
   esac
 done

@@ -1,5 +1,5 @@
 """`blink bench barrier`: the tensor-parallel barrier experiment (issue 7). Every TP step is a barrier across
-the ranks, so one rank's late CPU stalls all GPUs. In-process, it builds a host-mode engine (any TP size,
+the ranks, so one rank's late CPU stalls all GPUs. In-process, it builds a host- or device-mode engine (any TP size,
 ranks pinned with --rank-cpus), runs one fixed decode workload (N requests, ignore EOS, greedy) per
 condition: isolated, an attacker on one rank's cores only (--attack-rank), attackers on all cores; and
 reports the engine's step times (p50/p99/mean of the decode steps) and output tok/s per condition, with
@@ -111,12 +111,10 @@ def run(ns: argparse.Namespace) -> int:
 
 def _run(ns: argparse.Namespace) -> int:
     from blink.bench.attackers import parse_cpu_list
-    from blink.engine.host_engine import HostEngine
+    from blink.engine.factory import make_engine
     from blink.parallel.pinning import parse_rank_cpus, pin_process
 
     args = EngineArgs.from_cli(ns)
-    if args.resolved_engine == "device":
-        raise ValueError("device-mode TP is not built yet; use --engine host")
     conditions = [c.strip() for c in ns.conditions.split(",") if c.strip()]
     all_cpus = parse_cpu_list(ns.all_cpus) or sorted(os.sched_getaffinity(0))  # before rank 0 pins itself
     rank_cpus = parse_rank_cpus(args.rank_cpus, args.tensor_parallel_size)
@@ -129,7 +127,7 @@ def _run(ns: argparse.Namespace) -> int:
 
         torch.set_num_threads(len(rank_cpus[0]))  # one intra-op thread per core rank 0 owns
 
-    engine = HostEngine(args)
+    engine = make_engine(args)
     try:
         rng = np.random.default_rng(args.seed)
         vocab = engine.m.vocab_size

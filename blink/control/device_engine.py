@@ -17,10 +17,12 @@ import os
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from blink.config import EngineArgs
 from blink.control.poll_watchdog import PollWatchdog
 from blink.control.runtime import DeviceLoop
-from blink.engine.interface import Engine, EngineStats, TokenEvent
+from blink.engine.interface import Engine, EngineStats, StepTime, TokenEvent
 from blink.engine.loaded_model import LoadedModel
 from blink.request import SamplingParams
 from blink.transport.layout import SegmentLayout
@@ -30,6 +32,7 @@ from blink.transport.shm import Segment
 POLL_WAIT_S = 0.05  # step() waits this long for the GPU's next record before returning empty
 STOP_POLL_S = 0.05
 SUBMIT_WAIT_S = 0.01
+IDLE_GAP_NS = 200_000  # a finish-to-ingest phase this long means the loop idled between two steps
 _segment_ids = itertools.count()
 
 
@@ -41,7 +44,15 @@ def default_layout(loaded: LoadedModel) -> SegmentLayout:
 class DeviceEngine(Engine):
     def __init__(self, args: EngineArgs, loaded: LoadedModel | None = None, **loop_kwargs):
         self.args = args
-        self.m = loaded or LoadedModel.load(args)
+        self.tp = None  # rank 0's DeviceTensorParallel under --tensor-parallel-size > 1
+        self.loop = None
+        if args.tensor_parallel_size > 1:
+            if loaded is not None:
+                raise ValueError("a preloaded model cannot be used with tensor parallelism")
+            from blink.parallel.device_tp import DeviceTensorParallel
+
+            self.tp = DeviceTensorParallel(args)
+        self.m = self.tp.loaded if self.tp else loaded or LoadedModel.load(args)
         name = f"blink-device-{os.getpid()}-{next(_segment_ids)}"
         self.segment = Segment.create(name, default_layout(self.m))
         self.producer = IngressProducer(self.segment)
@@ -50,11 +61,12 @@ class DeviceEngine(Engine):
         self._pending: list[TokenEvent] = []  # drained while add_request waited for ingress room
         self.watchdog = None
         try:
-            self.loop = DeviceLoop(self.m, args, self.segment, **loop_kwargs)
+            self.loop = DeviceLoop(self.m, args, self.segment, peers=self.tp.peers if self.tp else None,
+                                   **loop_kwargs)
             self.loop.start()
             self.loop.wait_ready()
         except BaseException:
-            self._release_segment()
+            self.shutdown()
             raise
         # From here on a device-wide synchronize on the caller's thread hangs behind the resident loop.
         self.watchdog = PollWatchdog(lambda: bool(self.live), self._describe).start()
@@ -99,16 +111,32 @@ class DeviceEngine(Engine):
         return EngineStats(c.running, c.waiting, c.free_kv_blocks, c.total_kv_blocks, c.steps, c.tokens,
                            c.preemptions)
 
+    def step_times(self) -> list[StepTime]:
+        """Launch-to-launch time of back-to-back forwards (the loop's %globaltimer trace), oldest first.
+        A period in which the loop went idle (waiting for requests) is not a step and is left out, as is
+        the newest launch until the next one starts."""
+        return step_times_from_trace(self.loop.trace_snapshot())
+
     def shutdown(self) -> None:
         if getattr(self, "watchdog", None) is not None:
             self.watchdog.stop()
             self.watchdog = None
+        stopped = True
         if getattr(self, "loop", None) is not None:
             try:
-                self.loop.stop()
+                self.loop.stop()  # the loop posts stop to the follower ranks as it exits
+            except BaseException:
+                stopped = False
+                raise
             finally:
                 self.loop.close()
                 self.loop = None
+                if self.tp is not None:
+                    self.tp.close() if stopped else self.tp.kill()
+                    self.tp = None
+        elif getattr(self, "tp", None) is not None:
+            self.tp.kill()  # the loop never started: the followers wait for a stop that will not come
+            self.tp = None
         self._release_segment()
 
     # -- helpers -------------------------------------------------------------------------------------------
@@ -129,16 +157,32 @@ class DeviceEngine(Engine):
             self.segment = None
 
 
+def step_times_from_trace(t: np.ndarray) -> list[StepTime]:
+    """[launches, TRACE_WORDS] (structs.TRACE_PHASES) -> one StepTime per launch that the next launch
+    followed back to back: launch-to-launch seconds, with that step's tokens and rows."""
+    meta = t[:, 2].astype(np.uint64)
+    tokens, rows = (meta >> 32).astype(np.int64), (meta & 0xFFFFFFFF).astype(np.int64)
+    periods = np.diff(t[:, 0]) / 1e9
+    # Step i finished ([3]) -> step i+1 read the ring ([4]): microseconds, unless the loop idled.
+    busy = (t[1:, 4] - t[:-1, 3]) < IDLE_GAP_NS
+    return [StepTime(float(periods[i]), int(tokens[i]), int(rows[i])) for i in range(len(periods)) if busy[i]]
+
+
 def serve_device(segment: Segment | str, args: EngineArgs, loaded: LoadedModel | None = None,
                  should_stop: Callable[[], bool] = lambda: False) -> None:
     """The engine process in serve mode: provision, hand the rings to the GPU, sleep until stop_flag (or
     should_stop()), then stop the loop and free. `segment` is the front end's (attached or by name)."""
     own = isinstance(segment, str)
     seg = Segment.attach(segment) if own else segment
-    loop = None
+    loop = tp = None
     try:
+        if args.tensor_parallel_size > 1:
+            from blink.parallel.device_tp import DeviceTensorParallel
+
+            tp = DeviceTensorParallel(args)
+            loaded = tp.loaded
         loaded = loaded or LoadedModel.load(args)
-        loop = DeviceLoop(loaded, args, seg)
+        loop = DeviceLoop(loaded, args, seg, peers=tp.peers if tp else None)
         loop.start()
         loop.wait_ready()
         ctl = seg.control
@@ -150,6 +194,8 @@ def serve_device(segment: Segment | str, args: EngineArgs, loaded: LoadedModel |
     finally:
         if loop is not None:
             loop.close()
+        if tp is not None:  # after a clean stop the followers exit on their own; else they must be killed
+            tp.close() if loop is not None and not loop.running else tp.kill()
         seg.control.exited = 1
         if own:
             seg.close()

@@ -234,7 +234,7 @@ def phase_timing(rep: Report, loaded: LoadedModel, args: EngineArgs, label: str,
                  f"{dev_cpu[False, b]:.3f} | {host_cpu[b]:.3f}")
 
 
-def phase_llama3_8b(rep: Report, layers: int | None) -> None:
+def phase_llama3_8b(rep: Report, layers: int | None, under_load: bool = False) -> None:
     args = EngineArgs(model="llama3-8b", device="cuda", dtype="bfloat16", max_num_seqs=32,
                       max_num_batched_tokens=512, max_model_len=2048, num_kv_blocks=4096)
     loaded = LoadedModel.load(args, num_layers=layers)
@@ -250,6 +250,12 @@ def phase_llama3_8b(rep: Report, layers: int | None) -> None:
     same = sum(got[r].tokens == ref[r].tokens for r in ref)
     rep.time(f"{label}: requests identical between modes", f"{same}/{len(ref)}")
     phase_timing(rep, loaded, args, label, steps=128)
+    if under_load:  # every core busy: 16 spinners + 4 memory thrashers, as in the probe
+        stop = runs.interference(16, 4)
+        try:
+            phase_timing(rep, loaded, args, label + " + CPU load", steps=128)
+        finally:
+            stop()
 
 
 def main() -> int:
@@ -284,7 +290,7 @@ def main() -> int:
                 stop()
         phases.append(loaded_phase)
     if opts.llama3_8b:
-        phases.append(lambda: phase_llama3_8b(rep, opts.layers))
+        phases.append(lambda: phase_llama3_8b(rep, opts.layers, opts.interference))
     if not opts.skip_checks:
         phases.append(lambda: phase_launch_error(rep, loaded, small))
     for phase in phases:

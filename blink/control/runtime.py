@@ -18,6 +18,8 @@ import torch
 
 from blink.control import structs
 from blink.control.build import load_device_library
+from blink.control.device_graphs import capture_device_graphs, cuda_check
+from blink.control.follower import peer_table
 from blink.engine.runner import ModelRunner
 from blink.transport.shm import HEAD_INDEX, TAIL_INDEX
 
@@ -25,14 +27,6 @@ DEFAULT_TRACE_CAPACITY = 1 << 16
 STEP_TIMEOUT_S = 120.0
 TOKEN_STORE_BUDGET = 256 << 20  # bytes for prompt + output tokens of every queued request
 CUDA_ERROR_NOT_READY = 600  # cudaStreamQuery: work still running
-NODE_TYPES = ("kernel", "memcpy", "memset", "host", "child graph", "empty", "wait event", "record event",
-              "ext semaphore signal", "ext semaphore wait", "mem alloc", "mem free", "batch mem op",
-              "conditional", "type14", "type15")
-
-
-def cuda_check(lib, code: int, what: str) -> None:
-    if code != 0:
-        raise RuntimeError(f"{what} failed: {lib.blink_cuda_error_string(code).decode()} ({code})")
 
 
 def max_requests_for(max_num_seqs: int, max_model_len: int) -> int:
@@ -43,13 +37,16 @@ def max_requests_for(max_num_seqs: int, max_model_len: int) -> int:
 
 class DeviceLoop:
     def __init__(self, loaded, args, segment, *, trace_capacity: int = DEFAULT_TRACE_CAPACITY,
-                 max_requests: int | None = None, bad_bucket: int | None = None, relaunch_each_step: bool = False):
+                 max_requests: int | None = None, bad_bucket: int | None = None, relaunch_each_step: bool = False,
+                 peers=None):
         """bad_bucket (self-test only): launches of that bucket index (negative counts from the end) report
         a launch error (cudaErrorLaunchFailure) instead of launching, exercising the error path. (Passing
         the device runtime an exec it cannot launch is not an error it reports: it faults the context.)
         relaunch_each_step: instead of staying resident and spinning on the completion counter, the
         scheduler fire-and-forgets the forward and tail-relaunches itself (probe pattern (a)): slower per
-        step on trivial graphs, but it leaves the SM free while the forward runs. For comparison."""
+        step on trivial graphs, but it leaves the SM free while the forward runs. For comparison.
+        peers (device-mode tensor parallelism): called once this rank's graphs are captured (the other ranks
+        capture theirs in lockstep), it returns the follower ranks' PeerMappings (follower.py)."""
         m = self.loaded = loaded
         self.segment = segment
         self.lib = lib = load_device_library()
@@ -64,15 +61,16 @@ class DeviceLoop:
             raise ValueError(f"the largest bucket {buckets[-1]} cannot hold a full step")
         self.stream, self.loop_exec, self.execs, self.graphs = C.c_void_p(), C.c_void_p(), [], {}
         self.registered = self.running = False
+        self.peer_maps = []  # keep the followers' IPC mappings open while the loop may write them
         self.fault: str | None = None  # a CUDA error seen on the loop's stream
         cuda_check(lib, lib.blink_stream_create(C.byref(self.stream)), "cudaStreamCreate")
         try:
-            self._provision(args, trace_capacity, max_requests, bad_bucket, relaunch_each_step)
+            self._provision(args, trace_capacity, max_requests, bad_bucket, relaunch_each_step, peers)
         except BaseException:
             self.close()
             raise
 
-    def _provision(self, args, trace_capacity, max_requests, bad_bucket, relaunch_each_step) -> None:
+    def _provision(self, args, trace_capacity, max_requests, bad_bucket, relaunch_each_step, peers) -> None:
         m, lib, segment, buckets = self.loaded, self.lib, self.segment, self.runner.buckets
 
         cfg = self.cfg = structs.SchedConfig(
@@ -121,6 +119,11 @@ class DeviceLoop:
                 setattr(params.buffers[k], name, ptr)
         for name in structs.SAMPLING_FIELDS:
             setattr(params.sampling, name, getattr(m.sampling_state, name).data_ptr())
+        if peers is not None:
+            self.peer_maps = peers()
+            table = np.frombuffer(bytes(peer_table(self.peer_maps)), dtype=np.uint8).copy()
+            self.peer_table = torch.from_numpy(table).to(self.device)
+            params.peers = self.peer_table.data_ptr()
         raw = np.frombuffer(bytes(params), dtype=np.uint8).copy()
         self.params = torch.from_numpy(raw).to(self.device)
         self.loop_exec = C.c_void_p()
@@ -129,28 +132,8 @@ class DeviceLoop:
         torch.cuda.synchronize(self.device)
 
     def _capture_all(self) -> None:
-        """Each bucket captured once per buffer set, then instantiated for device launch."""
-        lib, graphs, execs = self.lib, self.graphs, self.execs
-
-        def step_done(stream_ptr: int) -> None:
-            cuda_check(lib, lib.blink_capture_step_done(C.c_void_p(stream_ptr), C.c_void_p(self.done_counter)),
-                       "capturing step_done")
-
-        for b in reversed(range(len(self.runner.buckets))):  # largest first: the rest reuse its pool
-            for parity in (0, 1):
-                graphs[b, parity] = self.runner.capture(self.runner.buckets[b], self.buffer_sets[parity], step_done)
-        for b in range(len(self.runner.buckets)):
-            for parity in (0, 1):
-                exec_ = C.c_void_p()
-                raw = C.c_void_p(graphs[b, parity].raw_cuda_graph())
-                code = lib.blink_instantiate_device(raw, self.stream, C.byref(exec_))
-                if code != 0:
-                    counts = (C.c_int * 16)()
-                    lib.blink_describe_graph(raw, counts)
-                    kinds = {NODE_TYPES[i]: n for i, n in enumerate(counts) if n}
-                    cuda_check(lib, code, f"device-launch instantiation of bucket {self.runner.buckets[b]} "
-                                          f"(graph nodes: {kinds})")
-                execs.append(exec_.value)
+        capture_device_graphs(self.lib, self.runner, self.buffer_sets, self.stream, self.done_counter, self.graphs,
+                              self.execs)
 
     # -- life cycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -213,6 +196,16 @@ class DeviceLoop:
         order = (np.arange(launched - n, launched) % cap) if launched > cap else np.arange(n)
         return t[order]
 
+    def trace_snapshot(self) -> np.ndarray:
+        """read_trace() while the loop runs: copies on torch's stream (the loop's own stream is never
+        waited for), so the newest rows may be half written; only launches known complete are returned."""
+        launched = int(self.state[8:16].to("cpu").view(torch.int64).item())
+        cap = self.cfg.trace_capacity
+        t = self.trace.view(cap, structs.TRACE_WORDS).to("cpu").numpy()
+        n = min(max(launched - 1, 0), cap)
+        order = np.arange(launched - 1 - n, launched - 1) % cap
+        return t[order]
+
     def launched(self) -> int:
         """Forward graphs launched so far (SchedState.launched; reading it synchronizes: after stop())."""
         assert not self.running, "reading the state synchronizes: stop the loop first"
@@ -236,3 +229,6 @@ class DeviceLoop:
             lib.blink_stream_destroy(self.stream)
             self.stream = C.c_void_p()
         self.graphs.clear()
+        for peer in self.peer_maps:
+            peer.close(lib)
+        self.peer_maps = []

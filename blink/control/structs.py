@@ -8,6 +8,8 @@ import ctypes as C
 
 MAX_BUCKETS = 32
 MAX_EOS = 8
+MAX_PEERS = 7  # tensor-parallel ranks besides rank 0 (csrc/sched_types.h kMaxPeers)
+PEER_STOP = 0xFFFFFFFF  # the mailbox command that ends a follower's loop
 # per launch (csrc/sched_types.h kTraceWords): %globaltimer ns of the launch call, completion seen, then
 # tokens << 32 | rows, then the phase stamps: finish done, ingest done, plan done, inputs written, launch returned
 TRACE_WORDS = 8
@@ -96,6 +98,14 @@ class RingPtrs(C.Structure):
     ]
 
 
+class PeerPtrs(C.Structure):
+    _fields_ = [("buffers", StepBufferPtrs * 2), ("mailbox", C.c_void_p)]
+
+
+class PeerTable(C.Structure):
+    _fields_ = [("num_peers", C.c_int32), ("reserved", C.c_int32), ("peers", PeerPtrs * MAX_PEERS)]
+
+
 class LoopParams(C.Structure):
     _fields_ = [
         ("cfg", SchedConfig),
@@ -105,6 +115,30 @@ class LoopParams(C.Structure):
         ("sampling", SamplingPtrs),
         ("graph_execs", C.c_void_p),
         ("trace", C.c_void_p),
+        ("peers", C.c_void_p),  # PeerTable in device memory, or None
+    ]
+
+
+class FollowerState(C.Structure):  # csrc/sched_types.h, written by csrc/follower.cuh
+    _fields_ = [
+        ("done_count", C.c_uint32),
+        ("exited", C.c_uint32),
+        ("last_seq", C.c_uint64),
+        ("launched", C.c_uint64),
+        ("launches_this_kernel", C.c_int32),
+        ("error_code", C.c_int32),
+        ("heartbeat", C.c_uint64),
+    ]
+
+
+class FollowerParams(C.Structure):  # csrc/sched_types.h
+    _fields_ = [
+        ("mailbox", C.c_void_p),
+        ("state", C.c_void_p),
+        ("graph_execs", C.c_void_p),
+        ("num_buckets", C.c_int32),
+        ("launches_per_kernel", C.c_int32),
+        ("step_timeout_ns", C.c_int64),
     ]
 
 
@@ -114,7 +148,8 @@ def abi_layout() -> list[int]:
         C.sizeof(SchedConfig), SchedConfig.bucket_tokens.offset, SchedConfig.eos_ids.offset,
         SchedConfig.step_timeout_ns.offset, C.sizeof(StepBufferPtrs), C.sizeof(SamplingPtrs), C.sizeof(RingPtrs),
         C.sizeof(LoopParams), LoopParams.rings.offset, LoopParams.buffers.offset, LoopParams.sampling.offset,
-        LoopParams.trace.offset,
+        LoopParams.trace.offset, LoopParams.peers.offset, C.sizeof(PeerPtrs), C.sizeof(PeerTable),
+        C.sizeof(FollowerParams), FollowerParams.step_timeout_ns.offset, C.sizeof(FollowerState),
     ]
 
 

@@ -7,9 +7,6 @@ from blink.engine.interface import Engine
 
 def make_engine(args: EngineArgs) -> Engine:
     if args.resolved_engine == "device":
-        if args.tensor_parallel_size > 1:
-            raise ValueError("device-mode tensor parallelism is not built yet; "
-                             "use --engine host with --tensor-parallel-size > 1")
         if args.resolved_device != "cuda":
             raise ValueError("--engine device needs a CUDA GPU; use --engine host on the CPU")
         from blink.control.device_engine import DeviceEngine

@@ -37,8 +37,10 @@ def make_buckets(max_tokens: int, max_seqs: int) -> list[tuple[int, int]]:
 
 class ModelRunner:
     def __init__(self, model, kv_cache, sampling_state, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int, device, use_graphs: bool):
+                 max_model_len: int, device, use_graphs: bool, samples: bool = True):
+        """samples=False: the step ends at the logits (a device-mode TP follower: rank 0 samples)."""
         self.model = model
+        self.samples = samples
         self.kv_cache = kv_cache
         self.kv_layers = kv_cache.layers()
         self.sampling_state = sampling_state
@@ -62,7 +64,9 @@ class ModelRunner:
     def forward(self, buf: StepBuffers, num_tokens: int, num_seqs: int) -> None:
         attn = buf.attention(num_tokens, num_seqs)
         hidden = self.model(buf.input_ids[:num_tokens], buf.positions[:num_tokens], attn, self.kv_layers)
-        logits = self.model.compute_logits(hidden[buf.logits_indices[:num_seqs]])
+        logits = self.model.compute_logits(hidden[buf.logits_indices[:num_seqs]])  # all-gathered under TP
+        if not self.samples:
+            return
         slots = buf.sample_slots[:num_seqs]
         out = sample(logits, slots, buf.sample_positions[:num_seqs], self.sampling_state, MAX_TOP_LOGPROBS)
         buf.sampled_ids[:num_seqs].copy_(out.token_ids)

@@ -33,24 +33,36 @@ class StepBuffers:
     top_logprobs: torch.Tensor  # [Smax, MAX_TOP_LOGPROBS] float32 (output)
 
     @classmethod
-    def allocate(cls, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device) -> StepBuffers:
+    def layout(cls, max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> list[tuple[str, tuple, torch.dtype]]:
+        """(field, shape, dtype) in field order."""
         i32, i64, f32 = torch.int32, torch.int64, torch.float32
-        z = lambda *shape, dtype: torch.zeros(shape, dtype=dtype, device=device)
-        return cls(
-            input_ids=z(max_tokens, dtype=i64),
-            positions=z(max_tokens, dtype=i64),
-            slot_mapping=torch.full((max_tokens,), -1, dtype=i64, device=device),
-            query_start_loc=z(max_seqs + 1, dtype=i32),
-            seq_lens=z(max_seqs, dtype=i32),
-            block_tables=z(max_seqs, max_blocks_per_seq, dtype=i32),
-            logits_indices=z(max_seqs, dtype=i64),
-            sample_slots=z(max_seqs, dtype=i32),
-            sample_positions=z(max_seqs, dtype=i64),
-            sampled_ids=z(max_seqs, dtype=i64),
-            logprobs=z(max_seqs, dtype=f32),
-            top_ids=z(max_seqs, MAX_TOP_LOGPROBS, dtype=i64),
-            top_logprobs=z(max_seqs, MAX_TOP_LOGPROBS, dtype=f32),
-        )
+        t, s, k = (max_tokens,), (max_seqs,), MAX_TOP_LOGPROBS
+        return [("input_ids", t, i64), ("positions", t, i64), ("slot_mapping", t, i64),
+                ("query_start_loc", (max_seqs + 1,), i32), ("seq_lens", s, i32),
+                ("block_tables", (max_seqs, max_blocks_per_seq), i32), ("logits_indices", s, i64),
+                ("sample_slots", s, i32), ("sample_positions", s, i64), ("sampled_ids", s, i64),
+                ("logprobs", s, f32), ("top_ids", (max_seqs, k), i64), ("top_logprobs", (max_seqs, k), f32)]
+
+    @classmethod
+    def nbytes(cls, max_tokens: int, max_seqs: int, max_blocks_per_seq: int) -> int:
+        return sum(_aligned(_size(shape, dtype)) for _, shape, dtype in cls.layout(max_tokens, max_seqs,
+                                                                                     max_blocks_per_seq))
+
+    @classmethod
+    def allocate(cls, max_tokens: int, max_seqs: int, max_blocks_per_seq: int, device,
+                 arena: torch.Tensor | None = None) -> StepBuffers:
+        """Every field a view of one byte arena (its own, or `arena`, at least nbytes() long): one
+        allocation that device-mode tensor parallelism can map into rank 0's address space in one go."""
+        if arena is None:
+            arena = torch.zeros(cls.nbytes(max_tokens, max_seqs, max_blocks_per_seq), dtype=torch.uint8,
+                                device=device)
+        views, offset = {}, 0
+        for name, shape, dtype in cls.layout(max_tokens, max_seqs, max_blocks_per_seq):
+            n = _size(shape, dtype)
+            views[name] = arena[offset:offset + n].view(dtype).view(shape)
+            offset += _aligned(n)
+        views["slot_mapping"].fill_(-1)
+        return cls(**views)
 
     def attention(self, num_tokens: int, num_seqs: int) -> AttentionMetadata:
         return AttentionMetadata(
@@ -63,3 +75,17 @@ class StepBuffers:
     def pointers(self) -> dict[str, int]:
         """Device addresses of every buffer, for the device-mode scheduler kernel."""
         return {f.name: getattr(self, f.name).data_ptr() for f in fields(self)}
+
+
+ALIGN = 256  # bytes: every field starts on a boundary any kernel's vector loads accept
+
+
+def _size(shape: tuple, dtype: torch.dtype) -> int:
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    return n
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch._C._distributed_c10d import AllgatherOptions
 
 # NVLink multicast stays off in every rank process (see issue 7).
 NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -22,6 +23,14 @@ SETUP_TIMEOUT = datetime.timedelta(seconds=300)
 
 def disable_nvlink_multicast() -> None:
     os.environ.update(NO_MULTICAST_ENV)
+
+
+def allow_device_launched_nccl() -> None:
+    """Device-mode TP launches graphs holding NCCL kernels from the GPU: with graph mixing support on,
+    NCCL adds event nodes that device launch refuses. NCCL reads it once per process, at its first use, so
+    every TP rank of either mode sets it before any communicator exists (host mode runs no uncaptured
+    collective while its graphs may run either, which is what graph mixing support is for)."""
+    os.environ["NCCL_GRAPH_MIXING_SUPPORT"] = "0"
 
 
 @dataclass
@@ -33,13 +42,14 @@ class TPGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place (CUDA-graph capturable on NCCL)."""
-        self.device_group.allreduce([x]).wait()
+        _wait(self.device_group.allreduce([x], _sync_op(dist.AllreduceOptions())))
         return x
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """[N, D] per rank -> [N, size * D]: the ranks' shards side by side along the last dim."""
         stacked = torch.empty((self.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        self.device_group._allgather_base(stacked, x.contiguous()).wait()  # rank r's x at rows r*N...
+        # rank r's x at rows r*N...
+        _wait(self.device_group._allgather_base(stacked, x.contiguous(), _sync_op(AllgatherOptions())))
         return stacked.view(self.size, *x.shape).movedim(0, -2).reshape(*x.shape[:-1], self.size * x.shape[-1])
 
     def broadcast_cpu(self, x: torch.Tensor, timeout: datetime.timedelta | None = None) -> torch.Tensor:
@@ -53,6 +63,18 @@ class TPGroup:
         opts.reduceOp = dist.ReduceOp.MIN
         self.cpu_group.allreduce([x], opts).wait()
         return int(x.item())
+
+
+def _sync_op(opts):
+    """A collective on the caller's stream (asyncOp off): with it on, ProcessGroupNCCL runs the kernel on
+    its own stream, joined by event record / wait nodes that a device-launched graph may not hold."""
+    opts.asyncOp = False
+    return opts
+
+
+def _wait(work) -> None:
+    if work is not None:  # NCCL returns no Work for a synchronous op; gloo always does
+        work.wait()
 
 
 def make_store(rank: int, size: int, port: int) -> dist.TCPStore:

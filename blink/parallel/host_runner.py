@@ -16,7 +16,7 @@ from pathlib import Path
 
 from blink.config import EngineArgs
 from blink.engine.scheduler import StepPlan
-from blink.parallel.group import TPGroup, connect, disable_nvlink_multicast, make_store
+from blink.parallel.group import TPGroup, allow_device_launched_nccl, connect, disable_nvlink_multicast, make_store
 from blink.parallel.pinning import parse_rank_cpus, pin_process
 from blink.parallel.step_message import Admission, send_step, send_stop
 from blink.parallel.worker import build_runner, worker_main
@@ -143,8 +143,9 @@ def _model_config(args: EngineArgs):
     return presets.get(source) if source in presets.PRESETS else ModelConfig.from_dir(Path(source))
 
 
-def start_tensor_parallel(args: EngineArgs):
-    """Start ranks 1..N-1, load rank 0's shard; returns (LoadedModel, TensorParallelRunner)."""
+def launch_ranks(args: EngineArgs):
+    """Start ranks 1..N-1 (host or device mode, as args say), join the group, load rank 0's shard; returns
+    (LoadedModel, TPGroup, Workers, store). The workers report ready later (Workers.wait_ready)."""
     from blink.engine.loaded_model import LoadedModel
     from blink.model.llama import check_tp_size
 
@@ -158,6 +159,7 @@ def start_tensor_parallel(args: EngineArgs):
             raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs; "
                              f"{torch.cuda.device_count()} are visible")
     disable_nvlink_multicast()
+    allow_device_launched_nccl()
     if rank_cpus:
         pin_process(rank_cpus[0])  # this process is rank 0; the workers pin themselves at start
     store = make_store(0, size, 0)
@@ -165,15 +167,26 @@ def start_tensor_parallel(args: EngineArgs):
     try:
         group = connect(store, 0, size, args.resolved_device)
         loaded = LoadedModel.load(args, tp=group)
+    except Exception as e:
+        raise_worker_failure(workers, e)
+    return loaded, group, workers, store
+
+
+def raise_worker_failure(workers: Workers, error: Exception):
+    """After rank 0 failed during set-up: kill the workers and raise what went wrong, theirs first."""
+    failure = None if isinstance(error, TensorParallelError) else workers.failure()
+    workers.kill()
+    if failure is None:
+        raise error
+    raise failure from error
+
+
+def start_tensor_parallel(args: EngineArgs):
+    """Host mode: start the ranks; returns (LoadedModel, TensorParallelRunner)."""
+    loaded, group, workers, store = launch_ranks(args)
+    try:
         runner = build_runner(loaded, args)
         workers.wait_ready()
-    except TensorParallelError:
-        workers.kill()
-        raise
     except Exception as e:
-        failure = workers.failure()
-        workers.kill()
-        if failure is None:
-            raise
-        raise failure from e
+        raise_worker_failure(workers, e)
     return loaded, TensorParallelRunner(runner, group, workers, store)

@@ -1,6 +1,7 @@
-"""A tensor-parallel worker rank (1..N-1) in host mode: loads its shard, then replays every step rank 0
-broadcasts, until rank 0 says stop. It dies with its parent (PR_SET_PDEATHSIG) and reports any error to
-rank 0 as one line through its pipe before exiting."""
+"""A tensor-parallel worker rank (1..N-1): loads its shard, then, in host mode, replays every step rank 0
+broadcasts until rank 0 says stop; in device mode, runs its follower loop on the GPU (blink/control/
+follower.py) until rank 0's scheduler posts stop. It dies with its parent (PR_SET_PDEATHSIG) and reports
+any error to rank 0 as one line through its pipe before exiting."""
 from __future__ import annotations
 
 import ctypes
@@ -10,7 +11,7 @@ import signal
 import torch
 
 from blink.config import EngineArgs
-from blink.parallel.group import TPGroup, connect, disable_nvlink_multicast, make_store
+from blink.parallel.group import TPGroup, allow_device_launched_nccl, connect, disable_nvlink_multicast, make_store
 from blink.parallel.pinning import parse_rank_cpus, pin_process
 from blink.parallel.step_message import receive_step
 
@@ -35,6 +36,8 @@ def worker_main(rank: int, size: int, port: int, args: EngineArgs, parent_pid: i
     """Entry point of a spawned worker process."""
     die_with_parent(parent_pid)
     disable_nvlink_multicast()
+    allow_device_launched_nccl()
+    device_mode = args.resolved_engine == "device"
     try:
         rank_cpus = parse_rank_cpus(args.rank_cpus, size, check_available=False)
         if rank_cpus:
@@ -43,8 +46,12 @@ def worker_main(rank: int, size: int, port: int, args: EngineArgs, parent_pid: i
             torch.set_num_threads(1)  # rank 0 keeps the other cores
         from blink.engine.loaded_model import LoadedModel
 
-        group = connect(make_store(rank, size, port), rank, size, args.resolved_device)
+        store = make_store(rank, size, port)
+        group = connect(store, rank, size, args.resolved_device)
         loaded = LoadedModel.load(args, tp=group)
+        if device_mode:
+            follow(store, rank, loaded, args, conn)
+            return
         runner = build_runner(loaded, args)
         conn.send(("ready", ""))
         serve_steps(group, runner, loaded.sampling_state)
@@ -63,3 +70,21 @@ def serve_steps(group: TPGroup, runner, sampling_state) -> None:
             sampling_state.set_slot(a.slot, a.params, a.seed, a.prompt_ids, a.output_ids)
         runner.fill(runner.buffers, inputs)
         runner.run(bucket)
+
+
+def follow(store, rank: int, loaded, args: EngineArgs, conn) -> None:
+    """Device mode: capture in lockstep with rank 0, publish this rank's arena, run until stop."""
+    import pickle
+
+    from blink.control.follower import FollowerLoop
+
+    loop = FollowerLoop(loaded, args)
+    store.set(follower_key(rank), pickle.dumps(loop.export()))
+    conn.send(("ready", ""))
+    loop.start()
+    loop.wait()
+    loop.close()
+
+
+def follower_key(rank: int) -> str:
+    return f"blink/follower/{rank}"

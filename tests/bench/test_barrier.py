@@ -52,9 +52,10 @@ def test_barrier_three_conditions(tmp_path):
     assert all(_gone(pid) for pid in pids)
 
 
-def test_device_mode_is_refused(capsys):
-    assert main(["barrier", *ENGINE_FLAGS, "--engine", "device"]) == 2
-    assert "device-mode TP is not built yet" in capsys.readouterr().err
+def test_device_mode_on_the_cpu_is_refused_in_one_line(capsys):
+    assert main(["barrier", *ENGINE_FLAGS, "--engine", "device", "--conditions", "isolated"]) == 2
+    err = capsys.readouterr().err
+    assert "--engine device needs a CUDA GPU" in err and err.count("\n") == 1
 
 
 def test_rank_condition_needs_rank_cpus(capsys):

@@ -63,6 +63,7 @@ class Config:
     buckets: list[tuple[int, int]] = field(default_factory=list)
     team: int = 1  # host threads standing in for the CTA's threads
     defer_publish: bool = False  # publish a step's records only after the next launch (or idle), as the GPU loop
+    peers: int = 0  # tensor-parallel ranks besides rank 0, whose buffers the scheduler writes too
 
 
 def _buffers(tmax: int, smax: int, mb: int) -> dict[str, np.ndarray]:
@@ -126,6 +127,19 @@ class HostScheduler:
                 setattr(p.buffers[k], name, _ptr(self.buffers[k][name]))
         for name in structs.SAMPLING_FIELDS:
             setattr(p.sampling, name, _ptr(self.sampling[name]))
+        # Peer ranks' buffer sets (garbage at first: the scheduler must write everything a step reads).
+        self.peer_buffers = [[{k: np.full_like(v, 77) for k, v in _buffers(tmax, smax, self.mb).items()}
+                              for _ in range(2)] for _ in range(c.peers)]
+        self.mailboxes = np.zeros(max(c.peers, 1), np.uint64)
+        self.peer_table = structs.PeerTable(num_peers=c.peers)
+        for j, sets in enumerate(self.peer_buffers):
+            self.peer_table.peers[j].mailbox = _ptr(self.mailboxes) + 8 * j
+            for k in range(2):
+                for name in structs.STEP_BUFFER_FIELDS:
+                    setattr(self.peer_table.peers[j].buffers[k], name, _ptr(sets[k][name]))
+        if c.peers:
+            p.peers = C.addressof(self.peer_table)
+        self.after_prepare = None  # test hook: called with (parity, bucket) after each prepared step
         self.params = p
         self.kv_tok = np.full(c.num_blocks * c.block_size, -1, np.int64)
         self.kv_pos = np.full(c.num_blocks * c.block_size, -1, np.int64)
@@ -148,6 +162,8 @@ class HostScheduler:
         if rows:
             info = self.info()
             self.plans.append(self.plan(rows))
+            if self.after_prepare is not None:
+                self.after_prepare(info["parity"], self.cfg.buckets[info["plan_bucket"]])
             if self.fail_next:
                 self.fail_next = False
                 self.lib.blink_sched_fail(C.byref(self.params), structs.ERR_LAUNCH_BASE + 1)

@@ -29,7 +29,7 @@ def test_device_library_compiles_and_its_abi_matches():
         lib = C.CDLL(str(path))
     except OSError as e:  # no libcudart on the loader path: the compile check above still stands
         pytest.skip(f"cannot load the device library here: {e}")
-    out = (C.c_uint64 * 12)()
+    out = (C.c_uint64 * len(structs.abi_layout()))()
     lib.blink_abi_layout(out)
     assert list(out) == structs.abi_layout()
 

@@ -35,7 +35,7 @@ def test_structs_match_the_cpp_abi():
 
     from blink.control.build import load_host_library
 
-    out = (C.c_uint64 * 12)()
+    out = (C.c_uint64 * len(structs.abi_layout()))()
     load_host_library().blink_abi_layout(out)
     assert list(out) == structs.abi_layout()
 

@@ -8,7 +8,7 @@
 
 namespace blink {
 
-constexpr int kAbiWords = 12;
+constexpr int kAbiWords = 18;
 
 inline void abi_layout(uint64_t* out) {
   out[0] = sizeof(SchedConfig);
@@ -23,6 +23,12 @@ inline void abi_layout(uint64_t* out) {
   out[9] = offsetof(LoopParams, buffers);
   out[10] = offsetof(LoopParams, sampling);
   out[11] = offsetof(LoopParams, trace);
+  out[12] = offsetof(LoopParams, peers);
+  out[13] = sizeof(PeerPtrs);
+  out[14] = sizeof(PeerTable);
+  out[15] = sizeof(FollowerParams);
+  out[16] = offsetof(FollowerParams, step_timeout_ns);
+  out[17] = sizeof(FollowerState);
 }
 
 }  // namespace blink

@@ -97,6 +97,9 @@ void blink_sched_complete(const LoopParams* p, int threads, int publish_now) {
 
 void blink_sched_publish(const LoopParams* p) { publish(p->state, p->cfg, p->rings); }
 
+// What the GPU loop posts to the other TP ranks after launching step `seq` (or kPeerStop at exit).
+void blink_post_to_peers(const LoopParams* p, uint64_t seq, uint32_t command) { post_to_peers(*p, seq, command); }
+
 // The step could not run (as after a failed launch): its requests end with ERROR.
 void blink_sched_fail(const LoopParams* p, int32_t code) { fail_step(p->state, p->cfg, p->rings, code); }
 

@@ -78,6 +78,15 @@ BLINK_HD inline void store_release(uint32_t* p, uint32_t v) {
 #endif
 }
 
+// Every earlier write of this thread (peer GPU memory included) visible system-wide before later ones.
+BLINK_HD inline void fence_system() {
+#if defined(__CUDA_ARCH__)
+  __threadfence_system();
+#else
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+#endif
+}
+
 // Memory another agent writes (stop flag, forward outputs): never served from a stale cache line.
 template <typename T>
 BLINK_HD inline T load_volatile(const T* p) {

@@ -26,9 +26,20 @@ BLINK_HD inline int sched_prepare(const Team& t, const LoopParams& p) {
   write_admissions(t, s, c, p.sampling);
   if (t.leader()) s->t_plan = now_ns();
   write_inputs(t, s, c, p.buffers[s->launched & 1]);
+  if (p.peers != nullptr) {  // the other TP ranks' copies, straight into their memory
+    for (int k = 0; k < p.peers->num_peers; ++k) write_inputs(t, s, c, p.peers->peers[k].buffers[s->launched & 1]);
+    fence_system();  // this thread's peer writes land before the leader posts the mailboxes
+  }
   t.sync();
   if (t.leader()) s->t_inputs = now_ns();
   return rows;
+}
+
+// Leader: tell the other TP ranks to run step `seq` (1-based launch number) with `command` (a bucket, or
+// kPeerStop). Release at system scope: the inputs written before (fenced by every writer) land first.
+BLINK_HD inline void post_to_peers(const LoopParams& p, uint64_t seq, uint32_t command) {
+  if (p.peers == nullptr) return;
+  for (int k = 0; k < p.peers->num_peers; ++k) store_release(p.peers->peers[k].mailbox, (seq << 32) | command);
 }
 
 // Team: after the forward launched as number `launched - 1` has finished. publish_now = false: the

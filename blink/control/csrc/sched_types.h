@@ -98,6 +98,43 @@ struct RingPtrs {  // sections of the shared-memory segment (device pointer == h
 
 struct SchedState;
 
+// Device-mode tensor parallelism: rank 0's scheduler writes every step's inputs into each other rank's
+// buffers too (peer-mapped memory over NVLink), then posts (step sequence number << 32 | command) in
+// that rank's mailbox, where its follower kernel (follower.cuh) polls. Command: a bucket index, or stop.
+constexpr int kMaxPeers = 7;
+constexpr uint32_t kPeerStop = 0xFFFFFFFFu;
+
+struct PeerPtrs {
+  StepBufferPtrs buffers[2];  // the rank's buffer sets, as mapped in rank 0's address space
+  uint64_t* mailbox;
+};
+
+struct PeerTable {
+  int32_t num_peers;
+  int32_t reserved;
+  PeerPtrs peers[kMaxPeers];
+};
+
+// A follower rank's loop (follower.cuh): its own state and what it reads.
+struct FollowerState {
+  uint32_t done_count;  // bumped by the last node (step_done) of every forward graph
+  uint32_t exited;      // 1 once the loop ended (stop posted, or an error)
+  uint64_t last_seq;    // the last step sequence number taken from the mailbox
+  uint64_t launched;    // forward graphs launched
+  int32_t launches_this_kernel;
+  int32_t error_code;  // kErrLaunchBase + cudaError_t, kErrTailLaunchBase + ..., kErrStepTimeout, kErrNoBucket
+  uint64_t heartbeat;  // polls while idle, for a host that wants to see the loop breathe
+};
+
+struct FollowerParams {
+  uint64_t* mailbox;  // in this rank's memory, written by rank 0 over NVLink
+  FollowerState* state;
+  void* graph_execs;  // cudaGraphExec_t[num_buckets][2], the same layout as rank 0's
+  int32_t num_buckets;
+  int32_t launches_per_kernel;
+  int64_t step_timeout_ns;
+};
+
 struct LoopParams {
   SchedConfig cfg;
   SchedState* state;
@@ -106,6 +143,7 @@ struct LoopParams {
   SamplingPtrs sampling;
   void* graph_execs;  // cudaGraphExec_t[num_buckets][2]
   uint64_t* trace;    // [trace_capacity][kTraceWords]
+  const PeerTable* peers;  // nullptr without tensor parallelism
 };
 
 enum RequestStatus : int32_t { kFree = 0, kWaiting = 1, kRunning = 2, kStaging = 3 };  // kStaging: being copied in

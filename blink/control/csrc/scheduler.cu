@@ -5,7 +5,10 @@
 // `launches_per_kernel` launches it tail-relaunches itself to renew the fire-and-forget budget.
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include "abi.h"
+#include "follower.cuh"
 #include "sched.h"
 
 using namespace blink;
@@ -67,6 +70,7 @@ __device__ void launch_and_wait(const LoopParams& p) {
   }
   s->launched++;
   s->launches_this_kernel++;
+  post_to_peers(p, s->launched, (uint32_t)s->plan_bucket);  // after our launch: a failed one posts nothing
   trace[0] = t0;
   trace[2] = ((uint64_t)s->plan_tokens << 32) | (uint32_t)s->plan_rows;
   trace[4] = s->t_ingest;
@@ -140,6 +144,7 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
         if (err != cudaSuccess) {
           set_error(s, p.rings, kErrTailLaunchBase + (int32_t)err);
           publish(s, p.cfg, p.rings);
+          post_to_peers(p, s->launched + 1, kPeerStop);
           store_release(&ctl->exited, 1u);
         }
       }
@@ -148,8 +153,30 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
   }
   if (t.leader()) {
     publish(s, p.cfg, p.rings);
+    post_to_peers(p, s->launched + 1, kPeerStop);
     store_release(&ctl->exited, 1u);
   }
+}
+
+// One kernel node (one CTA of `threads`) taking a single pointer argument, instantiated for device
+// launch (the kernel tail-relaunches its own graph) and uploaded.
+cudaError_t single_kernel_graph(void* func, int threads, void* params, void* stream, void** exec) {
+  cudaGraph_t graph;
+  cudaError_t e = cudaGraphCreate(&graph, 0);
+  if (e != cudaSuccess) return e;
+  cudaKernelNodeParams kp = {};
+  void* args[] = {&params};
+  kp.func = func;
+  kp.gridDim = dim3(1);
+  kp.blockDim = dim3(threads);
+  kp.kernelParams = args;
+  cudaGraphNode_t node;
+  e = cudaGraphAddKernelNode(&node, graph, nullptr, 0, &kp);
+  if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags((cudaGraphExec_t*)exec, graph,
+                                                          cudaGraphInstantiateFlagDeviceLaunch);
+  if (e == cudaSuccess) e = cudaGraphUpload((cudaGraphExec_t)*exec, (cudaStream_t)stream);
+  cudaGraphDestroy(graph);
+  return e;
 }
 
 }  // namespace
@@ -215,21 +242,24 @@ int blink_exec_destroy(void* exec) { return (int)cudaGraphExecDestroy((cudaGraph
 
 // The scheduler's own graph: one kernel node reading the LoopParams at `params` (device memory).
 int blink_loop_create(void* params, void* stream, void** exec) {
-  cudaGraph_t graph;
-  cudaError_t e = cudaGraphCreate(&graph, 0);
-  if (e != cudaSuccess) return (int)e;
-  cudaKernelNodeParams kp = {};
-  void* args[] = {&params};
-  kp.func = (void*)scheduler_kernel;
-  kp.gridDim = dim3(1);
-  kp.blockDim = dim3(kThreads);
-  kp.kernelParams = args;
-  cudaGraphNode_t node;
-  e = cudaGraphAddKernelNode(&node, graph, nullptr, 0, &kp);
-  if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags((cudaGraphExec_t*)exec, graph,
-                                                          cudaGraphInstantiateFlagDeviceLaunch);
-  if (e == cudaSuccess) e = cudaGraphUpload((cudaGraphExec_t)*exec, (cudaStream_t)stream);
-  cudaGraphDestroy(graph);
+  return (int)single_kernel_graph((void*)scheduler_kernel, kThreads, params, stream, exec);
+}
+
+// A follower rank's loop graph (follower.cuh), reading the FollowerParams at `params`.
+int blink_follower_create(void* params, void* stream, void** exec) {
+  return (int)single_kernel_graph((void*)follower_kernel, 32, params, stream, exec);
+}
+
+uint64_t blink_follower_state_bytes() { return sizeof(FollowerState); }
+void* blink_follower_done_counter(void* state) { return &static_cast<FollowerState*>(state)->done_count; }
+
+// Lets this process's current device read and write `peer`'s memory (already enabled counts as success).
+int blink_enable_peer_access(int peer) {
+  const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    cudaGetLastError();  // clear it
+    return 0;
+  }
   return (int)e;
 }
 
@@ -238,5 +268,14 @@ int blink_loop_launch(void* exec, void* stream) {
 }
 
 const char* blink_cuda_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+
+// Maps another process's cudaMalloc block (its 64-byte cudaIpcMemHandle_t) into this process for the
+// current device: with lazy peer access, this device's kernels may then load and store it directly.
+int blink_ipc_open(const void* handle, void** ptr) {
+  cudaIpcMemHandle_t h;
+  memcpy(&h, handle, sizeof(h));
+  return (int)cudaIpcOpenMemHandle(ptr, h, cudaIpcMemLazyEnablePeerAccess);
+}
+int blink_ipc_close(void* ptr) { return (int)cudaIpcCloseMemHandle(ptr); }
 
 }  // extern "C"

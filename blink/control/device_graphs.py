@@ -1,0 +1,42 @@
+"""The forward graphs of device mode, shared by rank 0's scheduler loop (runtime.py) and the other
+tensor-parallel ranks' follower loops (follower.py): each bucket captured once per buffer set, in the same
+order on every rank (the captures run collectives), ending with the step_done kernel that bumps the loop's
+completion counter, then instantiated for launch from the device."""
+from __future__ import annotations
+
+import ctypes as C
+
+NODE_TYPES = ("kernel", "memcpy", "memset", "host", "child graph", "empty", "wait event", "record event",
+              "ext semaphore signal", "ext semaphore wait", "mem alloc", "mem free", "batch mem op",
+              "conditional", "type14", "type15")
+
+
+def cuda_check(lib, code: int, what: str) -> None:
+    if code != 0:
+        raise RuntimeError(f"{what} failed: {lib.blink_cuda_error_string(code).decode()} ({code})")
+
+
+def capture_device_graphs(lib, runner, buffer_sets, stream, done_counter: int, graphs: dict, execs: list) -> None:
+    """Fills graphs[(bucket index, parity)] (torch CUDAGraphs, kept alive by the caller) and execs (device-
+    launchable execs, index bucket * 2 + parity) as it goes, so that the caller can free what exists if a
+    later capture fails."""
+
+    def step_done(stream_ptr: int) -> None:
+        cuda_check(lib, lib.blink_capture_step_done(C.c_void_p(stream_ptr), C.c_void_p(done_counter)),
+                   "capturing step_done")
+
+    buckets = runner.buckets
+    for b in reversed(range(len(buckets))):  # largest first: the rest reuse its pool
+        for parity in (0, 1):
+            graphs[b, parity] = runner.capture(buckets[b], buffer_sets[parity], step_done)
+    for b in range(len(buckets)):
+        for parity in (0, 1):
+            exec_ = C.c_void_p()
+            raw = C.c_void_p(graphs[b, parity].raw_cuda_graph())
+            code = lib.blink_instantiate_device(raw, stream, C.byref(exec_))
+            if code != 0:
+                counts = (C.c_int * 16)()
+                lib.blink_describe_graph(raw, counts)
+                kinds = {NODE_TYPES[i]: n for i, n in enumerate(counts) if n}
+                cuda_check(lib, code, f"device-launch instantiation of bucket {buckets[b]} (graph nodes: {kinds})")
+            execs.append(exec_.value)
