@@ -53,6 +53,16 @@ for stage in "$@"; do
           --output-len 96 --max-model-len 512 --result-json "$OUT/barrier_$engine.json" 2>&1 \
           | grep --line-buffered -v "it/s" | tee "$OUT/barrier_$engine.log" | tail -12
       done;;
+    tp-serve)  # 2 GPUs: serving throughput at TP=2 behind blink serve, both modes, all requests at once
+      for engine in device host; do
+        python3 -m blink serve --model llama3-8b --engine $engine -tp 2 --max-model-len 1024 --port 8012 \
+          > "$OUT/tp_serve_$engine.log" 2>&1 & srv=$!
+        for i in $(seq 1 300); do curl -sf localhost:8012/health > /dev/null && break; sleep 1; done
+        timeout 240 python3 -m blink bench serve --base-url http://127.0.0.1:8012 --num-prompts 200 --request-rate inf \
+          --random-input-len 512 --random-output-len 128 --ignore-eos --disable-tqdm \
+          --result-json "$OUT/tp_serve_$engine.json" | tail -8
+        kill -INT $srv; wait $srv
+      done;;
     *) echo "unknown stage $stage";;
   esac
 done
