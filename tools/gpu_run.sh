@@ -37,6 +37,9 @@ for stage in "$@"; do
       for i in $(seq 1 120); do curl -sf localhost:8011/health > /dev/null && break; sleep 1; done
       python3 -m blink bench serve --base-url http://127.0.0.1:8011 --num-prompts 50 --max-concurrency 1 \
         --random-input-len 1 --random-output-len 64 --ignore-eos --disable-tqdm --result-json "$OUT/frontend.json"
+      # The server's own view (submit to first token in the front end) splits the client's TTFT in two.
+      curl -s localhost:8011/metrics | grep -E "^blink_(time_to_first_token|inter_token_latency)_seconds_(sum|count)" \
+        | tee "$OUT/frontend_metrics.txt"
       kill -INT $srv; wait $srv
       python3 -m blink.bench.step step --presets llama3.2-1b --batches 1 2>&1 | tee -a "$OUT/frontend_step.log";;
     interference) python3 -m blink bench interference --model llama3-8b --modes device,host --frontend-cpus 0-1 \
