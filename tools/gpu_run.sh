@@ -66,6 +66,32 @@ for stage in "$@"; do
           --result-json "$OUT/tp_serve_$engine.json" | tail -8
         kill -INT $srv; wait $srv
       done;;
+    hf-peer)  # issue 6's peer: `transformers serve` (continuous batching) and blink serve, same weights and load
+      preset=${PEER_PRESET:-llama3-8b}; dir=/tmp/hf-$preset
+      python3 tools/hf_peer.py "$preset" "$dir" --device "${PEER_DEVICE:-cuda}" 2>&1 | tail -1
+      for target in hf "${PEER_ENGINE:-device}"; do
+        if [ "$target" = hf ]; then
+          python3 -c 'import sys; from transformers.cli.transformers import main; sys.argv[0] = "transformers"; main()' \
+            serve "$dir" --continuous-batching --device "${PEER_DEVICE:-cuda}" --port 8013 > "$OUT/peer_$target.log" 2>&1 &
+        else
+          python3 -m blink serve --model "$dir" --engine "$target" --max-model-len "${PEER_MAX_LEN:-2048}" --port 8013 \
+            > "$OUT/peer_$target.log" 2>&1 &
+        fi
+        srv=$!
+        for i in $(seq 1 300); do curl -sf localhost:8013/health > /dev/null && break; sleep 1; done
+        timeout 150 python3 -m blink bench serve --base-url http://127.0.0.1:8013 --model "$dir" --num-prompts 8 \
+          --random-input-len 64 --random-output-len 16 --disable-tqdm > /dev/null  # warm-up, not recorded
+        for rate in ${PEER_RATES:-2 8}; do  # no --ignore-eos: transformers serve refuses the field
+          echo "--- $target, $rate req/s"
+          timeout 150 python3 -m blink bench serve --base-url http://127.0.0.1:8013 --model "$dir" \
+            --num-prompts $((rate * ${PEER_SECONDS:-20})) --request-rate "$rate" --random-input-len "${PEER_INPUT:-512}" \
+            --random-output-len 128 --disable-tqdm --result-json "$OUT/peer_${target}_rate$rate.json" \
+            | grep -E "Successful|Failed|Output token|P99 TTFT|P99 TPOT"
+        done
+        kill -INT $srv  # transformers serve's process can outlive its server: SIGKILL after 15 s
+        for i in $(seq 1 15); do kill -0 $srv 2> /dev/null || break; sleep 1; done
+        kill -9 $srv 2> /dev/null; wait $srv
+      done;;
     *) echo "unknown stage $stage";;
   esac
 done
