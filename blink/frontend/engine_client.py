@@ -1,8 +1,9 @@
 """The front end's side of the rings: submit and abort requests, route egress events to per-request queues.
 
 Everything that touches the ingress ring runs on the event loop's thread (the ring has one producer).
-One daemon thread blocks on the egress ring (with the rings' backoff) and hands batches of events to the
-loop, which puts each into its request's asyncio.Queue.
+One daemon thread polls the egress ring (every 100 us while requests are in flight; idle, with a backoff
+that a new request cuts short) and hands batches of events to the loop, which puts each into its
+request's asyncio.Queue.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
 
 POLL_TIMEOUT_S = 0.05
+FIRST_IDLE_SLEEP_S = 50e-6  # the idle reader's backoff starts here and doubles up to POLL_TIMEOUT_S
 ACTIVE_POLL_S = 100e-6  # while requests are in flight: the rings' idle backoff (up to 1 ms) would add to ITL
 RETRY_S = 0.001  # how often a full ingress ring is retried
 REQ_ID_BITS = 63
@@ -39,6 +41,7 @@ class EngineClient:
         self._next_id = random.getrandbits(REQ_ID_BITS - 1)  # random start: ids differ across restarts
         self._last_heartbeat = (int(self.control.heartbeat), time.monotonic())
         self._stopping = threading.Event()
+        self._wake = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: threading.Thread | None = None
         self._writer: asyncio.Task | None = None
@@ -79,6 +82,7 @@ class EngineClient:
         sent = not self.pending and self.producer.submit(req_id, prompt_ids, params, timeout=0)
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self.queues[req_id] = queue
+        self._wake.set()  # the reader leaves its idle backoff for the active poll
         if not sent:
             self._defer(("request", req_id, prompt_ids, params))
         return req_id, queue
@@ -121,18 +125,21 @@ class EngineClient:
 
     # egress (reader thread -> loop)
     def _read_egress(self) -> None:
+        idle_sleep = FIRST_IDLE_SLEEP_S
         while not self._stopping.is_set():
-            if self.queues:  # truthiness of a dict is atomic; a stale answer only changes the backoff
-                events = self.consumer.poll()
-                if not events:
-                    time.sleep(ACTIVE_POLL_S)
-            else:
-                events = self.consumer.wait(POLL_TIMEOUT_S)
+            events = self.consumer.poll()
             if events:
+                idle_sleep = FIRST_IDLE_SLEEP_S
                 self._loop.call_soon_threadsafe(self._dispatch, events)
             elif self.control.exited:
                 self._loop.call_soon_threadsafe(self._fail_all)
                 self._stopping.wait(POLL_TIMEOUT_S)
+            elif self.queues:  # truthiness of a dict is atomic; a stale answer only changes the backoff
+                time.sleep(ACTIVE_POLL_S)
+            else:  # idle: back off, but a new request wakes us at once (its first token must not wait a sleep out)
+                self._wake.wait(idle_sleep)
+                self._wake.clear()
+                idle_sleep = min(2 * idle_sleep, POLL_TIMEOUT_S)
 
     def _dispatch(self, events: list[TokenEvent]) -> None:
         for event in events:
