@@ -52,11 +52,6 @@ class TPGroup:
         _wait(self.device_group._allgather_base(stacked, x.contiguous(), _sync_op(AllgatherOptions())))
         return stacked.view(self.size, *x.shape).movedim(0, -2).reshape(*x.shape[:-1], self.size * x.shape[-1])
 
-    def broadcast_cpu(self, x: torch.Tensor, timeout: datetime.timedelta | None = None) -> torch.Tensor:
-        """Rank 0's CPU tensor into x on every rank (over gloo)."""
-        self.cpu_group.broadcast(x, 0, timeout).wait()
-        return x
-
     def min_over_ranks(self, value: int) -> int:
         x = torch.tensor([value], dtype=torch.int64)
         opts = dist.AllreduceOptions()
