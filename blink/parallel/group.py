@@ -2,9 +2,9 @@
 torch.distributed default group, so several engines may live in one process, e.g. in tests).
 
 Two communicators: `device_group` carries only the model's all-reduce / all-gather (NCCL on GPUs, so
-they can be captured in CUDA graphs; gloo on the CPU), and `cpu_group` (always gloo) carries everything
-else: set-up, the host-mode step broadcast, shutdown. Device-mode TP will launch captured NCCL graphs
-from the GPU with NCCL_GRAPH_MIXING_SUPPORT=0, where no uncaptured call may touch that communicator.
+they can be captured in CUDA graphs; gloo on the CPU), and `cpu_group` (always gloo) carries set-up and
+shutdown (host mode's steps go through step_queue.py). Device-mode TP launches captured NCCL graphs from
+the GPU with NCCL_GRAPH_MIXING_SUPPORT=0, where no uncaptured call may touch that communicator.
 """
 from __future__ import annotations
 
