@@ -194,7 +194,8 @@ def start_tensor_parallel(args: EngineArgs):
     try:
         store.set(STEP_QUEUE_KEY, queue.name)
         runner = build_runner(loaded, args)
-        workers.wait_ready()
+        workers.wait_ready()  # every worker has attached the queue: its file may go
+        queue.unlink()
     except Exception as e:
         queue.close()
         raise_worker_failure(workers, e)

@@ -102,14 +102,19 @@ class StepQueue:
             if last:
                 return b"".join(parts)
 
-    def close(self) -> None:
-        self.slot_words = self.slot_data = self.acks = None  # drop the buffer views before unmapping
-        self._mmap.close()
+    def unlink(self) -> None:
+        """Remove the file; mappings stay valid. The owner does it once every reader has attached, so that
+        nothing is left in /dev/shm even if the owner is killed."""
         if self.owner:
             try:
                 os.unlink(f"/dev/shm/{self.name}")
             except FileNotFoundError:
                 pass
+
+    def close(self) -> None:
+        self.slot_words = self.slot_data = self.acks = None  # drop the buffer views before unmapping
+        self._mmap.close()
+        self.unlink()
 
 
 def _wait(ready, timeout: float | None, what: str) -> None:
