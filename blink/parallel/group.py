@@ -2,8 +2,8 @@
 torch.distributed default group, so several engines may live in one process, e.g. in tests).
 
 Two communicators: `device_group` carries only the model's all-reduce / all-gather (NCCL on GPUs, so
-they can be captured in CUDA graphs; gloo on the CPU), and `cpu_group` (always gloo) carries everything
-else: set-up, the host-mode step broadcast, shutdown. Device-mode TP launches captured NCCL graphs from
+they can be captured in CUDA graphs; gloo on the CPU), and `cpu_group` (always gloo) carries set-up and
+shutdown (host mode's steps go through step_queue.py). Device-mode TP launches captured NCCL graphs from
 the GPU with NCCL_GRAPH_MIXING_SUPPORT=0, where no uncaptured call may touch that communicator.
 """
 from __future__ import annotations
@@ -51,11 +51,6 @@ class TPGroup:
         # rank r's x at rows r*N...
         _wait(self.device_group._allgather_base(stacked, x.contiguous(), _sync_op(AllgatherOptions())))
         return stacked.view(self.size, *x.shape).movedim(0, -2).reshape(*x.shape[:-1], self.size * x.shape[-1])
-
-    def broadcast_cpu(self, x: torch.Tensor, timeout: datetime.timedelta | None = None) -> torch.Tensor:
-        """Rank 0's CPU tensor into x on every rank (over gloo)."""
-        self.cpu_group.broadcast(x, 0, timeout).wait()
-        return x
 
     def min_over_ranks(self, value: int) -> int:
         x = torch.tensor([value], dtype=torch.int64)

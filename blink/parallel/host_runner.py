@@ -8,6 +8,7 @@ the all-gathered logits make every rank sample the same tokens, so only rank 0 r
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -18,12 +19,15 @@ from blink.config import EngineArgs
 from blink.engine.scheduler import StepPlan
 from blink.parallel.group import TPGroup, allow_device_launched_nccl, connect, disable_nvlink_multicast, make_store
 from blink.parallel.pinning import parse_rank_cpus, pin_process
-from blink.parallel.step_message import Admission, send_step, send_stop
-from blink.parallel.worker import build_runner, worker_main
+from blink.parallel.step_message import Admission, encode_step, encode_stop
+from blink.parallel.step_queue import StepQueue
+from blink.parallel.worker import STEP_QUEUE_KEY, build_runner, worker_main
 
 READY_POLL_S = 0.2
 JOIN_TIMEOUT_S = 10.0  # for workers to exit after the stop message
 DEATH_GRACE_S = 2.0  # for a failing worker to report and exit after a collective failed
+STEP_PUT_TIMEOUT_S = 300.0  # a worker that takes no step for this long is stuck
+_queue_ids = itertools.count()
 
 
 class TensorParallelError(RuntimeError):
@@ -97,11 +101,11 @@ class Workers:
 class TensorParallelRunner:
     """Rank 0's runner: ModelRunner.execute's contract, with every step mirrored on the worker ranks."""
 
-    def __init__(self, runner, group: TPGroup, workers: Workers, store):
-        self.runner, self.group, self.workers = runner, group, workers
+    def __init__(self, runner, group: TPGroup, workers: Workers, store, queue: StepQueue):
+        self.runner, self.group, self.workers, self.queue = runner, group, workers, queue
         self.store = store  # the rendezvous store must outlive the group
         # Stops the workers even if nobody calls shutdown() (an LLM that is simply dropped).
-        self._stop_workers = weakref.finalize(self, _stop_workers, group, workers)
+        self._stop_workers = weakref.finalize(self, _stop_workers, queue, workers)
 
     def execute(self, plan: StepPlan, want_top: int = 0):
         if not self._stop_workers.alive:
@@ -112,7 +116,7 @@ class TensorParallelRunner:
         admissions = [Admission(s.slot, s.params, s.seed, list(s.prompt_ids), list(s.output_ids))
                       for s in plan.admitted]
         try:
-            send_step(self.group, bucket, inputs, admissions)
+            self.queue.put(encode_step(bucket, inputs, admissions), timeout=STEP_PUT_TIMEOUT_S)
             runner.fill(runner.buffers, inputs)
             runner.run(bucket)
             return runner.read_back(plan, want_top)
@@ -120,6 +124,7 @@ class TensorParallelRunner:
             self._stop_workers.detach()
             failure = self.workers.failure()
             self.workers.kill()
+            self.queue.close()
             if failure is None:
                 raise  # rank 0's own error
             raise failure from e
@@ -128,10 +133,11 @@ class TensorParallelRunner:
         self._stop_workers()
 
 
-def _stop_workers(group: TPGroup, workers: Workers) -> None:
+def _stop_workers(queue: StepQueue, workers: Workers) -> None:
     with contextlib.suppress(Exception):  # a dead worker cannot hear it: close() reaps it anyway
-        send_stop(group)
+        queue.put(encode_stop(), timeout=JOIN_TIMEOUT_S)
     workers.close()
+    queue.close()
 
 
 def _model_config(args: EngineArgs):
@@ -184,9 +190,13 @@ def raise_worker_failure(workers: Workers, error: Exception):
 def start_tensor_parallel(args: EngineArgs):
     """Host mode: start the ranks; returns (LoadedModel, TensorParallelRunner)."""
     loaded, group, workers, store = launch_ranks(args)
+    queue = StepQueue.create(f"blink-tp-{os.getpid()}-{next(_queue_ids)}", readers=args.tensor_parallel_size - 1)
     try:
+        store.set(STEP_QUEUE_KEY, queue.name)
         runner = build_runner(loaded, args)
-        workers.wait_ready()
+        workers.wait_ready()  # every worker has attached the queue: its file may go
+        queue.unlink()
     except Exception as e:
+        queue.close()
         raise_worker_failure(workers, e)
-    return loaded, TensorParallelRunner(runner, group, workers, store)
+    return loaded, TensorParallelRunner(runner, group, workers, store, queue)

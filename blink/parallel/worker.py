@@ -11,9 +11,10 @@ import signal
 import torch
 
 from blink.config import EngineArgs
-from blink.parallel.group import TPGroup, allow_device_launched_nccl, connect, disable_nvlink_multicast, make_store
+from blink.parallel.group import allow_device_launched_nccl, connect, disable_nvlink_multicast, make_store
 from blink.parallel.pinning import parse_rank_cpus, pin_process
-from blink.parallel.step_message import receive_step
+from blink.parallel.step_message import decode_step
+from blink.parallel.step_queue import StepQueue
 
 
 def die_with_parent(parent_pid: int) -> None:
@@ -53,8 +54,9 @@ def worker_main(rank: int, size: int, port: int, args: EngineArgs, parent_pid: i
             follow(store, rank, loaded, args, conn)
             return
         runner = build_runner(loaded, args)
+        queue = StepQueue.attach(store.get(STEP_QUEUE_KEY).decode(), reader=rank - 1)
         conn.send(("ready", ""))
-        serve_steps(group, runner, loaded.sampling_state)
+        serve_steps(queue, runner, loaded.sampling_state)
     except BaseException as e:  # noqa: BLE001 - whatever it is, rank 0 must hear of it
         message = " ".join(f"{type(e).__name__}: {e}".split())
         try:
@@ -63,8 +65,8 @@ def worker_main(rank: int, size: int, port: int, args: EngineArgs, parent_pid: i
             os._exit(1)
 
 
-def serve_steps(group: TPGroup, runner, sampling_state) -> None:
-    while (step := receive_step(group, runner.max_blocks_per_seq)) is not None:
+def serve_steps(queue: StepQueue, runner, sampling_state) -> None:
+    while (step := decode_step(queue.get(), runner.max_blocks_per_seq)) is not None:
         bucket, inputs, admissions = step
         for a in admissions:
             sampling_state.set_slot(a.slot, a.params, a.seed, a.prompt_ids, a.output_ids)
@@ -84,6 +86,9 @@ def follow(store, rank: int, loaded, args: EngineArgs, conn) -> None:
     loop.start()
     loop.wait()
     loop.close()
+
+
+STEP_QUEUE_KEY = "blink/step_queue"  # the store entry naming host mode's step queue
 
 
 def follower_key(rank: int) -> str:

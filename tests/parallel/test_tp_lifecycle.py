@@ -113,6 +113,8 @@ def test_workers_die_with_a_killed_rank0(tiny_llama):
             break
         time.sleep(0.1)
     assert not _alive(worker_pid)
+    # The step queue's file went as soon as the worker attached it: a killed rank 0 leaves nothing behind.
+    assert not list(Path("/dev/shm").glob(f"blink-tp-{rank0.pid}-*"))
 
 
 def _alive(pid: int) -> bool:
