@@ -53,6 +53,8 @@ for stage in "$@"; do
           --output-len 96 --max-model-len 512 --result-json "$OUT/barrier_$engine.json" 2>&1 \
           | grep --line-buffered -v "it/s" | tee "$OUT/barrier_$engine.log" | tail -12
       done;;
+    allreduce)  # 2+ GPUs: NCCL vs the one-shot peer-to-peer all-reduce, bf16, decode to prefill sizes
+      timeout 300 python3 -m blink bench allreduce --result-json "$OUT/allreduce.json" 2>&1 | tee "$OUT/allreduce.log";;
     *) echo "unknown stage $stage";;
   esac
 done
