@@ -92,6 +92,8 @@ for stage in "$@"; do
         for i in $(seq 1 15); do kill -0 $srv 2> /dev/null || break; sleep 1; done
         kill -9 $srv 2> /dev/null; wait $srv
       done;;
+    allreduce)  # 2+ GPUs: NCCL vs the one-shot peer-to-peer all-reduce, bf16, decode to prefill sizes
+      timeout 300 python3 -m blink bench allreduce --result-json "$OUT/allreduce.json" 2>&1 | tee "$OUT/allreduce.log";;
     *) echo "unknown stage $stage";;
   esac
 done

@@ -1,7 +1,7 @@
 """The `blink bench ...` subcommands; each stores its handler (args -> exit code) as `args.handler`.
 
-serve, attack, interference and barrier expose `add_arguments(parser)` and `run(args)`; step and offline (optional
-modules) expose `add_parser(subparsers)`, which registers themselves.
+serve, attack, interference, barrier and allreduce expose `add_arguments(parser)` and `run(args)`; step and
+offline (optional modules) expose `add_parser(subparsers)`, which registers themselves.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ SUBCOMMANDS = (
     ("attack", "blink.bench.attackers", "CPU interference on chosen cores for a fixed time"),
     ("interference", "blink.bench.interference", "rate sweeps per engine mode, isolated and under attack"),
     ("barrier", "blink.bench.barrier", "tensor-parallel step times with one rank's cores attacked, or all"),
+    ("allreduce", "blink.bench.allreduce", "NCCL vs peer-to-peer all-reduce latency across the GPUs"),
 )
 OPTIONAL_MODULES = ("blink.bench.step", "blink.bench.offline")
 

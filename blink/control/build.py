@@ -81,7 +81,8 @@ def build_device_library(arch: str | None = None) -> Path:
         raise RuntimeError("nvcc not found: device mode builds its scheduler with the CUDA toolkit")
     return _compile("libblink_control.so", [
         nvcc, f"-arch={arch or cuda_arch()}", "-rdc=true", "-shared", "-Xcompiler", "-fPIC", "--cudart", "shared",
-        "-O2", "-std=c++17", "-o", "{out}", str(CSRC / "scheduler.cu"), "-lcudadevrt"])
+        "-O2", "-std=c++17", "-o", "{out}", str(CSRC / "scheduler.cu"), str(CSRC / "p2p_allreduce.cu"),
+        "-lcudadevrt"])
 
 
 def build_host_library() -> Path:
@@ -144,5 +145,7 @@ def load_device_library(arch: str | None = None) -> C.CDLL:
         "blink_enable_peer_access": (_I, _I),
         "blink_ipc_open": (_I, C.c_char_p, C.POINTER(_P)),
         "blink_ipc_close": (_I, _P),
+        "blink_p2p_allreduce_bf16": (_I, _P, _I, _P, _P, C.c_int64, _P),
+        "blink_p2p_params_bytes": (_U64,),
         "blink_cuda_error_string": (C.c_char_p, _I),
     })
