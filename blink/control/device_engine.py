@@ -143,6 +143,7 @@ class DeviceEngine(Engine):
     def _check_alive(self) -> None:
         if not self.loop.alive():
             raise RuntimeError(f"the device loop has stopped: {self.loop.error()}")
+        check_followers(self.tp)
 
     def _describe(self) -> str:
         """Live counters from the shared segment only (no CUDA call: it could block behind the stall)."""
@@ -168,6 +169,15 @@ def step_times_from_trace(t: np.ndarray) -> list[StepTime]:
     return [StepTime(float(periods[i]), int(tokens[i]), int(rows[i])) for i in range(len(periods)) if busy[i]]
 
 
+def check_followers(tp) -> None:
+    """Under device-mode TP: a follower rank that died leaves every GPU waiting inside a collective, which
+    the step timeout would report only after minutes; say so now (the process has to exit: the stuck
+    GPU work cannot be freed)."""
+    dead = tp.workers.dead() if tp is not None else None
+    if dead is not None:
+        raise RuntimeError(f"{dead}; the other GPUs are stuck in a collective, so the engine has to restart")
+
+
 def serve_device(segment: Segment | str, args: EngineArgs, loaded: LoadedModel | None = None,
                  should_stop: Callable[[], bool] = lambda: False) -> None:
     """The engine process in serve mode: provision, hand the rings to the GPU, sleep until stop_flag (or
@@ -189,6 +199,7 @@ def serve_device(segment: Segment | str, args: EngineArgs, loaded: LoadedModel |
         while not ctl.stop_flag and not should_stop():
             if ctl.exited:
                 raise RuntimeError(f"the device loop stopped on its own: {loop.error()}")
+            check_followers(tp)
             time.sleep(STOP_POLL_S)
         loop.stop()
     finally:

@@ -65,6 +65,13 @@ class Workers:
                 elif not self.processes[i].is_alive():
                     raise self.failure() or TensorParallelError(f"tensor-parallel rank {i + 1} exited")
 
+    def dead(self) -> TensorParallelError | None:
+        """Without waiting: a worker process that has ended, as an error (None while all run)."""
+        for i, p in enumerate(self.processes):
+            if p.exitcode is not None:
+                return TensorParallelError(f"tensor-parallel rank {i + 1} died (exit code {p.exitcode})")
+        return None
+
     def failure(self) -> TensorParallelError | None:
         """What went wrong on the workers, if anything (called after a collective or the set-up failed)."""
         # A crashing worker needs a moment to exit; a sentinel is ready once its process has ended.
