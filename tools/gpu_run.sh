@@ -42,6 +42,15 @@ for stage in "$@"; do
         | tee "$OUT/frontend_metrics.txt"
       kill -INT $srv; wait $srv
       python3 -m blink.bench.step step --presets llama3.2-1b --batches 1 2>&1 | tee -a "$OUT/frontend_step.log";;
+    frontend-null)  # the same load against a zero-cost engine (blink/bench/null_engine.py): the front end alone
+      python3 -m blink serve --model llama3.2-1b --engine-module blink.bench.null_engine --port 8014 \
+        > "$OUT/serve_null.log" 2>&1 & srv=$!
+      for i in $(seq 1 120); do curl -sf localhost:8014/health > /dev/null && break; sleep 1; done
+      python3 -m blink bench serve --base-url http://127.0.0.1:8014 --num-prompts 50 --max-concurrency 1 \
+        --random-input-len 1 --random-output-len 64 --ignore-eos --disable-tqdm --result-json "$OUT/frontend_null.json"
+      curl -s localhost:8014/metrics | grep -E "^blink_(time_to_first_token|inter_token_latency)_seconds_(sum|count)" \
+        | tee "$OUT/frontend_null_metrics.txt"
+      kill -INT $srv; wait $srv;;
     interference) python3 -m blink bench interference --model llama3-8b --modes device,host --frontend-cpus 0-1 \
         --engine-cpus 2-7 --request-rates 2,8,16,32 --attack-levels 0,2 --attack-kinds spin --point-seconds 30 \
         --ignore-eos --random-input-len 512 --random-output-len 128 --result-dir /tmp/interference;

@@ -1,0 +1,73 @@
+"""An engine process that costs nothing, for measuring the front end alone:
+`blink serve --engine-module blink.bench.null_engine [engine args]` serves the real front end, the real
+rings and the real process model, but the engine answers at once. It polls ingress without sleeping (as
+device mode's GPU does, every few microseconds; so it holds a core) and emits one token (id 0) per live
+request per turn until each request's max_tokens. TTFT and ITL measured against it are the front end's
+own cost plus the client's, with no model in the way.
+"""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+
+from blink.config import EngineArgs
+from blink.engine.interface import TokenEvent
+from blink.request import FinishReason
+
+
+def serve(segment, should_stop) -> None:
+    from blink.engine.ring_loop import MAX_INGEST
+    from blink.transport.rings import EgressProducer, IngressConsumer
+
+    ingress, egress, ctl = IngressConsumer(segment), EgressProducer(segment), segment.control
+    ctl.engine_mode = 1
+    ctl.ready = 1
+    live: dict[int, list[int]] = {}  # req_id -> [tokens emitted, max_tokens]
+    while not ctl.stop_flag and not should_stop():
+        events: list[TokenEvent] = []
+        for item in ingress.poll(MAX_INGEST):
+            if item.kind == "abort":
+                if live.pop(item.req_id, None) is not None:
+                    events.append(TokenEvent(item.req_id, -1, 0, FinishReason.ABORT))
+            else:
+                live[item.req_id] = [0, item.params.max_tokens]
+        for req_id, state in list(live.items()):
+            state[0] += 1
+            done = state[0] >= state[1]
+            events.append(TokenEvent(req_id, 0, state[0] - 1, FinishReason.LENGTH if done else FinishReason.NONE))
+            if done:
+                del live[req_id]
+        if events:
+            egress.push(events)
+            ctl.tokens += len(events)
+            ctl.steps += 1
+        ctl.running = len(live)
+        ctl.heartbeat += 1
+    ctl.exited = 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="blink-null-engine")
+    p.add_argument("--shm", required=True)
+    EngineArgs.add_cli_args(p)  # accepted and ignored: blink serve passes its engine args through
+    ns = p.parse_args(argv)
+    stop = {"flag": False}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.update(flag=True))
+    from blink.transport.shm import Segment
+
+    segment = Segment.attach(ns.shm)
+    try:
+        serve(segment, lambda: stop["flag"])
+    except (ValueError, OSError) as e:
+        print(f"blink null engine: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        segment.control.exited = 1
+        segment.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
