@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from blink.config import EngineArgs
+from blink.control import structs
 from blink.control.poll_watchdog import PollWatchdog
 from blink.control.runtime import DeviceLoop
 from blink.engine.interface import Engine, EngineStats, StepTime, TokenEvent
@@ -168,8 +169,7 @@ def load_rank0(args: EngineArgs, loaded: LoadedModel | None):
 def step_times_from_trace(t: np.ndarray) -> list[StepTime]:
     """[launches, TRACE_WORDS] (structs.TRACE_PHASES) -> one StepTime per launch that the next launch
     followed back to back: launch-to-launch seconds, with that step's tokens and rows."""
-    meta = t[:, 2].astype(np.uint64)
-    tokens, rows = (meta >> 32).astype(np.int64), (meta & 0xFFFFFFFF).astype(np.int64)
+    tokens, rows = structs.trace_step_sizes(t)
     periods = np.diff(t[:, 0]) / 1e9
     # Step i finished ([3]) -> step i+1 read the ring ([4]): microseconds, unless the loop idled.
     busy = (t[1:, 4] - t[:-1, 3]) < IDLE_GAP_NS
