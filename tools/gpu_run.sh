@@ -12,6 +12,19 @@ if [ -d .whl ]; then
 else
   export PYTHONPATH=$PWD
 fi
+wait_healthy() {  # PORT [SECONDS]: until the server answers /health
+  for _ in $(seq 1 "${2:-300}"); do curl -sf "localhost:$1/health" > /dev/null && return 0; sleep 1; done; return 1
+}
+stop_server() {  # PID: SIGINT, then SIGKILL after 25 s (blink serve stops within 20 s; transformers serve may not)
+  kill -INT "$1"; for _ in $(seq 1 25); do kill -0 "$1" 2> /dev/null || break; sleep 1; done
+  kill -9 "$1" 2> /dev/null; wait "$1"
+}
+frontend_load() {  # PORT NAME: 50 one-token prompts at concurrency 1, then the server's own TTFT/ITL sums
+  python3 -m blink bench serve --base-url "http://127.0.0.1:$1" --num-prompts 50 --max-concurrency 1 \
+    --random-input-len 1 --random-output-len 64 --ignore-eos --disable-tqdm --result-json "$OUT/$2.json"
+  curl -s "localhost:$1/metrics" | grep -E "^blink_(time_to_first_token|inter_token_latency)_seconds_(sum|count)" \
+    | tee "$OUT/${2}_metrics.txt"
+}
 for stage in "$@"; do
   echo "=== stage $stage $(date +%T)"
   case $stage in
@@ -34,23 +47,16 @@ for stage in "$@"; do
     device8b-load) python3 -m blink.control.gpu_selftest --llama3-8b --interference --skip-checks 2>&1 | tee "$OUT/device8b_load.log" | tail -60;;
     frontend-overhead)  # TTFT of a 1-token prompt and ITL at low load through the front end, vs the engine step
       python3 -m blink serve --model llama3.2-1b --engine device --max-model-len 2048 --port 8011 > "$OUT/serve.log" 2>&1 & srv=$!
-      for i in $(seq 1 120); do curl -sf localhost:8011/health > /dev/null && break; sleep 1; done
-      python3 -m blink bench serve --base-url http://127.0.0.1:8011 --num-prompts 50 --max-concurrency 1 \
-        --random-input-len 1 --random-output-len 64 --ignore-eos --disable-tqdm --result-json "$OUT/frontend.json"
-      # The server's own view (submit to first token in the front end) splits the client's TTFT in two.
-      curl -s localhost:8011/metrics | grep -E "^blink_(time_to_first_token|inter_token_latency)_seconds_(sum|count)" \
-        | tee "$OUT/frontend_metrics.txt"
-      kill -INT $srv; wait $srv
+      wait_healthy 8011 120
+      frontend_load 8011 frontend  # the server's own TTFT (submit to first token) splits the client's in two
+      stop_server $srv
       python3 -m blink.bench.step step --presets llama3.2-1b --batches 1 2>&1 | tee -a "$OUT/frontend_step.log";;
     frontend-null)  # the same load against a zero-cost engine (blink/bench/null_engine.py): the front end alone
       python3 -m blink serve --model llama3.2-1b --engine-module blink.bench.null_engine --port 8014 \
         > "$OUT/serve_null.log" 2>&1 & srv=$!
-      for i in $(seq 1 120); do curl -sf localhost:8014/health > /dev/null && break; sleep 1; done
-      python3 -m blink bench serve --base-url http://127.0.0.1:8014 --num-prompts 50 --max-concurrency 1 \
-        --random-input-len 1 --random-output-len 64 --ignore-eos --disable-tqdm --result-json "$OUT/frontend_null.json"
-      curl -s localhost:8014/metrics | grep -E "^blink_(time_to_first_token|inter_token_latency)_seconds_(sum|count)" \
-        | tee "$OUT/frontend_null_metrics.txt"
-      kill -INT $srv; wait $srv;;
+      wait_healthy 8014 120
+      frontend_load 8014 frontend_null
+      stop_server $srv;;
     interference) python3 -m blink bench interference --model llama3-8b --modes device,host --frontend-cpus 0-1 \
         --engine-cpus 2-7 --request-rates 2,8,16,32 --attack-levels 0,2 --attack-kinds spin --point-seconds 30 \
         --ignore-eos --random-input-len 512 --random-output-len 128 --result-dir /tmp/interference;
@@ -69,11 +75,11 @@ for stage in "$@"; do
       for engine in device host; do
         python3 -m blink serve --model llama3-8b --engine $engine -tp 2 --max-model-len 1024 --port 8012 \
           > "$OUT/tp_serve_$engine.log" 2>&1 & srv=$!
-        for i in $(seq 1 300); do curl -sf localhost:8012/health > /dev/null && break; sleep 1; done
+        wait_healthy 8012
         timeout 240 python3 -m blink bench serve --base-url http://127.0.0.1:8012 --num-prompts 200 --request-rate inf \
           --random-input-len 512 --random-output-len 128 --ignore-eos --disable-tqdm \
           --result-json "$OUT/tp_serve_$engine.json" | tail -8
-        kill -INT $srv; wait $srv
+        stop_server $srv
       done;;
     hf-peer)  # issue 6's peer: `transformers serve` (continuous batching) and blink serve, same weights and load
       preset=${PEER_PRESET:-llama3-8b}; dir=/tmp/hf-$preset
@@ -87,7 +93,7 @@ for stage in "$@"; do
             > "$OUT/peer_$target.log" 2>&1 &
         fi
         srv=$!
-        for i in $(seq 1 300); do curl -sf localhost:8013/health > /dev/null && break; sleep 1; done
+        wait_healthy 8013
         timeout 150 python3 -m blink bench serve --base-url http://127.0.0.1:8013 --model "$dir" --num-prompts 8 \
           --random-input-len 64 --random-output-len 16 --disable-tqdm > /dev/null  # warm-up, not recorded
         for rate in ${PEER_RATES:-2 8}; do  # no --ignore-eos: transformers serve refuses the field
@@ -97,9 +103,7 @@ for stage in "$@"; do
             --random-output-len 128 --disable-tqdm --result-json "$OUT/peer_${target}_rate$rate.json" \
             | grep -E "Successful|Failed|Output token|P99 TTFT|P99 TPOT"
         done
-        kill -INT $srv  # transformers serve's process can outlive its server: SIGKILL after 15 s
-        for i in $(seq 1 15); do kill -0 $srv 2> /dev/null || break; sleep 1; done
-        kill -9 $srv 2> /dev/null; wait $srv
+        stop_server $srv
       done;;
     allreduce)  # 2+ GPUs: NCCL vs the one-shot peer-to-peer all-reduce, bf16, decode to prefill sizes
       timeout 300 python3 -m blink bench allreduce --result-json "$OUT/allreduce.json" 2>&1 | tee "$OUT/allreduce.log";;

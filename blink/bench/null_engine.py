@@ -7,16 +7,13 @@ own cost plus the client's, with no model in the way.
 """
 from __future__ import annotations
 
-import argparse
-import signal
-import sys
-
-from blink.config import EngineArgs
 from blink.engine.interface import TokenEvent
+from blink.engine.process import run_engine_process
 from blink.request import FinishReason
 
 
-def serve(segment, should_stop) -> None:
+def serve(segment, args, should_stop) -> None:
+    """run_engine_process's serve: the engine args blink serve passes through are ignored."""
     from blink.engine.ring_loop import MAX_INGEST
     from blink.transport.rings import EgressProducer, IngressConsumer
 
@@ -48,25 +45,7 @@ def serve(segment, should_stop) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="blink-null-engine")
-    p.add_argument("--shm", required=True)
-    EngineArgs.add_cli_args(p)  # accepted and ignored: blink serve passes its engine args through
-    ns = p.parse_args(argv)
-    stop = {"flag": False}
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.update(flag=True))
-    from blink.transport.shm import Segment
-
-    segment = Segment.attach(ns.shm)
-    try:
-        serve(segment, lambda: stop["flag"])
-    except (ValueError, OSError) as e:
-        print(f"blink null engine: error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        segment.control.exited = 1
-        segment.close()
-    return 0
+    return run_engine_process(argv, "blink null engine", serve)
 
 
 if __name__ == "__main__":

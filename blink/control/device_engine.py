@@ -20,6 +20,7 @@ from collections.abc import Callable
 import numpy as np
 
 from blink.config import EngineArgs
+from blink.control import structs
 from blink.control.poll_watchdog import PollWatchdog
 from blink.control.runtime import DeviceLoop
 from blink.engine.interface import Engine, EngineStats, StepTime, TokenEvent
@@ -44,15 +45,9 @@ def default_layout(loaded: LoadedModel) -> SegmentLayout:
 class DeviceEngine(Engine):
     def __init__(self, args: EngineArgs, loaded: LoadedModel | None = None, **loop_kwargs):
         self.args = args
-        self.tp = None  # rank 0's DeviceTensorParallel under --tensor-parallel-size > 1
         self.loop = None
-        if args.tensor_parallel_size > 1:
-            if loaded is not None:
-                raise ValueError("a preloaded model cannot be used with tensor parallelism")
-            from blink.parallel.device_tp import DeviceTensorParallel
-
-            self.tp = DeviceTensorParallel(args)
-        self.m = self.tp.loaded if self.tp else loaded or LoadedModel.load(args)
+        # tp: rank 0's DeviceTensorParallel under --tensor-parallel-size > 1
+        self.m, self.tp = load_rank0(args, loaded)
         name = f"blink-device-{os.getpid()}-{next(_segment_ids)}"
         self.segment = Segment.create(name, default_layout(self.m))
         self.producer = IngressProducer(self.segment)
@@ -158,11 +153,23 @@ class DeviceEngine(Engine):
             self.segment = None
 
 
+def load_rank0(args: EngineArgs, loaded: LoadedModel | None):
+    """This process's model and, under tensor parallelism, the other ranks (started here, loading theirs):
+    (LoadedModel, DeviceTensorParallel or None)."""
+    if args.tensor_parallel_size == 1:
+        return loaded or LoadedModel.load(args), None
+    if loaded is not None:
+        raise ValueError("a preloaded model cannot be used with tensor parallelism")
+    from blink.parallel.device_tp import DeviceTensorParallel
+
+    tp = DeviceTensorParallel(args)
+    return tp.loaded, tp
+
+
 def step_times_from_trace(t: np.ndarray) -> list[StepTime]:
     """[launches, TRACE_WORDS] (structs.TRACE_PHASES) -> one StepTime per launch that the next launch
     followed back to back: launch-to-launch seconds, with that step's tokens and rows."""
-    meta = t[:, 2].astype(np.uint64)
-    tokens, rows = (meta >> 32).astype(np.int64), (meta & 0xFFFFFFFF).astype(np.int64)
+    tokens, rows = structs.trace_step_sizes(t)
     periods = np.diff(t[:, 0]) / 1e9
     # Step i finished ([3]) -> step i+1 read the ring ([4]): microseconds, unless the loop idled.
     busy = (t[1:, 4] - t[:-1, 3]) < IDLE_GAP_NS
@@ -186,12 +193,7 @@ def serve_device(segment: Segment | str, args: EngineArgs, loaded: LoadedModel |
     seg = Segment.attach(segment) if own else segment
     loop = tp = None
     try:
-        if args.tensor_parallel_size > 1:
-            from blink.parallel.device_tp import DeviceTensorParallel
-
-            tp = DeviceTensorParallel(args)
-            loaded = tp.loaded
-        loaded = loaded or LoadedModel.load(args)
+        loaded, tp = load_rank0(args, loaded)
         loop = DeviceLoop(loaded, args, seg, peers=tp.peers if tp else None)
         loop.start()
         loop.wait_ready()

@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import ctypes as C
 
+import numpy as np
+import torch
+
+CUDA_ERROR_NOT_READY = 600  # cudaStreamQuery: work still running
+STEP_TIMEOUT_S = 120.0  # a forward that never signals completion is an error, not a hang
 NODE_TYPES = ("kernel", "memcpy", "memset", "host", "child graph", "empty", "wait event", "record event",
               "ext semaphore signal", "ext semaphore wait", "mem alloc", "mem free", "batch mem op",
               "conditional", "type14", "type15")
@@ -14,6 +19,22 @@ NODE_TYPES = ("kernel", "memcpy", "memset", "host", "child graph", "empty", "wai
 def cuda_check(lib, code: int, what: str) -> None:
     if code != 0:
         raise RuntimeError(f"{what} failed: {lib.blink_cuda_error_string(code).decode()} ({code})")
+
+
+def struct_on_device(struct: C.Structure, device) -> torch.Tensor:
+    """A ctypes struct's bytes in device memory, for a kernel that takes a pointer to it."""
+    return torch.from_numpy(np.frombuffer(bytes(struct), dtype=np.uint8).copy()).to(device)
+
+
+def exec_table(execs: list[int], device) -> torch.Tensor:
+    """The execs (bucket * 2 + parity) as the device-side cudaGraphExec_t array the loop kernels index."""
+    return torch.tensor(np.array(execs, dtype=np.uint64).view(np.int64), device=device)
+
+
+def destroy_execs(lib, execs: list[int]) -> None:
+    for exec_ in execs:
+        if exec_:
+            lib.blink_exec_destroy(exec_)
 
 
 def capture_device_graphs(lib, runner, buffer_sets, stream, done_counter: int, graphs: dict, execs: list) -> None:

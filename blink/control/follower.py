@@ -13,17 +13,22 @@ import gc
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from blink.control import structs
 from blink.control.build import load_device_library
-from blink.control.device_graphs import capture_device_graphs, cuda_check
+from blink.control.device_graphs import (
+    CUDA_ERROR_NOT_READY,
+    STEP_TIMEOUT_S,
+    capture_device_graphs,
+    cuda_check,
+    destroy_execs,
+    exec_table,
+    struct_on_device,
+)
 from blink.engine.runner import ModelRunner
 from blink.engine.step_buffers import StepBuffers
 
-CUDA_ERROR_NOT_READY = 600
-STEP_TIMEOUT_S = 120.0
 MAILBOX_BYTES = 256  # one 8-byte word, padded to the arena's alignment
 IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 
@@ -57,12 +62,12 @@ class FollowerLoop:
         try:
             done = lib.blink_follower_done_counter(self.state.data_ptr())
             capture_device_graphs(lib, runner, self.buffer_sets, self.stream, done, self.graphs, self.execs)
-            self.exec_table = torch.tensor(np.array(self.execs, dtype=np.uint64).view(np.int64), device=self.device)
+            self.exec_table = exec_table(self.execs, self.device)
             params = structs.FollowerParams(
                 mailbox=self.arena.data_ptr() + self.mailbox_offset, state=self.state.data_ptr(),
                 graph_execs=self.exec_table.data_ptr(), num_buckets=len(runner.buckets),
                 launches_per_kernel=structs.LAUNCHES_PER_KERNEL, step_timeout_ns=int(STEP_TIMEOUT_S * 1e9))
-            self.params = torch.from_numpy(np.frombuffer(bytes(params), dtype=np.uint8).copy()).to(self.device)
+            self.params = struct_on_device(params, self.device)
             cuda_check(lib, lib.blink_follower_create(self.params.data_ptr(), self.stream, C.byref(self.loop_exec)),
                        "follower graph")
             torch.cuda.synchronize(self.device)
@@ -100,9 +105,7 @@ class FollowerLoop:
     def close(self) -> None:
         if self.running:
             return  # still resident: freeing what it uses would fault; the process has to exit
-        for exec_ in [*self.execs, self.loop_exec.value]:
-            if exec_:
-                self.lib.blink_exec_destroy(exec_)
+        destroy_execs(self.lib, [*self.execs, self.loop_exec.value])
         self.execs, self.loop_exec = [], C.c_void_p()
         if self.stream:
             self.lib.blink_stream_destroy(self.stream)

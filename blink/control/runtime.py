@@ -18,15 +18,21 @@ import torch
 
 from blink.control import structs
 from blink.control.build import load_device_library
-from blink.control.device_graphs import capture_device_graphs, cuda_check
+from blink.control.device_graphs import (
+    CUDA_ERROR_NOT_READY,
+    STEP_TIMEOUT_S,
+    capture_device_graphs,
+    cuda_check,
+    destroy_execs,
+    exec_table,
+    struct_on_device,
+)
 from blink.control.follower import peer_table
 from blink.engine.runner import ModelRunner
 from blink.transport.shm import HEAD_INDEX, TAIL_INDEX
 
 DEFAULT_TRACE_CAPACITY = 1 << 16
-STEP_TIMEOUT_S = 120.0
 TOKEN_STORE_BUDGET = 256 << 20  # bytes for prompt + output tokens of every queued request
-CUDA_ERROR_NOT_READY = 600  # cudaStreamQuery: work still running
 
 
 def max_requests_for(max_num_seqs: int, max_model_len: int) -> int:
@@ -101,8 +107,9 @@ class DeviceLoop:
         self.done_counter = lib.blink_done_counter(self.state.data_ptr())
 
         self.buffer_sets = [self.runner.new_buffers(), self.runner.new_buffers()]
-        self._capture_all()
-        self.exec_table = torch.tensor(np.array(self.execs, dtype=np.uint64).view(np.int64), device=self.device)
+        capture_device_graphs(lib, self.runner, self.buffer_sets, self.stream, self.done_counter, self.graphs,
+                              self.execs)
+        self.exec_table = exec_table(self.execs, self.device)
 
         cuda_check(lib, lib.blink_host_register(segment.address, segment.size), "cudaHostRegister(segment)")
         self.registered = True
@@ -121,19 +128,13 @@ class DeviceLoop:
             setattr(params.sampling, name, getattr(m.sampling_state, name).data_ptr())
         if peers is not None:
             self.peer_maps = peers()
-            table = np.frombuffer(bytes(peer_table(self.peer_maps)), dtype=np.uint8).copy()
-            self.peer_table = torch.from_numpy(table).to(self.device)
+            self.peer_table = struct_on_device(peer_table(self.peer_maps), self.device)
             params.peers = self.peer_table.data_ptr()
-        raw = np.frombuffer(bytes(params), dtype=np.uint8).copy()
-        self.params = torch.from_numpy(raw).to(self.device)
+        self.params = struct_on_device(params, self.device)
         self.loop_exec = C.c_void_p()
         cuda_check(lib, lib.blink_loop_create(self.params.data_ptr(), self.stream, C.byref(self.loop_exec)),
                    "scheduler graph")
         torch.cuda.synchronize(self.device)
-
-    def _capture_all(self) -> None:
-        capture_device_graphs(self.lib, self.runner, self.buffer_sets, self.stream, self.done_counter, self.graphs,
-                              self.execs)
 
     # -- life cycle -----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -189,27 +190,27 @@ class DeviceLoop:
     def read_trace(self) -> np.ndarray:
         """[launches, TRACE_WORDS] (structs.TRACE_PHASES), oldest first. After stop()."""
         assert not self.running, "reading the trace synchronizes: stop the loop first"
-        launched = self.launched()
-        cap = self.cfg.trace_capacity
-        t = self.trace.view(cap, structs.TRACE_WORDS).cpu().numpy()
-        n = min(launched, cap)
-        order = (np.arange(launched - n, launched) % cap) if launched > cap else np.arange(n)
-        return t[order]
+        return self._trace_rows(self.launched())
 
     def trace_snapshot(self) -> np.ndarray:
         """read_trace() while the loop runs: copies on torch's stream (the loop's own stream is never
         waited for), so the newest rows may be half written; only launches known complete are returned."""
-        launched = int(self.state[8:16].to("cpu").view(torch.int64).item())
-        cap = self.cfg.trace_capacity
-        t = self.trace.view(cap, structs.TRACE_WORDS).to("cpu").numpy()
-        n = min(max(launched - 1, 0), cap)
-        order = np.arange(launched - 1 - n, launched - 1) % cap
-        return t[order]
+        return self._trace_rows(self._read_launched() - 1)
 
     def launched(self) -> int:
         """Forward graphs launched so far (SchedState.launched; reading it synchronizes: after stop())."""
         assert not self.running, "reading the state synchronizes: stop the loop first"
+        return self._read_launched()
+
+    def _read_launched(self) -> int:
         return int(self.state[8:16].cpu().view(torch.int64).item())
+
+    def _trace_rows(self, count: int) -> np.ndarray:
+        """The rows of launches 0..count-1 still in the trace ring, oldest first."""
+        cap = self.cfg.trace_capacity
+        t = self.trace.view(cap, structs.TRACE_WORDS).cpu().numpy()
+        n = min(max(count, 0), cap)
+        return t[np.arange(count - n, count) % cap]
 
     def close(self) -> None:
         if self.running:
@@ -218,9 +219,7 @@ class DeviceLoop:
             except RuntimeError:
                 return  # the loop is wedged: freeing what it uses would fault; the process has to exit
         lib = self.lib
-        for exec_ in [*self.execs, self.loop_exec.value]:
-            if exec_:
-                lib.blink_exec_destroy(exec_)
+        destroy_execs(lib, [*self.execs, self.loop_exec.value])
         self.execs, self.loop_exec = [], C.c_void_p()
         if self.registered:
             lib.blink_host_unregister(self.segment.address)

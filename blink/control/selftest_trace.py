@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from blink.control import structs
+
 
 def pct(values, q) -> float:
     return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else float("nan")
@@ -19,9 +21,9 @@ def trace_stats(trace: np.ndarray, rows: int | None = None) -> dict[str, float]:
     gap's phases (p50 each, us): finish (completion seen -> records out), ingest (-> ring read), plan
     (-> step built, admissions written), inputs (-> step buffers written), fence (-> launch call), and
     the launch call itself (not part of the gap)."""
-    launch, done, meta = trace[:, 0], trace[:, 1], trace[:, 2].astype(np.uint64)
+    launch, done = trace[:, 0], trace[:, 1]
     finish, ingest, plan, inputs, returned = (trace[:, k] for k in range(3, 8))
-    n_rows, n_tok = (meta & 0xFFFFFFFF).astype(np.int64), (meta >> 32).astype(np.int64)
+    n_tok, n_rows = structs.trace_step_sizes(trace)
     keep = np.ones(len(trace) - 1, bool) if rows is None else (
         (n_rows[:-1] == rows) & (n_tok[:-1] == rows) & (n_rows[1:] == rows) & (n_tok[1:] == rows))
     gap, period, run = (launch[1:] - done[:-1])[keep], (launch[1:] - launch[:-1])[keep], (done - launch)[:-1][keep]

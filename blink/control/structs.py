@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ctypes as C
 
+import numpy as np
+
 MAX_BUCKETS = 32
 MAX_EOS = 8
 MAX_PEERS = 7  # tensor-parallel ranks besides rank 0 (csrc/sched_types.h kMaxPeers)
@@ -14,6 +16,15 @@ PEER_STOP = 0xFFFFFFFF  # the mailbox command that ends a follower's loop
 # tokens << 32 | rows, then the phase stamps: finish done, ingest done, plan done, inputs written, launch returned
 TRACE_WORDS = 8
 TRACE_PHASES = ("launch", "done", "meta", "finish", "ingest", "plan", "inputs", "launched")
+TRACE_META = TRACE_PHASES.index("meta")
+
+
+def trace_step_sizes(trace: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, rows) of each launch in a [launches, TRACE_WORDS] trace (its meta word)."""
+    meta = trace[:, TRACE_META].astype(np.uint64)
+    return (meta >> 32).astype(np.int64), (meta & 0xFFFFFFFF).astype(np.int64)
+
+
 LAUNCHES_PER_KERNEL = 119  # fire-and-forget budget is 120 per execution; the 120th is the tail relaunch
 
 # error_code values written by the scheduler (ControlBlock.error_code)

@@ -19,8 +19,11 @@ def _die_with_parent() -> None:
         pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="blink-engine")
+def run_engine_process(argv: list[str] | None, prog: str, serve) -> int:
+    """The shell of an engine process: parse `--shm NAME [engine args]`, die with the server, stop on
+    SIGTERM/SIGINT, attach the segment, run serve(segment, args, should_stop), report a failure in one
+    line (exit 2) and always mark the segment exited. blink.bench.null_engine uses it too."""
+    p = argparse.ArgumentParser(prog=prog)
     p.add_argument("--shm", required=True, help="name of the shared-memory segment")
     EngineArgs.add_cli_args(p)
     ns = p.parse_args(argv)
@@ -33,27 +36,35 @@ def main(argv: list[str] | None = None) -> int:
 
     segment = Segment.attach(ns.shm)
     try:
-        if args.resolved_engine == "device":
-            from blink.control.device_engine import serve_device
-
-            serve_device(segment, args, should_stop=lambda: stop["flag"])
-        else:
-            from blink.engine.host_engine import HostEngine
-            from blink.engine.ring_loop import serve_rings
-
-            engine = HostEngine(args)
-            try:
-                serve_rings(engine, segment, should_stop=lambda: stop["flag"])
-            finally:
-                engine.shutdown()  # stops tensor-parallel workers, if any
+        serve(segment, args, lambda: stop["flag"])
     except (ValueError, OSError, RuntimeError) as e:
         segment.control.error_code = 1
-        print(f"blink engine: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     finally:
         segment.control.exited = 1
         segment.close()
     return 0
+
+
+def serve_engine(segment, args: EngineArgs, should_stop) -> None:
+    if args.resolved_engine == "device":
+        from blink.control.device_engine import serve_device
+
+        serve_device(segment, args, should_stop=should_stop)
+        return
+    from blink.engine.host_engine import HostEngine
+    from blink.engine.ring_loop import serve_rings
+
+    engine = HostEngine(args)
+    try:
+        serve_rings(engine, segment, should_stop=should_stop)
+    finally:
+        engine.shutdown()  # stops tensor-parallel workers, if any
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_engine_process(argv, "blink engine", serve_engine)
 
 
 if __name__ == "__main__":
