@@ -31,6 +31,7 @@ class EngineArgs:
     # One CPU list per tensor-parallel rank, ';'-separated ("0-3;4-7"): each rank process pins itself to
     # its own cores (the barrier experiment attacks one rank's cores). None = no pinning.
     rank_cpus: str | None = None
+    all_reduce: str = "auto"  # auto | nccl | p2p (decode-sized bf16 all-reduces on blink's LL kernel)
     num_layers: int | None = None  # cut a preset to this many layers (short benchmarks of real shapes)
 
     @property
@@ -60,6 +61,9 @@ class EngineArgs:
         p.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
         p.add_argument("--rank-cpus", default=d.rank_cpus,
                        help="pin each tensor-parallel rank to its own cores: one list per rank, e.g. '0-3;4-7'")
+        p.add_argument("--all-reduce", default=d.all_reduce, choices=["auto", "nccl", "p2p"],
+                       help="tensor parallelism: p2p sends decode-sized bf16 all-reduces through blink's own "
+                            "peer-memory kernel instead of NCCL (auto: p2p on GPUs)")
         p.add_argument("--num-layers", type=int, default=d.num_layers,
                        help="cut a preset to this many layers (benchmarks)")
 

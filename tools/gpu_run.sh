@@ -65,20 +65,30 @@ for stage in "$@"; do
           | grep --line-buffered -v "it/s" \
           | tee "$OUT/tp_tests.log" | tail -30;;
     barrier)  # TP=2 (needs nvidia-h200-x2), both modes: ranks pinned to cores 2 and 3; isolated, rank 1's core, all
+      # (BARRIER_ARGS: more flags, e.g. --all-reduce p2p; TAG: a suffix for the output files)
       for engine in ${BARRIER_ENGINES:-host device}; do
         timeout ${BARRIER_TIMEOUT:-200} python3 -m blink bench barrier --model llama3-8b --num-layers 8 --device cuda --engine $engine \
           -tp 2 --rank-cpus "2;3" --attack-rank 1 --attack-kind spin --num-prompts 32 --input-len 128 \
-          --output-len 96 --max-model-len 512 --result-json "$OUT/barrier_$engine.json" 2>&1 \
-          | grep --line-buffered -v "it/s" | tee "$OUT/barrier_$engine.log" | tail -12
+          --output-len 96 --max-model-len 512 ${BARRIER_ARGS:-} --result-json "$OUT/barrier_$engine${TAG:-}.json" 2>&1 \
+          | grep --line-buffered -v "it/s" | tee "$OUT/barrier_$engine${TAG:-}.log" | tail -12
+      done;;
+    tp-interference)  # 2 GPUs: serving at TP=2 under attack, ranks on cores 2 and 3; TPI_WHERE: rank1 (core 3) and/or all
+      for where in ${TPI_WHERE:-rank1 all}; do
+        if [ "$where" = rank1 ]; then cpus=3; levels=0,2; else cpus=2-3; levels=2; fi
+        python3 -m blink bench interference --model llama3-8b --modes device,host --frontend-cpus 0-1 --engine-cpus 2-3 \
+          --attack-cpus $cpus --serve-args "-tp 2 --rank-cpus '2;3'" --max-model-len 1024 --request-rates 8,32 \
+          --attack-levels $levels --attack-kinds spin --point-seconds 15 --ignore-eos --random-input-len 512 \
+          --random-output-len 128 --result-dir /tmp/tpi-$where 2>&1 | grep --line-buffered -v "it/s"
+        tar czf "$OUT/tp_interference_$where.tgz" -C /tmp tpi-$where
       done;;
     tp-serve)  # 2 GPUs: serving throughput at TP=2 behind blink serve, both modes, all requests at once
-      for engine in device host; do
+      for engine in ${TP_SERVE_ENGINES:-device host}; do
         python3 -m blink serve --model llama3-8b --engine $engine -tp 2 --max-model-len 1024 --port 8012 \
-          > "$OUT/tp_serve_$engine.log" 2>&1 & srv=$!
+          ${TP_SERVE_ARGS:-} > "/tmp/tp_serve_$engine.log" 2>&1 & srv=$!
         wait_healthy 8012
         timeout 240 python3 -m blink bench serve --base-url http://127.0.0.1:8012 --num-prompts 200 --request-rate inf \
           --random-input-len 512 --random-output-len 128 --ignore-eos --disable-tqdm \
-          --result-json "$OUT/tp_serve_$engine.json" | tail -8
+          --result-json "$OUT/tp_serve_$engine${TAG:-}.json" | grep -E "Successful|Failed|Output token|TTFT|TPOT"
         stop_server $srv
       done;;
     hf-peer)  # issue 6's peer: `transformers serve` (continuous batching) and blink serve, same weights and load

@@ -1,8 +1,9 @@
 """`blink bench allreduce`: NCCL's all-reduce (as the model captures it: a synchronous op on the graph's
-stream, graph mixing off) against blink's one-shot peer-to-peer all-reduce (blink/parallel/
-p2p_allreduce.py), bf16, on every visible GPU (one process per rank), for decode- and prefill-sized
-tensors. Per size: both results compared (max abs difference), then each captured as a graph of
-`--iters` back-to-back calls and replayed; the median replay / iters is the time per call.
+stream, graph mixing off) against blink's two one-shot peer-to-peer all-reduces (blink/parallel/
+p2p_allreduce.py: `push` and the low-latency `ll`), bf16, on every visible GPU (one process per rank),
+for decode- and prefill-sized tensors. Per size: the results compared with NCCL's (max abs difference),
+then each captured as a graph of `--iters` back-to-back calls and replayed; the median replay / iters is
+the time per call.
 """
 from __future__ import annotations
 
@@ -51,10 +52,11 @@ def run(ns: argparse.Namespace) -> int:
     if isinstance(rows, str):
         print(f"blink bench allreduce: error: {rows}", file=sys.stderr)
         return 1
-    print(f"{'elements':>10} {'KiB':>8} {'nccl us':>9} {'p2p us':>9} {'p2p/nccl':>9} {'max |diff|':>11}")
+    print(f"{'elements':>10} {'KiB':>8} {'nccl us':>9} {'push us':>9} {'ll us':>9} {'push/nccl':>10} "
+          f"{'ll/nccl':>8} {'max |diff|':>11}")
     for r in rows:
-        print(f"{r['elements']:>10} {r['kib']:>8.0f} {r['nccl_us']:>9.2f} {r['p2p_us']:>9.2f} "
-              f"{r['p2p_us'] / r['nccl_us']:>9.2f} {r['max_abs_diff']:>11.3g}")
+        print(f"{r['elements']:>10} {r['kib']:>8.0f} {r['nccl_us']:>9.2f} {r['push_us']:>9.2f} {r['ll_us']:>9.2f} "
+              f"{r['push_us'] / r['nccl_us']:>10.2f} {r['ll_us'] / r['nccl_us']:>8.2f} {r['max_abs_diff']:>11.3g}")
     if ns.result_json:
         with open(ns.result_json, "w") as f:
             json.dump({"world": world, "hidden": ns.hidden, "iters": ns.iters, "rows": rows}, f, indent=1)
@@ -72,20 +74,18 @@ def _rank_main(rank: int, world: int, port: int, sizes: list[int], iters: int, r
         store = make_store(rank + 1, world + 1, port)  # the parent holds index 0 of the store
         group = connect(store, rank, world, "cuda")
         dev = torch.device("cuda", rank)
-        p2p = P2PAllReduce(rank, world, store, max(sizes), dev)
+        p2p = P2PAllReduce(rank, world, store, dev, max_elems=max(sizes), ll_max_elems=max(sizes))
+        methods = {"nccl": group.all_reduce, "push": p2p.push, "ll": p2p.ll}
         rows = []
         for n in sizes:
             gen = torch.Generator(device=dev).manual_seed(rank)
             x = torch.randn(n, generator=gen, device=dev).to(torch.bfloat16)
-            a, b = x.clone(), x.clone()
-            group.all_reduce(a)
-            p2p(b)
+            results = {name: fn(x.clone()) for name, fn in methods.items()}
             torch.cuda.synchronize(dev)
-            diff = (a.float() - b.float()).abs().max().item()
-            times = {name: _time(fn, x.clone(), iters, replays, group) for name, fn in
-                     (("nccl", group.all_reduce), ("p2p", p2p))}
-            rows.append({"elements": n, "kib": n * 2 / 1024, "nccl_us": times["nccl"], "p2p_us": times["p2p"],
-                         "max_abs_diff": diff})
+            diff = max((results[name].float() - results["nccl"].float()).abs().max().item() for name in ("push", "ll"))
+            row = {"elements": n, "kib": n * 2 / 1024, "max_abs_diff": diff}
+            row.update({f"{name}_us": _time(fn, x.clone(), iters, replays, group) for name, fn in methods.items()})
+            rows.append(row)
         if rank == 0:
             queue.put(rows)
         group.cpu_group.barrier().wait()

@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-seconds", type=float, default=15.0, help="then wait this long for stragglers")
     p.add_argument("--attack-settle-seconds", type=float, default=2.0)
     p.add_argument("--warmup-requests", type=int, default=8, help="sent after each server start")
+    p.add_argument("--attack-cpus", default=None,
+                   help="split layout: the CPUs the attackers run on (default: --engine-cpus); e.g. one "
+                        "tensor-parallel rank's core")
     p.add_argument("--client-cpus", default=None,
                    help="cores of this load generator in the split layout (default: the cores left over)")
     p.add_argument("--gpu-index", type=int, default=None, help="NVML index (default: first visible GPU)")
@@ -228,6 +231,7 @@ def run_sweeps(args: argparse.Namespace, console: Console) -> int:
     layouts = (args.layouts or ("split" if engine_cpus else "shared")).split(",")
     if "split" in layouts and not engine_cpus:
         raise SystemExit("the split layout needs --engine-cpus")
+    split_attack_cpus = parse_cpu_list(args.attack_cpus) or engine_cpus
     rates = parse_floats(args.request_rates)
     if not rates or any(math.isinf(r) or r <= 0 for r in rates):
         raise SystemExit("--request-rates must be finite and positive: each point lasts --point-seconds")
@@ -258,7 +262,7 @@ def run_sweeps(args: argparse.Namespace, console: Console) -> int:
                         requests = build_requests(args, base_url, model, num_requests)
                     sweep = Sweep(args=args, layout=layout, target=target.name, base_url=base_url,
                                   model=model, engine_pid=pid,
-                                  attack_cpus=engine_cpus if layout == "split" else all_cpus,
+                                  attack_cpus=split_attack_cpus if layout == "split" else all_cpus,
                                   client_cpus=client if layout == "split" else None,
                                   server_command=command, gpu=gpu)
                     if pid is None:

@@ -146,6 +146,8 @@ def load_device_library(arch: str | None = None) -> C.CDLL:
         "blink_ipc_open": (_I, C.c_char_p, C.POINTER(_P)),
         "blink_ipc_close": (_I, _P),
         "blink_p2p_allreduce_bf16": (_I, _P, _I, _P, _P, C.c_int64, _P),
+        "blink_p2p_allreduce_ll_bf16": (_I, _P, _I, _P, _P, C.c_int64, _P),
         "blink_p2p_params_bytes": (_U64,),
+        "blink_p2p_params_layout": (None, _P),
         "blink_cuda_error_string": (C.c_char_p, _I),
     })

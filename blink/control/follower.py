@@ -78,11 +78,10 @@ class FollowerLoop:
     def export(self) -> dict:
         """What rank 0 needs to map this rank's arena (picklable): the CUDA IPC handle of the cudaMalloc
         block holding it, the arena's offset in that block, and the fields' offsets in the arena."""
-        _, handle, _, block_offset, *_ = self.arena.untyped_storage()._share_cuda_()
+        handle, offset = ipc_export(self.arena)
         base = self.arena.data_ptr()
         offsets = [{name: ptr - base for name, ptr in buf.pointers().items()} for buf in self.buffer_sets]
-        return {"handle": raw_ipc_handle(handle), "offset": block_offset + self.arena.storage_offset(),
-                "buffers": offsets, "mailbox": self.mailbox_offset}
+        return {"handle": handle, "offset": offset, "buffers": offsets, "mailbox": self.mailbox_offset}
 
     def start(self) -> None:
         gc.collect()  # nothing may be freed (cudaFree synchronizes the device) once the loop is resident
@@ -111,6 +110,12 @@ class FollowerLoop:
             self.lib.blink_stream_destroy(self.stream)
             self.stream = C.c_void_p()
         self.graphs.clear()
+
+
+def ipc_export(arena: torch.Tensor) -> tuple[bytes, int]:
+    """(the CUDA IPC handle of the cudaMalloc block holding `arena`, the arena's byte offset in it)."""
+    _, handle, _, block_offset, *_ = arena.untyped_storage()._share_cuda_()
+    return raw_ipc_handle(handle), block_offset + arena.storage_offset() * arena.element_size()
 
 
 def raw_ipc_handle(handle: bytes) -> bytes:

@@ -17,7 +17,14 @@ from pathlib import Path
 
 from blink.config import EngineArgs
 from blink.engine.scheduler import StepPlan
-from blink.parallel.group import TPGroup, allow_device_launched_nccl, connect, disable_nvlink_multicast, make_store
+from blink.parallel.group import (
+    TPGroup,
+    allow_device_launched_nccl,
+    check_all_reduce,
+    connect,
+    disable_nvlink_multicast,
+    make_store,
+)
 from blink.parallel.pinning import parse_rank_cpus, pin_process
 from blink.parallel.step_message import Admission, encode_step, encode_stop
 from blink.parallel.step_queue import StepQueue
@@ -164,6 +171,7 @@ def launch_ranks(args: EngineArgs):
 
     size = args.tensor_parallel_size
     check_tp_size(_model_config(args), size)  # refuse before starting anything
+    check_all_reduce(args.all_reduce, args.resolved_device)
     rank_cpus = parse_rank_cpus(args.rank_cpus, size)
     if args.resolved_device == "cuda":
         import torch
@@ -178,7 +186,7 @@ def launch_ranks(args: EngineArgs):
     store = make_store(0, size, 0)
     workers = Workers(args, size, store.port)
     try:
-        group = connect(store, 0, size, args.resolved_device)
+        group = connect(store, 0, size, args.resolved_device, args.all_reduce)
         loaded = LoadedModel.load(args, tp=group)
     except Exception as e:
         raise_worker_failure(workers, e)

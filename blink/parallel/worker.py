@@ -48,7 +48,7 @@ def worker_main(rank: int, size: int, port: int, args: EngineArgs, parent_pid: i
         from blink.engine.loaded_model import LoadedModel
 
         store = make_store(rank, size, port)
-        group = connect(store, rank, size, args.resolved_device)
+        group = connect(store, rank, size, args.resolved_device, args.all_reduce)
         loaded = LoadedModel.load(args, tp=group)
         if device_mode:
             follow(store, rank, loaded, args, conn)

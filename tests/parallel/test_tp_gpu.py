@@ -1,7 +1,7 @@
 """TP=2 on two GPUs, both engine modes: greedy token for token against TP=1 on small fp32 models, and the
 agreement on a bf16 llama3-8b-shaped model (printed; bf16 rounding differs between shardings). Device
-mode: rank 0's scheduler kernel drives rank 1's follower kernel through peer memory; the NCCL all-reduces
-run inside the device-launched graphs."""
+mode: rank 0's scheduler kernel drives rank 1's follower kernel through peer memory; the all-reduces (NCCL
+and, for decode-sized bf16, blink's LL kernel: --all-reduce auto) run inside the device-launched graphs."""
 from __future__ import annotations
 
 import multiprocessing
@@ -43,6 +43,16 @@ def test_device_tp2_survives_many_tail_relaunches(tmp_path):
     path = str(make_tiny_model(tmp_path, "llama"))
     assert _greedy(path, 2, "device", max_tokens=150, num_kv_blocks=256) == \
         _greedy(path, 1, "device", max_tokens=150, num_kv_blocks=256)
+
+
+@pytest.mark.parametrize("engine", ["host", "device"])
+def test_p2p_all_reduce_gives_the_tokens_of_nccl(tmp_path, engine):
+    """--all-reduce p2p sends every all-reduce of this bf16 model to blink's LL kernel (the largest, a
+    64-token prefill chunk, fits). With two ranks both it and NCCL round the exact sum once, so the tokens
+    are the same."""
+    path = str(make_tiny_model(tmp_path, "llama"))
+    assert _greedy(path, 2, engine, dtype="bfloat16", all_reduce="p2p") == \
+        _greedy(path, 2, engine, dtype="bfloat16", all_reduce="nccl")
 
 
 def test_bf16_llama3_8b_shape_agreement_tp2_vs_tp1():

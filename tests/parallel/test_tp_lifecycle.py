@@ -40,6 +40,12 @@ def test_tp_size_that_does_not_divide_the_heads_is_refused_before_any_worker(tin
     assert multiprocessing.active_children() == []
 
 
+def test_p2p_all_reduce_on_the_cpu_is_refused_before_any_worker(tiny_llama):
+    with pytest.raises(ValueError, match="--all-reduce p2p needs CUDA GPUs"):
+        HostEngine(_args(tiny_llama, all_reduce="p2p"))
+    assert multiprocessing.active_children() == []
+
+
 def test_device_mode_tp_without_enough_gpus_is_refused_before_any_worker(tiny_llama):
     args = EngineArgs(model=str(tiny_llama), device="cuda", engine="device", tensor_parallel_size=2)
     if torch.cuda.device_count() >= 2:
