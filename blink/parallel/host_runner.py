@@ -12,7 +12,9 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
+import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from blink.config import EngineArgs
@@ -34,6 +36,7 @@ READY_POLL_S = 0.2
 JOIN_TIMEOUT_S = 10.0  # for workers to exit after the stop message
 DEATH_GRACE_S = 2.0  # for a failing worker to report and exit after a collective failed
 STEP_PUT_TIMEOUT_S = 300.0  # a worker that takes no step for this long is stuck
+LIVENESS_CHECK_S = 0.05  # while rank 0 waits for a step on the GPU, how often it looks for dead workers
 _queue_ids = itertools.count()
 
 
@@ -118,6 +121,11 @@ class TensorParallelRunner:
     def __init__(self, runner, group: TPGroup, workers: Workers, store, queue: StepQueue):
         self.runner, self.group, self.workers, self.queue = runner, group, workers, queue
         self.store = store  # the rendezvous store must outlive the group
+        self.step_done = None
+        if runner.device.type == "cuda":
+            import torch
+
+            self.step_done = torch.cuda.Event()
         # Stops the workers even if nobody calls shutdown() (an LLM that is simply dropped).
         self._stop_workers = weakref.finalize(self, _stop_workers, queue, workers)
 
@@ -133,6 +141,9 @@ class TensorParallelRunner:
             self.queue.put(encode_step(bucket, inputs, admissions), timeout=STEP_PUT_TIMEOUT_S)
             runner.fill(runner.buffers, inputs)
             runner.run(bucket)
+            if self.step_done is not None:  # a dead worker would leave the step inside a collective forever
+                self.step_done.record()
+                wait_or_fail(self.step_done.query, self.workers.dead)
             return runner.read_back(plan, want_top)
         except Exception as e:
             self._stop_workers.detach()
@@ -145,6 +156,19 @@ class TensorParallelRunner:
 
     def shutdown(self) -> None:
         self._stop_workers()
+
+
+def wait_or_fail(done: Callable[[], bool], failure: Callable[[], Exception | None],
+                 every_s: float = LIVENESS_CHECK_S) -> None:
+    """Spin until done() (as a blocking read-back spins on the GPU), calling failure() every every_s seconds
+    and raising what it returns."""
+    next_check = time.monotonic() + every_s
+    while not done():
+        if time.monotonic() >= next_check:
+            error = failure()
+            if error is not None:
+                raise error
+            next_check = time.monotonic() + every_s
 
 
 def _stop_workers(queue: StepQueue, workers: Workers) -> None:

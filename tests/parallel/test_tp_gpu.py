@@ -5,6 +5,9 @@ and, for decode-sized bf16, blink's LL kernel: --all-reduce auto) run inside the
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +56,35 @@ def test_p2p_all_reduce_gives_the_tokens_of_nccl(tmp_path, engine):
     path = str(make_tiny_model(tmp_path, "llama"))
     assert _greedy(path, 2, engine, dtype="bfloat16", all_reduce="p2p") == \
         _greedy(path, 2, engine, dtype="bfloat16", all_reduce="nccl")
+
+
+_KILL_WORKER_MID_STEP = """
+import os, signal, sys
+from blink.config import EngineArgs
+from blink.engine.host_engine import HostEngine
+from blink.parallel.host_runner import TensorParallelError
+from blink.request import SamplingParams
+engine = HostEngine(EngineArgs(model=sys.argv[1], device="cuda", engine="host", tensor_parallel_size=2,
+                               num_kv_blocks=64))
+engine.add_request(1, [5, 6, 7], SamplingParams(max_tokens=64, ignore_eos=True))
+engine.step()
+os.kill(engine.tp.workers.processes[0].pid, signal.SIGKILL)
+try:
+    for _ in range(64):
+        engine.step()
+except TensorParallelError as e:
+    print("ERROR", e, flush=True)
+os._exit(0)  # rank 0's GPU is stuck in the collective: nothing can be freed
+"""
+
+
+def test_host_mode_reports_a_worker_that_dies_mid_step(tmp_path):
+    """Rank 0's GPU waits inside a collective for the dead rank forever; rank 0 must notice the death and
+    fail with one line instead of hanging (run in its own process: that GPU work never ends)."""
+    path = str(make_tiny_model(tmp_path, "llama"))
+    done = subprocess.run([sys.executable, "-c", _KILL_WORKER_MID_STEP, path], capture_output=True, text=True,
+                          timeout=240, cwd=Path(__file__).resolve().parents[2])
+    assert "ERROR tensor-parallel rank 1 died (exit code -9)" in done.stdout, done.stderr[-2000:]
 
 
 def test_bf16_llama3_8b_shape_agreement_tp2_vs_tp1():

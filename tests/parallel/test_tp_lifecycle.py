@@ -17,7 +17,7 @@ import torch
 from blink.config import EngineArgs
 from blink.engine.factory import make_engine
 from blink.engine.host_engine import HostEngine
-from blink.parallel.host_runner import TensorParallelError
+from blink.parallel.host_runner import TensorParallelError, wait_or_fail
 from blink.request import SamplingParams
 from tests.hf_models import make_tiny_model
 
@@ -129,3 +129,17 @@ def _alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def test_wait_or_fail_returns_once_done_without_needless_checks():
+    polls, checks = iter([False, False, True]), []
+    wait_or_fail(lambda: next(polls), lambda: checks.append(1), every_s=60.0)
+    assert checks == []  # done long before the first liveness check was due
+
+
+def test_wait_or_fail_raises_what_the_liveness_check_reports():
+    """A step that never completes (a dead worker's peers wait inside the collective) ends in its error."""
+    dead = TensorParallelError("tensor-parallel rank 1 died (exit code -9)")
+    answers = iter([None, None, dead])
+    with pytest.raises(TensorParallelError, match="rank 1 died"):
+        wait_or_fail(lambda: False, lambda: next(answers), every_s=0.0)
