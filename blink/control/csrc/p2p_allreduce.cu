@@ -167,6 +167,19 @@ __global__ void __launch_bounds__(kThreads) p2p_allreduce_ll_kernel(const P2PAll
   }
 }
 
+// One thread per vector of `Vec` (up to max_blocks blocks, then the kernels stride).
+template <typename Vec>
+int launch(void (*kernel)(const P2PAllReduceParams*, const Vec*, Vec*, int64_t), const void* params,
+           int max_blocks, const void* in, void* out, int64_t vecs, void* stream) {
+  int64_t blocks = (vecs + kThreads - 1) / kThreads;
+  if (blocks > max_blocks) blocks = max_blocks;
+  if (blocks < 1) blocks = 1;
+  kernel<<<(int)blocks, kThreads, 0, (cudaStream_t)stream>>>(static_cast<const P2PAllReduceParams*>(params),
+                                                              static_cast<const Vec*>(in), static_cast<Vec*>(out),
+                                                              vecs);
+  return (int)cudaGetLastError();
+}
+
 }  // namespace
 
 extern "C" {
@@ -174,27 +187,13 @@ extern "C" {
 // x (n bf16, n % 8 == 0, n <= max_elems) all-reduced into out (may be x) on `stream`; capturable.
 int blink_p2p_allreduce_bf16(const void* params, int max_blocks, const void* in, void* out, int64_t n,
                              void* stream) {
-  const int64_t vecs = n / 8;
-  int64_t blocks = (vecs + kThreads - 1) / kThreads;
-  if (blocks > max_blocks) blocks = max_blocks;
-  if (blocks < 1) blocks = 1;
-  p2p_allreduce_kernel<<<(int)blocks, kThreads, 0, (cudaStream_t)stream>>>(
-      static_cast<const P2PAllReduceParams*>(params), static_cast<const uint4*>(in), static_cast<uint4*>(out),
-      vecs);
-  return (int)cudaGetLastError();
+  return launch<uint4>(p2p_allreduce_kernel, params, max_blocks, in, out, n / 8, stream);
 }
 
 // The LL kernel: n % 4 == 0, n <= ll_max_elems, in and out 8-byte aligned (out may be in); capturable.
 int blink_p2p_allreduce_ll_bf16(const void* params, int max_blocks, const void* in, void* out, int64_t n,
                                 void* stream) {
-  const int64_t units = n / 4;
-  int64_t blocks = (units + kThreads - 1) / kThreads;
-  if (blocks > max_blocks) blocks = max_blocks;
-  if (blocks < 1) blocks = 1;
-  p2p_allreduce_ll_kernel<<<(int)blocks, kThreads, 0, (cudaStream_t)stream>>>(
-      static_cast<const P2PAllReduceParams*>(params), static_cast<const uint2*>(in), static_cast<uint2*>(out),
-      units);
-  return (int)cudaGetLastError();
+  return launch<uint2>(p2p_allreduce_ll_kernel, params, max_blocks, in, out, n / 4, stream);
 }
 
 uint64_t blink_p2p_params_bytes() { return sizeof(P2PAllReduceParams); }
