@@ -138,7 +138,8 @@ class TensorParallelRunner:
         admissions = [Admission(s.slot, s.params, s.seed, list(s.prompt_ids), list(s.output_ids))
                       for s in plan.admitted]
         try:
-            self.queue.put(encode_step(bucket, inputs, admissions), timeout=STEP_PUT_TIMEOUT_S)
+            self.queue.put(encode_step(bucket, inputs, admissions), timeout=STEP_PUT_TIMEOUT_S,
+                           failure=self.workers.dead)
             runner.fill(runner.buffers, inputs)
             runner.run(bucket)
             if self.step_done is not None:  # a dead worker would leave the step inside a collective forever

@@ -75,12 +75,14 @@ class StepQueue:
             raise ValueError(f"reader {reader} of a queue with {queue.readers}")
         return queue
 
-    def put(self, message: bytes, timeout: float = 60.0) -> None:
-        """Writer: publish `message` (in as many slots as it needs); waits while the ring is full."""
+    def put(self, message: bytes, timeout: float | None = 60.0, failure=None) -> None:
+        """Writer: publish `message` (in as many slots as it needs); waits while the ring is full. failure:
+        called while it waits past the spin phase; an exception it returns (a dead reader) is raised."""
         view, chunks = memoryview(message), max(1, -(-len(message) // self.slot_bytes))
         for k in range(chunks):
             seq = self.next_seq
-            _wait(lambda s=seq: int(self.acks.min()) >= s - self.slots, timeout, "every reader to take a step")
+            _wait(lambda s=seq: int(self.acks.min()) >= s - self.slots, timeout, "every reader to take a step",
+                  failure)
             words, data = self.slot_words[(seq - 1) % self.slots], self.slot_data[(seq - 1) % self.slots]
             part = view[k * self.slot_bytes:(k + 1) * self.slot_bytes]
             data[:len(part)] = part
@@ -117,7 +119,7 @@ class StepQueue:
         self.unlink()
 
 
-def _wait(ready, timeout: float | None, what: str) -> None:
+def _wait(ready, timeout: float | None, what: str, failure=None) -> None:
     if ready():
         return
     start = time.monotonic()
@@ -129,5 +131,8 @@ def _wait(ready, timeout: float | None, what: str) -> None:
         if now - start < SPIN_S:
             os.sched_yield()
         else:
+            error = failure() if failure is not None else None
+            if error is not None:
+                raise error
             time.sleep(sleep)
             sleep = min(2 * sleep, MAX_SLEEP_S)

@@ -76,6 +76,17 @@ def test_writer_waits_for_the_slowest_reader(make_queue):
         reader.get(timeout=0.05)
 
 
+def test_a_full_ring_with_a_dead_reader_fails_at_once(make_queue):
+    """The writer does not wait out its timeout for a reader that is gone: it raises the failure."""
+    writer, (reader,) = make_queue(1, slots=2, slot_bytes=8)
+    writer.put(b"a")
+    writer.put(b"b")
+    dead = RuntimeError("tensor-parallel rank 1 died (exit code -9)")
+    with pytest.raises(RuntimeError, match="rank 1 died"):
+        writer.put(b"c", timeout=None, failure=lambda: dead)  # without the failure it would wait forever
+    assert [reader.get(), reader.get()] == [b"a", b"b"]  # the failed put overwrote nothing
+
+
 def test_step_message_round_trip():
     t, s, mb = 8, 3, 4
     inputs = {name: torch.arange(n, dtype=torch.int64) + 7 for name, n in field_lengths(t, s, mb).items()}
