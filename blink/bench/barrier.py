@@ -151,6 +151,7 @@ def _run(ns: argparse.Namespace) -> int:
     add_ratios(results)
     report = {"model": args.model, "num_layers": args.num_layers, "tensor_parallel_size": args.tensor_parallel_size,
               "engine": args.resolved_engine, "device": args.resolved_device, "rank_cpus": rank_cpus,
+              "all_reduce": args.all_reduce,
               "workload": {"num_prompts": ns.num_prompts, "input_len": ns.input_len, "output_len": ns.output_len},
               "conditions": results}
     for name, r in results.items():

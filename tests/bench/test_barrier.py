@@ -33,7 +33,7 @@ def test_barrier_three_conditions(tmp_path):
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
-    assert report["tensor_parallel_size"] == 2 and report["engine"] == "host"
+    assert report["tensor_parallel_size"] == 2 and report["engine"] == "host" and report["all_reduce"] == "auto"
     assert report["rank_cpus"] == [[first], [second]]
     conditions = report["conditions"]
     assert list(conditions) == ["isolated", "rank1", "all"]
