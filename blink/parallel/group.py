@@ -52,7 +52,7 @@ class TPGroup:
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum over ranks, in place (CUDA-graph capturable on NCCL and on the LL kernel). Every rank takes
-        the same branch: they hold the same shapes and dtypes, and allocate alike."""
+        the same branch: only the shape and dtype decide, and those are the same on every rank."""
         if self.p2p is not None and self.p2p.fits_ll(x):
             return self.p2p.ll(x)
         _wait(self.device_group.allreduce([x], _sync_op(dist.AllreduceOptions())))
