@@ -72,3 +72,15 @@ def test_tp2_preset_random_weights_match_tp1():
         finally:
             llm.engine.shutdown()
     assert outs[2] == outs[1]
+
+
+def test_tp4_matches_tp1(tmp_path):
+    """Four ranks (issue 8's size, on the CPU): 4 attention heads, 1 each; 2 KV heads, each on two ranks;
+    a vocabulary that does not split evenly. Same mixed batch as above, so chunked prefill and preemption."""
+    path = make_tiny_model(tmp_path, "llama", vocab_size=1021)
+    ref, ref_stats = _run(path, 1)
+    got, stats = _run(path, 4)
+    assert [o.token_ids for o in got] == [o.token_ids for o in ref]
+    assert stats.preemptions > 0 and stats.preemptions == ref_stats.preemptions
+    for g, r in zip(got, ref, strict=True):
+        torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(r.logprobs), atol=1e-4, rtol=1e-4)
