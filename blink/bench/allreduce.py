@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import numpy as np
@@ -66,11 +65,11 @@ def run(ns: argparse.Namespace) -> int:
 def _rank_main(rank: int, world: int, port: int, sizes: list[int], iters: int, replays: int, queue) -> None:
     import torch
 
-    from blink.parallel.group import connect, make_store
+    from blink.parallel.group import allow_device_launched_nccl, connect, make_store
     from blink.parallel.p2p_allreduce import P2PAllReduce
 
     try:
-        os.environ.update(NCCL_GRAPH_MIXING_SUPPORT="0")
+        allow_device_launched_nccl()
         store = make_store(rank + 1, world + 1, port)  # the parent holds index 0 of the store
         group = connect(store, rank, world, "cuda")
         dev = torch.device("cuda", rank)

@@ -118,6 +118,14 @@ def ipc_export(arena: torch.Tensor) -> tuple[bytes, int]:
     return raw_ipc_handle(handle), block_offset + arena.storage_offset() * arena.element_size()
 
 
+def ipc_open(lib, handle: bytes, offset: int, what: str = "cudaIpcOpenMemHandle") -> tuple[int, int]:
+    """ipc_export's (handle, offset) from another process, mapped for the current device: (the mapped
+    block, for blink_ipc_close; the arena's address here)."""
+    block = C.c_void_p()
+    cuda_check(lib, lib.blink_ipc_open(handle, C.byref(block)), what)
+    return block.value, block.value + offset
+
+
 def raw_ipc_handle(handle: bytes) -> bytes:
     """torch's storage handle is the 64-byte cudaIpcMemHandle_t, or (torch >= 2.5) that behind a version
     byte and a type byte ('c': a plain cudaMalloc block)."""
@@ -139,10 +147,8 @@ class PeerMapping:
     @classmethod
     def open(cls, export: dict, lib) -> PeerMapping:
         """Map it for the current device (rank 0's), whose scheduler kernel stores into it over NVLink."""
-        block = C.c_void_p()
-        cuda_check(lib, lib.blink_ipc_open(export["handle"], C.byref(block)), "cudaIpcOpenMemHandle")
-        base = block.value + export["offset"]
-        return cls(block.value, [{name: base + off for name, off in offsets.items()}
+        block, base = ipc_open(lib, export["handle"], export["offset"])
+        return cls(block, [{name: base + off for name, off in offsets.items()}
                                  for offsets in export["buffers"]], base + export["mailbox"])
 
     def close(self, lib) -> None:

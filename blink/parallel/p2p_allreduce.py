@@ -17,7 +17,7 @@ import torch
 
 from blink.control.build import load_device_library
 from blink.control.device_graphs import cuda_check
-from blink.control.follower import ipc_export
+from blink.control.follower import ipc_export, ipc_open
 
 MAX_WORLD = 8  # csrc/p2p_allreduce.cu kMaxWorld
 MAX_BLOCKS = 64
@@ -66,11 +66,9 @@ class P2PAllReduce:
             if j == rank:
                 bases.append(self.arena.data_ptr())
                 continue
-            raw, offset = pickle.loads(store.get(f"{key}/{j}"))
-            block = C.c_void_p()
-            cuda_check(lib, lib.blink_ipc_open(raw, C.byref(block)), f"cudaIpcOpenMemHandle (rank {j})")
-            self.blocks.append(block.value)
-            bases.append(block.value + offset)
+            block, base = ipc_open(lib, *pickle.loads(store.get(f"{key}/{j}")), f"cudaIpcOpenMemHandle (rank {j})")
+            self.blocks.append(block)
+            bases.append(base)
         mine = self.arena.data_ptr()
         params = P2PAllReduceParams(world=world, rank=rank, max_elems=max_elems, max_blocks=MAX_BLOCKS,
                                     epochs=mine + layout["epochs"], ll_max_elems=ll_max_elems,

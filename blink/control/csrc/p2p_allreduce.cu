@@ -78,13 +78,8 @@ __device__ __forceinline__ void add4(float* acc, uint2 v) {
 }
 
 __device__ __forceinline__ void add8(float* acc, uint4 v) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const float2 f = __bfloat1622float2(h[k]);
-    acc[2 * k] += f.x;
-    acc[2 * k + 1] += f.y;
-  }
+  add4(acc, make_uint2(v.x, v.y));
+  add4(acc + 4, make_uint2(v.z, v.w));
 }
 
 __global__ void __launch_bounds__(kThreads) p2p_allreduce_kernel(const P2PAllReduceParams* params,
