@@ -23,6 +23,8 @@ FIRST_IDLE_SLEEP_S = 50e-6  # the idle reader's backoff starts here and doubles 
 ACTIVE_POLL_S = 100e-6  # while requests are in flight: the rings' idle backoff (up to 1 ms) would add to ITL
 RETRY_S = 0.001  # how often a full ingress ring is retried
 DRAIN_POLL_S = 0.02  # how often the loop looks for the parent's drain_flag (/health reads it directly)
+DRAIN_SETTLE_S = 0.1  # after drain_flag: handlers admitted just before it still submit (a stream does so
+# only after its response started)
 REQ_ID_BITS = 63
 
 
@@ -51,6 +53,7 @@ class EngineClient:
         self._reader: threading.Thread | None = None
         self._writer: asyncio.Task | None = None
         self._drain_watch: asyncio.Task | None = None
+        self.ingress_closed = False  # by us, in a drain: nothing more will be submitted
         self.cut_by_shutdown = False  # the engine stopped at the drain timeout: failures read "shutting down"
 
     # lifecycle (called on the loop)
@@ -90,19 +93,22 @@ class EngineClient:
         return ctl is not None and bool(ctl.drain_flag)
 
     async def _close_ingress_on_drain(self) -> None:
-        """Once the parent raises drain_flag: refuse new requests (add_request reads the flag), send the
-        ones still queued for ring room, then raise ingress_closed so the engine exits when all is served."""
+        """Once the parent raises drain_flag (new HTTP requests are refused from then on: serving.py),
+        let the requests admitted before it submit, send the ones queued for ring room, then raise
+        ingress_closed so the engine exits once all is served."""
         while not self.draining:
             await asyncio.sleep(DRAIN_POLL_S)
+        await asyncio.sleep(DRAIN_SETTLE_S)
         while self.pending:
             await asyncio.sleep(RETRY_S)
+        self.ingress_closed = True
         self.control.ingress_closed = 1  # after the last descriptor's tail store (x86-64 store order)
 
     # requests (called on the loop)
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> tuple[int, asyncio.Queue]:
         """Register and send a request. Raises ValueError for one the ring cannot carry."""
-        if self.draining:
-            raise ServerDraining("the server is shutting down")
+        if self.ingress_closed:
+            raise ServerDraining("server shutting down")
         if not self.engine_alive():
             raise EngineUnavailable("the engine is not running")
         req_id = self._new_id()

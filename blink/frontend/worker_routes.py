@@ -54,12 +54,15 @@ def install_worker_routes(app: FastAPI, state: Callable, config) -> None:
         ctl = state().client.control
         return {**model_info(), "engine_mode": ENGINE_MODES.get(int(ctl.engine_mode), "none"),
                 "kv_block_size": config.block_size, "num_kv_blocks": int(ctl.total_kv_blocks),
-                "tp_size": config.tensor_parallel_size, "dp_size": 1, **load_report(ctl)}
+                "tp_size": config.tensor_parallel_size, "dp_size": 1, "engine_steps": int(ctl.steps),
+                "generated_tokens": int(ctl.tokens), "preemptions": int(ctl.preemptions), **load_report(ctl)}
 
     @app.get("/health_generate")
     async def health_generate():
         """One greedy token through the whole path (ring, scheduler, forward, egress): 200 or 503."""
         client = state().client
+        if client.draining:
+            return error_response(503, "server shutting down")
         params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
         try:
             req_id, queue = client.add_request([0], params)
