@@ -10,9 +10,10 @@ import time
 import httpx
 import pytest
 
+from blink.bench.router_process import Router, generated_tokens
 from blink.frontend.tokenizer import load_tokenizer
 from blink.model.demo import ensure_default_model
-from tests.frontend.router_harness import Router, complete, generated_tokens
+from tests.frontend.router_harness import complete
 from tests.frontend.server_process import ServerProcess
 
 pytest.importorskip("vllm_router")
