@@ -38,7 +38,8 @@ POLICIES = {
 def start_replica(serve_args: list[str], gpu: str | None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {})}
-    proc = subprocess.Popen([sys.executable, "-m", "blink", "serve", "--port", str(port), *serve_args],
+    command = [sys.executable, "-m", "blink", "serve", "--port", str(port), "--served-model-name", "demo", *serve_args]
+    proc = subprocess.Popen(command,
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return proc, f"http://127.0.0.1:{port}"
 
