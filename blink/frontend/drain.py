@@ -45,11 +45,11 @@ def _say(message: str) -> None:
     print(f"blink serve: {message}", file=sys.stderr, flush=True)
 
 
-def drain(segment, engine, timeout: float, stop: StopRequest) -> bool:
-    """Drain the server (see the module doc); True if everything accepted finished in time. `engine` is
-    the engine's Child (None: nothing to drain)."""
+def drain(segment, engine, frontend, timeout: float, stop: StopRequest) -> bool:
+    """Drain the server (see the module doc); True if everything accepted finished in time. `engine` and
+    `frontend` are the children (None: nothing to drain)."""
     ctl = segment.control
-    if ctl is None or engine is None:
+    if ctl is None or engine is None or frontend is None:
         return False
     signals_at_start = stop.signals
     ctl.drain_flag = 1
@@ -57,7 +57,7 @@ def drain(segment, engine, timeout: float, stop: StopRequest) -> bool:
     start = time.monotonic()
     deadline = start + timeout
     while not ctl.exited and engine.exit_code() is None:
-        if time.monotonic() >= deadline or stop.signals > signals_at_start:
+        if time.monotonic() >= deadline or stop.signals > signals_at_start or frontend.exit_code() is not None:
             left = int(ctl.running) + int(ctl.waiting)
             _say(f"drain cut after {time.monotonic() - start:.1f} s: {left} requests end with "
                  "'server shutting down'")

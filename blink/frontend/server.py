@@ -31,7 +31,6 @@ MIN_ARENA_TOKENS = 1 << 21  # 8 MiB: many long prompts in flight at once
 EGRESS_CAPACITY = 1 << 15
 STOP_WAIT_S = 8.0  # after stop_flag / SIGTERM, before escalating
 TERM_WAIT_S = 4.0  # after the escalation SIGTERM, before SIGKILL
-POLL_S = 0.05
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -72,7 +71,7 @@ def serve_main(args: argparse.Namespace) -> int:
     try:
         code = _run(args, engine_args, segment, children, stop)
         if code == 0 and stop.live:
-            drain(segment, _role(children, "engine"), args.shutdown_timeout, stop)
+            drain(segment, _role(children, "engine"), _role(children, "front end"), args.shutdown_timeout, stop)
         return code
     finally:
         _shutdown(segment, children)
