@@ -50,6 +50,7 @@ def test_sigterm_to_process_group_cleans_up_device(model_dir):  # noqa: F811
                              "--gpu-memory-utilization", "0.6"])
 
 
+@pytest.mark.slow
 def test_device_drain_serves_accepted_streams_then_exits(model_dir):  # noqa: F811
     """SIGTERM with streams in flight: /health 503, new requests 503, the GPU loop serves the streams to
     their end and exits by itself (ingress closed, nothing left), and the server exits 0."""

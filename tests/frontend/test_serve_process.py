@@ -60,6 +60,7 @@ def test_sigterm_to_server_shuts_down_cleanly(model_dir):
     assert gone(pids, 1) and proc.children() == [] and proc.segments() == []
 
 
+@pytest.mark.slow
 def test_drain_cuts_a_stream_at_the_shutdown_timeout(model_dir):
     proc = ServerProcess(["--model", str(model_dir), *FAKE, "--shutdown-timeout", "1"],
                          env={"FAKE_ENGINE_STEP_S": "0.05"})
@@ -81,6 +82,7 @@ def test_drain_cuts_a_stream_at_the_shutdown_timeout(model_dir):
     assert gone(pids, 1) and proc.segments() == []
 
 
+@pytest.mark.slow
 def test_drain_finishes_streams_and_refuses_new_requests(model_dir):
     proc = ServerProcess(["--model", str(model_dir), *FAKE, "--shutdown-timeout", "30"],
                          env={"FAKE_ENGINE_STEP_S": "0.05"})

@@ -75,6 +75,7 @@ def test_drain_refuses_at_once_and_closes_ingress_after_the_queue(segment, model
         assert ingress.poll() == []  # nothing was submitted during the drain
 
 
+@pytest.mark.slow
 def test_health_generate_runs_a_token_through_the_engine(model):
     proc = ServerProcess(["--model", str(model), "--engine-module", "tests.frontend.fake_engine"])
     proc.wait_ready()
