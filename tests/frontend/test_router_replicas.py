@@ -19,8 +19,8 @@ from tests.frontend.server_process import ServerProcess
 pytest.importorskip("vllm_router")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
-MAX_TOKENS = 12
-LONG_TOKENS = 200  # seconds of decoding on the CPU: still running when the drain starts
+MAX_TOKENS = 8
+LONG_TOKENS = 150  # seconds of decoding on the CPU: still running when the drain starts
 BUSY_TOKENS = 1500  # a's load in the power_of_two test: cancelled at the end, never finished
 
 
