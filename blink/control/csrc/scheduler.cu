@@ -125,7 +125,9 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
     if (sched_prepare(t, p) == 0) {
       if (t.leader()) {  // idle: back off, but keep the heartbeat going
         publish(s, p.cfg, p.rings);
-        if (drain_done(s, p.rings)) {
+        // Only once the backoff is at its longest: the first idle turns, where the next request's
+        // latency is decided, read no extra host word.
+        if (s->idle_ns >= (int)kIdleMaxNs && drain_done(s, p.rings)) {
           s->stopping = 1;  // drained: every request the front end sent has finished
         } else {
           pause_ns((uint32_t)s->idle_ns);
