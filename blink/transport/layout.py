@@ -42,7 +42,10 @@ class ControlBlock(C.Structure):
         ("_pad0", C.c_uint8 * 24),
         # line 1: commands from the host / front end
         ("stop_flag", C.c_uint32),  # set to 1 by the parent: finish the step and exit
-        ("_pad1", C.c_uint8 * 60),
+        ("drain_flag", C.c_uint32),  # set to 1 by the parent: the front end takes no new requests
+        ("ingress_closed", C.c_uint32),  # set to 1 by the front end after its last descriptor: once all
+        # it sent is served, the engine exits on its own (the drain is over)
+        ("_pad1", C.c_uint8 * 52),
         # line 2: live counters from the engine (for /metrics and /health)
         ("ready", C.c_uint32),  # 1 once the engine serves the rings
         ("running", C.c_uint32),

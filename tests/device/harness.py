@@ -237,6 +237,10 @@ class HostScheduler:
         self.lib.blink_sched_plan(self.state, out)
         return [(out[4 * r], out[4 * r + 1], out[4 * r + 2], bool(out[4 * r + 3])) for r in range(rows)]
 
+    def drain_done(self) -> bool:
+        """The GPU loop's exit test on an idle turn (ingress closed, all it carried finished)."""
+        return bool(self.lib.blink_sched_drain_done(C.byref(self.params)))
+
     def check(self) -> int:
         return self.lib.blink_sched_check(self.state, C.byref(self.sched_cfg))
 

@@ -103,6 +103,9 @@ void blink_post_to_peers(const LoopParams* p, uint64_t seq, uint32_t command) { 
 // The step could not run (as after a failed launch): its requests end with ERROR.
 void blink_sched_fail(const LoopParams* p, int32_t code) { fail_step(p->state, p->cfg, p->rings, code); }
 
+// The GPU loop's exit test on an idle turn: 1 once the front end closed ingress and all it sent finished.
+int blink_sched_drain_done(const LoopParams* p) { return drain_done(p->state, p->rings) ? 1 : 0; }
+
 int blink_sched_check(const void* state, const SchedConfig* c) {
   return check_invariants(static_cast<const SchedState*>(state), *c);
 }
