@@ -101,7 +101,6 @@ def _declare(lib: C.CDLL, signatures: dict[str, tuple]) -> C.CDLL:
 
 _P, _I, _U64 = C.c_void_p, C.c_int, C.c_uint64
 _COMMON = {
-    "blink_abi_layout": (None, C.POINTER(C.c_uint64)),
     "blink_sched_state_bytes": (_U64, _P),
 }
 

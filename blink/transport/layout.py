@@ -12,13 +12,13 @@ from __future__ import annotations
 import ctypes as C
 from dataclasses import dataclass
 
+from blink.request import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
+
 MAGIC = 0x4B4E494C42  # "BLINK"
 VERSION = 2  # 2: the control block publishes the engine's limits
 MAX_PUBLISHED_BUCKETS = 16
 CACHE_LINE = 64
 PAGE = 4096
-MAX_STOP_IDS = 16
-MAX_TOP_LOGPROBS = 20
 
 KIND_REQUEST = 1
 KIND_ABORT = 2
@@ -111,7 +111,7 @@ class RequestDescriptor(C.Structure):
         ("repetition_penalty", C.c_float),
         ("num_logprobs", C.c_int32),  # -1 = no logprobs, 0 = chosen token only, k = top-k too
         ("seed", C.c_uint64),
-        ("stop_token_ids", C.c_int32 * MAX_STOP_IDS),
+        ("stop_token_ids", C.c_int32 * MAX_STOP_TOKEN_IDS),
     ]
 
 

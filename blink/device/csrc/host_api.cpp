@@ -3,7 +3,6 @@
 #include <thread>
 #include <vector>
 
-#include "abi.h"
 #include "sched.h"
 
 using namespace blink;
@@ -66,8 +65,6 @@ void run_team(int threads, Fn fn) {
 }  // namespace
 
 extern "C" {
-
-void blink_abi_layout(uint64_t* out) { abi_layout(out); }
 
 uint64_t blink_sched_state_bytes(const SchedConfig* c) { return sched_carve(nullptr, *c); }
 

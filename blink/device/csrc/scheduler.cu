@@ -7,7 +7,6 @@
 
 #include <cstring>
 
-#include "abi.h"
 #include "follower.cuh"
 #include "sched.h"
 
@@ -189,8 +188,6 @@ cudaError_t single_kernel_graph(void* func, int threads, void* params, void* str
 }  // namespace
 
 extern "C" {
-
-void blink_abi_layout(uint64_t* out) { abi_layout(out); }
 
 uint64_t blink_sched_state_bytes(const SchedConfig* c) { return sched_carve(nullptr, *c); }
 
