@@ -165,11 +165,21 @@ def experts_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, id
     return pair_out.view(tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
 
 
+def fused_moe_ref(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                  top_k: int, renormalize: bool) -> torch.Tensor:
+    ids, weights = route_ref(router_logits, top_k, renormalize)
+    return experts_ref(hidden, w13, w2, ids, weights)
+
+
+def fused_moe_triton(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                     top_k: int, renormalize: bool) -> torch.Tensor:
+    """Five launches, no host sync: route, align, gate|up GEMM, down GEMM, the sum over k."""
+    ids, weights = route_triton(router_logits, top_k, renormalize)
+    return experts_triton(hidden, w13, w2, ids, weights)
+
+
 def fused_moe(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
               top_k: int, renormalize: bool) -> torch.Tensor:
     """Routing and the experts in one call: Triton kernels on CUDA tensors, torch references otherwise."""
-    if hidden.is_cuda:
-        ids, weights = route_triton(router_logits, top_k, renormalize)
-        return experts_triton(hidden, w13, w2, ids, weights)
-    ids, weights = route_ref(router_logits, top_k, renormalize)
-    return experts_ref(hidden, w13, w2, ids, weights)
+    impl = fused_moe_triton if hidden.is_cuda else fused_moe_ref
+    return impl(hidden, router_logits, w13, w2, top_k, renormalize)

@@ -1,0 +1,76 @@
+"""The sparse MoE block (Qwen3-MoE): a router and E gated experts, in place of the dense MLP.
+
+    logits = x Wr^T -> softmax top-k (optionally renormalized) -> sum_k w_k * down_e(silu(gate_e x) * up_e x)
+
+Routing and the expert GEMMs run on the GPU (blink/kernels/moe.py), with shapes fixed by the token count,
+so the block is captured in the bucket graphs like the rest of the step.
+
+Tensor parallelism shards every expert on its intermediate dimension: each rank holds all E experts'
+gate/up rows and down columns for its slice, the router is replicated (every rank routes identically), and
+the partial sums of the down projection are all-reduced once, as a row-parallel layer's are.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from blink.kernels import linear
+from blink.kernels.moe import fused_moe
+from blink.model.config import ModelConfig
+from blink.model.layers import _check_shape, _empty_param, _rank_size, _shard_size, read_all
+
+
+class Router(nn.Module):
+    """HF's `mlp.gate`: one logit per expert, replicated on every rank."""
+
+    def __init__(self, num_experts: int, hidden_size: int, device, dtype):
+        super().__init__()
+        self.weight = _empty_param(num_experts, hidden_size, device=device, dtype=dtype)
+
+
+class FusedExperts(nn.Module):
+    """All experts' weights stacked at load: w13 [E, 2 * I_local, H] (this rank's gate rows, then its up
+    rows) and w2 [E, H, I_local]. HF stores them per expert (`experts.N.gate_proj.weight`, ...); the part
+    `gate.N` / `up.N` / `down.N` names which one a checkpoint tensor fills."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, device, dtype, tp=None):
+        super().__init__()
+        self.tp_rank, self.tp_size = _rank_size(tp)
+        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
+        self.local = _shard_size(intermediate_size, self.tp_size, "moe_intermediate_size")
+        self.w13 = _empty_param(num_experts, 2 * self.local, hidden_size, device=device, dtype=dtype)
+        self.w2 = _empty_param(num_experts, hidden_size, self.local, device=device, dtype=dtype)
+
+    def hf_parts(self, param_name: str) -> dict[str, tuple]:
+        """part -> where that HF tensor sits in the one-rank (unsharded) parameter."""
+        inter = self.intermediate_size
+        if param_name == "w13":
+            return {**{f"gate.{e}": (e, slice(0, inter)) for e in range(self.num_experts)},
+                    **{f"up.{e}": (e, slice(inter, 2 * inter)) for e in range(self.num_experts)}}
+        return {f"down.{e}": (e,) for e in range(self.num_experts)}
+
+    def load_hf(self, param_name: str, hf_tensor, part: str | None) -> None:
+        kind, _, index = (part or "").partition(".")
+        expert, lo, hi = int(index), self.tp_rank * self.local, (self.tp_rank + 1) * self.local
+        if kind == "down":
+            _check_shape(part, hf_tensor, (self.hidden_size, self.intermediate_size))
+            self.w2[expert].copy_(hf_tensor[:, lo:hi])
+            return
+        _check_shape(part, hf_tensor, (self.intermediate_size, self.hidden_size))
+        rows = slice(0, self.local) if kind == "gate" else slice(self.local, 2 * self.local)
+        self.w13[expert, rows].copy_(read_all(hf_tensor[lo:hi]))
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig, device, dtype, tp=None):
+        super().__init__()
+        self.tp = tp
+        self.top_k, self.renormalize = cfg.num_experts_per_tok, cfg.norm_topk_prob
+        self.gate = Router(cfg.num_experts, cfg.hidden_size, device, dtype)
+        self.experts = FusedExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, device, dtype,
+                                    tp)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        router_logits = linear(hidden, self.gate.weight)  # in the model dtype, as transformers does
+        out = fused_moe(hidden, router_logits, self.experts.w13, self.experts.w2, self.top_k, self.renormalize)
+        return out if self.tp is None or self.tp.size == 1 else self.tp.all_reduce(out)
