@@ -88,7 +88,7 @@ def grouped_gemm_triton(a: torch.Tensor, w: torch.Tensor, sorted_ids: torch.Tens
         a, w, out, sorted_ids, block_expert, weights if weights is not None else out,
         n_out, k_dim, pairs, experts, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
         TOP_K=top_k, GATED=gated, WEIGHTED=weights is not None,
-        PRECISION="ieee",  # fp32 in full precision (no TF32); bf16 ignores it
+        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # fp32 exact (no TF32)
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
     )
     return out
