@@ -50,8 +50,12 @@ class FusedExperts(nn.Module):
         return {f"down.{e}": (e,) for e in range(self.num_experts)}
 
     def load_hf(self, param_name: str, hf_tensor, part: str | None) -> None:
-        kind, _, index = (part or "").partition(".")
-        expert, lo, hi = int(index), self.tp_rank * self.local, (self.tp_rank + 1) * self.local
+        lo, hi = self.tp_rank * self.local, (self.tp_rank + 1) * self.local
+        if part is None:  # transformers 5's stacked form: gate_up_proj [E, 2I, H] or down_proj [E, H, I]
+            self._load_stacked(param_name, hf_tensor, lo, hi)
+            return
+        kind, _, index = part.partition(".")
+        expert = int(index)
         if kind == "down":
             _check_shape(part, hf_tensor, (self.hidden_size, self.intermediate_size))
             self.w2[expert].copy_(hf_tensor[:, lo:hi])
@@ -59,6 +63,17 @@ class FusedExperts(nn.Module):
         _check_shape(part, hf_tensor, (self.intermediate_size, self.hidden_size))
         rows = slice(0, self.local) if kind == "gate" else slice(self.local, 2 * self.local)
         self.w13[expert, rows].copy_(read_all(hf_tensor[lo:hi]))
+
+
+    def _load_stacked(self, param_name: str, hf_tensor, lo: int, hi: int) -> None:
+        e, h, inter = self.num_experts, self.hidden_size, self.intermediate_size
+        if param_name == "w2":
+            _check_shape("down_proj", hf_tensor, (e, h, inter))
+            self.w2.copy_(hf_tensor[:, :, lo:hi])
+            return
+        _check_shape("gate_up_proj", hf_tensor, (e, 2 * inter, h))
+        self.w13[:, :self.local].copy_(hf_tensor[:, lo:hi])
+        self.w13[:, self.local:].copy_(hf_tensor[:, inter + lo:inter + hi])
 
 
 class SparseMoeBlock(nn.Module):

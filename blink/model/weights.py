@@ -38,6 +38,8 @@ FUSED_PROJECTIONS = {
 _UNFUSED_PROJECTIONS = {target: hf for hf, target in FUSED_PROJECTIONS.items()}
 _HF_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
 _BLINK_EXPERTS = re.compile(r"^(.*\.experts)\.(w13|w2)$")
+# transformers 5 holds the experts stacked in memory (its state_dict; save_pretrained unstacks them).
+_HF_STACKED = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
 
 
 class WeightLoadError(ValueError):
@@ -50,6 +52,9 @@ def to_blink_name(hf_name: str) -> tuple[str, str | None]:
     if expert:
         prefix, index, kind = expert.groups()
         return f"{prefix}.{'w2' if kind == 'down' else 'w13'}", f"{kind}.{index}"
+    stacked = _HF_STACKED.match(hf_name)
+    if stacked:
+        return f"{stacked.group(1)}.{'w13' if stacked.group(2) == 'gate_up_proj' else 'w2'}", None
     module, _, param = hf_name.rpartition(".")
     for hf_suffix, (fused, part) in FUSED_PROJECTIONS.items():
         if module.endswith("." + hf_suffix):
@@ -107,9 +112,9 @@ def load_hf_tensors(model: LlamaForCausalLM, named_tensors: Iterable[tuple[str, 
         if _ignored(hf_name, model.config):
             continue
         name, part = to_blink_name(hf_name)
-        # Phi-3's qkv_proj / gate_up_proj come fused: one tensor fills every part of a fused weight.
-        whole = part is None and name in fused and isinstance(model.get_submodule(name.rpartition(".")[0]),
-                                                                ColumnParallelLinear)
+        # Phi-3's qkv_proj / gate_up_proj come fused, transformers 5's experts stacked: one tensor then
+        # fills every part of a fused weight.
+        whole = part is None and name in fused
         if (name, part) not in expected and not whole:
             raise WeightLoadError(f"unexpected tensor {hf_name} in the checkpoint (not part of this model)")
         module_name, _, param_name = name.rpartition(".")
@@ -125,7 +130,7 @@ def load_hf_tensors(model: LlamaForCausalLM, named_tensors: Iterable[tuple[str, 
         except ValueError as e:
             raise WeightLoadError(f"{hf_name}: {e}") from None
         if whole:
-            loaded |= {(name, p) for p in module.part_slices}
+            loaded |= {(name, p) for p in _parts(module, param_name)}
         else:
             loaded.add((name, part))
     missing = sorted(to_hf_name(name, part) for name, part in expected - loaded)

@@ -122,3 +122,21 @@ def test_triton_moe_path_matches_reference(monkeypatch):
         got = triton_driver.step(c, pad_tokens=2, pad_seqs=1)
         for seq in c:
             torch.testing.assert_close(got[seq], expected[step][seq], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("rank", [None, 1])
+def test_transformers5_stacked_experts_load_like_the_checkpoint(tmp_path, rank):
+    """HF's in-memory state_dict holds experts stacked (experts.gate_up_proj [E, 2I, H]); it loads into
+    the same weights as the per-expert checkpoint, whole or as rank 1's shard."""
+    from tests.hf_models import load_hf_model
+
+    path = make_tiny_model(tmp_path, "qwen3_moe")
+    cfg = ModelConfig.from_dir(path)
+    state = load_hf_model(path).state_dict()
+    assert "model.layers.0.mlp.experts.gate_up_proj" in state
+    tp = None if rank is None else RankOnly(rank, 2)
+    from_state, from_files = (LlamaForCausalLM(cfg, "cpu", torch.float32, tp) for _ in range(2))
+    load_hf_tensors(from_state, state.items())
+    load_hf_tensors(from_files, _tensors(path).items())
+    for (name, a), (_, b) in zip(from_state.named_parameters(), from_files.named_parameters(), strict=True):
+        assert torch.equal(a, b), name
