@@ -25,6 +25,11 @@ FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                   {"head_dim": 16, "num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
                    "moe_intermediate_size": 32, "norm_topk_prob": True, "mlp_only_layers": [1]}),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  {"num_hidden_layers": 3, "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "shared_expert_intermediate_size": 48, "mlp_only_layers": [1]}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32, "sliding_window": None}),
 }
 TINY_SHAPES = {
     "hidden_size": 64,

@@ -1,7 +1,8 @@
 """ModelConfig: the few numbers of a Llama-family decoder, read from an HF config.json.
 
-Also Phi-3/Phi-4 (Llama's math with fused qkv_proj/gate_up_proj checkpoint tensors) and Qwen3-MoE
-(Qwen3's attention; a routed mixture of experts in place of the MLP on the sparse layers).
+Also Phi-3/Phi-4 (Llama's math with fused qkv_proj/gate_up_proj checkpoint tensors) and the mixtures of
+experts: Qwen3-MoE (Qwen3's attention), Qwen2-MoE (Qwen2's, plus a gated shared expert) and Mixtral
+(Mistral's); a routed mixture of experts replaces the MLP on their sparse layers.
 
 Both config.json forms are understood: the classic one (`rope_theta`, `rope_scaling`, `torch_dtype`) and
 transformers 5's (`rope_parameters`, `dtype`, `layer_types`). Anything that would change the math and is
@@ -18,8 +19,10 @@ import torch
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "MixtralForCausalLM",
     "Phi3ForCausalLM",
     "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM",
     "Qwen3MoeForCausalLM",
 )
@@ -70,6 +73,7 @@ class ModelConfig:
     norm_topk_prob: bool = False  # renormalize the top-k routing weights to sum to 1
     decoder_sparse_step: int = 1  # every decoder_sparse_step-th layer is sparse ...
     mlp_only_layers: tuple[int, ...] = ()  # ... except these, which keep the dense MLP
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert, gated by a sigmoid
 
     def is_moe_layer(self, layer: int) -> bool:
         """transformers' rule (Qwen3-MoE): sparse unless listed in mlp_only_layers or off the step."""
@@ -112,7 +116,8 @@ class ModelConfig:
             rope_theta=theta,
             rope_scaling=scaling,
             max_position_embeddings=int(hf.get("max_position_embeddings", _DEFAULT_MAX_POS[architecture])),
-            qkv_bias=architecture == "Qwen2ForCausalLM" or attention_bias,
+            qkv_bias=architecture == "Qwen2ForCausalLM" or attention_bias or (
+                architecture == "Qwen2MoeForCausalLM" and bool(hf.get("qkv_bias", True))),
             o_proj_bias=attention_bias and architecture in ("LlamaForCausalLM", *_QWEN3_LIKE),
             mlp_bias=bool(hf.get("mlp_bias", False)) and architecture == "LlamaForCausalLM",
             qk_norm=architecture in _QWEN3_LIKE,
@@ -135,35 +140,43 @@ class ModelConfig:
 _DEFAULT_MAX_POS = {
     "LlamaForCausalLM": 2048,
     "MistralForCausalLM": 4096 * 32,
+    "MixtralForCausalLM": 4096 * 32,
     "Phi3ForCausalLM": 4096,
     "Qwen2ForCausalLM": 32768,
+    "Qwen2MoeForCausalLM": 32768,
     "Qwen3ForCausalLM": 32768,
     "Qwen3MoeForCausalLM": 32768,
 }
 
 
 def _moe_fields(hf: dict, architecture: str) -> dict:
-    if architecture != "Qwen3MoeForCausalLM":
+    if architecture not in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM"):
         return {}
-    # transformers 5 writes num_experts back as num_local_experts.
+    # transformers 5 writes Qwen's num_experts back as num_local_experts (Mixtral's own name).
     experts = int(hf.get("num_experts", hf.get("num_local_experts", 0)) or 0)
     if experts == 0:
         return {}
     top_k = _required(hf, "num_experts_per_tok")
     if not 0 < top_k <= experts:
         raise ModelConfigError(f"num_experts_per_tok {top_k} must be in [1, num_experts={experts}]")
+    if architecture == "MixtralForCausalLM":  # every layer sparse, experts as wide as the MLP, renormalized
+        return {"num_experts": experts, "num_experts_per_tok": top_k,
+                "moe_intermediate_size": _required(hf, "intermediate_size"), "norm_topk_prob": True}
     return {"num_experts": experts, "num_experts_per_tok": top_k,
             "moe_intermediate_size": _required(hf, "moe_intermediate_size"),
             "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),
             "decoder_sparse_step": int(hf.get("decoder_sparse_step", 1)),
-            "mlp_only_layers": tuple(int(i) for i in hf.get("mlp_only_layers") or ())}
+            "mlp_only_layers": tuple(int(i) for i in hf.get("mlp_only_layers") or ()),
+            "shared_expert_intermediate_size": int(hf.get("shared_expert_intermediate_size", 0) or 0)}
 
 
 _ARCHITECTURE_OF_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
+    "mixtral": "MixtralForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
 }
@@ -193,6 +206,8 @@ def _refuse_unimplemented(hf: dict, architecture: str) -> None:
         raise ModelConfigError(f"unsupported hidden_act {hf['hidden_act']!r} (only silu)")
     if hf.get("quantization_config"):
         raise ModelConfigError("quantized checkpoints are not supported")
+    if architecture == "Qwen2MoeForCausalLM" and hf.get("use_sliding_window"):
+        raise ModelConfigError("sliding window attention (use_sliding_window) is not supported")
     others = sorted({t for t in _layer_types(hf, architecture) if t != "full_attention"})
     if others:
         raise ModelConfigError(f"unsupported layer types {others} (only full_attention)")
@@ -200,7 +215,8 @@ def _refuse_unimplemented(hf: dict, architecture: str) -> None:
     # context (the engine never runs past max_position_embeddings).
     window = hf.get("sliding_window")
     max_pos = hf.get("max_position_embeddings", _DEFAULT_MAX_POS[architecture])
-    if architecture in ("MistralForCausalLM", "Phi3ForCausalLM") and window is not None and window < max_pos:
+    windowed = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
+    if architecture in windowed and window is not None and window < max_pos:
         raise ModelConfigError(f"sliding window attention (sliding_window={window}) is not supported")
 
 

@@ -1,6 +1,7 @@
-"""The sparse MoE block (Qwen3-MoE): a router and E gated experts, in place of the dense MLP.
+"""The sparse MoE block (Qwen3-MoE, Qwen2-MoE, Mixtral): a router and E gated experts, in place of the MLP.
 
     logits = x Wr^T -> softmax top-k (optionally renormalized) -> sum_k w_k * down_e(silu(gate_e x) * up_e x)
+    Qwen2-MoE adds sigmoid(x . w_s) * shared_expert(x), a dense gated MLP every token goes through.
 
 Routing and the expert GEMMs run on the GPU (blink/kernels/moe.py), with shapes fixed by the token count,
 so the block is captured in the bucket graphs like the rest of the step.
@@ -17,7 +18,15 @@ from torch import nn
 from blink.kernels import linear
 from blink.kernels.moe import fused_moe
 from blink.model.config import ModelConfig
-from blink.model.layers import _check_shape, _empty_param, _rank_size, _shard_size, read_all
+from blink.model.layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    _check_shape,
+    _empty_param,
+    _rank_size,
+    _shard_size,
+    read_all,
+)
 
 
 class Router(nn.Module):
@@ -76,6 +85,23 @@ class FusedExperts(nn.Module):
         self.w13[:, self.local:].copy_(hf_tensor[:, inter + lo:inter + hi])
 
 
+class SharedExpert(nn.Module):
+    """Qwen2-MoE's shared expert: a gated MLP sharded like the dense one, whose down projection's partial
+    sums join the routed experts' before the block's single all-reduce."""
+
+    def __init__(self, cfg: ModelConfig, device, dtype, tp=None):
+        super().__init__()
+        size = cfg.shared_expert_intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, {"gate": size, "up": size}, False, device,
+                                                 dtype, tp)
+        self.down_proj = RowParallelLinear(size, cfg.hidden_size, False, device, dtype, tp)
+
+    def partial(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This rank's share of down(silu(gate) * up), not yet all-reduced."""
+        down = self.down_proj
+        return linear(self.gate_up_proj(hidden), down.weight, None, down.small_m_gemm, silu_mul_input=True)
+
+
 class SparseMoeBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, device, dtype, tp=None):
         super().__init__()
@@ -84,8 +110,16 @@ class SparseMoeBlock(nn.Module):
         self.gate = Router(cfg.num_experts, cfg.hidden_size, device, dtype)
         self.experts = FusedExperts(cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size, device, dtype,
                                     tp)
+        if cfg.shared_expert_intermediate_size:
+            self.shared_expert = SharedExpert(cfg, device, dtype, tp)
+            self.shared_expert_gate = Router(1, cfg.hidden_size, device, dtype)  # replicated [1, H]
+        else:
+            self.shared_expert = self.shared_expert_gate = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         router_logits = linear(hidden, self.gate.weight)  # in the model dtype, as transformers does
         out = fused_moe(hidden, router_logits, self.experts.w13, self.experts.w2, self.top_k, self.renormalize)
+        if self.shared_expert is not None:  # the sigmoid gate is replicated, so it may scale a partial sum
+            gate = torch.sigmoid(linear(hidden, self.shared_expert_gate.weight))
+            out = out + gate * self.shared_expert.partial(hidden)
         return out if self.tp is None or self.tp.size == 1 else self.tp.all_reduce(out)

@@ -34,9 +34,12 @@ FUSED_PROJECTIONS = {
     "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
     "mlp.gate_proj": ("mlp.gate_up_proj", "gate"),
     "mlp.up_proj": ("mlp.gate_up_proj", "up"),
+    "mlp.shared_expert.gate_proj": ("mlp.shared_expert.gate_up_proj", "gate"),  # Qwen2-MoE
+    "mlp.shared_expert.up_proj": ("mlp.shared_expert.gate_up_proj", "up"),
 }
 _UNFUSED_PROJECTIONS = {target: hf for hf, target in FUSED_PROJECTIONS.items()}
-_HF_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight$")
+_HF_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+_EXPERT_PART = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
 _BLINK_EXPERTS = re.compile(r"^(.*\.experts)\.(w13|w2)$")
 # transformers 5 holds the experts stacked in memory (its state_dict; save_pretrained unstacks them).
 _HF_STACKED = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
@@ -48,9 +51,11 @@ class WeightLoadError(ValueError):
 
 def to_blink_name(hf_name: str) -> tuple[str, str | None]:
     """HF parameter name -> (blink parameter name, part of a fused projection or None)."""
+    hf_name = hf_name.replace(".block_sparse_moe.", ".mlp.")  # Mixtral's name for the MoE block
     expert = _HF_EXPERT.match(hf_name)
     if expert:
         prefix, index, kind = expert.groups()
+        kind = _EXPERT_PART[kind]
         return f"{prefix}.{'w2' if kind == 'down' else 'w13'}", f"{kind}.{index}"
     stacked = _HF_STACKED.match(hf_name)
     if stacked:
@@ -133,10 +138,19 @@ def load_hf_tensors(model: LlamaForCausalLM, named_tensors: Iterable[tuple[str, 
             loaded |= {(name, p) for p in _parts(module, param_name)}
         else:
             loaded.add((name, part))
-    missing = sorted(to_hf_name(name, part) for name, part in expected - loaded)
+    missing = sorted(_hf_spelling(to_hf_name(name, part), model.config) for name, part in expected - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise WeightLoadError(f"the checkpoint lacks {len(missing)} tensor(s): {shown}")
+
+
+def _hf_spelling(hf_name: str, cfg: ModelConfig) -> str:
+    """Mixtral's checkpoints call the MoE block block_sparse_moe and its experts' projections w1/w3/w2."""
+    if cfg.architecture != "MixtralForCausalLM" or ".experts." not in hf_name:
+        return hf_name
+    for ours, theirs in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+        hf_name = hf_name.replace(f".{ours}.", f".{theirs}.")
+    return hf_name.replace(".mlp.", ".block_sparse_moe.")
 
 
 def checkpoint_files(path: str | Path) -> list[Path]:

@@ -136,6 +136,19 @@ def test_qwen3_moe_config():
     assert not any(dense.is_moe_layer(i) for i in range(48))
 
 
+def test_qwen2_moe_and_mixtral_configs():
+    qwen2 = ModelConfig.from_hf_dict({**QWEN3_MOE, "architectures": ["Qwen2MoeForCausalLM"], "num_experts": 60,
+                                      "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                                      "shared_expert_intermediate_size": 5632, "norm_topk_prob": False})
+    assert qwen2.qkv_bias and not qwen2.qk_norm and qwen2.shared_expert_intermediate_size == 5632
+    assert qwen2.head_dim == 128 and not qwen2.norm_topk_prob
+    mixtral = ModelConfig.from_hf_dict({**LLAMA31_CLASSIC, "architectures": ["MixtralForCausalLM"],
+                                        "rope_scaling": None, "num_local_experts": 8, "num_experts_per_tok": 2,
+                                        "intermediate_size": 14336, "sliding_window": None})
+    assert (mixtral.num_experts, mixtral.moe_intermediate_size, mixtral.norm_topk_prob) == (8, 14336, True)
+    assert all(mixtral.is_moe_layer(i) for i in range(2)) and not mixtral.shared_expert_intermediate_size
+
+
 def _without_layer_types(hf: dict) -> dict:
     return {k: v for k, v in hf.items() if k != "layer_types"}
 
@@ -168,6 +181,8 @@ REFUSALS = {
     "phi3 partial rotary": ({**PHI4, "partial_rotary_factor": 0.75}, "partial rotary"),
     "phi3 sliding window": ({**PHI4, "sliding_window": 2047}, "sliding window"),
     "moe top-k": ({**QWEN3_MOE, "num_experts_per_tok": 129}, "num_experts_per_tok 129"),
+    "qwen2-moe sliding": ({**QWEN3_MOE, "architectures": ["Qwen2MoeForCausalLM"], "use_sliding_window": True},
+                          "use_sliding_window"),
     "moe width": ({k: v for k, v in QWEN3_MOE.items() if k != "moe_intermediate_size"},
                   "lacks moe_intermediate_size"),
 }

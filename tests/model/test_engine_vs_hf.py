@@ -1,5 +1,6 @@
-"""Phi-3 and Qwen3-MoE through the host engine (CPU): greedy tokens equal HF transformers' token for token
-under a small token budget and KV pool, so the run goes through chunked prefill and preemption."""
+"""Phi-3, Qwen3-MoE, Qwen2-MoE and Mixtral through the host engine (CPU): greedy tokens equal HF
+transformers' token for token under a small token budget and KV pool, so the run goes through chunked
+prefill and preemption."""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,8 @@ CASES = {
     "qwen3-moe": ("qwen3_moe", {}),
     "qwen3-moe-step-2-raw-weights": ("qwen3_moe", {"decoder_sparse_step": 2, "mlp_only_layers": [],
                                                    "norm_topk_prob": False}),
+    "qwen2-moe-shared-expert": ("qwen2_moe", {}),
+    "mixtral": ("mixtral", {}),
 }
 
 

@@ -27,6 +27,10 @@ CASES = {
     "qwen3-moe-sparse-step-2": ("qwen3_moe", {"decoder_sparse_step": 2, "mlp_only_layers": [],
                                               "norm_topk_prob": False, "num_experts": 6,
                                               "num_experts_per_tok": 3}),
+    "qwen2-moe-shared-expert": ("qwen2_moe", {}),
+    "qwen2-moe-renormalized": ("qwen2_moe", {"norm_topk_prob": True, "decoder_sparse_step": 2,
+                                             "mlp_only_layers": []}),
+    "mixtral": ("mixtral", {}),
 }
 
 

@@ -140,3 +140,17 @@ def test_transformers5_stacked_experts_load_like_the_checkpoint(tmp_path, rank):
     load_hf_tensors(from_files, _tensors(path).items())
     for (name, a), (_, b) in zip(from_state.named_parameters(), from_files.named_parameters(), strict=True):
         assert torch.equal(a, b), name
+
+
+def test_mixtral_names_load_and_missing_ones_are_spelled_as_mixtral_does(tmp_path):
+    path = make_tiny_model(tmp_path, "mixtral")
+    cfg = ModelConfig.from_dir(path)
+    hf = _tensors(path)
+    assert "model.layers.0.block_sparse_moe.experts.1.w3.weight" in hf
+    model = LlamaForCausalLM(cfg, "cpu", torch.float32)
+    load_hf_tensors(model, hf.items())
+    torch.testing.assert_close(model.model.layers[0].mlp.experts.w13[1, cfg.moe_intermediate_size:],
+                               hf["model.layers.0.block_sparse_moe.experts.1.w3.weight"], rtol=0, atol=0)
+    missing = {k: v for k, v in hf.items() if k != "model.layers.1.block_sparse_moe.experts.2.w2.weight"}
+    with pytest.raises(WeightLoadError, match="lacks 1 tensor\\(s\\): model.layers.1.block_sparse_moe.experts.2.w2"):
+        load_hf_tensors(LlamaForCausalLM(cfg, "cpu", torch.float32), missing.items())

@@ -1,6 +1,6 @@
 """GPU: Phi-4 and Qwen3-30B-A3B with their real shapes (few layers, bf16) against HF; the MoE kernels at
 real shapes and inside a CUDA graph; device mode equals host mode on a tiny fp32 MoE; host-mode graphs
-equal HF greedy on tiny fp32 Phi-3 and Qwen3-MoE."""
+equal HF greedy on tiny fp32 Phi-3, Qwen3-MoE, Qwen2-MoE and Mixtral."""
 from __future__ import annotations
 
 import numpy as np
@@ -102,7 +102,7 @@ def test_device_mode_matches_host_mode_on_a_tiny_moe(no_tf32):
         dev.shutdown()
 
 
-@pytest.mark.parametrize("family", ["phi3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["phi3", "qwen3_moe", "qwen2_moe", "mixtral"])
 def test_host_graphs_greedy_match_hf_fp32(tmp_path, family, no_tf32):
     from blink.engine.host_engine import HostEngine
 

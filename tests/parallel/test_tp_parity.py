@@ -27,6 +27,8 @@ CASES = {
     "phi3-fused-checkpoint": ("phi3", {}),
     # Experts sharded on their intermediate dimension, the router replicated; one dense layer.
     "qwen3-moe": ("qwen3_moe", {}),
+    # The shared expert's partial sums join the routed experts' before the block's one all-reduce.
+    "qwen2-moe-shared-expert": ("qwen2_moe", {}),
 }
 
 
