@@ -38,12 +38,15 @@ def _route_kernel(logits_ptr, ids_ptr, weights_ptr, stride_t, num_experts,
     x = x.to(tl.float32)
     p = tl.exp(x - tl.max(x, axis=0))
     p = p / tl.sum(p, axis=0)
-    p = tl.where(cols < num_experts, p, -1.0)
+    # A padding row of a bucket may hold garbage (NaN): its pick must still be a real expert, or its pair
+    # would land outside every expert's run in the sort. NaN -> 0 keeps the argmax defined.
+    p = tl.where((cols < num_experts) & (p == p), p, -1.0)
+    p = tl.where((cols < num_experts) & (p < 0.0), 0.0, p)
     top_w = tl.zeros((BLOCK_K,), dtype=tl.float32)
     top_i = tl.zeros((BLOCK_K,), dtype=tl.int32)
     for k in tl.static_range(TOP_K):  # k rounds of argmax; the smallest index wins a tie, as in topk
         best = tl.max(p, axis=0)
-        idx = tl.min(tl.where(p == best, cols, BLOCK_E), axis=0)
+        idx = tl.minimum(tl.min(tl.where(p == best, cols, BLOCK_E), axis=0), num_experts - 1)
         top_w = tl.where(ks == k, best, top_w)
         top_i = tl.where(ks == k, idx, top_i)
         p = tl.where(cols == idx, -1.0, p)
@@ -64,9 +67,9 @@ def route_triton(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[t
     return ids, weights
 
 
-def block_m_for(pairs: int) -> int:
-    """Rows per expert tile: small for decode (few pairs per expert), larger for prefill."""
-    return 16 if pairs <= 256 else 64
+def block_m_for(pairs: int, num_experts: int) -> int:
+    """Rows per expert tile: 16 while experts average at most 16 pairs (decode), 64 beyond (prefill)."""
+    return 16 if pairs <= 16 * num_experts else 64
 
 
 def sorted_capacity(pairs: int, num_experts: int, block_m: int) -> int:
@@ -134,7 +137,7 @@ def align_triton(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[tor
     block_e = triton.next_power_of_2(num_experts)
     _align_kernel[(1,)](ids.contiguous(), sorted_ids, block_expert, pairs, num_experts, capacity,
                         capacity // block_m, BLOCK_M=block_m, BLOCK_E=block_e,
-                        CHUNK=max(16, min(128, 8192 // block_e)))
+                        CHUNK=max(16, min(256, 16384 // block_e)), num_warps=8)
     return sorted_ids, block_expert
 
 
@@ -157,7 +160,7 @@ def experts_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, id
                    weights: torch.Tensor) -> torch.Tensor:
     """The same sum through align + two grouped GEMMs; the k partial outputs are summed in fp32."""
     tokens, top_k = ids.shape
-    block_m = block_m_for(ids.numel())
+    block_m = block_m_for(ids.numel(), w13.shape[0])
     sorted_ids, block_expert = align_triton(ids, w13.shape[0], block_m)
     act = grouped_gemm_triton(hidden, w13, sorted_ids, block_expert, block_m, top_k, gated=True)
     pair_out = grouped_gemm_triton(act, w2, sorted_ids, block_expert, block_m, top_k, gated=False,

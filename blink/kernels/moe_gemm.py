@@ -82,8 +82,11 @@ def grouped_gemm_triton(a: torch.Tensor, w: torch.Tensor, sorted_ids: torch.Tens
     assert pairs is not None, "the down projection needs the routing weights"
     out_rows = capacity if gated else pairs
     out = torch.empty((out_rows, n_out), dtype=a.dtype, device=a.device)
-    block_n, block_k = _block(n_out, 64), _block(k_dim, 64)
-    grid = (capacity // block_m, triton.cdiv(n_out, block_n))
+    # Few M-blocks (decode): narrower N tiles, so that more programs stream the experts' weights.
+    m_blocks = capacity // block_m
+    block_n = _block(n_out, 64 if m_blocks * triton.cdiv(n_out, 64) >= 264 else 32)
+    block_k = _block(k_dim, 64)
+    grid = (m_blocks, triton.cdiv(n_out, block_n))
     _grouped_gemm_kernel[grid](
         a, w, out, sorted_ids, block_expert, weights if weights is not None else out,
         n_out, k_dim, pairs, experts, a.stride(0), w.stride(0), w.stride(1), out.stride(0),

@@ -43,7 +43,7 @@ def _skewed_ids(tokens, experts, top_k, seed):
 @pytest.mark.parametrize(("tokens", "experts", "top_k"), [(1, 16, 4), (7, 6, 2), (300, 10, 2)])
 def test_align_matches_reference_and_sorts(tokens, experts, top_k):
     ids = _skewed_ids(tokens, experts, top_k, seed=tokens)
-    block_m = block_m_for(ids.numel())
+    block_m = block_m_for(ids.numel(), experts)
     sorted_ids, block_expert = align_triton(ids, experts, block_m)
     ref_sorted, ref_blocks = align_ref(ids, experts, block_m)
     assert sorted_ids.numel() == sorted_capacity(ids.numel(), experts, block_m)
@@ -62,7 +62,7 @@ def test_grouped_gemm_matches_reference(gated):
     tokens, experts, top_k, hidden, inter = 9, 5, 2, 40, 24
     g = torch.Generator().manual_seed(1)
     ids = _skewed_ids(tokens, experts, top_k, seed=2)
-    block_m = block_m_for(ids.numel())
+    block_m = block_m_for(ids.numel(), experts)
     sorted_ids, block_expert = align_ref(ids, experts, block_m)
     if gated:
         a, weights = torch.randn(tokens, hidden, generator=g), None
@@ -91,3 +91,17 @@ def test_experts_match_reference(tokens, experts, top_k, dtype):
     want = experts_ref(x, w13, w2, ids, weights).float()
     tol = 1e-4 if dtype == torch.float32 else 3e-2  # half: rounding points differ by one ulp
     torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter warns about the NaN rows
+def test_garbage_padding_rows_still_route_to_real_experts():
+    """A bucket's padding rows may hold NaN: they must pick real experts and leave the real rows exact."""
+    logits = torch.randn(6, 8, generator=torch.Generator().manual_seed(0)).to(DEVICE)
+    logits[4:] = float("nan")
+    ids, weights = route_triton(logits, 2, True)
+    assert ((ids >= 0) & (ids < 8)).all()
+    ref_ids, ref_weights = route_ref(logits[:4], 2, True)
+    assert torch.equal(ids[:4], ref_ids)
+    torch.testing.assert_close(weights[:4], ref_weights)
+    sorted_ids, _ = align_triton(ids, 8, block_m_for(ids.numel(), 8))
+    assert sorted(sorted_ids[sorted_ids < ids.numel()].tolist()) == list(range(ids.numel()))
