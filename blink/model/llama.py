@@ -1,5 +1,6 @@
-"""The Llama-family decoder (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Phi-3/Phi-4, Qwen3-MoE) over a paged KV
-cache. Qwen3-MoE's sparse layers put a SparseMoeBlock (blink/model/moe.py) where the MLP is.
+"""The Llama-family decoder (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Phi-3/Phi-4 and the MoE models Qwen3-MoE,
+Qwen2-MoE, Mixtral) over a paged KV cache. Sparse layers put a SparseMoeBlock (blink/model/moe.py) where
+the MLP is.
 
 One forward step takes a flat batch of T tokens from any mix of prefills and decodes:
 
@@ -167,3 +168,6 @@ def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
     if cfg.num_experts and cfg.moe_intermediate_size % tp_size:
         raise ValueError(f"--tensor-parallel-size {tp_size} does not divide the experts' intermediate size "
                          f"{cfg.moe_intermediate_size}")
+    if cfg.shared_expert_intermediate_size % tp_size:
+        raise ValueError(f"--tensor-parallel-size {tp_size} does not divide the shared expert's intermediate "
+                         f"size {cfg.shared_expert_intermediate_size}")

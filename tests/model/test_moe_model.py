@@ -2,6 +2,7 @@
 sharded on the intermediate dimension), Phi-3's fused checkpoint tensors, and the Triton MoE path."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -10,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from blink.kernels import moe as moe_kernels
-from blink.model import moe
+from blink.model import moe, presets
 from blink.model.config import ModelConfig
 from blink.model.llama import LlamaForCausalLM, LlamaMLP
 from blink.model.weights import WeightLoadError, load_hf_tensors, load_model
@@ -154,3 +155,14 @@ def test_mixtral_names_load_and_missing_ones_are_spelled_as_mixtral_does(tmp_pat
     missing = {k: v for k, v in hf.items() if k != "model.layers.1.block_sparse_moe.experts.2.w2.weight"}
     with pytest.raises(WeightLoadError, match="lacks 1 tensor\\(s\\): model.layers.1.block_sparse_moe.experts.2.w2"):
         load_hf_tensors(LlamaForCausalLM(cfg, "cpu", torch.float32), missing.items())
+
+
+def test_tp_size_must_split_the_experts_and_the_shared_expert():
+    from blink.model.llama import check_tp_size
+
+    moe_cfg = presets.get("tiny-qwen3-moe")  # experts 48 wide
+    check_tp_size(moe_cfg, 4)
+    with pytest.raises(ValueError, match="does not divide the experts' intermediate size 50"):
+        check_tp_size(dataclasses.replace(moe_cfg, moe_intermediate_size=50), 4)
+    with pytest.raises(ValueError, match="shared expert's intermediate size 30"):
+        check_tp_size(dataclasses.replace(moe_cfg, shared_expert_intermediate_size=30), 4)
