@@ -32,8 +32,10 @@ def decode_plan(scheduler_cls, batches: int, context: int, block_size: int):
 
     chunks, blocks_per = [], -(-(context + 1) // block_size)
     for i in range(batches):
+        # A distinct last token per sequence: a mixture of experts then routes the batch to many experts
+        # (identical tokens over an unwritten KV cache would all pick the same few).
         seq = Sequence(i, [1 + (i * 7 + j) % 1000 for j in range(context)], SamplingParams(temperature=0),
-                       seed=i, arrival=i, output_ids=[5], num_computed=context, slot=i,
+                       seed=i, arrival=i, output_ids=[1 + (i * 7919) % 1000], num_computed=context, slot=i,
                        status=SeqStatus.RUNNING)
         seq.block_ids = list(range(i * blocks_per, (i + 1) * blocks_per))
         chunks.append(ScheduledChunk(seq, context, 1))

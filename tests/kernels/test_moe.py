@@ -105,3 +105,18 @@ def test_garbage_padding_rows_still_route_to_real_experts():
     torch.testing.assert_close(weights[:4], ref_weights)
     sorted_ids, _ = align_triton(ids, 8, block_m_for(ids.numel(), 8))
     assert sorted(sorted_ids[sorted_ids < ids.numel()].tolist()) == list(range(ids.numel()))
+
+
+def test_moe_bench_runs_on_tiny_shapes(monkeypatch):
+    """bench_moe end to end on the CPU (interpreter, fp16, timing stubbed), so its one GPU run does not die
+    on a typo; its error column must be small."""
+    from blink.kernels import bench_moe
+
+    monkeypatch.setattr(bench_moe, "DEVICE", DEVICE)
+    monkeypatch.setattr(bench_moe, "DTYPE", HALF)
+    if DEVICE == "cpu":
+        monkeypatch.setattr(bench_moe, "graph_time_us", lambda calls, replays=30: [c() for c in calls] and 1.0)
+    rows = bench_moe.main(["--batches", "1,40", "--experts", "8", "--top-k", "2", "--hidden", "32",
+                           "--inter", "64", "--tp", "2"])
+    assert [r["batch"] for r in rows] == [1, 40] and rows[0]["touched"] == 2
+    assert all(r["err"] < 2e-2 and r["floor_us"] > 0 for r in rows)
