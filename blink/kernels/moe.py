@@ -158,14 +158,15 @@ def experts_ref(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: 
 
 def experts_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor,
                    weights: torch.Tensor) -> torch.Tensor:
-    """The same sum through align + two grouped GEMMs; the k partial outputs are summed in fp32."""
+    """The same sum through align + two grouped GEMMs; the k partial outputs are summed in fp32 (torch's
+    sum accumulates half types in fp32) and rounded once."""
     tokens, top_k = ids.shape
     block_m = block_m_for(ids.numel(), w13.shape[0])
     sorted_ids, block_expert = align_triton(ids, w13.shape[0], block_m)
     act = grouped_gemm_triton(hidden, w13, sorted_ids, block_expert, block_m, top_k, gated=True)
     pair_out = grouped_gemm_triton(act, w2, sorted_ids, block_expert, block_m, top_k, gated=False,
                                    weights=weights)
-    return pair_out.view(tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(hidden.dtype)
+    return pair_out.view(tokens, top_k, -1).sum(dim=1)
 
 
 def fused_moe_ref(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

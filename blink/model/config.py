@@ -27,6 +27,7 @@ SUPPORTED_ARCHITECTURES = (
     "Qwen3MoeForCausalLM",
 )
 _QWEN3_LIKE = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_NO_ATTENTION_BIAS = ("Phi3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -100,7 +101,8 @@ class ModelConfig:
         heads = _required(hf, "num_attention_heads")
         # Qwen3 defaults head_dim to 128 when absent; the others to hidden / heads.
         default_head_dim = 128 if architecture in _QWEN3_LIKE else hidden // heads
-        attention_bias = bool(hf.get("attention_bias", False))
+        # Phi-3, Mixtral and Qwen2-MoE build their attention without consulting attention_bias.
+        attention_bias = bool(hf.get("attention_bias", False)) and architecture not in _NO_ATTENTION_BIAS
         theta, scaling = _rope(hf)
         eos = (generation or {}).get("eos_token_id", hf.get("eos_token_id"))
         return cls(

@@ -121,6 +121,7 @@ def test_phi4_config():
     assert cfg.architecture == "Phi3ForCausalLM" and cfg.head_dim == 128 and cfg.rope_theta == 250000.0
     assert not (cfg.qkv_bias or cfg.o_proj_bias or cfg.mlp_bias or cfg.qk_norm) and cfg.num_experts == 0
     assert ModelConfig.from_hf_dict({k: v for k, v in PHI4.items() if k != "architectures"}) == cfg
+    assert ModelConfig.from_hf_dict({**PHI4, "attention_bias": True}) == cfg  # Phi-3 ignores it, as HF does
 
 
 def test_qwen3_moe_config():
