@@ -22,7 +22,6 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model dir or preset (for the tokenizer)")
     parser.add_argument("--tokenizer", default=None)
     parser.add_argument("--served-model-name", default=None)
-    parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--api-key", default=os.environ.get("BLINK_API_KEY"),
                         help="(default: $BLINK_API_KEY, which keeps the key off the command line)")
     parser.add_argument("--engine-pid", type=int, default=None)
@@ -39,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = AppConfig(
         shm_name=args.shm, model=args.model, served_model_name=args.served_model_name or args.model,
-        tokenizer=args.tokenizer, max_model_len=args.max_model_len, api_key=args.api_key,
+        tokenizer=args.tokenizer, api_key=args.api_key,
         engine_pid=args.engine_pid, max_body_bytes=args.max_request_body_bytes,
         heartbeat_timeout_s=args.heartbeat_timeout,
     )

@@ -1,6 +1,6 @@
 """The one definition of the shared-memory layout: control block, ingress ring, token arena, egress ring.
 
-blink/control/csrc/layout.h mirrors these structs for the GPU; tests/transport/test_layout_header.py
+blink/device/csrc/layout.h mirrors these structs for the GPU; tests/transport/test_layout_header.py
 compiles it and checks every offset and size against this file.
 
 Indices: every ring and the arena use monotonically increasing 64-bit counters; the slot of counter c is
@@ -13,7 +13,8 @@ import ctypes as C
 from dataclasses import dataclass
 
 MAGIC = 0x4B4E494C42  # "BLINK"
-VERSION = 1
+VERSION = 2  # 2: the control block publishes the engine's limits
+MAX_PUBLISHED_BUCKETS = 16
 CACHE_LINE = 64
 PAGE = 4096
 MAX_STOP_IDS = 16
@@ -55,6 +56,16 @@ class ControlBlock(C.Structure):
         ("preemptions", C.c_uint64),
         ("exited", C.c_uint32),  # 1 once the engine loop has returned
         ("_pad2", C.c_uint8 * 4),
+        # lines 3-4: the engine's limits (blink/core/limits.py), written before `ready`, read by the front end
+        ("max_model_len", C.c_uint32),
+        ("max_num_seqs", C.c_uint32),
+        ("max_num_batched_tokens", C.c_uint32),
+        ("block_size", C.c_uint32),
+        ("num_kv_blocks", C.c_uint32),
+        ("vocab_size", C.c_uint32),
+        ("num_buckets", C.c_uint32),  # captured graph buckets: their token counts follow
+        ("_pad3", C.c_uint8 * 36),
+        ("bucket_tokens", C.c_uint32 * MAX_PUBLISHED_BUCKETS),
     ]
 
 

@@ -4,8 +4,11 @@ rings, and the server's own TTFT histogram counts each request."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
 from tests.frontend.server_process import ServerProcess, make_tokenizer_only_model
+
+pytestmark = pytest.mark.slow  # spawns processes
 
 
 def test_null_engine_serves_max_tokens_through_the_real_front_end(tmp_path):
