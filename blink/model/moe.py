@@ -98,8 +98,7 @@ class SharedExpert(nn.Module):
 
     def partial(self, hidden: torch.Tensor) -> torch.Tensor:
         """This rank's share of down(silu(gate) * up), not yet all-reduced."""
-        down = self.down_proj
-        return linear(self.gate_up_proj(hidden), down.weight, None, down.small_m_gemm, silu_mul_input=True)
+        return linear(self.gate_up_proj(hidden), self.down_proj.weight, None, silu_mul_input=True)
 
 
 class SparseMoeBlock(nn.Module):

@@ -108,9 +108,9 @@ def test_garbage_padding_rows_still_route_to_real_experts():
 
 
 def test_moe_bench_runs_on_tiny_shapes(monkeypatch):
-    """bench_moe end to end on the CPU (interpreter, fp16, timing stubbed), so its one GPU run does not die
-    on a typo; its error column must be small."""
-    from blink.kernels import bench_moe
+    """bench/kernels/moe_block.py end to end on the CPU (interpreter, fp16, timing stubbed), so its one GPU
+    run does not die on a typo; its error column must be small."""
+    from bench.kernels import moe_block as bench_moe
 
     monkeypatch.setattr(bench_moe, "DEVICE", DEVICE)
     monkeypatch.setattr(bench_moe, "DTYPE", HALF)

@@ -10,8 +10,8 @@ import pytest
 from blink.kernels.moe import fused_moe_triton
 from blink.model import moe
 from blink.request import FinishReason, SamplingParams
-from tests.engine.test_host_engine import PROMPTS, engine, hf_greedy, run_all
 from tests.hf_models import make_tiny_model
+from tests.host.test_host_engine import PROMPTS, engine, hf_greedy, run_all
 
 CASES = {
     "phi3": ("phi3", {}),

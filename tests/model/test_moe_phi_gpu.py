@@ -15,8 +15,8 @@ from blink.model.config import ModelConfig
 from blink.model.llama import LlamaForCausalLM
 from blink.model.weights import load_hf_tensors
 from blink.request import SamplingParams
-from tests.engine.test_host_engine import hf_greedy, run_all
 from tests.hf_models import make_tiny_model, randomize_weights
+from tests.host.test_host_engine import hf_greedy, run_all
 from tests.model.paged import compare_with_hf
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
@@ -82,10 +82,10 @@ def test_moe_is_captured_and_replayed_in_a_cuda_graph():
 
 
 def test_device_mode_matches_host_mode_on_a_tiny_moe(no_tf32):
-    from blink.control import selftest_runs as runs
-    from blink.control.device_engine import DeviceEngine
-    from blink.engine.host_engine import HostEngine
-    from blink.engine.loaded_model import LoadedModel
+    from blink.core.loaded_model import LoadedModel
+    from blink.device.engine import DeviceEngine
+    from blink.host.engine import HostEngine
+    from tools.device_selftest import selftest_runs as runs
 
     args = EngineArgs(model="tiny-qwen3-moe", device="cuda", dtype="float32", max_num_seqs=8,
                       max_num_batched_tokens=64, block_size=16, num_kv_blocks=24, max_model_len=512)
@@ -104,7 +104,7 @@ def test_device_mode_matches_host_mode_on_a_tiny_moe(no_tf32):
 
 @pytest.mark.parametrize("family", ["phi3", "qwen3_moe", "qwen2_moe", "mixtral"])
 def test_host_graphs_greedy_match_hf_fp32(tmp_path, family, no_tf32):
-    from blink.engine.host_engine import HostEngine
+    from blink.host.engine import HostEngine
 
     path = make_tiny_model(tmp_path, family)
     rng = np.random.default_rng(0)

@@ -1,7 +1,7 @@
 """MoE block kernels on the GPU, from a CUDA graph, against the bytes they must read.
 
-    python -m blink.kernels.bench_moe [--batches 1,8,32,128,2048] [--experts 128 --top-k 8 --hidden 2048
-                                      --inter 768 --tp 1]
+    .venv/bin/python -m bench.kernels.moe_block [--batches 1,8,32,128,2048] [--experts 128 --top-k 8
+                                                --hidden 2048 --inter 768 --tp 1]
 
 Defaults are one Qwen3-30B-A3B layer (--tp N: one rank's slice of each expert). Per batch: the routing and
 sort kernels alone, then the whole block (route, sort, both grouped GEMMs, the sum over k); the floor is
@@ -14,8 +14,8 @@ import argparse
 
 import torch
 
+from bench.kernels.step_kernels import graph_time_us, rel_err
 from blink.bench.roofline import COPY_BW
-from blink.kernels.bench_step_kernels import graph_time_us, rel_err
 from blink.kernels.moe import (
     align_triton,
     block_m_for,
