@@ -9,6 +9,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _MULTIPLES_OF_16 = ("n_out", "k_dim")
+pytestmark = pytest.mark.slow  # spawns the compiler in a subprocess
 
 
 def _compile_all() -> None:
