@@ -142,6 +142,28 @@ for stage in "$@"; do
       wait $srv0; echo "replica 0 exit $? after $(( $(date +%s) - t0 )) s"; grep -E "drain" "$OUT/replica0.log"
       wait $load
       kill -TERM $rtr; wait $rtr; stop_server $srv1;;
+    moe-tests)  # issue 20: Phi-4 / Qwen3-30B-A3B real shapes vs HF, MoE kernels, device == host on a tiny MoE
+      python3 -m pytest -q -s -m "gpu or not gpu" --timeout 900 tests/model/test_moe_phi_gpu.py tests/kernels/test_moe.py \
+        tests/kernels/test_moe_compile_sm90.py 2>&1 | tee "$OUT/moe_tests.log" | tail -30;;
+    moe-kernels) python3 -m bench.kernels.moe_block 2>&1 | tee "$OUT/moe_kernels.log";;
+    moe-step) python3 -m blink.bench.step step --presets qwen3-30b-a3b,phi-4 --batches 1,8,32,128 \
+        --result-json "$OUT/moe_step.json" 2>&1 | tee "$OUT/moe_step.log";;
+    moe-serve)  # one serving point per mode for qwen3-30b-a3b (all requests at once)
+      for engine in device host; do
+        python3 -m blink serve --model qwen3-30b-a3b --engine $engine --max-model-len 1024 --port 8015 \
+          > "/tmp/moe_serve_$engine.log" 2>&1 & srv=$!
+        wait_healthy 8015 600
+        timeout 300 python3 -m blink bench serve --base-url http://127.0.0.1:8015 --num-prompts 200 --request-rate inf \
+          --random-input-len 512 --random-output-len 128 --ignore-eos --disable-tqdm \
+          --result-json "$OUT/moe_serve_$engine.json" | grep -E "Successful|Failed|Output token|TTFT|TPOT"
+        stop_server $srv
+      done;;
+    moe-interference)  # one interference point (8 req/s, isolated and spin x2) for qwen3-30b-a3b, both modes
+      python3 -m blink bench interference --model qwen3-30b-a3b --modes device,host --frontend-cpus 0-1 \
+        --engine-cpus 2-7 --max-model-len 1024 --request-rates 8 --attack-levels 0,2 --attack-kinds spin \
+        --point-seconds 20 --ignore-eos --random-input-len 512 --random-output-len 128 \
+        --result-dir /tmp/moe-interference
+      tar czf "$OUT/moe_interference.tgz" -C /tmp moe-interference;;
     allreduce)  # 2+ GPUs: NCCL vs the one-shot peer-to-peer all-reduce, bf16, decode to prefill sizes
       timeout 300 python3 -m blink bench allreduce --result-json "$OUT/allreduce.json" 2>&1 | tee "$OUT/allreduce.log";;
     *) echo "unknown stage $stage";;
