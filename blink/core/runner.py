@@ -6,6 +6,7 @@ the GPU instead of replaying them from here.
 """
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 
 import torch
@@ -80,6 +81,9 @@ class ModelRunner:
             for _ in range(2):  # warm up: Triton compiles, cuBLAS picks algorithms, outside the capture
                 self.forward(buf, t, s)
         torch.cuda.current_stream(self.device).wait_stream(side)
+        # Free garbage now: a CUDA graph or block freed by the collector during the capture (an earlier
+        # engine's, say) would call cudaFree, which invalidates a capture in torch's global mode.
+        gc.collect()
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph(keep_graph=True)
         with torch.cuda.graph(graph, pool=self.pool):

@@ -55,8 +55,8 @@ def test_device_drain_serves_accepted_streams_then_exits(model_dir):  # noqa: F8
     """SIGTERM with streams in flight: /health 503, new requests 503, the GPU loop serves the streams to
     their end and exits by itself (ingress closed, nothing left), and the server exits 0."""
     proc = ServerProcess(["--model", str(model_dir), "--served-model-name", "demo", "--engine", "device",
-                          "--device", "cuda", "--dtype", "float32", "--gpu-memory-utilization", "0.3",
-                          "--shutdown-timeout", "120"])
+                          "--device", "cuda", "--dtype", "float32", "--num-kv-blocks", "512",
+                          "--shutdown-timeout", "120"])  # a fixed pool: the module's other server holds 0.3 of the GPU
     proc.wait_ready()
     try:
         asyncio.run(_drain_with_streams(proc))

@@ -115,5 +115,22 @@ def test_host_graphs_greedy_match_hf_fp32(tmp_path, family, no_tf32):
     p = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     tokens, _, _ = run_all(eng, {i: (q, p) for i, q in enumerate(prompts)})
     for i, q in enumerate(prompts):
-        assert tokens[i] == hf_greedy(path, q, 16), f"request {i}"
+        assert_greedy_equal_up_to_a_tie(path, q, tokens[i], hf_greedy(path, q, 16), f"request {i}")
     assert eng.stats().preemptions > 0
+
+
+TIE_GAP = 1e-4  # fp32 logits this close are a tie: a routing or argmax decision rounding may flip
+
+
+def assert_greedy_equal_up_to_a_tie(path, prompt, ours, hf, what):
+    """Equal token for token, or equal up to a position where HF's own logits for the two tokens differ by
+    less than TIE_GAP (after it the continuations legitimately part: that decision was a coin toss)."""
+    if ours == hf:
+        return
+    j = next(k for k, (a, b) in enumerate(zip(ours, hf, strict=True)) if a != b)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ids = torch.tensor([prompt + hf[:j]])
+    with torch.no_grad():
+        logits = model(ids, attention_mask=torch.ones_like(ids)).logits[0, -1]
+    gap = (logits[hf[j]] - logits[ours[j]]).abs().item()
+    assert gap < TIE_GAP, f"{what}: token {j} differs ({ours[j]} vs HF {hf[j]}), HF logit gap {gap:.3g}"
