@@ -195,6 +195,7 @@ def serve_device(segment: Segment | str, args: EngineArgs, loaded: LoadedModel |
     try:
         loaded, tp = load_rank0(args, loaded)
         loop = DeviceLoop(loaded, args, seg, peers=tp.peers if tp else None)
+        loaded.publish(seg.control, loop.runner.buckets, captured=True)  # before the loop sets `ready`
         loop.start()
         loop.wait_ready()
         ctl = seg.control

@@ -68,6 +68,10 @@ class HostEngine(Engine):
     def has_unfinished(self) -> bool:
         return bool(self._pending) or self.scheduler.has_unfinished()
 
+    def publish_model_info(self, ctl) -> None:
+        runner = self.tp.runner if self.tp is not None else self.runner  # the TP runner wraps rank 0's
+        self.m.publish(ctl, runner.buckets, captured=bool(runner.graphs))
+
     def stats(self) -> EngineStats:
         s = self.scheduler
         return EngineStats(len(s.running), len(s.waiting), s.blocks.num_free, s.blocks.num_blocks,

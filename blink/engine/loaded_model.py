@@ -72,6 +72,16 @@ class LoadedModel:
         budget = max(args.max_num_batched_tokens, args.max_num_seqs)
         return cls(model, cfg, kv, state, device, max_len, budget, path)
 
+    def publish(self, ctl, buckets: list[tuple[int, int]], captured: bool) -> None:
+        """What this engine serves, into the control block (read by the front end's start-up banner)."""
+        from blink.transport.layout import DTYPE_NAMES
+
+        name = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        ctl.dtype = DTYPE_NAMES.index(name) if name in DTYPE_NAMES else 0
+        ctl.block_size, ctl.max_model_len = self.kv_cache.block_size, self.max_model_len
+        ctl.num_graphs = len(buckets) if captured else 0
+        ctl.max_graph_tokens, ctl.max_graph_seqs = buckets[-1][0], max(s for _, s in buckets)
+
     def validate_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """One-line ValueErrors for requests that could never be served."""
         n = len(prompt_ids)

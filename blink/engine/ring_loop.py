@@ -26,6 +26,8 @@ def serve_rings(engine: Engine, segment, should_stop=lambda: False) -> None:
 
     ingress, egress, ctl = IngressConsumer(segment), EgressProducer(segment), segment.control
     ctl.engine_mode = 1
+    if hasattr(engine, "publish_model_info"):
+        engine.publish_model_info(ctl)
     publish_stats(engine, ctl)
     ctl.ready = 1
     idle = 0.0

@@ -26,6 +26,7 @@ FLAG_IGNORE_EOS = 1
 ENGINE_MODE_NONE = 0  # ControlBlock.engine_mode
 ENGINE_MODE_HOST = 1
 ENGINE_MODE_DEVICE = 2
+DTYPE_NAMES = ("unknown", "float32", "float16", "bfloat16")  # ControlBlock.dtype
 
 
 class ControlBlock(C.Structure):
@@ -55,6 +56,14 @@ class ControlBlock(C.Structure):
         ("preemptions", C.c_uint64),
         ("exited", C.c_uint32),  # 1 once the engine loop has returned
         ("_pad2", C.c_uint8 * 4),
+        # line 3: what the engine serves, written once before `ready` (the front end's start-up banner)
+        ("dtype", C.c_uint32),  # an index into DTYPE_NAMES
+        ("block_size", C.c_uint32),  # tokens per KV block
+        ("max_model_len", C.c_uint32),
+        ("num_graphs", C.c_uint32),  # captured forward-graph buckets; 0 = eager
+        ("max_graph_tokens", C.c_uint32),  # the largest bucket: tokens x sequences
+        ("max_graph_seqs", C.c_uint32),
+        ("_pad3", C.c_uint8 * 40),
     ]
 
 

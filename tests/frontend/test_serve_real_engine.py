@@ -38,7 +38,7 @@ def client(server):
 
 def running_requests(base_url: str) -> float:
     text = httpx.get(base_url + "/metrics").text
-    return float(re.search(r"^blink_num_requests_running (\S+)$", text, re.M).group(1))
+    return float(re.search(r"^blink:num_requests_running{[^}]*} (\S+)$", text, re.M).group(1))
 
 
 def test_greedy_stream_equals_non_stream(client):
@@ -98,7 +98,7 @@ def test_concurrent_streams_match_non_streamed(server):
 
 def generated_tokens(base_url: str) -> float:
     text = httpx.get(base_url + "/metrics").text
-    return float(re.search(r"^blink_engine_generated_tokens (\S+)$", text, re.M).group(1))
+    return float(re.search(r"^blink:engine_generated_tokens_total{[^}]*} (\S+)$", text, re.M).group(1))
 
 
 @pytest.fixture(scope="module")

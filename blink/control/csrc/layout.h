@@ -71,6 +71,14 @@ struct ControlBlock {
   uint64_t preemptions;
   uint32_t exited;  // 1 once the engine loop has returned
   uint8_t _pad2[4];
+  // line 3: what the engine serves, written once before `ready` (the front end's start-up banner)
+  uint32_t dtype;  // an index into layout.py's DTYPE_NAMES
+  uint32_t block_size;  // tokens per KV block
+  uint32_t max_model_len;
+  uint32_t num_graphs;  // captured forward-graph buckets; 0 = eager
+  uint32_t max_graph_tokens;  // the largest bucket: tokens x sequences
+  uint32_t max_graph_seqs;
+  uint8_t _pad3[40];
 };
 
 // Head and tail on their own cache lines so producer and consumer never share one.
@@ -119,7 +127,7 @@ struct TokenRecord {
   float top_logprobs[kMaxTopLogprobs];
 };
 
-static_assert(sizeof(ControlBlock) == 192, "ControlBlock must match layout.py");
+static_assert(sizeof(ControlBlock) == 256, "ControlBlock must match layout.py");
 static_assert(offsetof(ControlBlock, stop_flag) == 64, "stop_flag starts cache line 1");
 static_assert(offsetof(ControlBlock, ready) == 128, "engine counters start cache line 2");
 static_assert(sizeof(RingHeader) == 128, "RingHeader must match layout.py");

@@ -1,0 +1,48 @@
+"""The start-up banner: what this server runs, read from the engine's control block once it is ready."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+from blink.transport.layout import DTYPE_NAMES, ENGINE_MODE_DEVICE, ENGINE_MODE_HOST
+
+log = logging.getLogger("blink.frontend")
+POLL_S = 0.05
+MODES = {ENGINE_MODE_HOST: "host (CPU scheduler loop)", ENGINE_MODE_DEVICE: "device (resident GPU scheduler)"}
+
+
+def random_weights_warning(model: str) -> str | None:
+    """The demo model (its dir carries blink_demo_version) and presets have random weights."""
+    path = Path(model)
+    if (path / "blink_demo_version").is_file():
+        return ("WARNING: serving the demo model: a tiny Llama with RANDOM weights; its output is gibberish "
+                "by construction. Pass --model for real output.")
+    if not path.is_dir():
+        return f"WARNING: preset {model!r} has RANDOM weights of the real shapes; its output is gibberish."
+    return None
+
+
+def banner_lines(ctl, model: str, served_model_name: str, max_model_len: int) -> list[str]:
+    dtype = DTYPE_NAMES[ctl.dtype] if ctl.dtype < len(DTYPE_NAMES) else "unknown"
+    blocks, block_size = int(ctl.total_kv_blocks), int(ctl.block_size)
+    graphs = (f"{ctl.num_graphs} buckets, largest {ctl.max_graph_tokens} tokens x {ctl.max_graph_seqs} seqs"
+              if ctl.num_graphs else "none (eager)")
+    lines = [
+        f"blink: engine mode {MODES.get(int(ctl.engine_mode), 'unknown')}",
+        f"blink: model {model} (served as {served_model_name!r}), dtype {dtype}",
+        f"blink: max_model_len {max_model_len} (engine: {ctl.max_model_len})",
+        f"blink: KV cache {blocks} blocks x {block_size} tokens = {blocks * block_size} tokens",
+        f"blink: forward graphs: {graphs}",
+    ]
+    warning = random_weights_warning(model)
+    return [*lines, warning] if warning else lines
+
+
+async def wait_and_log_banner(ctl, model: str, served_model_name: str, max_model_len: int) -> None:
+    while not ctl.ready:
+        if ctl.exited:
+            return
+        await asyncio.sleep(POLL_S)
+    for line in banner_lines(ctl, model, served_model_name, max_model_len):
+        (log.warning if line.startswith("WARNING") else log.info)(line)
