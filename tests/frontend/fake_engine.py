@@ -54,6 +54,7 @@ def main() -> int:
     ingress, egress = IngressConsumer(segment), EgressProducer(segment)
     control.engine_mode = 1
     control.total_kv_blocks = control.free_kv_blocks = 100
+    control.block_size, control.max_model_len = 16, 256  # what the banner shows
     control.ready = 1
     running: dict[int, bool] = {}
     item_of: dict[int, tuple] = {}
