@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -132,7 +133,9 @@ def build_app(config: AppConfig) -> FastAPI:
             tokens = await s.text.encode(body.prompt, body.add_special_tokens)
         else:
             raise APIError(400, "either prompt or messages is required", "prompt")
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": s.max_model_len}
+        body = {"tokens": tokens, "count": len(tokens), "max_model_len": s.max_model_len}
+        # serialized on the pool: FastAPI's encoder would walk a long token list on the loop
+        return Response(await s.text.run(json.dumps, body), media_type="application/json")
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
