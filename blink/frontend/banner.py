@@ -16,10 +16,10 @@ def random_weights_warning(model: str) -> str | None:
     """The demo model (its dir carries blink_demo_version) and presets have random weights."""
     path = Path(model)
     if (path / "blink_demo_version").is_file():
-        return ("WARNING: serving the demo model: a tiny Llama with RANDOM weights; its output is gibberish "
+        return ("blink: serving the DEMO model: a tiny Llama with RANDOM weights; its output is gibberish "
                 "by construction. Pass --model for real output.")
     if not path.is_dir():
-        return f"WARNING: preset {model!r} has RANDOM weights of the real shapes; its output is gibberish."
+        return f"blink: preset {model!r} has RANDOM weights of the real shapes; its output is gibberish."
     return None
 
 
@@ -35,8 +35,7 @@ def banner_lines(ctl, model: str, served_model_name: str, max_model_len: int) ->
         f"blink: KV cache {blocks} blocks x {block_size} tokens = {blocks * block_size} tokens",
         f"blink: forward graphs: {graphs}",
     ]
-    warning = random_weights_warning(model)
-    return [*lines, warning] if warning else lines
+    return lines
 
 
 async def wait_and_log_banner(ctl, model: str, served_model_name: str, max_model_len: int) -> None:
@@ -45,4 +44,7 @@ async def wait_and_log_banner(ctl, model: str, served_model_name: str, max_model
             return
         await asyncio.sleep(POLL_S)
     for line in banner_lines(ctl, model, served_model_name, max_model_len):
-        (log.warning if line.startswith("WARNING") else log.info)(line)
+        log.info(line)
+    warning = random_weights_warning(model)
+    if warning:
+        log.warning(warning)
