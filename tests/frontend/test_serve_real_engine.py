@@ -133,6 +133,27 @@ def test_stop_string_aborts_engine_request(server, client):
     assert cut.usage.completion_tokens < 12
 
 
+def test_banner_metrics_and_messages(server, client):
+    """What the engine itself published: the banner, the control-block metrics, and /v1/messages."""
+    import anthropic
+
+    mode = "device" if "--engine" in server.args and "device" in server.args else "host"
+    text = "".join(server.stderr)
+    assert f"engine mode {mode}" in text and "dtype float32" in text
+    blocks = re.search(r"KV cache (\d+) blocks x 16 tokens = (\d+) tokens", text)
+    assert blocks and int(blocks.group(1)) * 16 == int(blocks.group(2)) > 0
+    graphs = re.search(r"forward graphs: (\d+) buckets, largest (\d+) tokens", text)
+    assert (graphs is not None) == (mode == "device")  # host mode on the CPU runs eagerly
+    reply = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0).messages.create(
+        model="tiny", max_tokens=5, messages=[{"role": "user", "content": "Hello"}], extra_body={"temperature": 0})
+    assert reply.content[0].type == "text" and reply.usage.output_tokens <= 5
+    metrics = httpx.get(server.base_url + "/metrics").text
+    steps = re.search(r'^blink:engine_steps_total{model_name="tiny"} (\S+)$', metrics, re.M)
+    assert steps and float(steps.group(1)) > 0
+    assert re.search(r'^blink:request_generation_tokens_count{model_name="tiny"} [1-9]', metrics, re.M)
+    assert re.search(r'^blink:num_preemptions_total{model_name="tiny"} \d', metrics, re.M)
+
+
 def test_sigterm_to_process_group_cleans_up(model_dir):
     check_sigterm_cleans_up(["--model", str(model_dir), "--engine", "host", "--device", "cpu"])
 
