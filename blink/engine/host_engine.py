@@ -3,6 +3,7 @@ replays the forward graphs from the host (what vLLM and SGLang do); on a machine
 the model eagerly with the torch reference kernels."""
 from __future__ import annotations
 
+import bisect
 import random
 import time
 from collections import deque
@@ -15,6 +16,7 @@ from blink.engine.scheduler import Scheduler
 from blink.engine.sequence import SeqStatus, Sequence
 from blink.engine.stops import check_stop
 from blink.request import FinishReason, SamplingParams
+from blink.transport.layout import ITERATION_TOKEN_BOUNDS
 
 STEP_TIMES_KEPT = 8192  # the last steps' durations, for benchmarks (blink bench barrier)
 
@@ -43,6 +45,8 @@ class HostEngine(Engine):
         self._pending: list[TokenEvent] = []  # finish events of aborts, returned by the next step()
         self._arrivals = 0
         self._steps = 0
+        self._iteration_tokens = [0] * (len(ITERATION_TOKEN_BOUNDS) + 1)  # step sizes, for /metrics
+        self._iteration_tokens_sum = 0
         self._tokens = 0
         self._rng = random.Random(args.seed)
         self._step_times: deque[StepTime] = deque(maxlen=STEP_TIMES_KEPT)
@@ -75,7 +79,8 @@ class HostEngine(Engine):
     def stats(self) -> EngineStats:
         s = self.scheduler
         return EngineStats(len(s.running), len(s.waiting), s.blocks.num_free, s.blocks.num_blocks,
-                           self._steps, self._tokens, s.num_preemptions)
+                           self._steps, self._tokens, s.num_preemptions, tuple(self._iteration_tokens),
+                           self._iteration_tokens_sum)
 
     def step_times(self) -> list[StepTime]:
         """The last STEP_TIMES_KEPT steps that ran, oldest first (one per stats().steps increment)."""
@@ -94,6 +99,8 @@ class HostEngine(Engine):
         sampled = self.runner.execute(plan, want_top)
         self.scheduler.complete(plan)
         self._steps += 1
+        self._iteration_tokens[bisect.bisect_left(ITERATION_TOKEN_BOUNDS, plan.num_tokens)] += 1
+        self._iteration_tokens_sum += plan.num_tokens
         for chunk, tok in zip(plan.chunks, sampled, strict=True):
             if tok is not None:
                 events.append(self._append(chunk.seq, tok))

@@ -18,6 +18,9 @@ def publish_stats(engine: Engine, ctl) -> None:
     ctl.running, ctl.waiting = s.running, s.waiting
     ctl.free_kv_blocks, ctl.total_kv_blocks = s.free_kv_blocks, s.total_kv_blocks
     ctl.steps, ctl.tokens, ctl.preemptions = s.steps, s.tokens, s.preemptions
+    for bucket, count in enumerate(s.iteration_tokens):
+        ctl.iteration_tokens[bucket] = count
+    ctl.iteration_tokens_sum = s.iteration_tokens_sum
     ctl.heartbeat += 1
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from blink.transport.layout import ITERATION_TOKEN_BOUNDS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5, 10,
                    20, 40, 80)
@@ -47,6 +49,20 @@ class EngineCollector:
         yield family(CounterMetricFamily, "blink:engine_steps", "Forward steps the engine ran", ctl.steps)
         yield family(CounterMetricFamily, "blink:engine_generated_tokens", "Tokens the engine sampled",
                      ctl.tokens)
+        yield self._iteration_tokens(ctl, labels)
+
+    @staticmethod
+    def _iteration_tokens(ctl, labels: list[str]) -> HistogramMetricFamily:
+        """Tokens per engine step, from the engine's per-bucket step counts (cumulated here)."""
+        counts = list(ctl.iteration_tokens)
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(str, ITERATION_TOKEN_BOUNDS), "+Inf"], counts, strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        metric = HistogramMetricFamily("blink:iteration_tokens_total", "Tokens (prompt + generated) per engine step",
+                                       labels=["model_name"])
+        metric.add_metric(labels, buckets, sum_value=ctl.iteration_tokens_sum)
+        return metric
 
 
 class FrontendMetrics:

@@ -26,6 +26,7 @@ FLAG_IGNORE_EOS = 1
 ENGINE_MODE_NONE = 0  # ControlBlock.engine_mode
 ENGINE_MODE_HOST = 1
 ENGINE_MODE_DEVICE = 2
+ITERATION_TOKEN_BOUNDS = (1, 8, 32, 128, 512, 2048)  # ControlBlock.iteration_tokens buckets, plus one above
 DTYPE_NAMES = ("unknown", "float32", "float16", "bfloat16")  # ControlBlock.dtype
 
 
@@ -64,6 +65,10 @@ class ControlBlock(C.Structure):
         ("max_graph_tokens", C.c_uint32),  # the largest bucket: tokens x sequences
         ("max_graph_seqs", C.c_uint32),
         ("_pad3", C.c_uint8 * 40),
+        # line 4: tokens per engine step (vLLM's iteration_tokens_total): a count per ITERATION_TOKEN_BOUNDS
+        # bucket (tokens <= bound, the last one unbounded) and their sum; written once per step
+        ("iteration_tokens", C.c_uint64 * 7),
+        ("iteration_tokens_sum", C.c_uint64),
     ]
 
 

@@ -150,6 +150,8 @@ def test_banner_metrics_and_messages(server, client):
     metrics = httpx.get(server.base_url + "/metrics").text
     steps = re.search(r'^blink:engine_steps_total{model_name="tiny"} (\S+)$', metrics, re.M)
     assert steps and float(steps.group(1)) > 0
+    iterations = re.search(r'^blink:iteration_tokens_total_count{model_name="tiny"} (\S+)$', metrics, re.M)
+    assert iterations and float(iterations.group(1)) == float(steps.group(1))  # every step in one bucket
     assert re.search(r'^blink:request_generation_tokens_count{model_name="tiny"} [1-9]', metrics, re.M)
     assert re.search(r'^blink:num_preemptions_total{model_name="tiny"} \d', metrics, re.M)
 

@@ -38,6 +38,12 @@ constexpr uint32_t kFlagIgnoreEos = 1;
 constexpr uint32_t kEngineModeNone = 0;
 constexpr uint32_t kEngineModeHost = 1;
 constexpr uint32_t kEngineModeDevice = 2;
+// The ControlBlock.iteration_tokens bucket of a step of `tokens` tokens: bounds 1, 8, 32, 128, 512, 2048
+// (layout.py's ITERATION_TOKEN_BOUNDS), then one unbounded bucket.
+BLINK_HD inline int iteration_bucket(int tokens) {
+  return tokens <= 1 ? 0 : tokens <= 8 ? 1 : tokens <= 32 ? 2 : tokens <= 128 ? 3 : tokens <= 512 ? 4
+       : tokens <= 2048 ? 5 : 6;
+}
 
 // Finish reasons, as blink.request.FinishReason.
 constexpr uint32_t kFinishNone = 0;
@@ -79,6 +85,10 @@ struct ControlBlock {
   uint32_t max_graph_tokens;  // the largest bucket: tokens x sequences
   uint32_t max_graph_seqs;
   uint8_t _pad3[40];
+  // line 4: tokens per engine step (vLLM's iteration_tokens_total): a count per kIterationTokenBounds
+  // bucket (tokens <= bound, the last one unbounded) and their sum; written once per step
+  uint64_t iteration_tokens[7];
+  uint64_t iteration_tokens_sum;
 };
 
 // Head and tail on their own cache lines so producer and consumer never share one.
@@ -127,7 +137,7 @@ struct TokenRecord {
   float top_logprobs[kMaxTopLogprobs];
 };
 
-static_assert(sizeof(ControlBlock) == 256, "ControlBlock must match layout.py");
+static_assert(sizeof(ControlBlock) == 320, "ControlBlock must match layout.py");
 static_assert(offsetof(ControlBlock, stop_flag) == 64, "stop_flag starts cache line 1");
 static_assert(offsetof(ControlBlock, ready) == 128, "engine counters start cache line 2");
 static_assert(sizeof(RingHeader) == 128, "RingHeader must match layout.py");

@@ -86,6 +86,9 @@ BLINK_HD inline void finish_step(const Team& t, SchedState* s, const SchedConfig
   t.sync();
   write_step_records(t, s, rp, b);
   if (t.leader()) {
+    const int bucket = iteration_bucket(s->plan_tokens);  // two posted stores: /metrics' step-size histogram
+    store_volatile(&rp.control->iteration_tokens[bucket], ++s->iteration_tokens[bucket]);
+    store_volatile(&rp.control->iteration_tokens_sum, s->iteration_tokens_sum += s->plan_tokens);
     s->plan_rows = s->plan_tokens = 0;
     s->steps++;
     if (publish_now) publish(s, c, rp);
