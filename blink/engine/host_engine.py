@@ -18,6 +18,7 @@ from blink.engine.stops import check_stop
 from blink.request import FinishReason, SamplingParams
 from blink.transport.layout import ITERATION_TOKEN_BOUNDS
 
+QUEUE_US_MAX = (1 << 32) - 1  # TokenRecord.queue_us saturates
 STEP_TIMES_KEPT = 8192  # the last steps' durations, for benchmarks (blink bench barrier)
 
 
@@ -58,7 +59,7 @@ class HostEngine(Engine):
         self.m.validate_prompt(prompt_ids, params)
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         self._arrivals += 1
-        seq = Sequence(req_id, list(prompt_ids), params, seed, self._arrivals)
+        seq = Sequence(req_id, list(prompt_ids), params, seed, self._arrivals, arrived_at=time.perf_counter())
         self.seqs[req_id] = seq
         self.scheduler.add(seq)
 
@@ -94,6 +95,8 @@ class HostEngine(Engine):
         if not plan.chunks:
             return events
         for seq in plan.admitted:
+            if seq.queue_us < 0:  # the first admission ends the request's queue time
+                seq.queue_us = min(int((start - seq.arrived_at) * 1e6), QUEUE_US_MAX)
             self.m.sampling_state.set_slot(seq.slot, seq.params, seq.seed, seq.prompt_ids, seq.output_ids)
         want_top = max((c.seq.params.logprobs or 0) for c in plan.chunks)
         sampled = self.runner.execute(plan, want_top)
@@ -119,7 +122,7 @@ class HostEngine(Engine):
                             self.m.max_model_len)
         k = seq.params.logprobs or 0
         event = TokenEvent(seq.req_id, tok.token_id, len(seq.output_ids) - 1, reason, tok.logprob,
-                           tok.top_ids[:k], tok.top_logprobs[:k])
+                           tok.top_ids[:k], tok.top_logprobs[:k], seq.queue_us if len(seq.output_ids) == 1 else 0)
         if reason != FinishReason.NONE:
             self.scheduler.finish(seq)
             del self.seqs[seq.req_id]

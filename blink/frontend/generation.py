@@ -70,7 +70,7 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
             piece = ""
             if event.token_id >= 0:
                 num_tokens += 1
-                timer.token()
+                timer.token(event.queue_us)
                 if params.logprobs is not None:
                     tops = [(t, lp) for t, lp in zip(event.top_ids, event.top_logprobs, strict=True) if t >= 0]
                     logprobs.append(TokenLogprob(event.token_id, event.logprob, tops))

@@ -88,6 +88,12 @@ class FrontendMetrics:
                              LATENCY_BUCKETS)
         self.e2e = histogram("blink:e2e_request_latency_seconds", "Submission to the ring -> last record read",
                              LATENCY_BUCKETS)
+        self.queue_time = histogram("blink:request_queue_time_seconds",
+                                    "Engine ingest -> first admission to a step (measured by the engine)",
+                                    LATENCY_BUCKETS)
+        self.prefill_time = histogram("blink:request_prefill_time_seconds",
+                                      "First admission -> first token record read: time to first token less the "
+                                      "engine's queue time (prefill steps + egress transport)", LATENCY_BUCKETS)
         self.decode_time = histogram("blink:request_decode_time_seconds",
                                      "First token record -> last record of a request (the decode phase)",
                                      LATENCY_BUCKETS)
@@ -123,10 +129,14 @@ class RequestTimer:
         self.num_tokens = 0
         metrics.params_max_tokens.observe(max_tokens)
 
-    def token(self) -> None:
+    def token(self, queue_us: int = 0) -> None:
+        """One token record read; the first one carries the engine's queue time."""
         now = time.perf_counter()
         if self.num_tokens == 0:
-            self.metrics.ttft.observe(now - self.last)
+            ttft, queue = now - self.last, queue_us * 1e-6
+            self.metrics.ttft.observe(ttft)
+            self.metrics.queue_time.observe(queue)
+            self.metrics.prefill_time.observe(max(0.0, ttft - queue))
             self.first = now
         else:
             self.metrics.itl.observe(now - self.last)

@@ -128,7 +128,7 @@ class TokenRecord(C.Structure):
         ("finish_reason", C.c_uint32),  # blink.request.FinishReason
         ("num_top", C.c_uint32),
         ("logprob", C.c_float),
-        ("_pad", C.c_uint32),
+        ("queue_us", C.c_uint32),  # a request's first record only: us from engine ingest to first admission
         ("top_ids", C.c_int32 * MAX_TOP_LOGPROBS),
         ("top_logprobs", C.c_float * MAX_TOP_LOGPROBS),
     ]

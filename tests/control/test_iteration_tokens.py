@@ -21,3 +21,15 @@ def test_every_step_lands_in_its_size_bucket(make):
     assert list(ctl.iteration_tokens) == expected and sum(expected) == h.info()["steps"]
     assert ctl.iteration_tokens_sum == sum(sizes) == 33 + 6 + 2 - 2  # every prompt once, then the decodes
     assert len({bisect.bisect_left(ITERATION_TOKEN_BOUNDS, s) for s in sizes}) >= 2  # several buckets used
+
+
+def test_first_records_carry_the_queue_time(make):
+    h = make(max_num_seqs=1, max_num_batched_tokens=16, max_model_len=64, num_blocks=64)
+    h.submit(1, [3] * 4, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
+    h.submit(2, [5] * 4, SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True))  # waits for 1
+    h.run()
+    first = {r: [e for e in h.events[r] if e.position == 0] for r in (1, 2)}
+    later = [e.queue_us for r in (1, 2) for e in h.events[r] if e.position > 0]
+    assert all(len(f) == 1 for f in first.values()) and later and set(later) == {0}
+    # request 2 queued behind all 8 steps of request 1 (each a round trip through Python here)
+    assert first[2][0].queue_us > first[1][0].queue_us and first[2][0].queue_us > 0

@@ -152,6 +152,8 @@ def test_banner_metrics_and_messages(server, client):
     assert steps and float(steps.group(1)) > 0
     iterations = re.search(r'^blink:iteration_tokens_total_count{model_name="tiny"} (\S+)$', metrics, re.M)
     assert iterations and float(iterations.group(1)) == float(steps.group(1))  # every step in one bucket
+    queued = re.search(r'^blink:request_queue_time_seconds_sum{model_name="tiny"} (\S+)$', metrics, re.M)
+    assert queued and float(queued.group(1)) > 0  # the engine measured its requests' queue time
     assert re.search(r'^blink:request_generation_tokens_count{model_name="tiny"} [1-9]', metrics, re.M)
     assert re.search(r'^blink:num_preemptions_total{model_name="tiny"} \d', metrics, re.M)
 

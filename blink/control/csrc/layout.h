@@ -132,7 +132,7 @@ struct TokenRecord {
   uint32_t finish_reason;
   uint32_t num_top;
   float logprob;
-  uint32_t _pad;
+  uint32_t queue_us;  // a request's first record only: us from engine ingest to first admission
   int32_t top_ids[kMaxTopLogprobs];
   float top_logprobs[kMaxTopLogprobs];
 };

@@ -57,7 +57,8 @@ BLINK_HD inline void write_step_records(const Team& t, SchedState* s, const Ring
       const int num_top = num_top_for(r.desc);
       write_record(rp, s->egress_tail + k, r.desc.req_id, (int32_t)load_volatile(b.sampled_ids + row),
                    r.num_generated - 1, (uint32_t)s->row_reason[row], load_volatile(b.logprobs + row), num_top,
-                   b.top_ids + (int64_t)row * kMaxTopLogprobs, b.top_logprobs + (int64_t)row * kMaxTopLogprobs);
+                   b.top_ids + (int64_t)row * kMaxTopLogprobs, b.top_logprobs + (int64_t)row * kMaxTopLogprobs,
+                   r.num_generated == 1 ? r.queue_us : 0u);
     }
     t.sync();
     done += chunk;

@@ -156,6 +156,9 @@ struct RequestEntry {
   int32_t num_computed;   // tokens whose K/V are in the cache
   int32_t num_blocks;     // KV blocks held
   int32_t planned_row;    // row in the step being built, or -1
+  uint32_t queue_us;      // ingest -> first admission, in us (the first egress record carries it)
+  uint32_t admitted;      // admitted at least once (queue_us is final)
+  uint64_t arrived_ns;    // now_ns() at ingest
 };
 
 struct SchedState {
