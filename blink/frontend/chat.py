@@ -72,6 +72,8 @@ def _num_logprobs(body: ChatCompletionRequest) -> int | None:
 async def create_chat_completion(state: FrontendState, body: ChatCompletionRequest, request: Request):
     state.check_model(body.model)
     state.check_fields(body)
+    if body.store:
+        raise APIError(400, "store=true is not supported: blink keeps no completions", "store")
     prompt_ids = await chat_prompt_ids(state, body.messages, body.add_generation_prompt,
                                        body.chat_template_kwargs, body.tools)
     state.check_prompt(prompt_ids)

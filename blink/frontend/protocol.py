@@ -116,6 +116,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
+    store: bool | None = None  # false (or null) is what blink does anyway: it keeps no completions; true: 400
 
 
 class TokenizeRequest(Strict):

@@ -313,6 +313,9 @@ def test_unknown_fields_are_refused_by_name(http):
     chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
                                                    "store": True})
     assert chat.status_code == 400 and chat.json()["error"]["param"] == "store"
+    kept_nothing = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                           "store": False, "max_tokens": 1})
+    assert kept_nothing.status_code == 200
 
 
 def test_api_key(server):
