@@ -11,12 +11,12 @@ from importlib.metadata import PackageNotFoundError, version
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from blink.frontend.anthropic import MessagesRequest, create_message
 from blink.frontend.banner import wait_and_log_banner
 from blink.frontend.chat import chat_prompt_ids, create_chat_completion
 from blink.frontend.completions import create_completion
 from blink.frontend.engine_client import EngineClient
 from blink.frontend.errors import APIError, error_response, install_error_handlers
+from blink.frontend.messages import MessagesRequest, create_message
 from blink.frontend.metrics import FrontendMetrics
 from blink.frontend.middleware import AccessLogMiddleware, ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from blink.frontend.protocol import (

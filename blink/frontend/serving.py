@@ -118,10 +118,6 @@ def request_id(request: Request) -> str:
     return request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
 def now() -> int:
     return int(time.time())
 

@@ -1,7 +1,7 @@
 """POST /v1/messages: the Anthropic Messages API on the chat path, streamed or not.
 
 Text and tool_use blocks out (tool calls parsed from the text, see tool_calls.py), text, tool_use and
-tool_result blocks in (anthropic_protocol.py). Errors use Anthropic's shape: {"type": "error", ...}.
+tool_result blocks in (messages_protocol.py). Errors use Anthropic's shape: {"type": "error", ...}.
 """
 from __future__ import annotations
 
@@ -11,16 +11,16 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from blink.frontend.anthropic_protocol import (
+from blink.frontend.chat import chat_prompt_ids
+from blink.frontend.errors import APIError, anthropic_error_body
+from blink.frontend.generation import Delta, collect, generate
+from blink.frontend.messages_protocol import (
     MessagesRequest,
     input_json,
     to_chat_messages,
     to_chat_tools,
     tool_use_block,
 )
-from blink.frontend.chat import chat_prompt_ids
-from blink.frontend.errors import APIError, anthropic_error_body
-from blink.frontend.generation import Delta, collect, generate
 from blink.frontend.protocol import SamplingFields
 from blink.frontend.serving import FrontendState, request_id, unless_disconnected
 from blink.frontend.tool_calls import ToolCall, ToolCallSplitter, split_tool_calls
