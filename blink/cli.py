@@ -31,7 +31,7 @@ def _parse_ids(text: str) -> list[int]:
 
 
 def _generate(ns) -> int:
-    from blink.engine.llm import LLM
+    from blink.entrypoints.llm import LLM
     from blink.request import SamplingParams
 
     prompts: list = list(ns.prompt) + [_parse_ids(t) for t in ns.prompt_ids]
@@ -54,7 +54,7 @@ def _generate(ns) -> int:
 
 
 def _add_serve(sub) -> None:
-    from blink.frontend.server import add_serve_args, serve_main
+    from blink.entrypoints.serve import add_serve_args, serve_main
 
     p = sub.add_parser("serve", help="OpenAI-compatible server (front end + engine processes)")
     add_serve_args(p)

@@ -1,4 +1,4 @@
-"""Request-level plain data shared by every role: sampling parameters and finish reasons."""
+"""Request-level plain data shared by every role: sampling parameters, finish reasons and token events."""
 from __future__ import annotations
 
 import enum
@@ -75,3 +75,37 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+@dataclass
+class TokenEvent:
+    """One generated token, or the end of a request (the egress record as a Python object)."""
+
+    req_id: int
+    token_id: int  # -1 when the event only carries a finish (abort/error with no new token)
+    position: int  # index of this output token: 0, 1, 2, ...
+    finish_reason: FinishReason = FinishReason.NONE
+    logprob: float = 0.0
+    top_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+    queue_us: int = 0  # the first token's event: microseconds the engine queued the request (metrics)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason != FinishReason.NONE
+
+
+SEED_BITS = 63
+_MASK64 = (1 << 64) - 1
+
+
+def request_seed(params: SamplingParams, req_id: int, base_seed: int) -> int:
+    """The seed a request samples with, decided in this one place for both modes: its own `seed`, else one
+    derived from (base_seed, req_id). With the engine's --seed as base_seed, offline runs (host or device
+    mode) are reproducible; the server's front end passes a base drawn at its start (unseeded = random)."""
+    if params.seed is not None:
+        return params.seed
+    x = (base_seed * 0x9E3779B97F4A7C15 + req_id + 1) & _MASK64  # splitmix64 of the pair
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> (64 - SEED_BITS)

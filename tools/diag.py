@@ -118,14 +118,13 @@ def profile(name="llama3-8b", batch=1, ctx=1024):
 
     from blink.bench.step import decode_plan
     from blink.config import EngineArgs
-    from blink.engine.loaded_model import LoadedModel
-    from blink.engine.runner import ModelRunner
+    from blink.core.loaded_model import LoadedModel
+    from blink.core.runner import ModelRunner
 
     args = EngineArgs(model=name, dtype="bfloat16", device="cuda", max_num_seqs=batch, max_num_batched_tokens=batch,
                       num_kv_blocks=batch * 80, max_model_len=ctx + 16)
     m = LoadedModel.load(args)
-    r = ModelRunner(m.model, m.kv_cache, m.sampling_state, max_num_seqs=batch, max_num_batched_tokens=batch,
-                    max_model_len=m.max_model_len, device="cuda", use_graphs=False)
+    r = ModelRunner.for_model(m, use_graphs=False)
     plan = decode_plan(None, batch, ctx, 16)
     r.prepare(plan, r.buffers, (batch, batch))
     for _ in range(3):

@@ -31,20 +31,19 @@ for stage in "$@"; do
     env) nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv; nproc;
          python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.device_count())';;
     tests) python3 -m pytest -q -s -m gpu --timeout 300 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40;;
+    kernels) python3 bench/kernels/step_kernels.py 2>&1 | tee "$OUT/kernels.log" | tail -60;;
     diag) python3 tools/diag.py precision profile 2>&1 | tee "$OUT/diag.log";;
     fp32) python3 tools/diag.py fp32 2>&1 | grep -v Warn | tee "$OUT/fp32.log";;
-    sampling) python3 -m blink.kernels.bench_sampling --old-file old_sampling.py 2>&1 | tee "$OUT/sampling.log" | tail -40;;
     step8b) python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 | tee "$OUT/step8b.log";;
-    step8b-smallm) BLINK_SMALL_M_GEMM=1 python3 -m blink.bench.step step --presets llama3-8b --batches 1,8 2>&1 | tee "$OUT/step8b_smallm.log";;
     precision) python3 tools/diag.py precision 2>&1 | grep -v Warn | tee "$OUT/precision.log";;
     profile) python3 tools/diag.py profile 2>&1 | grep -v Warn | tee "$OUT/profile.log";;
     serve-gpu) python3 -m pytest -q -m gpu tests/frontend 2>&1 | tee "$OUT/serve_gpu.log" | tail -30;;
     tests-k) python3 -m pytest -q -m gpu tests/kernels tests/model 2>&1 | tee "$OUT/gpu_tests_k.log" | tail -30;;
     step) python3 -m blink.bench.step step --result-json "$OUT/step.json" 2>&1 | tee "$OUT/step.log";;
     offline) python3 -m blink.bench.offline offline --result-json "$OUT/offline.json" 2>&1 | tee "$OUT/offline.log";;
-    device) python3 -m blink.control.gpu_selftest 2>&1 | tee "$OUT/device.log" | tail -60;;
-    device8b) python3 -m blink.control.gpu_selftest --offline-8b --skip-checks 2>&1 | tee "$OUT/device8b.log" | tail -40;;
-    device8b-load) python3 -m blink.control.gpu_selftest --llama3-8b --interference --skip-checks 2>&1 | tee "$OUT/device8b_load.log" | tail -60;;
+    device) python3 -m tools.device_selftest.gpu_selftest 2>&1 | tee "$OUT/device.log" | tail -60;;
+    device8b) python3 -m tools.device_selftest.gpu_selftest --offline-8b --skip-checks 2>&1 | tee "$OUT/device8b.log" | tail -40;;
+    device8b-load) python3 -m tools.device_selftest.gpu_selftest --llama3-8b --interference --skip-checks 2>&1 | tee "$OUT/device8b_load.log" | tail -60;;
     frontend-overhead)  # TTFT of a 1-token prompt and ITL at low load through the front end, vs the engine step
       python3 -m blink serve --model llama3.2-1b --engine device --max-model-len 2048 --port 8011 > "$OUT/serve.log" 2>&1 & srv=$!
       wait_healthy 8011 120

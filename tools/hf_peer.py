@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from blink.frontend.tokenizer import synthetic_tokenizer
 from blink.model.presets import PRESETS
+from blink.text.tokenizer import synthetic_tokenizer
 
 
 def build(preset: str, out: Path, num_layers: int | None, device: str) -> None:

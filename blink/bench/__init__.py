@@ -1,0 +1,1 @@
+"""Benchmarks: step and offline roofline runs, the serving load generator, attackers and the interference lab."""

@@ -7,7 +7,6 @@ It dies with its parent (PR_SET_PDEATHSIG) and never opens a socket.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import signal
@@ -16,7 +15,7 @@ import sys
 import threading
 import time
 
-PR_SET_PDEATHSIG = 1
+from blink.util.processes import die_with_parent
 
 # What one short-lived "compile" process does: die with its driver, then compress half a MiB with bz2
 # (the paper's pbzip2 job in miniature; ~0.1 s of CPU, plus the interpreter's start-up, like a cc1 run).
@@ -25,12 +24,6 @@ COMPILE_JOB = (
     "ctypes.CDLL(None).prctl(1, 9)\n"
     "bz2.compress(os.urandom(1 << 19), 9)\n"
 )
-
-
-def die_with_parent(parent_pid: int) -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(0)
 
 
 def spin(_args):
@@ -126,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--prompt-words", type=int, default=4000)
     args = p.parse_args(argv)
-    die_with_parent(args.parent_pid)
+    die_with_parent(args.parent_pid, exit_code=0)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

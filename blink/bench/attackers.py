@@ -19,22 +19,14 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
+from blink.util.cpus import format_cpu_list, parse_cpu_list
+
 KINDS = ("spin", "memory", "compile", "tokenize")
 
 
-def parse_cpu_list(text: str | None) -> list[int] | None:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11] (the taskset / cpuset syntax); None or '' -> None."""
-    if not text:
-        return None
-    cpus: list[int] = []
-    for part in text.split(","):
-        first, _, last = part.strip().partition("-")
-        cpus.extend(range(int(first), int(last or first) + 1))
-    return cpus
-
-
-def format_cpu_list(cpus: list[int] | None) -> str:
-    return ",".join(str(c) for c in cpus) if cpus else ""
+def optional_cpu_list(text: str | None) -> list[int] | None:
+    """A CPU list flag that may be left out: None or '' -> None."""
+    return parse_cpu_list(text) if text else None
 
 
 def llc_bytes() -> int:
@@ -208,7 +200,7 @@ def _interrupt(signum, frame):
 
 
 def run(args: argparse.Namespace) -> int:
-    cpus = parse_cpu_list(args.cpus)
+    cpus = optional_cpu_list(args.cpus)
     spec = AttackSpec(kind=args.kind, procs=args.procs, duration_s=args.duration,
                       cpus=tuple(cpus) if cpus else None, tokenizer=args.tokenizer,
                       buffer_mib=args.buffer_mib)

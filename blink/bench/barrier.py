@@ -110,13 +110,14 @@ def run(ns: argparse.Namespace) -> int:
 
 
 def _run(ns: argparse.Namespace) -> int:
-    from blink.bench.attackers import parse_cpu_list
-    from blink.engine.factory import make_engine
-    from blink.parallel.pinning import parse_rank_cpus, pin_process
+    from blink.bench.attackers import optional_cpu_list
+    from blink.entrypoints.engine_factory import make_engine
+    from blink.parallel.pinning import parse_rank_cpus
+    from blink.util.cpus import pin_process
 
     args = EngineArgs.from_cli(ns)
     conditions = [c.strip() for c in ns.conditions.split(",") if c.strip()]
-    all_cpus = parse_cpu_list(ns.all_cpus) or sorted(os.sched_getaffinity(0))  # before rank 0 pins itself
+    all_cpus = optional_cpu_list(ns.all_cpus) or sorted(os.sched_getaffinity(0))  # before rank 0 pins itself
     rank_cpus = parse_rank_cpus(args.rank_cpus, args.tensor_parallel_size)
     for c in conditions:  # refuse a bad condition before loading anything
         attack_spec(c, ns, rank_cpus, all_cpus)

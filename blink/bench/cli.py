@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 SUBCOMMANDS = (
     ("serve", "blink.bench.serve", "load an OpenAI-compatible server (vLLM `bench serve` flags)"),
@@ -16,12 +17,34 @@ SUBCOMMANDS = (
     ("allreduce", "blink.bench.allreduce", "NCCL vs peer-to-peer all-reduce latency across the GPUs"),
 )
 OPTIONAL_MODULES = ("blink.bench.step", "blink.bench.offline")
+BENCH_EXTRA = "pip install 'blink[bench]'"  # the benchmark-only packages (plots, NVML, HTTP client, ...)
+
+
+def _needs_extra(subparsers, name: str, help_text: str, missing: str) -> None:
+    """A subcommand whose packages are not installed: it says so in one line (exit 2) instead of `blink`
+    failing as a whole, so serve and generate work on the base install."""
+    # No options of its own (any flag is taken as an argument), so every command line reaches the message.
+    parser = subparsers.add_parser(name, help=f"{help_text} [needs {BENCH_EXTRA}]", prefix_chars="\x00",
+                                   add_help=False)
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+
+    def handler(_args) -> int:
+        print(f"blink bench {name}: error: needs the package {missing!r}: {BENCH_EXTRA}", file=sys.stderr)
+        return 2
+
+    parser.set_defaults(handler=handler)
 
 
 def add_bench_subcommands(subparsers: argparse._SubParsersAction) -> None:
     """Register the bench subcommands on the `blink bench` subparsers."""
     for name, module_name, help_text in SUBCOMMANDS:
-        module = importlib.import_module(module_name)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "blink").split(".")[0] == "blink":  # our own code: a real bug
+                raise
+            _needs_extra(subparsers, name, help_text, exc.name)
+            continue
         parser = subparsers.add_parser(name, help=help_text, description=module.__doc__,
                                        formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(parser)
@@ -30,9 +53,9 @@ def add_bench_subcommands(subparsers: argparse._SubParsersAction) -> None:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name != module_name:  # the module exists but something it imports is missing
-                raise
-            continue
+            if exc.name == module_name or (exc.name or "blink").split(".")[0] != "blink":
+                continue  # not shipped, or its benchmark packages are not installed
+            raise
         module.add_parser(subparsers)
 
 

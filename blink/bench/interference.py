@@ -23,13 +23,14 @@ from dataclasses import dataclass
 import httpx
 from rich.console import Console
 
-from blink.bench.attackers import Attackers, AttackSpec, format_cpu_list, parse_cpu_list
+from blink.bench.attackers import Attackers, AttackSpec, optional_cpu_list
 from blink.bench.gpu_monitor import GpuMonitor
 from blink.bench.host_cpu import CpuMeter, engine_pid_from_metrics
 from blink.bench.interference_report import ISOLATED, save_point, write_report
 from blink.bench.runner import LoadConfig, fetch_model_name, requests_for_window, run_load
 from blink.bench.serve import add_workload_arguments, build_requests, load_config, run_config
 from blink.bench.server_process import BlinkServer, ServeSpec
+from blink.util.cpus import format_cpu_list
 
 LAYOUTS = ("split", "shared")
 
@@ -227,11 +228,11 @@ def sweep_target(sweep: Sweep, requests: list, console: Console) -> int:
 
 def run_sweeps(args: argparse.Namespace, console: Console) -> int:
     all_cpus = sorted(os.sched_getaffinity(0))
-    engine_cpus = parse_cpu_list(args.engine_cpus)
+    engine_cpus = optional_cpu_list(args.engine_cpus)
     layouts = (args.layouts or ("split" if engine_cpus else "shared")).split(",")
     if "split" in layouts and not engine_cpus:
         raise SystemExit("the split layout needs --engine-cpus")
-    split_attack_cpus = parse_cpu_list(args.attack_cpus) or engine_cpus
+    split_attack_cpus = optional_cpu_list(args.attack_cpus) or engine_cpus
     rates = parse_floats(args.request_rates)
     if not rates or any(math.isinf(r) or r <= 0 for r in rates):
         raise SystemExit("--request-rates must be finite and positive: each point lasts --point-seconds")
@@ -242,8 +243,8 @@ def run_sweeps(args: argparse.Namespace, console: Console) -> int:
     for layout in layouts:
         if layout not in LAYOUTS:
             raise SystemExit(f"unknown layout {layout!r}; one of {LAYOUTS}")
-        busy = set(engine_cpus or []) | set(parse_cpu_list(args.frontend_cpus) or [])
-        client = parse_cpu_list(args.client_cpus) or [c for c in all_cpus if c not in busy] or None
+        busy = set(engine_cpus or []) | set(optional_cpu_list(args.frontend_cpus) or [])
+        client = optional_cpu_list(args.client_cpus) or [c for c in all_cpus if c not in busy] or None
         for target in targets(args, layout):
             name = f"{layout}/{target.name}"
             try:

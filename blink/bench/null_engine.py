@@ -7,18 +7,37 @@ own cost plus the client's, with no model in the way.
 """
 from __future__ import annotations
 
-from blink.engine.interface import TokenEvent
-from blink.engine.process import run_engine_process
-from blink.request import FinishReason
+import json
+from pathlib import Path
+
+from blink.core.limits import EngineLimits, publish_limits
+from blink.entrypoints.engine_process import run_engine_process
+from blink.model import presets
+from blink.request import FinishReason, TokenEvent
+
+
+def model_limits(args) -> EngineLimits:
+    """The limits a real engine would publish for --model, from its config alone (a preset's, or the
+    config.json of a model dir, which may hold only a tokenizer)."""
+    if args.model in presets.PRESETS:
+        cfg = presets.get(args.model)
+        positions, vocab = cfg.max_position_embeddings, cfg.vocab_size
+    else:
+        raw = json.loads((Path(args.model) / "config.json").read_text())
+        raw = raw.get("text_config", raw)
+        positions, vocab = raw["max_position_embeddings"], raw["vocab_size"]
+    return EngineLimits.resolve(args, positions, vocab, num_kv_blocks=0)
 
 
 def serve(segment, args, should_stop) -> None:
-    """run_engine_process's serve: the engine args blink serve passes through are ignored."""
-    from blink.engine.ring_loop import MAX_INGEST
+    """run_engine_process's serve: of the engine args blink serve passes through, only the model (for the
+    limits it publishes) and the limit flags count."""
+    from blink.host.ring_loop import MAX_INGEST
     from blink.transport.rings import EgressProducer, IngressConsumer
 
     ingress, egress, ctl = IngressConsumer(segment), EgressProducer(segment), segment.control
     ctl.engine_mode = 1
+    publish_limits(model_limits(args), ctl)
     ctl.ready = 1
     live: dict[int, list[int]] = {}  # req_id -> [tokens emitted, max_tokens]
     while not ctl.stop_flag and not should_stop():

@@ -76,7 +76,7 @@ def run_hf(hf_model, prompts, olen) -> tuple[float, int, str]:
 def run(ns: argparse.Namespace) -> int:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from blink.engine.loaded_model import LoadedModel
+    from blink.core.loaded_model import LoadedModel
     from blink.model.presets import PRESETS
     from blink.model.weights import load_hf_tensors
 
@@ -98,7 +98,7 @@ def run(ns: argparse.Namespace) -> int:
     loaded = LoadedModel.load(args, num_layers=ns.num_layers)
     load_hf_tensors(loaded.model, hf_model.state_dict().items())  # the same random weights as HF's
     shape = ModelShape.of(loaded.cfg)
-    floor = workload_floor_s(shape, ns.num_prompts, ns.input_len, ns.output_len, loaded.max_num_batched_tokens)
+    floor = workload_floor_s(shape, ns.num_prompts, ns.input_len, ns.output_len, loaded.limits.max_num_batched_tokens)
     bound = ns.num_prompts * ns.output_len / floor
     results = {"model": ns.model, "layers": loaded.cfg.num_hidden_layers, "workload":
                [ns.num_prompts, ns.input_len, ns.output_len], "roofline_tok_s": round(bound, 1)}
@@ -134,10 +134,10 @@ def run(ns: argparse.Namespace) -> int:
 
 def _engine(name: str, args: EngineArgs, loaded):
     if name == "host":
-        from blink.engine.host_engine import HostEngine
+        from blink.host.engine import HostEngine
 
         return HostEngine(args, loaded=loaded)
-    from blink.control.device_engine import DeviceEngine
+    from blink.device.engine import DeviceEngine
 
     return DeviceEngine(args, loaded=loaded)
 

@@ -24,8 +24,8 @@ def add_parser(sub) -> None:
 
 def decode_plan(scheduler_cls, batches: int, context: int, block_size: int):
     """A plan of `batches` sequences that each decode one token after `context` cached tokens."""
-    from blink.engine.scheduler import ScheduledChunk, StepPlan
-    from blink.engine.sequence import SeqStatus, Sequence
+    from blink.core.outputs import ScheduledChunk, SchedulerOutput
+    from blink.core.sequence import SeqStatus, Sequence
     from blink.request import SamplingParams
 
     chunks, blocks_per = [], -(-(context + 1) // block_size)
@@ -35,21 +35,19 @@ def decode_plan(scheduler_cls, batches: int, context: int, block_size: int):
                        status=SeqStatus.RUNNING)
         seq.block_ids = list(range(i * blocks_per, (i + 1) * blocks_per))
         chunks.append(ScheduledChunk(seq, context, 1))
-    return StepPlan(chunks, [])
+    return SchedulerOutput(chunks, [])
 
 
 def time_step(preset: str, batches: list[int], context: int, iters: int, layers: int | None) -> list[dict]:
-    from blink.engine.loaded_model import LoadedModel
-    from blink.engine.runner import ModelRunner
+    from blink.core.loaded_model import LoadedModel
+    from blink.core.runner import ModelRunner
 
     max_b = max(batches)
     blocks = max_b * (-(-(context + 1) // 16))
     args = EngineArgs(model=preset, dtype="bfloat16", device="cuda", max_num_seqs=max_b,
                       max_num_batched_tokens=max_b, num_kv_blocks=blocks, max_model_len=context + 16)
     m = LoadedModel.load(args, num_layers=layers)
-    runner = ModelRunner(m.model, m.kv_cache, m.sampling_state, max_num_seqs=max_b,
-                         max_num_batched_tokens=max_b, max_model_len=m.max_model_len, device="cuda",
-                         use_graphs=True)
+    runner = ModelRunner.for_model(m, use_graphs=True)
     shape = ModelShape.of(m.cfg)
     rows = []
     for b in batches:

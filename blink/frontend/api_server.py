@@ -23,8 +23,6 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, help="model dir or preset (for the tokenizer)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
     parser.add_argument("--served-model-name", default=None, help="model name in the API (default: --model)")
-    parser.add_argument("--max-model-len", type=int, default=None,
-                        help="context length (default: the model's, capped at 8192)")
     parser.add_argument("--api-key", default=os.environ.get("BLINK_API_KEY"),
                         help="(default: $BLINK_API_KEY, which keeps the key off the command line)")
     parser.add_argument("--engine-pid", type=int, default=None, help="the engine's pid, for /metrics")
@@ -55,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = AppConfig(
         shm_name=args.shm, model=args.model, served_model_name=args.served_model_name or args.model,
-        tokenizer=args.tokenizer, max_model_len=args.max_model_len, api_key=args.api_key,
+        tokenizer=args.tokenizer, api_key=args.api_key,
         engine_pid=args.engine_pid, max_body_bytes=args.max_request_body_bytes,
         heartbeat_timeout_s=args.heartbeat_timeout, log_requests=not args.disable_log_requests,
     )

@@ -27,7 +27,7 @@ from blink.frontend.protocol import (
 )
 from blink.frontend.serving import FrontendState, now
 from blink.frontend.text_workers import DEFAULT_MAX_PENDING, DEFAULT_WORKERS, TextWorkers
-from blink.frontend.tokenizer import load_tokenizer
+from blink.text.tokenizer import load_tokenizer
 
 DEFAULT_MAX_BODY_BYTES = 32 << 20
 log = logging.getLogger("blink.frontend")
@@ -39,7 +39,6 @@ class AppConfig:
     model: str  # model dir or preset (for the tokenizer)
     served_model_name: str
     tokenizer: str | None = None
-    max_model_len: int | None = None
     api_key: str | None = None
     engine_pid: int | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -64,13 +63,11 @@ def build_app(config: AppConfig) -> FastAPI:
     async def lifespan(_: FastAPI):
         client = EngineClient(config.shm_name, config.heartbeat_timeout_s)
         client.start()
-        max_model_len = tokenizer.max_model_len(config.max_model_len)
         text = TextWorkers(tokenizer, config.tokenizer_workers, config.max_pending_tokenizations)
         holder["state"] = FrontendState(tokenizer, client, FrontendMetrics(config.engine_pid,
                                                                            config.served_model_name),
-                                        config.served_model_name, max_model_len, text, config.model)
-        banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name,
-                                                          max_model_len))
+                                        config.served_model_name, text, config.model)
+        banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name))
         try:
             yield
         finally:

@@ -23,27 +23,28 @@ def random_weights_warning(model: str) -> str | None:
     return None
 
 
-def banner_lines(ctl, model: str, served_model_name: str, max_model_len: int) -> list[str]:
+def banner_lines(ctl, model: str, served_model_name: str) -> list[str]:
     dtype = DTYPE_NAMES[ctl.dtype] if ctl.dtype < len(DTYPE_NAMES) else "unknown"
-    blocks, block_size = int(ctl.total_kv_blocks), int(ctl.block_size)
-    graphs = (f"{ctl.num_graphs} buckets, largest {ctl.max_graph_tokens} tokens x {ctl.max_graph_seqs} seqs"
-              if ctl.num_graphs else "none (eager)")
-    lines = [
+    blocks, block_size = int(ctl.num_kv_blocks), int(ctl.block_size)
+    buckets = list(ctl.bucket_tokens[:ctl.num_buckets])
+    shape = f"{len(buckets)} buckets of up to {max(buckets, default=0)} tokens"
+    graphs = f"{shape}, captured" if ctl.graphs_captured else f"none (eager; {shape})"
+    return [
         f"blink: engine mode {MODES.get(int(ctl.engine_mode), 'unknown')}",
         f"blink: model {model} (served as {served_model_name!r}), dtype {dtype}",
-        f"blink: max_model_len {max_model_len} (engine: {ctl.max_model_len})",
+        f"blink: max_model_len {ctl.max_model_len}, max_num_seqs {ctl.max_num_seqs}, "
+        f"max_num_batched_tokens {ctl.max_num_batched_tokens}",
         f"blink: KV cache {blocks} blocks x {block_size} tokens = {blocks * block_size} tokens",
         f"blink: forward graphs: {graphs}",
     ]
-    return lines
 
 
-async def wait_and_log_banner(ctl, model: str, served_model_name: str, max_model_len: int) -> None:
+async def wait_and_log_banner(ctl, model: str, served_model_name: str) -> None:
     while not ctl.ready:
         if ctl.exited:
             return
         await asyncio.sleep(POLL_S)
-    for line in banner_lines(ctl, model, served_model_name, max_model_len):
+    for line in banner_lines(ctl, model, served_model_name):
         log.info(line)
     warning = random_weights_warning(model)
     if warning:

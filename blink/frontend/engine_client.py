@@ -12,9 +12,9 @@ import collections
 import random
 import threading
 import time
+from dataclasses import dataclass
 
-from blink.engine.interface import TokenEvent
-from blink.request import FinishReason, SamplingParams
+from blink.request import FinishReason, SamplingParams, TokenEvent
 from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
 
@@ -29,6 +29,19 @@ class EngineUnavailable(Exception):
     """The engine loop is not (or no longer) running."""
 
 
+@dataclass(frozen=True)
+class PublishedLimits:
+    """The engine's limits as it published them in the control block (blink/core/limits.py)."""
+
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int
+    num_kv_blocks: int
+    vocab_size: int
+    bucket_tokens: tuple[int, ...]
+
+
 class EngineClient:
     def __init__(self, shm_name: str, heartbeat_timeout_s: float = 10.0):
         self.segment = Segment.attach(shm_name)
@@ -40,6 +53,7 @@ class EngineClient:
         self.pending: collections.deque = collections.deque()  # ingress writes waiting for room, in order
         self._next_id = random.getrandbits(REQ_ID_BITS - 1)  # random start: ids differ across restarts
         self._last_heartbeat = (int(self.control.heartbeat), time.monotonic())
+        self._limits: PublishedLimits | None = None
         self._stopping = threading.Event()
         self._wake = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -60,6 +74,17 @@ class EngineClient:
             self._writer.cancel()
         self.producer = self.consumer = self.control = None
         self.segment.close()
+
+    def limits(self) -> PublishedLimits:
+        """The engine's limits; EngineUnavailable until it has published them (it does so before `ready`)."""
+        if self._limits is None:
+            ctl = self.control
+            if ctl is None or not ctl.ready:
+                raise EngineUnavailable("the engine is still starting")
+            self._limits = PublishedLimits(
+                ctl.max_model_len, ctl.max_num_seqs, ctl.max_num_batched_tokens, ctl.block_size, ctl.num_kv_blocks,
+                ctl.vocab_size, tuple(ctl.bucket_tokens[: ctl.num_buckets]))
+        return self._limits
 
     # health
     def engine_alive(self) -> bool:

@@ -9,13 +9,12 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from blink.engine.interface import TokenEvent
-from blink.frontend.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from blink.frontend.engine_client import EngineClient, EngineUnavailable
 from blink.frontend.errors import APIError
 from blink.frontend.metrics import FrontendMetrics, RequestTimer
-from blink.frontend.tokenizer import ModelTokenizer
-from blink.request import FinishReason, SamplingParams
+from blink.request import FinishReason, SamplingParams, TokenEvent
+from blink.text.detokenizer import IncrementalDetokenizer, StopStringMatcher
+from blink.text.tokenizer import ModelTokenizer
 
 
 @dataclass

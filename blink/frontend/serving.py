@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from blink.frontend.engine_client import EngineClient
+from blink.frontend.engine_client import EngineClient, EngineUnavailable
 from blink.frontend.errors import APIError, error_body
 from blink.frontend.generation import GenerationContext
 from blink.frontend.metrics import FrontendMetrics
 from blink.frontend.protocol import SamplingFields
 from blink.frontend.text_workers import TextWorkers
-from blink.frontend.tokenizer import ModelTokenizer
 from blink.request import SamplingParams
+from blink.text.tokenizer import ModelTokenizer
 
 
 @dataclass
@@ -27,9 +27,16 @@ class FrontendState:
     client: EngineClient
     metrics: FrontendMetrics
     served_model_name: str
-    max_model_len: int
     text: TextWorkers
     model_root: str = ""
+
+    @property
+    def max_model_len(self) -> int:
+        """The engine's, from the control block (503 until the engine has started)."""
+        try:
+            return self.client.limits().max_model_len
+        except EngineUnavailable as e:
+            raise APIError(503, str(e)) from None
 
     @property
     def generation(self) -> GenerationContext:

@@ -8,18 +8,20 @@ loop still runs. Past `max_pending` jobs in flight the pool refuses new ones wit
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from blink.frontend.errors import APIError
-from blink.frontend.tokenizer import ModelTokenizer
+from blink.text.tokenizer import ModelTokenizer
 
 T = TypeVar("T")
 DEFAULT_WORKERS = 2
 DEFAULT_MAX_PENDING = 64  # running + queued jobs; the 65th concurrent one gets a 503
 INLINE_DECODE_TOKENS = 256  # shorter decodes run on the loop: a thread hop would cost more than them
+WORKER_NICE = 10  # on a busy machine the event loop (streams, /health) gets the CPU before tokenization
 
 
 class TextWorkers:
@@ -29,7 +31,8 @@ class TextWorkers:
         self.max_pending = max_pending
         self.pending = 0
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blink-text")
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blink-text",
+                                        initializer=_lower_priority)
 
     async def run(self, fn: Callable[..., T], *args) -> T:
         """fn(*args) on a worker; 503 when `max_pending` jobs are already in flight."""
@@ -53,3 +56,11 @@ class TextWorkers:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _lower_priority() -> None:
+    """Linux: a thread is a task, so setpriority on its id renices this worker thread alone."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
+    except (AttributeError, OSError):  # not Linux, or not permitted: same priority as the loop
+        pass

@@ -4,10 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from blink.kernels import gemm_small_m
 from blink.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
-from blink.kernels.gemm_small_m import linear_small_m_triton
 from blink.kernels.kv_write import write_kv_ref, write_kv_triton
 from blink.kernels.rmsnorm import rms_norm_ref, rms_norm_triton
 from blink.kernels.rope import (
@@ -58,15 +56,9 @@ def rope_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
     return impl(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_norm_weight, k_norm_weight, eps)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, small_m_gemm: bool = False,
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
            silu_mul_input: bool = False) -> torch.Tensor:
-    """F.linear (cuBLAS), or with small_m_gemm the Triton small-M GEMM where the shapes fit it.
-
-    With silu_mul_input, x is a gate|up output and silu_and_mul is applied first (fused into the small-M
-    GEMM). The choice depends on shapes and dtypes only, so a captured graph stays valid.
-    """
-    if small_m_gemm and x.is_cuda and gemm_small_m.supports(x, weight, silu_mul_input):
-        return linear_small_m_triton(x, weight, bias, silu_mul_input)
+    """F.linear (cuBLAS). With silu_mul_input, x is a gate|up output and silu_and_mul is applied first."""
     if silu_mul_input:
         x = silu_and_mul(x)
     return F.linear(x, weight, bias)

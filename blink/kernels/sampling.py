@@ -1,4 +1,4 @@
-"""Token sampling over per-slot parameters (blink/engine/sampling_state.py), CUDA-graph capturable.
+"""Token sampling over per-slot parameters (blink/kernels/sampling_state.py), CUDA-graph capturable.
 
 The semantics are sampling_ref's (order, exponential race, thresholds, raw logprobs); this is its Triton
 pipeline, equal to it token for token. Four launches, fixed grids, no host sync:
@@ -33,7 +33,7 @@ from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, race_uniform_ref
 from blink.kernels.sampling_select import canonical, keep_threshold_kernel, sortable_key, write_top_logprobs
 
 if TYPE_CHECKING:
-    from blink.engine.sampling_state import SamplingState
+    from blink.kernels.sampling_state import SamplingState
 
 _NO_FUSION = {"enable_fp_fusion": False}
 _ROW_WARPS = 16  # one program per row: as many loads in flight as an SM takes

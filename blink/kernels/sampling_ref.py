@@ -25,7 +25,7 @@ import torch
 from blink.kernels.sampling_rng import race_uniform_ref
 
 if TYPE_CHECKING:
-    from blink.engine.sampling_state import SamplingState
+    from blink.kernels.sampling_state import SamplingState
 
 WEIGHT_SCALE = 2.0**32  # fixed point of the top_p weights
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from blink.kernels import gemm_small_m, linear, rms_norm
+from blink.kernels import linear, rms_norm
 
 
 def _empty_param(*shape: int, device, dtype) -> nn.Parameter:
@@ -75,7 +75,6 @@ class VocabParallelEmbedding(nn.Module):
         self.rows_per_rank = -(-vocab_size // self.tp_size)
         self.vocab_start = self.tp_rank * self.rows_per_rank
         self.weight = _empty_param(self.rows_per_rank, hidden_size, device=device, dtype=dtype)
-        self.small_m_gemm = gemm_small_m.enabled_by_env()
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -87,7 +86,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] float32, the same on every rank."""
-        local = linear(hidden, self.weight, None, self.small_m_gemm).float()
+        local = linear(hidden, self.weight, None).float()
         if self.tp_size == 1:
             return local
         return self.tp.all_gather(local)[:, : self.vocab_size]
@@ -125,10 +124,9 @@ class ColumnParallelLinear(nn.Module):
         self.full_sizes = dict(part_sizes)
         self.weight = _empty_param(offset, in_features, device=device, dtype=dtype)
         self.bias = _empty_param(offset, device=device, dtype=dtype) if bias else None
-        self.small_m_gemm = gemm_small_m.enabled_by_env()  # Triton GEMM for <= 16 tokens instead of cuBLAS
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.small_m_gemm)
+        return linear(x, self.weight, self.bias)
 
     def load_hf(self, param_name: str, hf_tensor, part: str | None) -> None:
         """Copy this rank's rows of one HF projection (`part`; None if there is only one) into place."""
@@ -155,13 +153,12 @@ class RowParallelLinear(nn.Module):
         local_in = _shard_size(in_features, self.tp_size, "input features")
         self.weight = _empty_param(out_features, local_in, device=device, dtype=dtype)
         self.bias = _empty_param(out_features, device=device, dtype=dtype) if bias else None
-        self.small_m_gemm = gemm_small_m.enabled_by_env()  # Triton GEMM for <= 16 tokens instead of cuBLAS
 
     def forward(self, x: torch.Tensor, silu_mul_input: bool = False) -> torch.Tensor:
         """With silu_mul_input, x is a gate|up output: computes down(silu(gate) * up), fused when it can."""
         if self.tp_size == 1:
-            return linear(x, self.weight, self.bias, self.small_m_gemm, silu_mul_input)
-        out = self.tp.all_reduce(linear(x, self.weight, None, self.small_m_gemm, silu_mul_input))
+            return linear(x, self.weight, self.bias, silu_mul_input=silu_mul_input)
+        out = self.tp.all_reduce(linear(x, self.weight, None, silu_mul_input=silu_mul_input))
         return out if self.bias is None else out + self.bias
 
     def load_hf(self, param_name: str, hf_tensor, part: str | None) -> None:

@@ -65,6 +65,16 @@ def get(name: str) -> ModelConfig:
     return ModelConfig.from_hf_dict(PRESETS[name])
 
 
+def config_for(model: str | None) -> ModelConfig:
+    """--model's config without loading weights: a preset's, a model dir's, or (None) the demo model's."""
+    from pathlib import Path
+
+    from blink.model.demo import ensure_default_model
+
+    source = model or str(ensure_default_model())
+    return get(source) if source in PRESETS else ModelConfig.from_dir(Path(source))
+
+
 @torch.no_grad()
 def init_random_weights(model: torch.nn.Module, seed: int = 0, std: float = 0.02) -> None:
     """Fill every parameter in place on its own device: norm weights 1, everything else N(0, std)."""

@@ -1,2 +1,3 @@
-"""Tensor parallelism: process groups (group.py), the step message (step_message.py), the worker ranks
-(worker.py) and rank 0's runner that drives them in host mode (host_runner.py)."""
+"""Tensor parallelism for both modes: groups (group.py), rank processes (ranks.py, worker.py), host mode's step
+queue and runner (step_queue.py, step_message.py, host_tp.py), device mode's followers (device_follower.py,
+device_tp.py), CUDA IPC (ipc.py) and blink's peer-to-peer all-reduce (p2p_allreduce.py)."""

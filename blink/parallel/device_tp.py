@@ -12,7 +12,7 @@ from __future__ import annotations
 import pickle
 
 from blink.config import EngineArgs
-from blink.parallel.host_runner import launch_ranks, raise_worker_failure
+from blink.parallel.ranks import launch_ranks, raise_worker_failure
 from blink.parallel.worker import follower_key
 
 
@@ -23,8 +23,8 @@ class DeviceTensorParallel:
 
     def peers(self) -> list:
         """The followers' PeerMappings, once they have captured (DeviceLoop calls this after its captures)."""
-        from blink.control.build import load_device_library
-        from blink.control.follower import PeerMapping
+        from blink.device.build import load_device_library
+        from blink.parallel.ipc import PeerMapping
 
         try:
             self.workers.wait_ready()
@@ -33,6 +33,10 @@ class DeviceTensorParallel:
                     for rank in range(1, self.size)]
         except Exception as e:
             raise_worker_failure(self.workers, e)
+
+    def dead(self):
+        """A follower process that has ended, as an error (None while all run); no waiting."""
+        return self.workers.dead()
 
     def close(self) -> None:
         """After rank 0's loop exited (it posted stop): the followers finish and exit."""

@@ -15,9 +15,9 @@ import pickle
 import numpy as np
 import torch
 
-from blink.control.build import load_device_library
-from blink.control.device_graphs import cuda_check
-from blink.control.follower import ipc_export, ipc_open
+from blink.device.build import load_device_library
+from blink.device.device_graphs import cuda_check
+from blink.parallel.ipc import ipc_export, ipc_open
 
 MAX_WORLD = 8  # csrc/p2p_allreduce.cu kMaxWorld
 MAX_BLOCKS = 64

@@ -4,20 +4,7 @@ from __future__ import annotations
 
 import os
 
-
-def parse_cpus(text: str) -> list[int]:
-    """'0-3,8' -> [0, 1, 2, 3, 8] (the taskset syntax). Raises ValueError for anything else."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        low, _, high = part.strip().partition("-")
-        try:
-            first, last = int(low), int(high or low)
-        except ValueError:
-            raise ValueError(f"bad CPU list {text!r}") from None
-        if first < 0 or last < first:
-            raise ValueError(f"bad CPU range {part.strip()!r} in {text!r}")
-        cpus.update(range(first, last + 1))
-    return sorted(cpus)
+from blink.util.cpus import parse_cpu_list
 
 
 def parse_rank_cpus(text: str | None, size: int, check_available: bool = True) -> list[list[int]] | None:
@@ -25,7 +12,7 @@ def parse_rank_cpus(text: str | None, size: int, check_available: bool = True) -
     may run on them (rank 0 checks before pinning itself; its workers inherit rank 0's narrowed mask)."""
     if not text:
         return None
-    lists = [parse_cpus(part) for part in text.split(";")]
+    lists = [parse_cpu_list(part) for part in text.split(";")]
     if len(lists) != size:
         raise ValueError(f"--rank-cpus {text!r} gives {len(lists)} CPU lists for {size} tensor-parallel ranks")
     allowed = os.sched_getaffinity(0) if check_available else set().union(*lists)
@@ -34,13 +21,3 @@ def parse_rank_cpus(text: str | None, size: int, check_available: bool = True) -
         if missing:
             raise ValueError(f"--rank-cpus: rank {rank}'s CPUs {missing} are not available to this process")
     return lists
-
-
-def pin_process(cpus: list[int] | set[int]) -> None:
-    """Pin every thread of this process (sched_setaffinity(0) would pin only the calling thread; torch's
-    intra-op threads may exist already). Threads started later inherit the affinity."""
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except ProcessLookupError:  # a thread that ended meanwhile
-            pass

@@ -1,36 +1,21 @@
 """A tensor-parallel worker rank (1..N-1): loads its shard, then, in host mode, replays every step rank 0
-broadcasts until rank 0 says stop; in device mode, runs its follower loop on the GPU (blink/control/
+broadcasts until rank 0 says stop; in device mode, runs its follower loop on the GPU (blink/device/
 follower.py) until rank 0's scheduler posts stop. It dies with its parent (PR_SET_PDEATHSIG) and reports
 any error to rank 0 as one line through its pipe before exiting."""
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 
 import torch
 
 from blink.config import EngineArgs
+from blink.core.runner import ModelRunner
 from blink.parallel.group import allow_device_launched_nccl, connect, disable_nvlink_multicast, make_store
-from blink.parallel.pinning import parse_rank_cpus, pin_process
+from blink.parallel.pinning import parse_rank_cpus
 from blink.parallel.step_message import decode_step
 from blink.parallel.step_queue import StepQueue
-
-
-def die_with_parent(parent_pid: int) -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-def build_runner(loaded, args: EngineArgs):
-    """The same ModelRunner (buckets, buffers, graphs) on every rank, as HostEngine builds it."""
-    from blink.engine.runner import ModelRunner
-
-    return ModelRunner(
-        loaded.model, loaded.kv_cache, loaded.sampling_state, max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=loaded.max_num_batched_tokens, max_model_len=loaded.max_model_len,
-        device=loaded.device, use_graphs=loaded.device == "cuda" and not args.enforce_eager)
+from blink.util.cpus import pin_process
+from blink.util.processes import die_with_parent
 
 
 def worker_main(rank: int, size: int, port: int, args: EngineArgs, parent_pid: int, conn) -> None:
@@ -45,7 +30,7 @@ def worker_main(rank: int, size: int, port: int, args: EngineArgs, parent_pid: i
             pin_process(rank_cpus[rank])  # before torch starts its thread pools
         if args.resolved_device == "cpu":
             torch.set_num_threads(1)  # rank 0 keeps the other cores
-        from blink.engine.loaded_model import LoadedModel
+        from blink.core.loaded_model import LoadedModel
 
         store = make_store(rank, size, port)
         group = connect(store, rank, size, args.resolved_device, args.all_reduce)
@@ -53,7 +38,7 @@ def worker_main(rank: int, size: int, port: int, args: EngineArgs, parent_pid: i
         if device_mode:
             follow(store, rank, loaded, args, conn)
             return
-        runner = build_runner(loaded, args)
+        runner = ModelRunner.for_model(loaded, use_graphs=loaded.device == "cuda" and not args.enforce_eager)
         queue = StepQueue.attach(store.get(STEP_QUEUE_KEY).decode(), reader=rank - 1)
         conn.send(("ready", ""))
         serve_steps(queue, runner, loaded.sampling_state)
@@ -78,7 +63,7 @@ def follow(store, rank: int, loaded, args: EngineArgs, conn) -> None:
     """Device mode: capture in lockstep with rank 0, publish this rank's arena, run until stop."""
     import pickle
 
-    from blink.control.follower import FollowerLoop
+    from blink.parallel.device_follower import FollowerLoop
 
     loop = FollowerLoop(loaded, args)
     store.set(follower_key(rank), pickle.dumps(loop.export()))

@@ -1,6 +1,6 @@
 """The one definition of the shared-memory layout: control block, ingress ring, token arena, egress ring.
 
-blink/control/csrc/layout.h mirrors these structs for the GPU; tests/transport/test_layout_header.py
+blink/device/csrc/layout.h mirrors these structs for the GPU; tests/transport/test_layout_header.py
 compiles it and checks every offset and size against this file.
 
 Indices: every ring and the arena use monotonically increasing 64-bit counters; the slot of counter c is
@@ -13,7 +13,8 @@ import ctypes as C
 from dataclasses import dataclass
 
 MAGIC = 0x4B4E494C42  # "BLINK"
-VERSION = 1
+VERSION = 2  # 2: the control block publishes the engine's limits
+MAX_PUBLISHED_BUCKETS = 16
 CACHE_LINE = 64
 PAGE = 4096
 MAX_STOP_IDS = 16
@@ -57,15 +58,19 @@ class ControlBlock(C.Structure):
         ("preemptions", C.c_uint64),
         ("exited", C.c_uint32),  # 1 once the engine loop has returned
         ("_pad2", C.c_uint8 * 4),
-        # line 3: what the engine serves, written once before `ready` (the front end's start-up banner)
-        ("dtype", C.c_uint32),  # an index into DTYPE_NAMES
-        ("block_size", C.c_uint32),  # tokens per KV block
+        # lines 3-4: the engine's limits (blink/core/limits.py), written before `ready`, read by the front end
         ("max_model_len", C.c_uint32),
-        ("num_graphs", C.c_uint32),  # captured forward-graph buckets; 0 = eager
-        ("max_graph_tokens", C.c_uint32),  # the largest bucket: tokens x sequences
-        ("max_graph_seqs", C.c_uint32),
-        ("_pad3", C.c_uint8 * 40),
-        # line 4: tokens per engine step (vLLM's iteration_tokens_total): a count per ITERATION_TOKEN_BOUNDS
+        ("max_num_seqs", C.c_uint32),
+        ("max_num_batched_tokens", C.c_uint32),
+        ("block_size", C.c_uint32),
+        ("num_kv_blocks", C.c_uint32),
+        ("vocab_size", C.c_uint32),
+        ("num_buckets", C.c_uint32),  # captured graph buckets: their token counts follow
+        ("dtype", C.c_uint32),  # for the start-up banner: an index into DTYPE_NAMES
+        ("graphs_captured", C.c_uint32),  # 1 when the buckets are CUDA graphs, 0 when the model runs eagerly
+        ("_pad3", C.c_uint8 * 28),
+        ("bucket_tokens", C.c_uint32 * MAX_PUBLISHED_BUCKETS),
+        # line 5: tokens per engine step (vLLM's iteration_tokens_total): a count per ITERATION_TOKEN_BOUNDS
         # bucket (tokens <= bound, the last one unbounded) and their sum; written once per step
         ("iteration_tokens", C.c_uint64 * 7),
         ("iteration_tokens_sum", C.c_uint64),

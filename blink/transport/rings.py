@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from blink.engine.interface import TokenEvent
-from blink.request import FinishReason, SamplingParams
+from blink.request import SEED_BITS, FinishReason, SamplingParams, TokenEvent, request_seed
 from blink.transport.layout import (
     FLAG_IGNORE_EOS,
     KIND_ABORT,
@@ -131,9 +130,11 @@ class IngressItem:
 class IngressProducer:
     """Front-end side of the ingress ring: requests (prompt + logit_bias in the arena) and aborts."""
 
-    def __init__(self, seg: Segment):
+    def __init__(self, seg: Segment, base_seed: int | None = None):
+        """base_seed: what seeds of requests without one derive from (blink.request.request_seed); None = one
+        drawn now (the server: unseeded requests are random), the engine's --seed for reproducible runs."""
         self.descriptors, self.arena = _ingress_rings(seg)
-        self._rng = random.Random()  # seeds for requests without one; per object, never shared
+        self.base_seed = random.SystemRandom().getrandbits(SEED_BITS) if base_seed is None else base_seed
 
     def submit(self, req_id: int, prompt_ids: list[int], params: SamplingParams,
                timeout: float | None = None) -> bool:
@@ -187,7 +188,7 @@ class IngressProducer:
                     arena_len: int) -> np.ndarray:
         if len(params.stop_token_ids) > MAX_STOP_IDS:
             raise ValueError(f"at most {MAX_STOP_IDS} stop_token_ids are supported")
-        seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
+        seed = request_seed(params, req_id, self.base_seed)
         fields = {
             "kind": KIND_REQUEST, "num_stop_ids": len(params.stop_token_ids), "req_id": req_id,
             "prompt_len": len(prompt_ids), "num_logit_bias": len(params.logit_bias), "arena_len": arena_len,

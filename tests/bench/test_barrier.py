@@ -11,6 +11,8 @@ import pytest
 
 from blink.bench.cli import main
 
+pytestmark = pytest.mark.slow  # spawns processes
+
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_FLAGS = ["--model", "tiny-llama", "--device", "cpu", "-tp", "2", "--num-kv-blocks", "16",
                 "--block-size", "4", "--max-num-seqs", "4"]

@@ -8,6 +8,8 @@ import pytest
 from tests.frontend.server_process import ServerProcess
 from tests.hf_models import make_tiny_model
 
+pytestmark = pytest.mark.slow  # spawns processes
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):

@@ -57,3 +57,26 @@ def test_per_request_details_keep_request_order():
     assert details["input_lens"] == [5, 0]
     assert details["itls"] == [[0.1], []]
     assert details["errors"] == ["", "boom"]
+
+
+def test_a_bench_command_without_its_packages_says_so_in_one_line(monkeypatch, capsys):
+    """The benchmark packages are an extra: without them `blink` still parses, and the command explains."""
+    import argparse
+    import importlib
+
+    from blink.bench import cli
+
+    real = importlib.import_module
+
+    def without_rich(name, *a, **kw):
+        if name == "blink.bench.attackers":
+            raise ModuleNotFoundError("No module named 'rich'", name="rich")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(cli.importlib, "import_module", without_rich)
+    parser = argparse.ArgumentParser()
+    cli.add_bench_subcommands(parser.add_subparsers(dest="cmd", required=True))
+    args = parser.parse_args(["attack", "--cpus", "0"])
+    assert args.handler(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'rich'" in err and "blink[bench]" in err

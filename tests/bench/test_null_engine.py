@@ -6,8 +6,11 @@ from __future__ import annotations
 import re
 
 import httpx
+import pytest
 
 from tests.frontend.server_process import ServerProcess, make_tokenizer_only_model
+
+pytestmark = pytest.mark.slow  # spawns processes
 
 
 def test_null_engine_serves_max_tokens_through_the_real_front_end(tmp_path):

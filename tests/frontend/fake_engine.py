@@ -9,11 +9,14 @@ Every first record reports FAKE_QUEUE_US of engine queue time.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
+from pathlib import Path
 
-from blink.engine.interface import TokenEvent
-from blink.request import FinishReason
+from blink.config import EngineArgs
+from blink.core.limits import EngineLimits, publish_limits
+from blink.request import FinishReason, TokenEvent
 from blink.transport.rings import EgressProducer, IngressConsumer
 from blink.transport.shm import Segment
 
@@ -44,10 +47,19 @@ def step(running: dict, item_of: dict) -> list[TokenEvent]:
     return events
 
 
+def fake_limits(args) -> EngineLimits:
+    """What a real engine would publish for the model dir's config.json (no model is loaded)."""
+    config = json.loads((Path(args.model) / "config.json").read_text()) if args.model else {}
+    engine_args = EngineArgs(model=args.model, max_model_len=args.max_model_len)
+    return EngineLimits.resolve(engine_args, config.get("max_position_embeddings", 256),
+                                config.get("vocab_size", 256), num_kv_blocks=100)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--shm", required=True)
     parser.add_argument("--model", default=None)
+    parser.add_argument("--max-model-len", type=int, default=None)
     args, _ = parser.parse_known_args()
     if args.model and args.model.endswith("missing-model"):
         raise SystemExit("fake engine: error: no such model")  # lets tests exercise a failed start
@@ -56,7 +68,7 @@ def main() -> int:
     ingress, egress = IngressConsumer(segment), EgressProducer(segment)
     control.engine_mode = 1
     control.total_kv_blocks = control.free_kv_blocks = 100
-    control.block_size, control.max_model_len = 16, 256  # what the banner shows
+    publish_limits(fake_limits(args), control)
     control.ready = 1
     running: dict[int, bool] = {}
     item_of: dict[int, tuple] = {}

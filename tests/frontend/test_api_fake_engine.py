@@ -13,8 +13,10 @@ import httpx
 import openai
 import pytest
 
-from blink.frontend.tokenizer import load_tokenizer
+from blink.text.tokenizer import load_tokenizer
 from tests.frontend.server_process import ServerProcess, make_tokenizer_only_model
+
+pytestmark = pytest.mark.slow  # spawns processes
 
 API_KEY = "sk-test-key"
 MAX_BODY = 100_000

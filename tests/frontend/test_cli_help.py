@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from blink.entrypoints.serve import add_serve_args
 from blink.frontend.api_server import add_frontend_args
-from blink.frontend.server import add_serve_args
 
 
 def test_every_serve_flag_has_help_with_its_default():

@@ -11,7 +11,7 @@ import pytest
 
 from blink.frontend.errors import APIError
 from blink.frontend.text_workers import TextWorkers
-from blink.frontend.tokenizer import load_tokenizer
+from blink.text.tokenizer import load_tokenizer
 from tests.frontend.server_process import ServerProcess, make_tokenizer_only_model
 
 TWO_MB = ("The quick brown fox jumps over the lazy dog; " * 50_000)[:2_000_000]

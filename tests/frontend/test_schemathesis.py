@@ -34,7 +34,7 @@ def test_fuzzed_api_has_no_server_errors(tmp_path):
         run = subprocess.run([*command, "run", server.base_url + "/openapi.json", "--checks", "not_a_server_error",
                               "--max-examples", str(MAX_EXAMPLES), "--include-path-regex", API_PATHS,
                               "--phases", "examples,coverage,fuzzing", "--request-timeout", "20", "--seed", "18",
-                              "--no-color"], capture_output=True, text=True, timeout=240)
+                              "--no-color"], capture_output=True, text=True, timeout=240, cwd=tmp_path)
         health = httpx.get(server.base_url + "/health", timeout=10).status_code
     finally:
         server.stop()

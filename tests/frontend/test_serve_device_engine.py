@@ -16,7 +16,7 @@ from tests.frontend.test_serve_real_engine import (  # noqa: F401 - the tests an
 )
 from tests.hf_models import make_tiny_model
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.slow, pytest.mark.gpu]
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from blink.frontend.processes import parse_cpu_list
 from tests.frontend.server_process import ServerProcess, make_tokenizer_only_model
+
+pytestmark = pytest.mark.slow  # spawns processes
 
 FAKE = ["--engine-module", "tests.frontend.fake_engine"]
 
@@ -27,7 +28,7 @@ def cmdline(pid: int) -> str:
 def engine_and_frontend(proc: ServerProcess) -> tuple[int, int]:
     pids = proc.children()
     assert len(pids) == 2, [cmdline(p) for p in pids]
-    engine = next(p for p in pids if "fake_engine" in cmdline(p) or "blink.engine" in cmdline(p))
+    engine = next(p for p in pids if "fake_engine" in cmdline(p) or "blink.entrypoints.engine_process" in cmdline(p))
     return engine, next(p for p in pids if p != engine)
 
 
@@ -39,13 +40,6 @@ def gone(pids: list[int], timeout: float) -> bool:
             return False
         time.sleep(0.05)
     return True
-
-
-def test_parse_cpu_list():
-    assert parse_cpu_list("0-3,8, 10-11") == {0, 1, 2, 3, 8, 10, 11}
-    for bad in ("", "3-1", "a", "-1"):
-        with pytest.raises(ValueError):
-            parse_cpu_list(bad)
 
 
 def test_sigterm_to_server_shuts_down_cleanly(model_dir):

@@ -14,6 +14,8 @@ import pytest
 from tests.frontend.server_process import ServerProcess
 from tests.hf_models import make_tiny_model
 
+pytestmark = pytest.mark.slow  # spawns processes
+
 PROMPT = "The quick brown fox jumps over the lazy dog."
 
 

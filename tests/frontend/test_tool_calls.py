@@ -4,8 +4,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blink.frontend.detokenizer import StopStringMatcher
 from blink.frontend.tool_calls import ToolCall, ToolCallSplitter, split_tool_calls
+from blink.text.detokenizer import StopStringMatcher
 
 TEXT = ('Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call> and '
         '<tool_call>{"name": "f", "arguments": "{\\"x\\": 1}"}</tool_call><tool_call>not json</tool_call> <tool')

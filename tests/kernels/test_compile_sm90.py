@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # spawns processes
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _MULTIPLES_OF_16 = ("head_dim", "block_size", "hidden", "inter", "K", "N", "num_q_heads")
 
@@ -19,8 +21,7 @@ def _compile_all() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from blink.kernels import activation, attention, gemm_small_m, kv_write, rmsnorm, rope
-    from blink.kernels.bench_step_kernels import BENCH_GEMM_CONFIGS
+    from blink.kernels import activation, attention, kv_write, rmsnorm, rope
 
     def check(fn, pointers: dict, constexprs: dict, **options):
         scalar = lambda name: "fp32" if name in ("scale_log2", "eps") else "i32"
@@ -68,14 +69,6 @@ def _compile_all() -> None:
     for has_norm in (False, True):
         check(rope._rope_and_write_kv_kernel, fused_ptrs,
               dict(HAS_NORM=has_norm, BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64))
-    gemm_ptrs = bf16("x_ptr", "w_ptr", "bias_ptr", "out_ptr")
-    gemm_shapes = [(4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096), (4096, 128256)]
-    gemm_configs = {gemm_small_m.default_config(n, k) for k, n in gemm_shapes} | set(BENCH_GEMM_CONFIGS)
-    for config in sorted(gemm_configs, key=str):
-        for silu in (False, True):
-            check(gemm_small_m._small_m_gemm_kernel, gemm_ptrs,
-                  dict(HAS_BIAS=False, SILU_MUL=silu, EVEN_K=True, BLOCK_M=16, BLOCK_N=config.block_n,
-                       BLOCK_K=config.block_k), num_warps=config.num_warps, num_stages=config.num_stages)
 
 
 def test_kernels_compile_for_sm90():

@@ -2,7 +2,6 @@
 import pytest
 import torch
 
-from blink.kernels.gemm_small_m import GemmConfig, linear_small_m_ref, linear_small_m_triton, supports
 from blink.kernels.rope import rope_and_write_kv_ref, rope_and_write_kv_triton
 from blink.model import llama
 from tests.model.paged import PagedDriver
@@ -64,36 +63,3 @@ def test_rope_and_write_kv_in_the_model_matches_the_reference(monkeypatch):
                 got = driver.step(c, pad_tokens=2, pad_seqs=1)
                 for seq in c:
                     torch.testing.assert_close(got[seq], expected[step][seq], rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("m", [1, 3, 16])
-@pytest.mark.parametrize("n,k,config", [(40, 64, None), (96, 48, GemmConfig(32, 32)), (64, 160, GemmConfig(16, 64))])
-@pytest.mark.parametrize("bias", [False, True])
-def test_small_m_gemm(m, n, k, config, bias):
-    """fp16 here (the interpreter's bf16 tl.dot is wrong); ragged N and K tiles; bias."""
-    gen = torch.Generator().manual_seed(m * n + k)
-    x = torch.randn(m, k, generator=gen).half()
-    weight = (torch.randn(n, k, generator=gen) / k**0.5).half()
-    b = torch.randn(n, generator=gen).half() if bias else None
-    expected = linear_small_m_ref(x.float(), weight.float(), b.float() if bias else None)
-    out = linear_small_m_triton(x, weight, b, config=config)
-    assert out.dtype == torch.float16 and out.shape == (m, n)
-    torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=2e-3)
-
-
-def test_small_m_gemm_fused_silu_and_mul_on_a_strided_input():
-    gen = torch.Generator().manual_seed(7)
-    gate_up = torch.randn(4, 2 * 96 + 8, generator=gen).half()[:, : 2 * 96]  # row stride larger than 2K
-    weight = (torch.randn(80, 96, generator=gen) / 10).half()
-    expected = linear_small_m_ref(gate_up, weight, silu_mul_input=True)
-    out = linear_small_m_triton(gate_up, weight, silu_mul_input=True, config=GemmConfig(16, 32))
-    torch.testing.assert_close(out, expected, atol=2e-3, rtol=2e-3)
-
-
-def test_small_m_gemm_declines_what_it_cannot_do():
-    w = torch.zeros(32, 64, dtype=torch.bfloat16)
-    assert supports(torch.zeros(16, 64, dtype=torch.bfloat16), w)
-    assert not supports(torch.zeros(17, 64, dtype=torch.bfloat16), w)  # a real GEMM: cuBLAS
-    assert not supports(torch.zeros(2, 64), w.float())  # fp32
-    assert not supports(torch.zeros(2, 64, dtype=torch.bfloat16), w, silu_mul_input=True)  # needs 2K
-    assert supports(torch.zeros(2, 128, dtype=torch.bfloat16), w, silu_mul_input=True)

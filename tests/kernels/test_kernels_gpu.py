@@ -2,10 +2,9 @@
 import pytest
 import torch
 
-from blink.kernels import apply_rope, linear, paged_attention, rms_norm, silu_and_mul, write_kv
+from blink.kernels import apply_rope, paged_attention, rms_norm, silu_and_mul, write_kv
 from blink.kernels.activation import silu_and_mul_ref
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
-from blink.kernels.gemm_small_m import linear_small_m_ref
 from blink.kernels.kv_write import write_kv_ref
 from blink.kernels.rmsnorm import rms_norm_ref
 from blink.kernels.rope import apply_rope_ref, rope_and_write_kv_ref, rope_and_write_kv_triton
@@ -158,35 +157,3 @@ def test_rope_and_write_kv_real_shapes(qk_norm):
         results.append((buffer, *caches))
     for got, expected in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(got, expected, atol=2e-2, rtol=2e-2)
-
-
-@pytest.mark.parametrize("m", [1, 5, 16])
-@pytest.mark.parametrize("k,n,silu", [(4096, 6144, False), (4096, 4096, False), (14336, 4096, True),
-                                      (4096, 128256, False)])
-def test_small_m_gemm_real_shapes(m, k, n, silu):
-    x = torch.randn(m, 2 * k if silu else k, device="cuda", dtype=torch.bfloat16)
-    weight = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5
-    expected = linear_small_m_ref(x.float(), weight.float(), silu_mul_input=silu)
-    got = linear(x, weight, small_m_gemm=True, silu_mul_input=silu)
-    torch.testing.assert_close(got.float(), expected, atol=3e-2, rtol=2e-2)
-    torch.testing.assert_close(linear(x, weight, silu_mul_input=silu).float(), expected, atol=3e-2, rtol=2e-2)
-
-
-@pytest.mark.parametrize("preset", ["tiny-qwen3", "tiny-llama"])
-def test_model_with_small_m_gemm_matches_cublas(preset):
-    """The model's linears through the small-M GEMM (and silu fused into down_proj) give cuBLAS's logits."""
-    from blink.model.weights import load_model
-    from tests.model.paged import PagedDriver
-
-    model, _ = load_model(preset, "cuda", dtype=torch.bfloat16, seed=1)
-    chunks = [{0: [1, 2, 3, 4, 5], 1: [6]}, {0: [7], 1: [8]}]  # 6 then 2 tokens: both take the small-M path
-    results = []
-    for small_m in (False, True):
-        for module in model.modules():
-            if hasattr(module, "small_m_gemm"):
-                module.small_m_gemm = small_m
-        driver = PagedDriver(model, block_size=16)
-        results.append([driver.step(c, pad_tokens=1, pad_seqs=1) for c in chunks])
-    for cublas_step, small_m_step in zip(*results, strict=True):
-        for seq, logits in cublas_step.items():
-            torch.testing.assert_close(small_m_step[seq], logits, atol=5e-2, rtol=5e-2)

@@ -6,7 +6,6 @@ import sys
 import pytest
 import torch
 
-from blink.engine.sampling_state import SamplingState
 from blink.kernels.sampling import (
     apply_penalties_ref,
     apply_penalties_triton,
@@ -19,6 +18,7 @@ from blink.kernels.sampling import (
     sample_ref,
     sample_triton,
 )
+from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
 
 MIXED_PARAMS = [
@@ -252,6 +252,7 @@ for kernel, constants, warps in kernels:
 """
 
 
+@pytest.mark.slow  # a subprocess compiles every kernel
 def test_kernels_compile_for_hopper():
     """The interpreter forgives what the compiler refuses: build every kernel for sm_90 (no GPU needed)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

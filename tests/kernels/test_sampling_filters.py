@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from blink.engine.sampling_state import SamplingState
 from blink.kernels.sampling import keep_thresholds, keep_thresholds_triton, sample_ref, sample_triton
+from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
 from tests.kernels.test_sampling import LOGITS_8
 

@@ -7,8 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from blink.control.device_engine import check_followers
-from blink.parallel.host_runner import Workers
+from blink.device.engine import check_followers
+from blink.parallel.ranks import Workers
+
+pytestmark = pytest.mark.slow  # spawns processes
 
 
 def _workers(*processes) -> Workers:
@@ -34,9 +36,9 @@ def test_dead_names_the_first_ended_rank_and_its_exit_code():
 
 def test_device_mode_raises_it_as_one_line():
     check_followers(None)  # no tensor parallelism: nothing to check
-    alive = SimpleNamespace(workers=_workers(SimpleNamespace(exitcode=None)))
+    alive = SimpleNamespace(dead=_workers(SimpleNamespace(exitcode=None)).dead)  # DeviceTensorParallel.dead
     check_followers(alive)
-    dead = SimpleNamespace(workers=_workers(SimpleNamespace(exitcode=-9)))
+    dead = SimpleNamespace(dead=_workers(SimpleNamespace(exitcode=-9)).dead)
     with pytest.raises(RuntimeError, match=r"^tensor-parallel rank 1 died \(exit code -9\); the other GPUs") as e:
         check_followers(dead)
     assert "\n" not in str(e.value)

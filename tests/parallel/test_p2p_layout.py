@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from blink.control import build
+from blink.device import build
 from blink.parallel.p2p_allreduce import MAX_WORLD, P2PAllReduceParams, arena_layout
 
 

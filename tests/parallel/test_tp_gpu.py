@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from blink.engine.llm import LLM
+from blink.entrypoints.llm import LLM
 from blink.request import SamplingParams
 from tests.hf_models import make_tiny_model
 
-pytestmark = [pytest.mark.gpu,
+pytestmark = [pytest.mark.slow, pytest.mark.gpu,
               pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")]
 
 PROMPTS = [list(range(5, 5 + n)) for n in (3, 17, 40, 9, 1, 70)]
@@ -61,10 +61,10 @@ def test_p2p_all_reduce_gives_the_tokens_of_nccl(tmp_path, engine):
 _KILL_WORKER_MID_STEP = """
 import os, signal, sys
 from blink.config import EngineArgs
-from blink.engine.host_engine import HostEngine
-from blink.parallel.host_runner import TensorParallelError
+from blink.entrypoints.engine_factory import make_engine
+from blink.parallel.ranks import TensorParallelError
 from blink.request import SamplingParams
-engine = HostEngine(EngineArgs(model=sys.argv[1], device="cuda", engine="host", tensor_parallel_size=2,
+engine = make_engine(EngineArgs(model=sys.argv[1], device="cuda", engine="host", tensor_parallel_size=2,
                                num_kv_blocks=64))
 engine.add_request(1, [5, 6, 7], SamplingParams(max_tokens=64, ignore_eos=True))
 engine.step()

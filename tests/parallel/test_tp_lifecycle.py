@@ -15,11 +15,13 @@ import pytest
 import torch
 
 from blink.config import EngineArgs
-from blink.engine.factory import make_engine
-from blink.engine.host_engine import HostEngine
-from blink.parallel.host_runner import TensorParallelError, wait_or_fail
+from blink.entrypoints.engine_factory import make_engine
+from blink.parallel.host_tp import wait_or_fail
+from blink.parallel.ranks import TensorParallelError
 from blink.request import SamplingParams
 from tests.hf_models import make_tiny_model
+
+pytestmark = pytest.mark.slow  # spawns processes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,13 +38,13 @@ def _args(path, tp=2, **kw):
 
 def test_tp_size_that_does_not_divide_the_heads_is_refused_before_any_worker(tiny_llama):
     with pytest.raises(ValueError, match="--tensor-parallel-size 3 does not divide the model's 4 attention heads"):
-        HostEngine(_args(tiny_llama, tp=3))
+        make_engine(_args(tiny_llama, tp=3))
     assert multiprocessing.active_children() == []
 
 
 def test_p2p_all_reduce_on_the_cpu_is_refused_before_any_worker(tiny_llama):
     with pytest.raises(ValueError, match="--all-reduce p2p needs CUDA GPUs"):
-        HostEngine(_args(tiny_llama, all_reduce="p2p"))
+        make_engine(_args(tiny_llama, all_reduce="p2p"))
     assert multiprocessing.active_children() == []
 
 
@@ -56,7 +58,7 @@ def test_device_mode_tp_without_enough_gpus_is_refused_before_any_worker(tiny_ll
 
 
 def test_crashed_worker_gives_one_line_error_and_no_orphan(tiny_llama):
-    engine = HostEngine(_args(tiny_llama))
+    engine = make_engine(_args(tiny_llama))
     workers = engine.tp.workers.processes
     try:
         engine.add_request(1, [5, 6, 7], SamplingParams(max_tokens=8, ignore_eos=True))
@@ -73,7 +75,7 @@ def test_crashed_worker_gives_one_line_error_and_no_orphan(tiny_llama):
 
 
 def test_dropping_the_engine_stops_the_workers(tiny_llama):
-    engine = HostEngine(_args(tiny_llama))  # nobody calls shutdown(), as with a dropped LLM
+    engine = make_engine(_args(tiny_llama))  # nobody calls shutdown(), as with a dropped LLM
     workers = engine.tp.workers.processes
     del engine
     gc.collect()
@@ -98,8 +100,9 @@ def test_blink_generate_tp2_end_to_end(tiny_llama):
 _HOLD_ENGINE = """
 import sys, time
 from blink.config import EngineArgs
-from blink.engine.host_engine import HostEngine
-engine = HostEngine(EngineArgs(model=sys.argv[1], device="cpu", engine="host", tensor_parallel_size=2,
+from blink.entrypoints.engine_factory import make_engine
+
+engine = make_engine(EngineArgs(model=sys.argv[1], device="cpu", engine="host", tensor_parallel_size=2,
                                num_kv_blocks=8))
 print(engine.tp.workers.processes[0].pid, flush=True)
 time.sleep(120)

@@ -8,9 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from blink.engine.llm import LLM
+from blink.entrypoints.llm import LLM
 from blink.request import SamplingParams
 from tests.hf_models import load_hf_model, make_tiny_model
+
+pytestmark = pytest.mark.slow  # spawns processes
 
 PROMPTS = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [20, 21, 22], [30, 31, 32, 33, 34, 35]]
 PARAMS = [

@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 
 from blink.config import EngineArgs
-from blink.engine.host_engine import HostEngine
-from blink.parallel.pinning import parse_cpus, parse_rank_cpus, pin_process
+from blink.entrypoints.engine_factory import make_engine
+from blink.parallel.pinning import parse_rank_cpus
 from blink.request import SamplingParams
+from blink.util.cpus import parse_cpu_list, pin_process
+
+pytestmark = pytest.mark.slow  # spawns processes
 
 
 def _cpus_allowed(pid: int, tid: int | None = None) -> str:
@@ -27,7 +30,7 @@ def test_rank_cpus_round_trip_through_the_cli():
 
 
 def test_rank_cpu_lists_are_parsed_and_checked():
-    assert parse_cpus("0-2,5") == [0, 1, 2, 5]
+    assert parse_cpu_list("0-2,5") == [0, 1, 2, 5]
     assert parse_rank_cpus(None, 2) is None
     assert parse_rank_cpus("0;1-2", 2, check_available=False) == [[0], [1, 2]]
     with pytest.raises(ValueError, match="gives 1 CPU lists for 2 tensor-parallel ranks"):
@@ -44,7 +47,7 @@ def test_each_rank_runs_on_its_own_cpus():
     before = os.sched_getaffinity(0)
     args = EngineArgs(model="tiny-llama", device="cpu", engine="host", tensor_parallel_size=2, num_kv_blocks=8,
                       block_size=4, max_num_seqs=2, rank_cpus=f"{first};{second}")
-    engine = HostEngine(args)
+    engine = make_engine(args)
     try:
         engine.add_request(1, [5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
         while engine.has_unfinished():

@@ -6,11 +6,14 @@ import time
 from pathlib import Path
 
 import openai
+import pytest
 
-from blink.engine.llm import LLM
+from blink.entrypoints.llm import LLM
 from blink.request import SamplingParams
 from tests.frontend.server_process import ServerProcess
 from tests.hf_models import make_tiny_model
+
+pytestmark = pytest.mark.slow  # spawns processes
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]  # token ids, so that both sides see the same prompt
 

@@ -5,8 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blink.engine.interface import TokenEvent
-from blink.request import FinishReason
+from blink.request import FinishReason, TokenEvent
 from blink.transport.layout import MAX_TOP_LOGPROBS
 from blink.transport.rings import EgressConsumer, EgressProducer
 

@@ -1,4 +1,4 @@
-"""blink/control/csrc/layout.h must match blink/transport/layout.py field by field.
+"""blink/device/csrc/layout.h must match blink/transport/layout.py field by field.
 
 A C++ program generated from the ctypes definitions prints offset, size and kind (float / signed /
 unsigned) of every field as the compiler sees them: a field missing, moved, resized or retyped on either
@@ -15,13 +15,14 @@ import pytest
 from blink.request import FinishReason
 from blink.transport import layout
 
-HEADER_DIR = Path(__file__).resolve().parents[2] / "blink" / "control" / "csrc"
+HEADER_DIR = Path(__file__).resolve().parents[2] / "blink" / "device" / "csrc"
 STRUCTS = [layout.ControlBlock, layout.RingHeader, layout.RequestDescriptor, layout.TokenRecord]
 CAPACITIES = [(1, 1, 1), (64, 4096, 256), (1000, 123457, 999), (4096, 1 << 20, 8192)]
 CONSTANTS = {
     "kMagic": layout.MAGIC, "kVersion": layout.VERSION, "kCacheLine": layout.CACHE_LINE, "kPage": layout.PAGE,
     "kMaxStopIds": layout.MAX_STOP_IDS, "kMaxTopLogprobs": layout.MAX_TOP_LOGPROBS,
     "kKindRequest": layout.KIND_REQUEST, "kKindAbort": layout.KIND_ABORT,
+    "kMaxPublishedBuckets": layout.MAX_PUBLISHED_BUCKETS,
     "kFlagIgnoreEos": layout.FLAG_IGNORE_EOS,
     "kEngineModeNone": layout.ENGINE_MODE_NONE, "kEngineModeHost": layout.ENGINE_MODE_HOST,
     "kEngineModeDevice": layout.ENGINE_MODE_DEVICE,

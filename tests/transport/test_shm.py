@@ -93,6 +93,7 @@ def test_close_with_live_views_keeps_them_valid(make_segment):
     assert int(view[0]) == 7
 
 
+@pytest.mark.slow  # spawns a process
 def test_attaching_process_neither_unlinks_nor_warns(make_segment):
     seg = make_segment()
     code = ("import sys; from blink.transport.shm import Segment\n"

@@ -4,10 +4,13 @@ import multiprocessing
 import os
 import time
 
-from blink.engine.interface import TokenEvent
-from blink.request import FinishReason, SamplingParams
+import pytest
+
+from blink.request import FinishReason, SamplingParams, TokenEvent
 from blink.transport.rings import EgressConsumer, EgressProducer, IngressConsumer, IngressProducer
 from blink.transport.shm import SHM_DIR, Segment
+
+pytestmark = pytest.mark.slow  # spawns processes
 
 NUM_ITEMS = 10_000
 

@@ -1,0 +1,166 @@
+"""Runs forward steps: fills the step buffers, then replays the bucket's CUDA graph (or runs eagerly).
+
+Sampling runs inside the same graph as the forward, so one replay yields the step's tokens. The same
+buffers and capture are used by device mode (blink/device/runtime.py), which launches the graphs from
+the GPU instead of replaying them from here.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from blink.core.limits import EngineLimits
+from blink.core.outputs import SampledToken, SchedulerOutput
+from blink.core.step_buffers import StepBuffers
+from blink.kernels.sampling import sample
+from blink.transport.layout import MAX_TOP_LOGPROBS
+
+
+class ModelRunner:
+    def __init__(self, model, kv_cache, sampling_state, limits: EngineLimits, device, *, use_graphs: bool,
+                 samples: bool = True):
+        """samples=False: the step ends at the logits (a device-mode TP follower: rank 0 samples)."""
+        self.model = model
+        self.limits = limits
+        self.samples = samples
+        self.kv_cache = kv_cache
+        self.kv_layers = kv_cache.layers()
+        self.sampling_state = sampling_state
+        self.scratch_slot = limits.max_num_seqs  # the sampling state's extra row: counts nothing
+        self.device = torch.device(device)
+        self.max_blocks_per_seq = limits.max_blocks_per_seq
+        self.buckets = list(limits.buckets)
+        self.max_tokens, self.max_seqs = self.buckets[-1][0], max(s for _, s in self.buckets)
+        self.buffers = self.new_buffers()
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # One memory pool for every capture (host mode's and device mode's).
+        self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        if use_graphs:
+            for bucket in reversed(self.buckets):  # largest first, so smaller ones reuse its pool
+                self.graphs[bucket] = self.capture(bucket, self.buffers)
+
+    @classmethod
+    def for_model(cls, loaded, use_graphs: bool | None = None, samples: bool = True) -> ModelRunner:
+        """The runner of a LoadedModel (blink/core/loaded_model.py); use_graphs None: CUDA graphs on a GPU."""
+        if use_graphs is None:
+            use_graphs = loaded.device == "cuda"
+        return cls(loaded.model, loaded.kv_cache, loaded.sampling_state, loaded.limits, loaded.device,
+                   use_graphs=use_graphs, samples=samples)
+
+    def new_buffers(self) -> StepBuffers:
+        return StepBuffers.allocate(self.max_tokens, self.max_seqs, self.max_blocks_per_seq, self.device)
+
+    # -- the step itself (graph body) -----------------------------------------------------------------
+    def forward(self, buf: StepBuffers, num_tokens: int, num_seqs: int) -> None:
+        attn = buf.attention(num_tokens, num_seqs)
+        hidden = self.model(buf.input_ids[:num_tokens], buf.positions[:num_tokens], attn, self.kv_layers)
+        logits = self.model.compute_logits(hidden[buf.logits_indices[:num_seqs]])  # all-gathered under TP
+        if not self.samples:
+            return
+        slots = buf.sample_slots[:num_seqs]
+        out = sample(logits, slots, buf.sample_positions[:num_seqs], self.sampling_state, MAX_TOP_LOGPROBS)
+        buf.sampled_ids[:num_seqs].copy_(out.token_ids)
+        buf.logprobs[:num_seqs].copy_(out.logprobs)
+        buf.top_ids[:num_seqs].copy_(out.top_ids)
+        buf.top_logprobs[:num_seqs].copy_(out.top_logprobs)
+        self.sampling_state.record_tokens(slots, out.token_ids)
+
+    def capture(self, bucket: tuple[int, int], buf: StepBuffers,
+                on_graph_end: Callable[[int], None] | None = None) -> torch.cuda.CUDAGraph:
+        """Capture one bucket; on_graph_end(stream_ptr) may append kernels (device mode's step_done)."""
+        t, s = bucket
+        buf.query_start_loc.zero_()  # all sequences empty: the warm-up touches no real state
+        buf.seq_lens.zero_()
+        buf.slot_mapping.fill_(-1)
+        buf.sample_slots.fill_(self.scratch_slot)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # warm up: Triton compiles, cuBLAS picks algorithms, outside the capture
+                self.forward(buf, t, s)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph(keep_graph=True)
+        with torch.cuda.graph(graph, pool=self.pool):
+            self.forward(buf, t, s)
+            if on_graph_end is not None:
+                on_graph_end(torch.cuda.current_stream(self.device).cuda_stream)
+        graph.instantiate()
+        return graph
+
+    # -- host mode: fill, run, read back --------------------------------------------------------------
+    def bucket_for(self, num_tokens: int, num_seqs: int) -> tuple[int, int]:
+        for t, s in self.buckets:
+            if t >= num_tokens and s >= num_seqs:
+                return t, s
+        raise ValueError(f"step of {num_tokens} tokens / {num_seqs} seqs exceeds the largest bucket")
+
+    def prepare(self, plan: SchedulerOutput, buf: StepBuffers, bucket: tuple[int, int]) -> None:
+        self.fill(buf, self.step_inputs(plan, bucket))
+
+    def step_inputs(self, plan: SchedulerOutput, bucket: tuple[int, int]) -> dict[str, torch.Tensor]:
+        """The step's inputs as CPU tensors padded to the bucket, keyed by StepBuffers field name
+        (tensor-parallel rank 0 sends exactly these to the other ranks)."""
+        t_pad, s_pad = bucket
+        ids, pos, slots, qsl, lens, logit_rows, sslots, spos = [], [], [], [0], [], [], [], []
+        bs = self.kv_cache.block_size
+        table = torch.zeros((s_pad, self.max_blocks_per_seq), dtype=torch.int32)
+        for i, c in enumerate(plan.chunks):
+            seq = c.seq
+            for p in range(c.start, c.start + c.num_tokens):
+                ids.append(seq.token_at(p))
+                pos.append(p)
+                slots.append(seq.block_ids[p // bs] * bs + p % bs)
+            qsl.append(len(ids))
+            lens.append(c.start + c.num_tokens)
+            logit_rows.append(len(ids) - 1)
+            sslots.append(seq.slot if c.samples else self.scratch_slot)
+            spos.append(seq.num_tokens)
+            table[i, : len(seq.block_ids)] = torch.tensor(seq.block_ids, dtype=torch.int32)
+        n, s = len(ids), len(plan.chunks)
+        pad_t, pad_s = t_pad - n, s_pad - s
+        return {
+            "input_ids": torch.tensor(ids + [0] * pad_t, dtype=torch.int64),
+            "positions": torch.tensor(pos + [0] * pad_t, dtype=torch.int64),
+            "slot_mapping": torch.tensor(slots + [-1] * pad_t, dtype=torch.int64),
+            "query_start_loc": torch.tensor(qsl + [n] * pad_s, dtype=torch.int32),
+            "seq_lens": torch.tensor(lens + [0] * pad_s, dtype=torch.int32),
+            "logits_indices": torch.tensor(logit_rows + [0] * pad_s, dtype=torch.int64),
+            "sample_slots": torch.tensor(sslots + [self.scratch_slot] * pad_s, dtype=torch.int32),
+            "sample_positions": torch.tensor(spos + [0] * pad_s, dtype=torch.int64),
+            "block_tables": table,
+        }
+
+    def fill(self, buf: StepBuffers, inputs: dict[str, torch.Tensor]) -> None:
+        for name, values in inputs.items():
+            getattr(buf, name)[: len(values)].copy_(values, non_blocking=True)
+
+    def run(self, bucket: tuple[int, int]) -> None:
+        """Replay the bucket's graph on self.buffers (or run it eagerly)."""
+        if self.graphs:
+            self.graphs[bucket].replay()
+        else:
+            self.forward(self.buffers, *bucket)
+
+    def execute(self, plan: SchedulerOutput) -> list[SampledToken | None]:
+        """Run one step; returns, per chunk, the sampled token (None for a chunk mid-prefill)."""
+        bucket = self.bucket_of(plan)
+        self.prepare(plan, self.buffers, bucket)
+        self.run(bucket)
+        return self.read_back(plan)
+
+    def bucket_of(self, plan: SchedulerOutput) -> tuple[int, int]:
+        n, s = plan.num_tokens, len(plan.chunks)
+        return self.bucket_for(n, s) if self.graphs else (n, s)
+
+    def read_back(self, plan: SchedulerOutput) -> list[SampledToken | None]:
+        s = len(plan.chunks)
+        buf = self.buffers
+        ids = buf.sampled_ids[:s].tolist()
+        lps = buf.logprobs[:s].tolist()
+        k = min(plan.max_top_logprobs, MAX_TOP_LOGPROBS)
+        tops = buf.top_ids[:s, :k].tolist() if k else [[]] * s
+        top_lps = buf.top_logprobs[:s, :k].tolist() if k else [[]] * s
+        return [SampledToken(ids[i], lps[i], tops[i], top_lps[i]) if c.samples else None
+                for i, c in enumerate(plan.chunks)]

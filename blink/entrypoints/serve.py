@@ -1,0 +1,185 @@
+"""`blink serve`: the parent process. Creates the segment, starts the engine and the front end, waits for
+readiness, and on SIGINT/SIGTERM (to it or its process group) tears everything down within 20 s.
+
+Children run in process groups of their own, so a signal to our group reaches only us and the shutdown
+order stays ours; they also die with us if we are SIGKILLed (processes.py sets PR_SET_PDEATHSIG).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import secrets
+import signal
+import sys
+import time
+
+from blink.config import EngineArgs
+from blink.entrypoints.children import Child, http_ok
+from blink.frontend.app import DEFAULT_MAX_BODY_BYTES
+from blink.transport.layout import SegmentLayout
+from blink.transport.shm import Segment
+from blink.util.cpus import parse_cpu_list
+
+INGRESS_CAPACITY = 1024
+MIN_ARENA_TOKENS = 1 << 21  # 8 MiB: many long prompts in flight at once
+EGRESS_CAPACITY = 1 << 15
+STOP_WAIT_S = 8.0  # after stop_flag / SIGTERM, before escalating
+TERM_WAIT_S = 4.0  # after the escalation SIGTERM, before SIGKILL
+POLL_S = 0.05
+
+
+def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    EngineArgs.add_cli_args(parser)
+    D = " (default: %(default)s)"
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on; the default, loopback only, is safer than vLLM's 0.0.0.0: "
+                             "pass 0.0.0.0 to serve other machines" + D)
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port" + D)
+    parser.add_argument("--served-model-name", default=None, help="model name in the API (default: --model)")
+    parser.add_argument("--api-key", default=None,
+                        help="require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on the API "
+                             "(default: no key)")
+    parser.add_argument("--frontend-cpus", default=None, help="CPU list for the front end, e.g. 0-1 (default: any)")
+    parser.add_argument("--engine-cpus", default=None,
+                        help="CPU list for the engine process, e.g. 2-7 (default: any)")
+    parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="larger request bodies get a 413" + D)
+    parser.add_argument("--disable-log-requests", action="store_true",
+                        help="turn the access log (one line per request) off (default: on)")
+    parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for readiness" + D)
+    parser.add_argument("--engine-module", default="blink.entrypoints.engine_process", help=argparse.SUPPRESS)
+
+
+def _fail(message: str) -> int:
+    print(f"blink serve: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    try:
+        for cpus in (args.frontend_cpus, args.engine_cpus):
+            if cpus:
+                parse_cpu_list(cpus)
+        engine_args = _resolve_model(EngineArgs.from_cli(args))
+    except Exception as e:  # bad flags or no demo model: one line
+        return _fail(str(e))
+    name = f"blink-{os.getpid()}-{secrets.token_hex(4)}"
+    arena = max(MIN_ARENA_TOKENS, 4 * (engine_args.max_model_len or 0))
+    segment = Segment.create(name, SegmentLayout(INGRESS_CAPACITY, arena, EGRESS_CAPACITY))
+    stop = StopRequest()
+    previous = {sig: signal.signal(sig, stop.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    children: list[Child] = []
+    try:
+        return _run(args, engine_args, segment, children, stop)
+    finally:
+        _shutdown(segment, children)
+        segment.close()
+        segment.unlink()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+class StopRequest:
+    """Set by the signal handler. A plain flag on purpose: threading.Event.set() inside a handler can
+    deadlock when the signal lands while the main thread holds the Event's own lock (in Event.wait)."""
+
+    def __init__(self):
+        self.requested = False
+
+    def handler(self, *_) -> None:
+        self.requested = True
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to `seconds` in short naps; True once a stop was requested."""
+        deadline = time.monotonic() + seconds
+        while not self.requested and time.monotonic() < deadline:
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+        return self.requested
+
+
+def _resolve_model(engine_args: EngineArgs) -> EngineArgs:
+    """Both children must see the same model: resolve the default demo model once, here."""
+    if engine_args.model is not None:
+        return engine_args
+    from blink.model.demo import ensure_default_model
+
+    return dataclasses.replace(engine_args, model=str(ensure_default_model()))
+
+
+def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
+         stop: StopRequest) -> int:
+    python = sys.executable
+    engine = Child("engine", [python, "-m", args.engine_module, "--shm", segment.name, *engine_args.to_cli()],
+                   args.engine_cpus)
+    children.append(engine)
+    frontend_cmd = [python, "-m", "blink.frontend.api_server", "--shm", segment.name,
+                    "--model", engine_args.model,
+                    "--served-model-name", args.served_model_name or args.model or "demo",
+                    "--host", args.host, "--port", str(args.port), "--engine-pid", str(engine.pid),
+                    "--max-request-body-bytes", str(args.max_request_body_bytes)]
+    if args.disable_log_requests:
+        frontend_cmd.append("--disable-log-requests")
+    if engine_args.tokenizer:
+        frontend_cmd += ["--tokenizer", engine_args.tokenizer]
+    env = {**os.environ, "BLINK_API_KEY": args.api_key} if args.api_key else None  # not on the command line
+    frontend = Child("front end", frontend_cmd, args.frontend_cpus, env)
+    children.append(frontend)
+
+    probe_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(args.host, args.host)
+    health_url = f"http://{_url_host(probe_host)}:{args.port}/health"
+    deadline = time.monotonic() + args.ready_timeout
+    while not (segment.control.ready and http_ok(health_url)):
+        for child in children:
+            if child.exit_code() is not None:
+                code = child.exit_code()
+                return _fail(f"the {child.role} failed to start (exit code {code}): {child.last_line}")
+        if stop.wait(0.2):
+            return 0
+        if time.monotonic() > deadline:
+            return _fail(f"not ready after {args.ready_timeout:.0f} s")
+    for child in children:
+        child.go_live()
+    print(f"blink serve: ready on http://{_url_host(args.host)}:{args.port}", flush=True)
+    while not stop.wait(0.2):
+        for child in children:
+            if child.exit_code() is not None:
+                print(f"blink serve: the {child.role} exited unexpectedly (exit code {child.exit_code()}); "
+                      "shutting down", file=sys.stderr, flush=True)
+                return 1
+    return 0
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _shutdown(segment: Segment, children: list[Child]) -> None:
+    """stop_flag for the engine and SIGTERM for the front end, then SIGTERM, then SIGKILL."""
+    if segment.control is not None:
+        segment.control.stop_flag = 1
+    for child in children:
+        if child.role != "engine":
+            child.signal(signal.SIGTERM)
+    for wait_s, escalation in ((STOP_WAIT_S, signal.SIGTERM), (TERM_WAIT_S, signal.SIGKILL), (5.0, None)):
+        deadline = time.monotonic() + wait_s
+        for child in children:
+            child.wait(max(0.0, deadline - time.monotonic()))
+        alive = [c for c in children if c.exit_code() is None]
+        if not alive:
+            break
+        for child in alive:
+            if escalation is not None:
+                child.signal(escalation)
+    for child in children:
+        child.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="blink serve", description="OpenAI-compatible blink server")
+    add_serve_args(parser)
+    return serve_main(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Host mode: the conventional CPU scheduler loop (HostEngine) and the process loop that serves the rings with it."""

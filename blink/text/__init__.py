@@ -1,0 +1,2 @@
+"""Text: tokenizers, chat templates, incremental detokenization and stop strings (per request, on the
+CPU)."""

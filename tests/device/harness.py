@@ -1,0 +1,280 @@
+"""Drives the scheduler's C++ logic on the CPU (host build) over a real shared-memory segment, with a
+fake model standing in for the forward graph.
+
+The fake model writes each token (id, position) into a fake KV cache through slot_mapping and predicts
+the next token from the whole history *read back through the block table*, so a wrong block table,
+a leaked or double-owned block, or a broken recompute after preemption changes the tokens.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes as C
+import itertools
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from blink.core.stops import check_stop
+from blink.device import structs
+from blink.device.build import load_host_library
+from blink.request import FinishReason, SamplingParams, TokenEvent
+from blink.transport.layout import MAX_TOP_LOGPROBS, SegmentLayout
+from blink.transport.rings import EgressConsumer, IngressProducer
+from blink.transport.shm import Segment
+
+INFO = ("running", "waiting", "free_blocks", "free_slots", "free_entries", "plan_rows", "plan_tokens",
+        "plan_bucket", "parity", "preemptions", "steps", "tokens", "error_code", "fast_plans")
+_names = itertools.count()
+
+
+def next_token(history: np.ndarray, vocab: int) -> int:
+    """The fake model: a deterministic function of the whole token history."""
+    weights = np.arange(1, len(history) + 1, dtype=np.int64)
+    return int((np.sum((history.astype(np.int64) + 3) * weights) * 7 + len(history)) % vocab)
+
+
+def reference(prompt: list[int], params: SamplingParams, vocab: int, eos: tuple[int, ...],
+              max_model_len: int) -> tuple[list[int], FinishReason]:
+    out: list[int] = []
+    while True:
+        out.append(next_token(np.array(prompt + out), vocab))
+        reason = check_stop(params, out, len(prompt) + len(out), eos, max_model_len)
+        if reason != FinishReason.NONE:
+            return out, reason
+
+
+@dataclass
+class Config:
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = 16
+    max_model_len: int = 64
+    block_size: int = 4
+    num_blocks: int = 64
+    max_requests: int = 16
+    vocab_size: int = 50
+    eos: tuple[int, ...] = (1,)
+    ingress_capacity: int = 16
+    arena_capacity: int = 512
+    egress_capacity: int = 256
+    buckets: list[tuple[int, int]] = field(default_factory=list)
+    team: int = 1  # host threads standing in for the CTA's threads
+    defer_publish: bool = False  # publish a step's records only after the next launch (or idle), as the GPU loop
+    peers: int = 0  # tensor-parallel ranks besides rank 0, whose buffers the scheduler writes too
+
+
+def _buffers(tmax: int, smax: int, mb: int) -> dict[str, np.ndarray]:
+    z = np.zeros
+    return {
+        "input_ids": z(tmax, np.int64), "positions": z(tmax, np.int64), "slot_mapping": np.full(tmax, -1, np.int64),
+        "query_start_loc": z(smax + 1, np.int32), "seq_lens": z(smax, np.int32),
+        "block_tables": z((smax, mb), np.int32), "logits_indices": z(smax, np.int64),
+        "sample_slots": z(smax, np.int32), "sample_positions": z(smax, np.int64), "sampled_ids": z(smax, np.int64),
+        "logprobs": z(smax, np.float32), "top_ids": z((smax, MAX_TOP_LOGPROBS), np.int64),
+        "top_logprobs": z((smax, MAX_TOP_LOGPROBS), np.float32),
+    }
+
+
+def _ptr(a: np.ndarray) -> int:
+    return a.ctypes.data
+
+
+class HostScheduler:
+    def __init__(self, cfg: Config | None = None):
+        self.cfg = c = cfg or Config()
+        if not c.buckets:
+            c.buckets = [(t, min(t, c.max_num_seqs)) for t in (1, 2, 4, 8)
+                         if t < c.max_num_batched_tokens] + [(c.max_num_batched_tokens, c.max_num_seqs)]
+        self.lib = load_host_library()
+        layout = SegmentLayout(c.ingress_capacity, c.arena_capacity, c.egress_capacity)
+        self.seg = Segment.create(f"blink-test-{os.getpid()}-{next(_names)}", layout)
+        self.producer, self.consumer = IngressProducer(self.seg), EgressConsumer(self.seg)
+        self.mb = -(-c.max_model_len // c.block_size)
+        sc = structs.SchedConfig(
+            max_num_seqs=c.max_num_seqs, max_num_batched_tokens=c.max_num_batched_tokens,
+            max_model_len=c.max_model_len, block_size=c.block_size, num_blocks=c.num_blocks,
+            max_blocks_per_seq=self.mb, max_requests=c.max_requests, vocab_size=c.vocab_size,
+            num_buckets=len(c.buckets), num_eos=len(c.eos), trace_capacity=1, launches_per_kernel=119,
+            step_timeout_ns=10**9)
+        for i, (t, s) in enumerate(c.buckets):
+            sc.bucket_tokens[i], sc.bucket_seqs[i] = t, s
+        for i, e in enumerate(c.eos):
+            sc.eos_ids[i] = e
+        self.sched_cfg = sc
+        nbytes = self.lib.blink_sched_state_bytes(C.byref(sc))
+        self._state_raw = np.zeros(nbytes + 256, np.uint8)
+        self.state = (_ptr(self._state_raw) + 255) // 256 * 256
+        self.lib.blink_sched_init(self.state, C.byref(sc), 0, 0, 0)
+        tmax, smax = c.buckets[-1][0], max(s for _, s in c.buckets)
+        self.buffers = [_buffers(tmax, smax, self.mb) for _ in range(2)]
+        slots, v = c.max_num_seqs + 1, c.vocab_size
+        self.sampling = {
+            "temperature": np.zeros(slots, np.float32), "top_p": np.ones(slots, np.float32),
+            "top_k": np.zeros(slots, np.int32), "min_p": np.zeros(slots, np.float32),
+            "presence_penalty": np.zeros(slots, np.float32), "frequency_penalty": np.zeros(slots, np.float32),
+            "repetition_penalty": np.ones(slots, np.float32), "seed": np.zeros(slots, np.int64),
+            "bias_ids": np.full((slots, 300), -1, np.int32), "bias_vals": np.zeros((slots, 300), np.float32),
+            "output_counts": np.full((slots, v), 7, np.int32), "prompt_mask": np.full((slots, v), 9, np.uint8),
+            "flags": np.zeros(slots, np.int32), "num_logprobs": np.full(slots, 5, np.int32),  # stale on purpose
+        }
+        p = structs.LoopParams(cfg=sc, state=self.state,
+                               rings=structs.ring_pointers(self.seg.address, layout))
+        for k in range(2):
+            for name in structs.STEP_BUFFER_FIELDS:
+                setattr(p.buffers[k], name, _ptr(self.buffers[k][name]))
+        for name in structs.SAMPLING_FIELDS:
+            setattr(p.sampling, name, _ptr(self.sampling[name]))
+        # Peer ranks' buffer sets (garbage at first: the scheduler must write everything a step reads).
+        self.peer_buffers = [[{k: np.full_like(v, 77) for k, v in _buffers(tmax, smax, self.mb).items()}
+                              for _ in range(2)] for _ in range(c.peers)]
+        self.mailboxes = np.zeros(max(c.peers, 1), np.uint64)
+        self.peer_table = structs.PeerTable(num_peers=c.peers)
+        for j, sets in enumerate(self.peer_buffers):
+            self.peer_table.peers[j].mailbox = _ptr(self.mailboxes) + 8 * j
+            for k in range(2):
+                for name in structs.STEP_BUFFER_FIELDS:
+                    setattr(self.peer_table.peers[j].buffers[k], name, _ptr(sets[k][name]))
+        if c.peers:
+            p.peers = C.addressof(self.peer_table)
+        self.after_prepare = None  # test hook: called with (parity, bucket) after each prepared step
+        self.params = p
+        self.kv_tok = np.full(c.num_blocks * c.block_size, -1, np.int64)
+        self.kv_pos = np.full(c.num_blocks * c.block_size, -1, np.int64)
+        self.events: dict[int, list[TokenEvent]] = {}
+        self.plans: list[list[tuple[int, int, int, bool]]] = []
+        self.fail_next = False
+
+    # -- driving -----------------------------------------------------------------------------------
+    def submit(self, req_id: int, prompt: list[int], params: SamplingParams) -> None:
+        assert self.producer.submit(req_id, prompt, params, timeout=0), "ingress full"
+
+    def abort(self, req_id: int) -> None:
+        assert self.producer.abort(req_id, timeout=0)
+
+    def step(self) -> int:
+        """One scheduler step with the fake forward; returns the step's rows (0 = idle)."""
+        rows = self.lib.blink_sched_prepare(C.byref(self.params), self.cfg.team)
+        if self.cfg.defer_publish:  # where the GPU loop publishes: right after the launch, or idle
+            self.lib.blink_sched_publish(C.byref(self.params))
+        if rows:
+            info = self.info()
+            self.plans.append(self.plan(rows))
+            if self.after_prepare is not None:
+                self.after_prepare(info["parity"], self.cfg.buckets[info["plan_bucket"]])
+            if self.fail_next:
+                self.fail_next = False
+                self.lib.blink_sched_fail(C.byref(self.params), structs.ERR_LAUNCH_BASE + 1)
+            else:
+                self.forward(self.buffers[info["parity"]], self.cfg.buckets[info["plan_bucket"]], rows)
+                self.lib.blink_sched_complete(C.byref(self.params), self.cfg.team, int(not self.cfg.defer_publish))
+        self.drain()
+        assert self.check() == 0, f"invariant {self.check()} broken"
+        return rows
+
+    def drain(self) -> list[TokenEvent]:
+        got = self.consumer.poll()
+        for ev in got:
+            self.events.setdefault(ev.req_id, []).append(ev)
+        return got
+
+    def run(self, max_steps: int = 10_000) -> int:
+        steps = 0
+        while self.busy():
+            self.step()
+            steps += 1
+            assert steps < max_steps, "the scheduler made no progress"
+        if self.cfg.defer_publish:
+            self.step()  # the idle step publishes the last records
+        return steps
+
+    def busy(self) -> bool:
+        i = self.info()
+        return bool(i["running"] or i["waiting"] or self.producer.descriptors.used())
+
+    # -- the fake forward --------------------------------------------------------------------------
+    def forward(self, b: dict[str, np.ndarray], bucket: tuple[int, int], rows: int) -> None:
+        t_pad, s_pad = bucket
+        c, bs = self.cfg, self.cfg.block_size
+        qsl = b["query_start_loc"]
+        n = int(qsl[rows])
+        assert (b["slot_mapping"][n:t_pad] == -1).all() and (qsl[rows:s_pad + 1] == n).all()
+        assert (b["seq_lens"][rows:s_pad] == 0).all() and (b["sample_slots"][rows:s_pad] == c.max_num_seqs).all()
+        slots = b["slot_mapping"][:n]
+        assert (slots >= 0).all()
+        self.kv_tok[slots] = b["input_ids"][:n]
+        self.kv_pos[slots] = b["positions"][:n]
+        for s in range(rows):
+            q, seq_len = int(qsl[s + 1] - qsl[s]), int(b["seq_lens"][s])
+            assert q > 0 and list(b["positions"][qsl[s]:qsl[s + 1]]) == list(range(seq_len - q, seq_len))
+            assert b["logits_indices"][s] == qsl[s + 1] - 1
+            pos = np.arange(seq_len)
+            kv_slots = b["block_tables"][s][pos // bs].astype(np.int64) * bs + pos % bs
+            assert (self.kv_pos[kv_slots] == pos).all(), "KV history corrupted (block table or slot mapping)"
+            token = next_token(self.kv_tok[kv_slots], c.vocab_size)
+            b["sampled_ids"][s] = token
+            b["logprobs"][s] = -0.25 * (s + 1)
+            slot = int(b["sample_slots"][s])
+            if self.sampling["num_logprobs"][slot] > 0:  # as the sampler: tops only for slots asking
+                b["top_ids"][s] = (token + np.arange(MAX_TOP_LOGPROBS)) % c.vocab_size
+                b["top_logprobs"][s] = -np.arange(MAX_TOP_LOGPROBS, dtype=np.float32)
+            else:
+                b["top_ids"][s], b["top_logprobs"][s] = -1, -np.inf
+            if slot != c.max_num_seqs:
+                assert b["sample_positions"][s] == seq_len
+                if self.sampling["flags"][slot] & 1:  # what SamplingState.record_tokens does in the graph
+                    self.sampling["output_counts"][slot, token] += 1
+
+    # -- inspection ---------------------------------------------------------------------------------
+    def info(self) -> dict[str, int]:
+        out = (C.c_int64 * len(INFO))()
+        self.lib.blink_sched_info(self.state, out)
+        return dict(zip(INFO, out, strict=True))
+
+    def plan(self, rows: int) -> list[tuple[int, int, int, bool]]:
+        out = (C.c_int64 * (4 * rows))()
+        self.lib.blink_sched_plan(self.state, out)
+        return [(out[4 * r], out[4 * r + 1], out[4 * r + 2], bool(out[4 * r + 3])) for r in range(rows)]
+
+    def check(self) -> int:
+        return self.lib.blink_sched_check(self.state, C.byref(self.sched_cfg))
+
+    def outputs(self, req_id: int) -> tuple[list[int], FinishReason]:
+        """The request's tokens and finish reason, after checking its records are well formed."""
+        evs = self.events[req_id]
+        assert [e.position for e in evs if e.token_id >= 0] == list(range(sum(e.token_id >= 0 for e in evs)))
+        assert [e.finished for e in evs] == [False] * (len(evs) - 1) + [True], "exactly one finish, last"
+        return [e.token_id for e in evs if e.token_id >= 0], evs[-1].finish_reason
+
+    def close(self) -> None:
+        self.producer = self.consumer = None
+        self.seg.close()
+        self.seg.unlink()
+
+
+@contextlib.contextmanager
+def slow_reader(h: HostScheduler, period_s: float, expect_events: int):
+    """Only a background thread reads egress, one record per `period_s`, so the scheduler meets a full
+    ring. Yields the list it fills; on exit waits (up to 10 s) for `expect_events` records, then stops."""
+    got: list[TokenEvent] = []
+    stop = threading.Event()
+    consumer = h.consumer
+
+    def reader():
+        while not stop.is_set():
+            got.extend(consumer.poll(1))
+            time.sleep(period_s)
+
+    t = threading.Thread(target=reader)
+    h.consumer = type("NoRead", (), {"poll": lambda self: []})()
+    t.start()
+    try:
+        yield got
+        deadline = time.time() + 10
+        while len(got) < expect_events and time.time() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        t.join()
+        h.consumer = consumer
