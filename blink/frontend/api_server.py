@@ -30,6 +30,8 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="HTTP port" + D)
     parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help="larger request bodies get a 413" + D)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="the engine's tensor-parallel ranks, for /get_server_info" + D)
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0,
                         help="seconds without an engine heartbeat before /health fails" + D)
     parser.add_argument("--disable-log-requests", action="store_true",
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer=args.tokenizer, api_key=args.api_key,
         engine_pid=args.engine_pid, max_body_bytes=args.max_request_body_bytes,
         heartbeat_timeout_s=args.heartbeat_timeout, log_requests=not args.disable_log_requests,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     setup_logging(config.log_requests)
     try:

@@ -27,6 +27,7 @@ from blink.frontend.protocol import (
 )
 from blink.frontend.serving import FrontendState, now
 from blink.frontend.text_workers import DEFAULT_MAX_PENDING, DEFAULT_WORKERS, TextWorkers
+from blink.frontend.worker_routes import install_worker_routes
 from blink.text.tokenizer import load_tokenizer
 
 DEFAULT_MAX_BODY_BYTES = 32 << 20
@@ -46,6 +47,7 @@ class AppConfig:
     log_requests: bool = True  # the access log (--disable-log-requests turns it off)
     tokenizer_workers: int = DEFAULT_WORKERS
     max_pending_tokenizations: int = DEFAULT_MAX_PENDING
+    tensor_parallel_size: int = 1
 
 
 def blink_version() -> str:
@@ -141,8 +143,12 @@ def build_app(config: AppConfig) -> FastAPI:
         s.check_token_ids(body.tokens, "tokens")
         return {"prompt": await s.text.decode(body.tokens)}
 
+    install_worker_routes(app, state, config)
+
     @app.get("/health")
     async def health():
+        if state().client.draining:  # routers route away at once; accepted requests still finish
+            return error_response(503, "server shutting down")
         if state().client.engine_alive():
             return Response(status_code=200)
         return error_response(503, "the engine loop is not running")
