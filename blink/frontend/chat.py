@@ -74,6 +74,8 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
     state.check_fields(body)
     if body.store:
         raise APIError(400, "store=true is not supported: blink keeps no completions", "store")
+    if body.continue_final_message:
+        raise APIError(400, "continue_final_message is not supported", "continue_final_message")
     prompt_ids = await chat_prompt_ids(state, body.messages, body.add_generation_prompt,
                                        body.chat_template_kwargs, body.tools)
     state.check_prompt(prompt_ids)
@@ -81,7 +83,7 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
     num_logprobs = _num_logprobs(body)
     params = [state.sampling_params(body, prompt_ids, max_tokens, num_logprobs, j) for j in range(body.n)]
     state.check_engine()
-    streams = [generate(state.generation, prompt_ids, p, body.skip_special_tokens, body.include_stop_str_in_output)
+    streams = [generate(state.generation, prompt_ids, p, body.skip_special_tokens, body.keep_stop)
                for p in params]
     head = {"id": f"chatcmpl-{request_id(request)}", "created": now(), "model": state.served_model_name}
     if body.stream:

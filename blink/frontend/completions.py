@@ -68,7 +68,7 @@ async def create_completion(state: FrontendState, body: CompletionRequest, reque
               for ids in prompts]
     state.check_engine()
     echo = [await state.text.decode(ids) if body.echo else "" for ids in prompts]
-    streams = [generate(state.generation, ids, p, body.skip_special_tokens, body.include_stop_str_in_output)
+    streams = [generate(state.generation, ids, p, body.skip_special_tokens, body.keep_stop)
                for ids, choice_params in zip(prompts, params, strict=True) for p in choice_params]
     num_prompt_tokens = sum(len(ids) for ids in prompts)
     head = {"id": f"cmpl-{request_id(request)}", "object": "text_completion", "created": now(),

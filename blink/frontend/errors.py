@@ -58,8 +58,12 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(loc) or None
     more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
-    if first.get("type") == "extra_forbidden":  # a field nobody implements: say so, never ignore it
-        return f"{param}: unsupported field (see docs/api.md for the accepted ones){more}", param
+    if first.get("type") == "extra_forbidden":  # fields nobody implements: say so (all of them), never ignore them
+        extra = [".".join(str(p) for p in e.get("loc", ()) if p != "body") for e in errors
+                 if e.get("type") == "extra_forbidden"]
+        rest = len(errors) - len(extra)
+        more = f" (and {rest} more errors)" if rest else ""
+        return f"{', '.join(extra)}: unsupported field{'s' if len(extra) > 1 else ''} (see docs/api.md){more}", param
     return f"{param or 'body'}: {first.get('msg')}{more}", param
 
 

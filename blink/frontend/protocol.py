@@ -59,6 +59,10 @@ class SamplingFields(Strict):
     include_stop_str_in_output: bool = False
     return_tokens_as_token_ids: bool = False
     prompt_logprobs: int | None = None  # refused: prompt logprobs are not computed yet
+    # SGLang's, which vllm-router forwards on every request: no_stop_trim keeps the stop string or token
+    # (as include_stop_str_in_output); return_hidden_states is accepted only false.
+    no_stop_trim: bool = False
+    return_hidden_states: bool = False
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, choice_index: int) -> SamplingParams:
         """Raises ValueError (one line) for values out of range; the API answers 400 with it."""
@@ -85,6 +89,11 @@ class SamplingFields(Strict):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def keep_stop(self) -> bool:
+        """include_stop_str_in_output (vLLM) or no_stop_trim (SGLang)."""
+        return self.include_stop_str_in_output or self.no_stop_trim
 
     @property
     def continuous_usage(self) -> bool:
@@ -117,6 +126,12 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     store: bool | None = None  # false (or null) is what blink does anyway: it keeps no completions; true: 400
+    continue_final_message: bool = False  # true: 400 (not implemented)
+    # SGLang's reasoning switches, which vllm-router forwards on every chat request. They act only with a
+    # reasoning parser (SGLang's --reasoning-parser); blink has none, so reasoning text stays in `content`.
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    include_reasoning: bool = True
 
 
 class TokenizeRequest(Strict):

@@ -56,6 +56,8 @@ class FrontendState:
         """Field combinations the API refuses (each 400 names its field)."""
         if body.prompt_logprobs is not None:
             raise APIError(400, "prompt_logprobs is not supported yet (no prompt logprobs)", "prompt_logprobs")
+        if body.return_hidden_states:
+            raise APIError(400, "return_hidden_states is not supported", "return_hidden_states")
         if body.stream_options is not None and not body.stream:
             raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
         if body.stream_options is not None and body.stream_options.continuous_usage_stats \

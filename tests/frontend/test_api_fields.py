@@ -60,6 +60,9 @@ def test_include_stop_str_in_output_and_stop_reason(client):
                                             stream=True, extra_body={"include_stop_str_in_output": True}))
     assert "".join(c.choices[0].text for c in chunks) == "one two th"
     assert chunks[-1].choices[0].model_extra["stop_reason"] == "o th"
+    sglang = client.completions.create(model="fake", prompt=PROMPT, max_tokens=10, stop=[" three"],
+                                       extra_body={"no_stop_trim": True})  # SGLang's name for the same
+    assert sglang.choices[0].text == "one two three"
     length = client.completions.create(model="fake", prompt=PROMPT, max_tokens=2)
     assert length.choices[0].model_extra["stop_reason"] is None
 
@@ -133,6 +136,7 @@ REFUSED = [
     ("unknown stream option", {"prompt": PROMPT, "stream": True, "stream_options": {"foo": 1}},
      "stream_options.foo"),
     ("suffix", {"prompt": PROMPT, "suffix": "x"}, "suffix"),
+    ("return_hidden_states", {"prompt": PROMPT, "return_hidden_states": True}, "return_hidden_states"),
     ("temperature named", {"prompt": PROMPT, "temperature": -1}, "temperature"),
 ]
 
