@@ -45,27 +45,45 @@ class EngineArgs:
     @staticmethod
     def add_cli_args(p: argparse.ArgumentParser) -> None:
         d = EngineArgs()
-        p.add_argument("--model", default=d.model, help="model dir or preset (default: the demo model)")
-        p.add_argument("--tokenizer", default=d.tokenizer)
-        p.add_argument("--dtype", default=d.dtype, choices=["auto", "bfloat16", "float16", "float32"])
-        p.add_argument("--device", default=d.device, choices=["cuda", "cpu"])
-        p.add_argument("--max-model-len", type=int, default=d.max_model_len)
-        p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-        p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
-        p.add_argument("--block-size", type=int, default=d.block_size)
-        p.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
-        p.add_argument("--num-kv-blocks", type=int, default=d.num_kv_blocks)
-        p.add_argument("--enforce-eager", action="store_true")
-        p.add_argument("--seed", type=int, default=d.seed)
-        p.add_argument("--engine", default=d.engine, choices=["device", "host"])
-        p.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size)
+        D = " (default: %(default)s)"
+        p.add_argument("--model", default=d.model,
+                       help="model dir (Hugging Face layout, safetensors) or preset name; default: the demo model "
+                            "(tiny Llama, random weights)")
+        p.add_argument("--tokenizer", default=d.tokenizer, help="tokenizer dir (default: the model dir)")
+        p.add_argument("--dtype", default=d.dtype, choices=["auto", "bfloat16", "float16", "float32"],
+                       help="weight and KV dtype; auto = the checkpoint's" + D)
+        p.add_argument("--device", default=d.device, choices=["cuda", "cpu"],
+                       help="default: cuda when a GPU is present, else cpu")
+        p.add_argument("--max-model-len", type=int, default=d.max_model_len,
+                       help="context length (prompt + output); default: the model's max_position_embeddings, "
+                            "capped at 8192")
+        p.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs,
+                       help="most sequences in one step's batch" + D)
+        p.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens,
+                       help="token budget of one step (prefill chunks + decodes)" + D)
+        p.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV-cache block" + D)
+        p.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization,
+                       help="fraction of GPU memory for weights + KV cache (sizes the KV pool on a GPU)" + D)
+        p.add_argument("--num-kv-blocks", type=int, default=d.num_kv_blocks,
+                       help="explicit KV pool size in blocks; default: from --gpu-memory-utilization on a GPU, "
+                            "max-num-seqs x 512 tokens on the CPU")
+        p.add_argument("--enforce-eager", action="store_true",
+                       help="host mode: run the model eagerly instead of replaying CUDA graphs (default: off)")
+        p.add_argument("--seed", type=int, default=d.seed,
+                       help="seed of random weights and of requests that give none" + D)
+        p.add_argument("--engine", default=d.engine, choices=["device", "host"],
+                       help="device = resident GPU scheduler, host = Python scheduler loop; default: device on "
+                            "a GPU, host on the CPU")
+        p.add_argument("--tensor-parallel-size", "-tp", type=int, default=d.tensor_parallel_size,
+                       help="ranks (GPUs) the model is split over" + D)
         p.add_argument("--rank-cpus", default=d.rank_cpus,
-                       help="pin each tensor-parallel rank to its own cores: one list per rank, e.g. '0-3;4-7'")
+                       help="pin each tensor-parallel rank to its own cores: one list per rank, e.g. '0-3;4-7' "
+                            "(default: no pinning)")
         p.add_argument("--all-reduce", default=d.all_reduce, choices=["auto", "nccl", "p2p"],
                        help="tensor parallelism: p2p sends decode-sized bf16 all-reduces through blink's own "
-                            "peer-memory kernel instead of NCCL (auto: p2p on GPUs)")
+                            "peer-memory kernel instead of NCCL (auto: p2p on GPUs)" + D)
         p.add_argument("--num-layers", type=int, default=d.num_layers,
-                       help="cut a preset to this many layers (benchmarks)")
+                       help="cut a preset to this many layers, for benchmarks (default: all)")
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:

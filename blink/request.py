@@ -88,6 +88,7 @@ class TokenEvent:
     logprob: float = 0.0
     top_ids: list[int] = field(default_factory=list)
     top_logprobs: list[float] = field(default_factory=list)
+    queue_us: int = 0  # the first token's event: microseconds the engine queued the request (metrics)
 
     @property
     def finished(self) -> bool:

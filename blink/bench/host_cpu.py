@@ -7,7 +7,7 @@ import re
 import httpx
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-ENGINE_PID_GAUGE = "blink_engine_pid"
+ENGINE_PID_GAUGE = "blink:engine_pid"
 
 
 def process_cpu_seconds(pid: int) -> float:

@@ -18,6 +18,8 @@ class EngineStats:
     steps: int = 0
     tokens: int = 0
     preemptions: int = 0
+    iteration_tokens: tuple[int, ...] = ()  # steps per size bucket (layout.ITERATION_TOKEN_BOUNDS, then more)
+    iteration_tokens_sum: int = 0
 
 
 class StepTime(NamedTuple):

@@ -72,6 +72,15 @@ class LoadedModel:
         path = None if _is_preset(source) else source
         return cls(model, cfg, kv, state, device, limits, path)
 
+    def publish(self, ctl, captured: bool) -> None:
+        """The dtype and whether the buckets are captured graphs, for the front end's start-up banner (the
+        limits are publish_limits')."""
+        from blink.transport.layout import DTYPE_NAMES
+
+        name = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        ctl.dtype = DTYPE_NAMES.index(name) if name in DTYPE_NAMES else 0
+        ctl.graphs_captured = int(captured)
+
     def validate_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """One-line ValueErrors for requests that could never be served."""
         n = len(prompt_ids)

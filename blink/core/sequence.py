@@ -25,6 +25,8 @@ class Sequence:
     num_computed: int = 0  # tokens whose K/V are in the cache
     slot: int = -1  # sampling-state slot while running
     status: SeqStatus = SeqStatus.WAITING
+    arrived_at: float = 0.0  # perf_counter at add_request
+    queue_us: int = -1  # microseconds from arrival to first admission; -1 until admitted (metrics)
 
     @property
     def num_tokens(self) -> int:

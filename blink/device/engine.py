@@ -201,6 +201,7 @@ def serve_device(segment: Segment | str, args: EngineArgs, loaded: LoadedModel |
     try:
         loaded = rank0_model(args, loaded, tp)
         loop = DeviceLoop(loaded, args, seg, peers=tp.peers if tp else None)
+        loaded.publish(seg.control, captured=True)  # before the loop sets `ready`
         loop.start()
         loop.wait_ready()
         ctl = seg.control

@@ -35,17 +35,26 @@ TERM_WAIT_S = 4.0  # after the escalation SIGTERM, before SIGKILL
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     EngineArgs.add_cli_args(parser)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    D = " (default: %(default)s)"
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on; the default, loopback only, is safer than vLLM's 0.0.0.0: "
+                             "pass 0.0.0.0 to serve other machines" + D)
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port" + D)
     parser.add_argument("--served-model-name", default=None, help="model name in the API (default: --model)")
-    parser.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY`")
-    parser.add_argument("--frontend-cpus", default=None, help="CPU list for the front end, e.g. 0-1")
-    parser.add_argument("--engine-cpus", default=None, help="CPU list for the engine process, e.g. 2-7")
-    parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for readiness")
+    parser.add_argument("--api-key", default=None,
+                        help="require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on the API "
+                             "(default: no key)")
+    parser.add_argument("--frontend-cpus", default=None, help="CPU list for the front end, e.g. 0-1 (default: any)")
+    parser.add_argument("--engine-cpus", default=None,
+                        help="CPU list for the engine process, e.g. 2-7 (default: any)")
+    parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="larger request bodies get a 413" + D)
+    parser.add_argument("--disable-log-requests", action="store_true",
+                        help="turn the access log (one line per request) off (default: on)")
+    parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for readiness" + D)
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="on SIGTERM/SIGINT, seconds in-flight requests get to finish (a second signal "
-                             "cuts them at once)")
+                             "cuts them at once)" + D)
     parser.add_argument("--engine-module", default="blink.entrypoints.engine_process", help=argparse.SUPPRESS)
 
 
@@ -101,6 +110,8 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
                     "--served-model-name", args.served_model_name or args.model or "demo",
                     "--host", args.host, "--port", str(args.port), "--engine-pid", str(engine.pid),
                     "--max-request-body-bytes", str(args.max_request_body_bytes)]
+    if args.disable_log_requests:
+        frontend_cmd.append("--disable-log-requests")
     if engine_args.tokenizer:
         frontend_cmd += ["--tokenizer", engine_args.tokenizer]
     frontend_cmd += ["--tensor-parallel-size", str(engine_args.tensor_parallel_size)]

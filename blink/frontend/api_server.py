@@ -18,19 +18,35 @@ GRACEFUL_SHUTDOWN_S = 3  # open streams are cut after this; the parent's budget 
 
 
 def add_frontend_args(parser: argparse.ArgumentParser) -> None:
+    D = " (default: %(default)s)"
     parser.add_argument("--shm", required=True, help="shared-memory segment created by blink serve")
     parser.add_argument("--model", required=True, help="model dir or preset (for the tokenizer)")
-    parser.add_argument("--tokenizer", default=None)
-    parser.add_argument("--served-model-name", default=None)
+    parser.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
+    parser.add_argument("--served-model-name", default=None, help="model name in the API (default: --model)")
     parser.add_argument("--api-key", default=os.environ.get("BLINK_API_KEY"),
                         help="(default: $BLINK_API_KEY, which keeps the key off the command line)")
-    parser.add_argument("--engine-pid", type=int, default=None)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--engine-pid", type=int, default=None, help="the engine's pid, for /metrics")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (loopback only)" + D)
+    parser.add_argument("--port", type=int, default=8000, help="HTTP port" + D)
+    parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
+                        help="larger request bodies get a 413" + D)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="the engine's tensor-parallel ranks, for /get_server_info" + D)
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0,
-                        help="seconds without an engine heartbeat before /health fails")
+                        help="seconds without an engine heartbeat before /health fails" + D)
+    parser.add_argument("--disable-log-requests", action="store_true",
+                        help="turn the access log off (default: on)")
+
+
+def setup_logging(log_requests: bool) -> None:
+    """Our loggers to stderr, one line each; `blink serve` relays the front end's stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger("blink")
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    root.propagate = False
+    logging.getLogger("blink.access").setLevel(logging.INFO if log_requests else logging.WARNING)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         shm_name=args.shm, model=args.model, served_model_name=args.served_model_name or args.model,
         tokenizer=args.tokenizer, api_key=args.api_key,
         engine_pid=args.engine_pid, max_body_bytes=args.max_request_body_bytes,
-        heartbeat_timeout_s=args.heartbeat_timeout,
+        heartbeat_timeout_s=args.heartbeat_timeout, log_requests=not args.disable_log_requests,
         tensor_parallel_size=args.tensor_parallel_size,
     )
+    setup_logging(config.log_requests)
     try:
         app = build_app(config)
     except Exception as e:  # a bad model dir or preset: one line, not a traceback

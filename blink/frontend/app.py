@@ -1,18 +1,24 @@
-"""The FastAPI application: routes, error handlers, API key and body-size middleware."""
+"""The FastAPI application: routes, error handlers, middleware (access log, request id, body size, API key)."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
+import logging
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from blink.frontend.banner import wait_and_log_banner
 from blink.frontend.chat import chat_prompt_ids, create_chat_completion
 from blink.frontend.completions import create_completion
 from blink.frontend.engine_client import EngineClient
 from blink.frontend.errors import APIError, error_response, install_error_handlers
+from blink.frontend.messages import MessagesRequest, create_message
 from blink.frontend.metrics import FrontendMetrics
-from blink.frontend.middleware import ApiKeyMiddleware, BodyLimitMiddleware
+from blink.frontend.middleware import AccessLogMiddleware, ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from blink.frontend.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -20,10 +26,12 @@ from blink.frontend.protocol import (
     TokenizeRequest,
 )
 from blink.frontend.serving import FrontendState, now
+from blink.frontend.text_workers import DEFAULT_MAX_PENDING, DEFAULT_WORKERS, TextWorkers
 from blink.frontend.worker_routes import install_worker_routes
 from blink.text.tokenizer import load_tokenizer
 
 DEFAULT_MAX_BODY_BYTES = 32 << 20
+log = logging.getLogger("blink.frontend")
 
 
 @dataclass(frozen=True)
@@ -36,7 +44,17 @@ class AppConfig:
     engine_pid: int | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     heartbeat_timeout_s: float = 10.0
+    log_requests: bool = True  # the access log (--disable-log-requests turns it off)
+    tokenizer_workers: int = DEFAULT_WORKERS
+    max_pending_tokenizations: int = DEFAULT_MAX_PENDING
     tensor_parallel_size: int = 1
+
+
+def blink_version() -> str:
+    try:
+        return version("blink")
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def build_app(config: AppConfig) -> FastAPI:
@@ -47,54 +65,83 @@ def build_app(config: AppConfig) -> FastAPI:
     async def lifespan(_: FastAPI):
         client = EngineClient(config.shm_name, config.heartbeat_timeout_s)
         client.start()
-        holder["state"] = FrontendState(tokenizer, client, FrontendMetrics(config.engine_pid),
-                                        config.served_model_name)
+        text = TextWorkers(tokenizer, config.tokenizer_workers, config.max_pending_tokenizations)
+        holder["state"] = FrontendState(tokenizer, client, FrontendMetrics(config.engine_pid,
+                                                                           config.served_model_name),
+                                        config.served_model_name, text, config.model)
+        banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name))
         try:
             yield
         finally:
+            banner.cancel()
+            text.close()
             client.close()
 
-    app = FastAPI(title="blink", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="blink", version=blink_version(), lifespan=lifespan,
+                  description="OpenAI- and Anthropic-compatible API of blink (see docs/api.md)")
     install_error_handlers(app)
     app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)  # outermost: runs first
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(RequestIdMiddleware)  # outside the others: their errors carry the id too
+    if config.log_requests:
+        app.add_middleware(AccessLogMiddleware)  # outermost: every response is logged
 
     def state() -> FrontendState:
         return holder["state"]
 
+    def model_card(s: FrontendState) -> dict:
+        return {"id": s.served_model_name, "object": "model", "created": now(), "owned_by": "blink",
+                "root": s.model_root, "max_model_len": s.max_model_len}
+
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
+        note_user(request, body.user)
         return await create_completion(state(), body, request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
+        note_user(request, body.user)
         return await create_chat_completion(state(), body, request)
+
+    @app.post("/v1/messages")
+    async def messages(body: MessagesRequest, request: Request):
+        note_user(request, body.metadata.user_id if body.metadata else None)
+        return await create_message(state(), body, request)
 
     @app.get("/v1/models")
     async def models():
+        return {"object": "list", "data": [model_card(state())]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
         s = state()
-        return {"object": "list", "data": [{"id": s.served_model_name, "object": "model", "created": now(),
-                                            "owned_by": "blink", "root": config.model,
-                                            "max_model_len": s.max_model_len}]}
+        s.check_model(model_id)
+        return model_card(s)
+
+    @app.get("/version")
+    async def version_route():
+        return {"version": blink_version()}
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         s = state()
         s.check_model(body.model)
         if body.messages is not None:
-            tokens = chat_prompt_ids(s, body.messages, body.add_generation_prompt, body.chat_template_kwargs)
+            tokens = await chat_prompt_ids(s, body.messages, body.add_generation_prompt, body.chat_template_kwargs)
         elif body.prompt is not None:
-            tokens = s.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+            tokens = await s.text.encode(body.prompt, body.add_special_tokens)
         else:
             raise APIError(400, "either prompt or messages is required", "prompt")
-        return {"tokens": tokens, "count": len(tokens), "max_model_len": s.max_model_len}
+        body = {"tokens": tokens, "count": len(tokens), "max_model_len": s.max_model_len}
+        # serialized on the pool: FastAPI's encoder would walk a long token list on the loop
+        return Response(await s.text.run(json.dumps, body), media_type="application/json")
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         s = state()
         s.check_model(body.model)
         s.check_token_ids(body.tokens, "tokens")
-        return {"prompt": s.tokenizer.decode(body.tokens)}
+        return {"prompt": await s.text.decode(body.tokens)}
 
     install_worker_routes(app, state, config)
 
@@ -116,3 +163,9 @@ def build_app(config: AppConfig) -> FastAPI:
         return JSONResponse({})
 
     return app
+
+
+def note_user(request: Request, user: str | None) -> None:
+    """OpenAI's `user` (Anthropic's metadata.user_id) goes into the access log line."""
+    if user:
+        request.scope.setdefault("state", {})["user"] = user

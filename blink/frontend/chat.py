@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from blink.frontend.errors import APIError
 from blink.frontend.generation import TokenLogprob, collect, generate, merge
 from blink.frontend.protocol import ChatCompletionRequest, ChatMessage
-from blink.frontend.serving import FrontendState, new_id, now, sse_stream, unless_disconnected, usage
+from blink.frontend.serving import FrontendState, now, request_id, sse_stream, unless_disconnected, usage
 from blink.request import MAX_TOP_LOGPROBS
 
 
@@ -28,25 +28,31 @@ def _message_dict(message: ChatMessage) -> dict:
     return out
 
 
-def chat_prompt_ids(state: FrontendState, messages: list[ChatMessage], add_generation_prompt: bool,
-                    chat_template_kwargs: dict | None, tools: list | None = None) -> list[int]:
+async def chat_prompt_ids(state: FrontendState, messages: list[ChatMessage], add_generation_prompt: bool,
+                          chat_template_kwargs: dict | None, tools: list | None = None) -> list[int]:
+    """Render the chat template and tokenize, both on the worker pool (one job)."""
     template = state.tokenizer.chat_template
     if template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
     if not messages:
         raise APIError(400, "messages must not be empty", "messages")
-    try:
-        text = template.render([_message_dict(m) for m in messages], add_generation_prompt, tools,
-                               **(chat_template_kwargs or {}))
-    except (ValueError, TypeError) as e:
-        raise APIError(400, str(e), "messages") from None
-    # the template writes the special tokens (BOS...) itself, as transformers' apply_chat_template
-    return state.tokenizer.encode(text, add_special_tokens=False)
+    conversation = [_message_dict(m) for m in messages]
+
+    def render_and_encode() -> list[int]:
+        try:
+            text = template.render(conversation, add_generation_prompt, tools, **(chat_template_kwargs or {}))
+        except (ValueError, TypeError) as e:
+            raise APIError(400, str(e), "messages") from None
+        state.precheck_text(text)
+        # the template writes the special tokens (BOS...) itself, as transformers' apply_chat_template
+        return state.tokenizer.encode_released(text, add_special_tokens=False)
+
+    return await state.text.run(render_and_encode)
 
 
-def chat_logprobs(state: FrontendState, entries: list[TokenLogprob]) -> dict:
+def chat_logprobs(state: FrontendState, entries: list[TokenLogprob], as_ids: bool = False) -> dict:
     def item(token_id: int, logprob: float) -> dict:
-        text = state.tokenizer.token_text(token_id)
+        text = state.token_text(token_id, as_ids)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
     return {"content": [{**item(e.token_id, e.logprob), "top_logprobs": [item(t, lp) for t, lp in e.top]}
@@ -65,15 +71,21 @@ def _num_logprobs(body: ChatCompletionRequest) -> int | None:
 
 async def create_chat_completion(state: FrontendState, body: ChatCompletionRequest, request: Request):
     state.check_model(body.model)
-    prompt_ids = chat_prompt_ids(state, body.messages, body.add_generation_prompt, body.chat_template_kwargs,
-                                 body.tools)
+    state.check_fields(body)
+    if body.store:
+        raise APIError(400, "store=true is not supported: blink keeps no completions", "store")
+    if body.continue_final_message:
+        raise APIError(400, "continue_final_message is not supported", "continue_final_message")
+    prompt_ids = await chat_prompt_ids(state, body.messages, body.add_generation_prompt,
+                                       body.chat_template_kwargs, body.tools)
     state.check_prompt(prompt_ids)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     num_logprobs = _num_logprobs(body)
     params = [state.sampling_params(body, prompt_ids, max_tokens, num_logprobs, j) for j in range(body.n)]
     state.check_engine()
-    streams = [generate(state.generation, prompt_ids, p, body.skip_special_tokens) for p in params]
-    head = {"id": new_id("chatcmpl"), "created": now(), "model": state.served_model_name}
+    streams = [generate(state.generation, prompt_ids, p, body.skip_special_tokens, body.keep_stop)
+               for p in params]
+    head = {"id": f"chatcmpl-{request_id(request)}", "created": now(), "model": state.served_model_name}
     if body.stream:
         chunks = _stream_chunks(state, body, head, streams, len(prompt_ids))
         return StreamingResponse(sse_stream(chunks), media_type="text/event-stream")
@@ -82,9 +94,12 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
     for index, result in enumerate(results):
         if result.error:
             raise APIError(500, "the engine failed the request")
-        logprobs = chat_logprobs(state, result.logprobs) if num_logprobs is not None else None
+        logprobs = None
+        if num_logprobs is not None:
+            logprobs = chat_logprobs(state, result.logprobs, body.return_tokens_as_token_ids)
         choices.append({"index": index, "message": {"role": "assistant", "content": result.text},
-                        "logprobs": logprobs, "finish_reason": result.finish_reason})
+                        "logprobs": logprobs, "finish_reason": result.finish_reason,
+                        "stop_reason": result.stop_reason})
     completion_tokens = sum(r.num_tokens for r in results)
     return JSONResponse({**head, "object": "chat.completion", "choices": choices,
                          "usage": usage(len(prompt_ids), completion_tokens)})
@@ -94,16 +109,25 @@ async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head
                          num_prompt_tokens: int) -> AsyncIterator[dict]:
     head = {**head, "object": "chat.completion.chunk"}
     tokens = [0] * len(streams)
+
+    def chunk(choice: dict) -> dict:
+        out = {**head, "choices": [choice]}
+        if body.continuous_usage:  # vLLM's continuous_usage_stats: usage so far in every chunk
+            out["usage"] = usage(num_prompt_tokens, sum(tokens))
+        return out
+
     for index in range(len(streams)):
-        yield {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                    "logprobs": None, "finish_reason": None}]}
+        yield chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                     "finish_reason": None})
     async for index, delta in merge(streams):
         if delta.error:
             raise APIError(500, "the engine failed the request")
         tokens[index] = delta.num_tokens
-        logprobs = chat_logprobs(state, delta.logprobs) if body.logprobs else None
+        logprobs = chat_logprobs(state, delta.logprobs, body.return_tokens_as_token_ids) if body.logprobs else None
         content = {"content": delta.text} if delta.text or not delta.finish_reason else {}
-        yield {**head, "choices": [{"index": index, "delta": content, "logprobs": logprobs,
-                                    "finish_reason": delta.finish_reason}]}
+        choice = {"index": index, "delta": content, "logprobs": logprobs, "finish_reason": delta.finish_reason}
+        if delta.finish_reason is not None:
+            choice["stop_reason"] = delta.stop_reason
+        yield chunk(choice)
     if body.include_usage:
         yield {**head, "choices": [], "usage": usage(num_prompt_tokens, sum(tokens))}

@@ -27,6 +27,16 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
                       "param": param, "code": status}}
 
 
+ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                         404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                         503: "overloaded_error"}
+ANTHROPIC_PATHS = ("/v1/messages",)
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    return {"type": "error", "error": {"type": ANTHROPIC_ERROR_TYPES.get(status, "api_error"), "message": message}}
+
+
 def _phrase(status: int) -> str:
     try:
         return HTTPStatus(status).phrase
@@ -48,6 +58,12 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     loc = [str(part) for part in first.get("loc", ()) if part != "body"]
     param = ".".join(loc) or None
     more = f" (and {len(errors) - 1} more errors)" if len(errors) > 1 else ""
+    if first.get("type") == "extra_forbidden":  # fields nobody implements: say so (all of them), never ignore them
+        extra = [".".join(str(p) for p in e.get("loc", ()) if p != "body") for e in errors
+                 if e.get("type") == "extra_forbidden"]
+        rest = len(errors) - len(extra)
+        more = f" (and {rest} more errors)" if rest else ""
+        return f"{', '.join(extra)}: unsupported field{'s' if len(extra) > 1 else ''} (see docs/api.md){more}", param
     return f"{param or 'body'}: {first.get('msg')}{more}", param
 
 
@@ -57,8 +73,10 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc.status, exc.message, exc.param)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError):
+    async def _validation_error(request: Request, exc: RequestValidationError):
         message, param = _validation_message(exc)
+        if request.url.path in ANTHROPIC_PATHS:
+            return JSONResponse(anthropic_error_body(400, message), status_code=400)
         return error_response(400, message, param)
 
     @app.exception_handler(StarletteHTTPException)

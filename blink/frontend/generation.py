@@ -33,6 +33,7 @@ class Delta:
     finish_reason: str | None = None
     num_tokens: int = 0  # generated tokens so far (usage)
     error: bool = False  # the engine refused or lost the request
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it
 
 
 @dataclass
@@ -43,9 +44,12 @@ class GenerationContext:
 
 
 async def generate(ctx: GenerationContext, prompt_ids: list[int], params: SamplingParams,
-                   skip_special_tokens: bool = True) -> AsyncIterator[Delta]:
-    """Yields deltas with text (or logprobs) as they become final; the last one has finish_reason."""
-    timer = RequestTimer(ctx.metrics, len(prompt_ids))
+                   skip_special_tokens: bool = True, include_stop: bool = False) -> AsyncIterator[Delta]:
+    """Yields deltas with text (or logprobs) as they become final; the last one has finish_reason.
+
+    `include_stop` (include_stop_str_in_output) keeps the stop string, or the stop token's text, in it.
+    """
+    timer = RequestTimer(ctx.metrics, len(prompt_ids), params.max_tokens)
     try:
         req_id, queue = ctx.client.add_request(prompt_ids, params)
     except EngineUnavailable as e:
@@ -53,7 +57,8 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
     except ValueError as e:  # what the ring cannot carry (the API checks should have caught it)
         raise APIError(400, str(e)) from None
     detokenizer = IncrementalDetokenizer(ctx.tokenizer, prompt_ids, skip_special_tokens)
-    stops = StopStringMatcher(params.stop)
+    stops = StopStringMatcher(params.stop, include_stop)
+    stop_reason = None
     num_tokens = 0
     logprobs: list[TokenLogprob] = []
     done = False
@@ -64,18 +69,20 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
             piece = ""
             if event.token_id >= 0:
                 num_tokens += 1
-                timer.token()
+                timer.token(event.queue_us)
                 if params.logprobs is not None:
                     tops = [(t, lp) for t, lp in zip(event.top_ids, event.top_logprobs, strict=True) if t >= 0]
                     logprobs.append(TokenLogprob(event.token_id, event.logprob, tops))
-                if reason != FinishReason.STOP:  # a stop token (EOS or stop_token_ids) is not output text
+                if reason == FinishReason.STOP and event.token_id in params.stop_token_ids:
+                    stop_reason = event.token_id  # (EOS leaves stop_reason None, as vLLM)
+                if reason != FinishReason.STOP or include_stop:  # a stop token is not output text by default
                     piece = detokenizer.add(event.token_id)
             if event.finished:
                 piece += detokenizer.flush()
             text, stopped = stops.feed(piece, check=num_tokens >= params.min_tokens)
             if stopped:
                 ctx.client.abort(req_id)
-                reason = FinishReason.STOP
+                reason, stop_reason = FinishReason.STOP, stops.matched
             elif event.finished:
                 text += stops.flush()
             done = stopped or event.finished
@@ -83,7 +90,8 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
                 raise APIError(503, "server shutting down: the request was cut before it finished")
             if text or done:
                 finish = reason.openai if done else None
-                yield Delta(text, logprobs, finish, num_tokens, error=reason == FinishReason.ERROR)
+                yield Delta(text, logprobs, finish, num_tokens, reason == FinishReason.ERROR,
+                            stop_reason if done else None)
                 logprobs = []
             if done:
                 timer.finish(finish)
@@ -134,4 +142,4 @@ async def collect(stream: AsyncIterator[Delta]) -> Delta:
         texts.append(delta.text)
         logprobs.extend(delta.logprobs)
         last = delta
-    return Delta("".join(texts), logprobs, last.finish_reason, last.num_tokens, last.error)
+    return Delta("".join(texts), logprobs, last.finish_reason, last.num_tokens, last.error, last.stop_reason)

@@ -1,67 +1,156 @@
-"""Prometheus metrics of one front end (its own registry: no process-global collectors)."""
+"""Prometheus metrics of one front end, with vLLM's names under `blink:` and a `model_name` label.
+
+Two sources, and nothing per token in the engine process in either mode:
+- the front end's own observations of each request (arrival, the egress records it reads, the finish);
+- the engine's control-block counters and gauges, read when /metrics is scraped (EngineCollector).
+What each histogram measures exactly is written in its help text and in docs/api.md.
+"""
 from __future__ import annotations
 
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from blink.transport.layout import ITERATION_TOKEN_BOUNDS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5, 10,
                    20, 40, 80)
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+N_BUCKETS = (1, 2, 5, 10, 20, 50, 100)
+
+
+class EngineCollector:
+    """Engine state from the control block at scrape time (its counters only grow: Prometheus counters)."""
+
+    def __init__(self, model_name: str):
+        self.model_name = model_name
+        self.control = None  # set once the engine client is attached
+
+    def collect(self):
+        ctl = self.control
+        if ctl is None:
+            return
+        labels = [self.model_name]
+
+        def family(kind, name, doc, value):
+            metric = kind(name, doc, labels=["model_name"])
+            metric.add_metric(labels, value)
+            return metric
+
+        total = ctl.total_kv_blocks
+        yield family(GaugeMetricFamily, "blink:num_requests_running", "Requests in the engine's running batch",
+                     ctl.running)
+        yield family(GaugeMetricFamily, "blink:num_requests_waiting", "Requests queued in the engine", ctl.waiting)
+        yield family(GaugeMetricFamily, "blink:kv_cache_usage_perc", "Fraction of KV blocks in use (0..1)",
+                     (total - ctl.free_kv_blocks) / total if total else 0.0)
+        yield family(CounterMetricFamily, "blink:num_preemptions", "Preemptions in the engine (blocks ran out)",
+                     ctl.preemptions)
+        yield family(CounterMetricFamily, "blink:engine_steps", "Forward steps the engine ran", ctl.steps)
+        yield family(CounterMetricFamily, "blink:engine_generated_tokens", "Tokens the engine sampled",
+                     ctl.tokens)
+        yield self._iteration_tokens(ctl, labels)
+
+    @staticmethod
+    def _iteration_tokens(ctl, labels: list[str]) -> HistogramMetricFamily:
+        """Tokens per engine step, from the engine's per-bucket step counts (cumulated here)."""
+        counts = list(ctl.iteration_tokens)
+        cumulative, buckets = 0, []
+        for bound, count in zip([*map(str, ITERATION_TOKEN_BOUNDS), "+Inf"], counts, strict=True):
+            cumulative += count
+            buckets.append((bound, cumulative))
+        metric = HistogramMetricFamily("blink:iteration_tokens_total", "Tokens (prompt + generated) per engine step",
+                                       labels=["model_name"])
+        metric.add_metric(labels, buckets, sum_value=ctl.iteration_tokens_sum)
+        return metric
 
 
 class FrontendMetrics:
-    def __init__(self, engine_pid: int | None):
+    def __init__(self, engine_pid: int | None, model_name: str = "blink"):
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.requests = Counter("blink_requests", "Finished requests by finish reason", ["finish_reason"],
-                                registry=r)
-        self.prompt_tokens = Counter("blink_prompt_tokens", "Prompt tokens of finished requests", registry=r)
-        self.generation_tokens = Counter("blink_generation_tokens", "Generated tokens", registry=r)
-        self.ttft = Histogram("blink_time_to_first_token_seconds", "Arrival to first token",
-                              buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("blink_inter_token_latency_seconds", "Time between tokens of a request",
-                             buckets=LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("blink_e2e_request_latency_seconds", "Arrival to last token",
-                             buckets=LATENCY_BUCKETS, registry=r)
-        self.running = Gauge("blink_num_requests_running", "Requests the engine is running", registry=r)
-        self.waiting = Gauge("blink_num_requests_waiting", "Requests waiting in the engine", registry=r)
-        self.kv_usage = Gauge("blink_kv_cache_usage_perc", "Fraction of KV blocks in use (0..1)", registry=r)
-        self.engine_steps = Gauge("blink_engine_steps", "Engine steps so far", registry=r)
-        self.engine_tokens = Gauge("blink_engine_generated_tokens", "Tokens the engine generated", registry=r)
-        self.preemptions = Gauge("blink_engine_preemptions", "Preemptions in the engine", registry=r)
-        self.engine_pid = Gauge("blink_engine_pid", "Process id of the engine", registry=r)
+        self.model_name = model_name
+        r, m = self.registry, ["model_name"]
+
+        def histogram(name, doc, buckets):
+            return Histogram(name, doc, m, buckets=buckets, registry=r).labels(model_name)
+
+        self.requests = Counter("blink:request_success", "Finished requests by finish reason",
+                                ["model_name", "finished_reason"], registry=r)
+        self.prompt_tokens = Counter("blink:prompt_tokens", "Prompt tokens of finished requests", m,
+                                     registry=r).labels(model_name)
+        self.generation_tokens = Counter("blink:generation_tokens", "Generated tokens the front end received", m,
+                                         registry=r).labels(model_name)
+        self.ttft = histogram("blink:time_to_first_token_seconds",
+                              "Submission to the ring -> first token record read (queue + prefill + transport)",
+                              LATENCY_BUCKETS)
+        self.itl = histogram("blink:inter_token_latency_seconds",
+                             "Between consecutive token records of a request, as the front end reads them",
+                             LATENCY_BUCKETS)
+        self.e2e = histogram("blink:e2e_request_latency_seconds", "Submission to the ring -> last record read",
+                             LATENCY_BUCKETS)
+        self.queue_time = histogram("blink:request_queue_time_seconds",
+                                    "Engine ingest -> first admission to a step (measured by the engine)",
+                                    LATENCY_BUCKETS)
+        self.prefill_time = histogram("blink:request_prefill_time_seconds",
+                                      "First admission -> first token record read: time to first token less the "
+                                      "engine's queue time (prefill steps + egress transport)", LATENCY_BUCKETS)
+        self.decode_time = histogram("blink:request_decode_time_seconds",
+                                     "First token record -> last record of a request (the decode phase)",
+                                     LATENCY_BUCKETS)
+        self.request_prompt_tokens = histogram("blink:request_prompt_tokens", "Prompt tokens per request",
+                                               TOKEN_BUCKETS)
+        self.request_generation_tokens = histogram("blink:request_generation_tokens",
+                                                   "Generated tokens per finished request", TOKEN_BUCKETS)
+        self.params_n = histogram("blink:request_params_n", "The n parameter of each API request", N_BUCKETS)
+        self.params_max_tokens = histogram("blink:request_params_max_tokens",
+                                           "The max_tokens of each engine request", TOKEN_BUCKETS)
+        self.engine_pid = Gauge("blink:engine_pid", "Process id of the engine", m, registry=r).labels(model_name)
         self.engine_pid.set(engine_pid or 0)
+        self.engine = EngineCollector(model_name)
+        r.register(self.engine)
 
     def render(self, control) -> bytes:
-        """The exposition text, with the engine gauges read from the control block now."""
-        if control is not None:
-            self.running.set(control.running)
-            self.waiting.set(control.waiting)
-            total = control.total_kv_blocks
-            self.kv_usage.set((total - control.free_kv_blocks) / total if total else 0.0)
-            self.engine_steps.set(control.steps)
-            self.engine_tokens.set(control.tokens)
-            self.preemptions.set(control.preemptions)
+        """The exposition text; the engine's part is read from the control block now."""
+        self.engine.control = control
         return generate_latest(self.registry)
+
+    def finished(self, reason: str) -> None:
+        self.requests.labels(self.model_name, reason).inc()
 
 
 class RequestTimer:
-    """Feeds TTFT / ITL / end-to-end latency for one request."""
+    """Feeds the per-request series for one engine request, from the records the front end reads."""
 
-    def __init__(self, metrics: FrontendMetrics, num_prompt_tokens: int):
+    def __init__(self, metrics: FrontendMetrics, num_prompt_tokens: int, max_tokens: int):
         self.metrics = metrics
         self.num_prompt_tokens = num_prompt_tokens
         self.arrival = self.last = time.perf_counter()
+        self.first = None
         self.num_tokens = 0
+        metrics.params_max_tokens.observe(max_tokens)
 
-    def token(self) -> None:
+    def token(self, queue_us: int = 0) -> None:
+        """One token record read; the first one carries the engine's queue time."""
         now = time.perf_counter()
-        (self.metrics.ttft if self.num_tokens == 0 else self.metrics.itl).observe(now - self.last)
+        if self.num_tokens == 0:
+            ttft, queue = now - self.last, queue_us * 1e-6
+            self.metrics.ttft.observe(ttft)
+            self.metrics.queue_time.observe(queue)
+            self.metrics.prefill_time.observe(max(0.0, ttft - queue))
+            self.first = now
+        else:
+            self.metrics.itl.observe(now - self.last)
         self.last = now
         self.num_tokens += 1
         self.metrics.generation_tokens.inc()
 
     def finish(self, finish_reason: str) -> None:
-        self.metrics.requests.labels(finish_reason=finish_reason).inc()
-        self.metrics.prompt_tokens.inc(self.num_prompt_tokens)
-        self.metrics.e2e.observe(time.perf_counter() - self.arrival)
+        m = self.metrics
+        m.finished(finish_reason)
+        m.prompt_tokens.inc(self.num_prompt_tokens)
+        m.request_prompt_tokens.observe(self.num_prompt_tokens)
+        m.request_generation_tokens.observe(self.num_tokens)
+        now = time.perf_counter()
+        m.e2e.observe(now - self.arrival)
+        if self.first is not None:
+            m.decode_time.observe(now - self.first)

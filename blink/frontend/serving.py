@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -15,6 +16,7 @@ from blink.frontend.errors import APIError, error_body
 from blink.frontend.generation import GenerationContext
 from blink.frontend.metrics import FrontendMetrics
 from blink.frontend.protocol import SamplingFields
+from blink.frontend.text_workers import TextWorkers
 from blink.request import SamplingParams
 from blink.text.tokenizer import ModelTokenizer
 
@@ -25,6 +27,8 @@ class FrontendState:
     client: EngineClient
     metrics: FrontendMetrics
     served_model_name: str
+    text: TextWorkers
+    model_root: str = ""
 
     @property
     def max_model_len(self) -> int:
@@ -47,6 +51,33 @@ class FrontendState:
             raise APIError(503, "server shutting down")
         if not self.client.engine_alive():
             raise APIError(503, "the engine is not running")
+
+    def check_fields(self, body: SamplingFields) -> None:
+        """Field combinations the API refuses (each 400 names its field)."""
+        if body.prompt_logprobs is not None:
+            raise APIError(400, "prompt_logprobs is not supported yet (no prompt logprobs)", "prompt_logprobs")
+        if body.return_hidden_states:
+            raise APIError(400, "return_hidden_states is not supported", "return_hidden_states")
+        if body.stream_options is not None and not body.stream:
+            raise APIError(400, "stream_options is only allowed when stream is true", "stream_options")
+        if body.stream_options is not None and body.stream_options.continuous_usage_stats \
+                and not body.stream_options.include_usage:
+            raise APIError(400, "continuous_usage_stats needs include_usage", "stream_options.continuous_usage_stats")
+        self.metrics.params_n.observe(body.n)
+
+    async def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Tokenize on the worker pool; a text that cannot fit is refused from its length first."""
+        self.precheck_text(text)
+        ids = await self.text.encode(text, add_special_tokens)
+        self.check_prompt(ids)
+        return ids
+
+    def precheck_text(self, text: str) -> None:
+        at_least = self.tokenizer.min_tokens(text)
+        if at_least >= self.max_model_len:
+            raise APIError(400, f"This model's maximum context length is {self.max_model_len} tokens. "
+                                f"However, your prompt has at least {at_least} tokens "
+                                f"({len(text)} characters).", "prompt")
 
     def check_prompt(self, prompt_ids: list[int]) -> None:
         if not prompt_ids:
@@ -81,14 +112,21 @@ class FrontendState:
         max_tokens = self.max_tokens_for(prompt_ids, max_tokens)
         try:
             params = body.sampling_params(max_tokens, logprobs, choice_index)
-        except ValueError as e:
-            raise APIError(400, str(e)) from None
-        self.check_token_ids([*params.logit_bias, *params.stop_token_ids], "logit_bias")
+        except ValueError as e:  # the message names the field: "top_p must be in (0, 1]"
+            words = re.findall(r"[a-z_]+", str(e))
+            raise APIError(400, str(e), next((w for w in words if w in type(body).model_fields), None)) from None
+        self.check_token_ids(list(params.logit_bias), "logit_bias")
+        self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         return params
 
+    def token_text(self, token_id: int, as_ids: bool) -> str:
+        """A logprobs entry's token: its text, or vLLM's "token_id:N" (return_tokens_as_token_ids)."""
+        return f"token_id:{token_id}" if as_ids else self.tokenizer.token_text(token_id)
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
+
+def request_id(request: Request) -> str:
+    """The id RequestIdMiddleware chose: the client's X-Request-Id, or a fresh one."""
+    return request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex
 
 
 def now() -> int:

@@ -3,6 +3,7 @@ replays the forward graphs from the host (what vLLM and SGLang do); on a machine
 the model eagerly with the torch reference kernels."""
 from __future__ import annotations
 
+import bisect
 import time
 from collections import deque
 
@@ -13,7 +14,9 @@ from blink.core.runner import ModelRunner
 from blink.core.scheduler import Scheduler
 from blink.core.sequence import Sequence
 from blink.request import SamplingParams, TokenEvent, request_seed
+from blink.transport.layout import ITERATION_TOKEN_BOUNDS
 
+QUEUE_US_MAX = (1 << 32) - 1  # TokenRecord.queue_us saturates
 STEP_TIMES_KEPT = 8192  # the last steps' durations, for benchmarks (blink bench barrier)
 
 
@@ -34,6 +37,9 @@ class HostEngine(Engine):
         self._arrivals = 0
         self._steps = 0
         self._tokens = 0
+        self._iteration_tokens = [0] * (len(ITERATION_TOKEN_BOUNDS) + 1)  # step sizes, for /metrics
+        self._iteration_tokens_sum = 0
+        self._queue_us: dict[int, int] = {}  # admitted, first token not out yet: the queue time it will carry
         self._step_times: deque[StepTime] = deque(maxlen=STEP_TIMES_KEPT)
 
     # -- Engine interface ------------------------------------------------------------------------------
@@ -43,10 +49,11 @@ class HostEngine(Engine):
         self.m.validate_prompt(prompt_ids, params)
         self._arrivals += 1
         self.scheduler.add(Sequence(req_id, list(prompt_ids), params, request_seed(params, req_id, self.args.seed),
-                                    self._arrivals))
+                                    self._arrivals, arrived_at=time.perf_counter()))
 
     def abort_request(self, req_id: int) -> None:
         event = self.scheduler.abort(req_id)
+        self._queue_us.pop(req_id, None)
         if event is not None:
             self._pending.append(event)
 
@@ -56,7 +63,13 @@ class HostEngine(Engine):
     def stats(self) -> EngineStats:
         s = self.scheduler
         return EngineStats(len(s.running), len(s.waiting), s.blocks.num_free, s.blocks.num_blocks,
-                           self._steps, self._tokens, s.num_preemptions)
+                           self._steps, self._tokens, s.num_preemptions, tuple(self._iteration_tokens),
+                           self._iteration_tokens_sum)
+
+    def publish_model_info(self, ctl) -> None:
+        """For the front end's banner (the limits themselves are published by publish_limits)."""
+        runner = getattr(self.runner, "runner", self.runner)  # the TP runner wraps rank 0's ModelRunner
+        self.m.publish(ctl, captured=bool(getattr(runner, "graphs", None)))
 
     def step_times(self) -> list[StepTime]:
         """The last STEP_TIMES_KEPT steps that ran, oldest first (one per stats().steps increment)."""
@@ -70,11 +83,20 @@ class HostEngine(Engine):
         if not output.chunks:
             return events
         for seq in output.admitted:
+            if seq.queue_us < 0:  # the first admission ends the request's queue time
+                seq.queue_us = min(int((start - seq.arrived_at) * 1e6), QUEUE_US_MAX)
+                self._queue_us[seq.req_id] = seq.queue_us
             self.m.sampling_state.set_slot(seq.slot, seq.params, seq.seed, seq.prompt_ids, seq.output_ids)
         sampled = self.runner.execute(output)
         new = self.scheduler.update_from_output(output, sampled)
         self._steps += 1
         self._tokens += len(new)
+        self._iteration_tokens[bisect.bisect_left(ITERATION_TOKEN_BOUNDS, output.num_tokens)] += 1
+        self._iteration_tokens_sum += output.num_tokens
+        for event in new:
+            if event.position == 0 or event.finished:  # the first token carries the queue time
+                event.queue_us = self._queue_us.pop(event.req_id, 0) if event.position == 0 else 0
+                self._queue_us.pop(event.req_id, None)
         self._step_times.append(StepTime(time.perf_counter() - start, output.num_tokens, len(output.chunks)))
         return events + new
 

@@ -19,6 +19,9 @@ def publish_stats(engine: Engine, ctl) -> None:
     ctl.running, ctl.waiting = s.running, s.waiting
     ctl.free_kv_blocks, ctl.total_kv_blocks = s.free_kv_blocks, s.total_kv_blocks
     ctl.steps, ctl.tokens, ctl.preemptions = s.steps, s.tokens, s.preemptions
+    for bucket, count in enumerate(s.iteration_tokens):
+        ctl.iteration_tokens[bucket] = count
+    ctl.iteration_tokens_sum = s.iteration_tokens_sum
     ctl.heartbeat += 1
 
 
@@ -28,6 +31,8 @@ def serve_rings(engine: Engine, segment, should_stop=lambda: False) -> None:
     ingress, egress, ctl = IngressConsumer(segment), EgressProducer(segment), segment.control
     ctl.engine_mode = 1
     publish_limits(engine.limits, ctl)
+    if hasattr(engine, "publish_model_info"):  # the banner's dtype and graph mode
+        engine.publish_model_info(ctl)
     publish_stats(engine, ctl)
     ctl.ready = 1
     idle = 0.0

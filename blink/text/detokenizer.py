@@ -48,16 +48,18 @@ class IncrementalDetokenizer:
 class StopStringMatcher:
     """Finds the first stop string in streamed text and holds back any tail that may begin one.
 
-    `feed(delta)` returns (text safe to emit now, stopped). Once stopped, the stop string and everything
-    after it is dropped (OpenAI: the stop sequence is not included in the output).
+    `feed(delta)` returns (text safe to emit now, stopped). Once stopped, everything after the stop string
+    is dropped, and the stop string too unless `include_stop` (OpenAI leaves it out).
     """
 
-    def __init__(self, stop: list[str]):
+    def __init__(self, stop: list[str], include_stop: bool = False):
         self.stop = [s for s in stop if s]
+        self.include_stop = include_stop  # vLLM's include_stop_str_in_output: emit the stop string too
         self.longest = max((len(s) for s in self.stop), default=0)
         self.text = ""
         self.emitted = 0
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the text (stop_reason)
 
     def feed(self, delta: str, check: bool = True) -> tuple[str, bool]:
         """`check=False` appends without looking for stops (vLLM skips them before min_tokens)."""
@@ -68,10 +70,11 @@ class StopStringMatcher:
         if not self.stop:
             return self._emit_until(len(self.text)), False
         if check:
-            hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]
+            hits = [(i, s) for i, s in ((self.text.find(s, search_from), s) for s in self.stop) if i >= 0]
             if hits:
                 self.stopped = True
-                return self._emit_until(min(hits)), True
+                start, self.matched = min(hits, key=lambda hit: hit[0])
+                return self._emit_until(start + len(self.matched) if self.include_stop else start), True
         return self._emit_until(len(self.text) - self._held_back()), False
 
     def flush(self) -> str:

@@ -27,12 +27,32 @@ class ModelTokenizer:
     tokenizer: Tokenizer
     vocab_size: int  # the model's (logits) vocab: valid token ids are [0, vocab_size)
     chat_template: ChatTemplate | None
+    _longest_token: int | None = None  # computed on first use by min_tokens (0 = no bound)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    # The batch forms release the GIL (the plain ones do not): the worker pool calls these.
+    def encode_released(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tokenizer.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+    def decode_released(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on len(encode(text)) from its length alone (0 when the model gives none).
+
+        A BPE token spells at most `longest` characters of its vocabulary entry (byte-level entries spell
+        one character per byte), so n characters need at least n / longest tokens. Normalizers may
+        shorten text a little (strip, NFKC), hence the factor 2. A word-level or fused-unknown model
+        can spell any length with one token: no bound.
+        """
+        if self._longest_token is None:
+            self._longest_token = _longest_token_chars(self.tokenizer)
+        return len(text) // (2 * self._longest_token) if self._longest_token else 0
 
     def token_text(self, token_id: int) -> str:
         """A single token's text as a client sees it (logprobs entries)."""
@@ -93,6 +113,14 @@ def synthetic_tokenizer(vocab_size: int) -> Tokenizer:
     # A word-piece decoder with a prefix no word has joins tokens with single spaces, no cleanup.
     tokenizer.decoder = decoders.WordPiece(prefix="\x00", cleanup=False)
     return tokenizer
+
+
+def _longest_token_chars(tokenizer: Tokenizer) -> int:
+    model = tokenizer.model
+    if not isinstance(model, models.BPE) or (model.fuse_unk and not model.byte_fallback):
+        return 0
+    vocab = tokenizer.get_vocab(with_added_tokens=True)
+    return max((len(token) for token in vocab), default=0)
 
 
 def _special_tokens(tokenizer_config: dict) -> dict[str, str]:

@@ -27,6 +27,8 @@ FLAG_IGNORE_EOS = 1
 ENGINE_MODE_NONE = 0  # ControlBlock.engine_mode
 ENGINE_MODE_HOST = 1
 ENGINE_MODE_DEVICE = 2
+ITERATION_TOKEN_BOUNDS = (1, 8, 32, 128, 512, 2048)  # ControlBlock.iteration_tokens buckets, plus one above
+DTYPE_NAMES = ("unknown", "float32", "float16", "bfloat16")  # ControlBlock.dtype
 
 
 class ControlBlock(C.Structure):
@@ -67,8 +69,14 @@ class ControlBlock(C.Structure):
         ("num_kv_blocks", C.c_uint32),
         ("vocab_size", C.c_uint32),
         ("num_buckets", C.c_uint32),  # captured graph buckets: their token counts follow
-        ("_pad3", C.c_uint8 * 36),
+        ("dtype", C.c_uint32),  # for the start-up banner: an index into DTYPE_NAMES
+        ("graphs_captured", C.c_uint32),  # 1 when the buckets are CUDA graphs, 0 when the model runs eagerly
+        ("_pad3", C.c_uint8 * 28),
         ("bucket_tokens", C.c_uint32 * MAX_PUBLISHED_BUCKETS),
+        # line 5: tokens per engine step (vLLM's iteration_tokens_total): a count per ITERATION_TOKEN_BOUNDS
+        # bucket (tokens <= bound, the last one unbounded) and their sum; written once per step
+        ("iteration_tokens", C.c_uint64 * 7),
+        ("iteration_tokens_sum", C.c_uint64),
     ]
 
 
@@ -128,7 +136,7 @@ class TokenRecord(C.Structure):
         ("finish_reason", C.c_uint32),  # blink.request.FinishReason
         ("num_top", C.c_uint32),
         ("logprob", C.c_float),
-        ("_pad", C.c_uint32),
+        ("queue_us", C.c_uint32),  # a request's first record only: us from engine ingest to first admission
         ("top_ids", C.c_int32 * MAX_TOP_LOGPROBS),
         ("top_logprobs", C.c_float * MAX_TOP_LOGPROBS),
     ]

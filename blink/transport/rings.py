@@ -294,8 +294,8 @@ class EgressProducer:
 
 def _encode_events(events: list[TokenEvent]) -> np.ndarray:
     records = np.zeros(len(events), TOKEN_DTYPE)
-    names = ("req_id", "token_id", "position", "finish_reason", "logprob")
-    rows = [(e.req_id, e.token_id, e.position, int(e.finish_reason), e.logprob) for e in events]
+    names = ("req_id", "token_id", "position", "finish_reason", "logprob", "queue_us")
+    rows = [(e.req_id, e.token_id, e.position, int(e.finish_reason), e.logprob, e.queue_us) for e in events]
     for name, column in zip(names, zip(*rows, strict=True), strict=True):
         records[name] = _checked(column, TOKEN_DTYPE[name], name)
     for i, event in enumerate(events):
@@ -324,10 +324,11 @@ class EgressConsumer:
         self.ring.words[HEAD_INDEX] = head + count  # after the copy: the producer may now reuse the slots
         # Column-wise tolist() is far cheaper than touching each record's fields from Python.
         events = [
-            TokenEvent(req_id, token_id, position, FINISH_REASONS[finish], logprob)
-            for req_id, token_id, position, finish, logprob in zip(
+            TokenEvent(req_id, token_id, position, FINISH_REASONS[finish], logprob, queue_us=queue_us)
+            for req_id, token_id, position, finish, logprob, queue_us in zip(
                 records["req_id"].tolist(), records["token_id"].tolist(), records["position"].tolist(),
-                records["finish_reason"].tolist(), records["logprob"].tolist(), strict=True)
+                records["finish_reason"].tolist(), records["logprob"].tolist(), records["queue_us"].tolist(),
+                strict=True)
         ]
         for i, num_top in enumerate(records["num_top"].tolist()):
             if num_top:

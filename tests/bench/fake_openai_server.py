@@ -50,7 +50,8 @@ def build_app(state: FakeState) -> FastAPI:
     @app.get("/metrics")
     async def metrics():
         # The "engine" is this very process: the server runs in a thread of the test.
-        return PlainTextResponse(f"# TYPE blink_engine_pid gauge\nblink_engine_pid {os.getpid()}.0\n")
+        pid = os.getpid()
+        return PlainTextResponse(f'# TYPE blink:engine_pid gauge\nblink:engine_pid{{model_name="fake"}} {pid}.0\n')
 
     @app.get("/v1/models")
     async def models():

@@ -28,7 +28,7 @@ def test_sweep_writes_points_table_and_plots(fake_server, tmp_path):
     for p in points:
         assert p["mode"] == "fake" and p["layout"] == "shared" and p["model"] == MODEL
         assert p["bench"]["completed"] > 0 and p["bench"]["failed"] == 0
-        assert p["engine_pid"] == os.getpid()  # read from the fake's blink_engine_pid gauge
+        assert p["engine_pid"] == os.getpid()  # read from the fake's blink:engine_pid gauge
         assert p["engine_cpu_s_per_1k_tokens"] > 0
         if p["attack_kind"] == "none":
             assert p["attack_procs"] == 0 and p["attackers"] == []

@@ -4,6 +4,7 @@
 emits one token: output token i is prompt token i (mod prompt length), so outputs are predictable. A
 token in stop_token_ids ends the request with STOP; max_tokens with LENGTH; an abort with ABORT (-1).
 Logprobs: the chosen token gets -0.5, the top-k list is the next k prompt tokens at -1, -2, ...
+Every first record reports FAKE_QUEUE_US of engine queue time.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from blink.transport.rings import EgressProducer, IngressConsumer
 from blink.transport.shm import Segment
 
 STEP_S = float(os.environ.get("FAKE_ENGINE_STEP_S", "0.002"))
+FAKE_QUEUE_US = 1500  # every request's first record says it queued 1.5 ms (the metrics test checks it)
 
 
 def step(running: dict, item_of: dict) -> list[TokenEvent]:
@@ -27,7 +29,7 @@ def step(running: dict, item_of: dict) -> list[TokenEvent]:
     for req_id in list(running):
         prompt, params, position = item_of[req_id]
         token = prompt[position % len(prompt)]
-        event = TokenEvent(req_id, token, position)
+        event = TokenEvent(req_id, token, position, queue_us=FAKE_QUEUE_US if position == 0 else 0)
         if params.logprobs is not None:
             event.logprob = -0.5
             k = params.logprobs

@@ -35,6 +35,7 @@ def free_port() -> int:
 
 class ServerProcess:
     def __init__(self, args: list[str], env: dict | None = None, new_session: bool = False):
+        self.args = list(args)
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", "blink", "serve", "--port", str(self.port), *args]

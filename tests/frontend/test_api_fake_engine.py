@@ -61,9 +61,9 @@ def expected_text(tok, prompt: str, n: int) -> str:
     return tok.decode([ids[i % len(ids)] for i in range(n)])
 
 
-def metric(http, name: str) -> float:
+def metric(http, name: str, labels: str = 'model_name="fake"') -> float:
     text = http.get("/metrics").text
-    match = re.search(rf"^{name} (\S+)$", text, re.M)
+    match = re.search(rf"^{re.escape(name)}{{{re.escape(labels)}}} (\S+)$", text, re.M)
     assert match, name
     return float(match.group(1))
 
@@ -205,7 +205,9 @@ def test_logprobs(client, tok):
     lp = out.choices[0].logprobs
     assert lp.tokens == [tok.token_text(t) for t in ids[:3]]
     assert lp.token_logprobs == [-0.5] * 3
-    assert lp.top_logprobs[0] == {tok.token_text(ids[1]): -1.0, tok.token_text(ids[2]): -2.0}
+    # the sampled token is among the top_logprobs too, as OpenAI and vLLM do
+    assert lp.top_logprobs[0] == {tok.token_text(ids[1]): -1.0, tok.token_text(ids[2]): -2.0,
+                                  tok.token_text(ids[0]): -0.5}
     assert lp.text_offset == [0, len(lp.tokens[0]), len(lp.tokens[0]) + len(lp.tokens[1])]
     chat = client.chat.completions.create(model="fake", messages=[{"role": "user", "content": "hi"}],
                                           max_tokens=2, logprobs=True, top_logprobs=3)
@@ -226,23 +228,33 @@ def test_models_tokenize_detokenize(http, tok):
 
 def test_health_and_metrics(http, server):
     assert http.get("/health").status_code == 200
+    http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3})
     text = http.get("/metrics").text
-    for name in ("blink_requests_total", "blink_generation_tokens_total",
-                 "blink_time_to_first_token_seconds_bucket", "blink_inter_token_latency_seconds_bucket",
-                 "blink_num_requests_running",
-                 "blink_num_requests_waiting", "blink_kv_cache_usage_perc"):
-        assert name in text
-    assert metric(http, "blink_engine_pid") in [float(p) for p in server.children()]
+    for name in ("blink:request_success_total", "blink:generation_tokens_total", "blink:prompt_tokens_total",
+                 "blink:time_to_first_token_seconds_bucket", "blink:inter_token_latency_seconds_bucket",
+                 "blink:e2e_request_latency_seconds_bucket", "blink:request_decode_time_seconds_bucket",
+                 "blink:request_prompt_tokens_bucket", "blink:request_generation_tokens_bucket",
+                 "blink:request_params_n_bucket", "blink:request_params_max_tokens_bucket",
+                 "blink:num_requests_running", "blink:num_requests_waiting", "blink:kv_cache_usage_perc",
+                 "blink:num_preemptions_total", "blink:engine_steps_total", "blink:iteration_tokens_total_bucket",
+                 "blink:request_queue_time_seconds_bucket", "blink:request_prefill_time_seconds_bucket"):
+        assert re.search(rf"^{re.escape(name)}{{[^}}]*model_name=\"fake\"", text, re.M), name
+    assert re.search(r"^# TYPE blink:num_preemptions(_total)? counter$", text, re.M)
+    assert metric(http, "blink:request_generation_tokens_count") >= 1
+    count = metric(http, "blink:request_queue_time_seconds_count")
+    assert count >= 1 and metric(http, "blink:request_queue_time_seconds_sum") == pytest.approx(0.0015 * count)
+    assert metric(http, "blink:request_prefill_time_seconds_count") == count
+    assert metric(http, "blink:engine_pid") in [float(p) for p in server.children()]
 
 
 def test_client_disconnect_aborts(server, client, http):
     stream = client.completions.create(model="fake", prompt=PROMPT, max_tokens=240, stream=True)
     seen = [next(iter(stream)) for _ in range(3)]
     assert len(seen) == 3
-    assert metric(http, "blink_num_requests_running") == 1
+    assert metric(http, "blink:num_requests_running") == 1
     stream.close()
     deadline = time.monotonic() + 10
-    while metric(http, "blink_num_requests_running") != 0:
+    while metric(http, "blink:num_requests_running") != 0:
         assert time.monotonic() < deadline, "the engine still runs the abandoned request"
         time.sleep(0.05)
 
@@ -251,7 +263,7 @@ def test_non_streaming_disconnect_aborts(server, http):
     with pytest.raises(httpx.ReadTimeout):
         http.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 240}, timeout=0.3)
     deadline = time.monotonic() + 10
-    while metric(http, "blink_num_requests_running") != 0:
+    while metric(http, "blink:num_requests_running") != 0:
         assert time.monotonic() < deadline, "the engine still runs the abandoned request"
         time.sleep(0.05)
 
@@ -294,10 +306,18 @@ def test_bad_input(http, name, path, body, status):
     assert http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 200
 
 
-def test_unknown_fields_ignored(http):
+def test_unknown_fields_are_refused_by_name(http):
     response = http.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "best_of_the_best": 3,
                                                   "user": "me", "echo": False})
-    assert response.status_code == 200
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "best_of_the_best"
+    assert "unsupported field" in response.json()["error"]["message"]
+    chat = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                   "store": True})
+    assert chat.status_code == 400 and chat.json()["error"]["param"] == "store"
+    kept_nothing = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                           "store": False, "max_tokens": 1})
+    assert kept_nothing.status_code == 200
 
 
 def test_api_key(server):

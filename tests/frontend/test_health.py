@@ -39,4 +39,4 @@ def test_health_tracks_the_engine(segment, tmp_path):
         control.exited = 1
         response = client.get("/health")
         assert response.status_code == 503 and response.json()["error"]["code"] == 503
-        assert "blink_engine_pid 4321.0" in client.get("/metrics").text
+        assert 'blink:engine_pid{model_name="m"} 4321.0' in client.get("/metrics").text

@@ -98,6 +98,24 @@ async def load_a_then_route(router: Router, a: ServerProcess, b: ServerProcess) 
         await asyncio.gather(*busy, return_exceptions=True)
 
 
+def test_chat_through_the_router(replicas):
+    """vllm-router forwards SGLang's extra fields (no_stop_trim, separate_reasoning, ...) on every request;
+    blink accepts them at those values, so chat works behind it, streamed or not."""
+    router = router_for(replicas, "round_robin")
+    try:
+        body = {"model": "demo", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 3}
+        plain = httpx.post(router.base_url + "/v1/chat/completions", json=body, timeout=60)
+        assert plain.status_code == 200, plain.text
+        assert plain.json()["usage"]["completion_tokens"] <= 3
+        with httpx.stream("POST", router.base_url + "/v1/chat/completions", json={**body, "stream": True},
+                          timeout=60) as response:
+            lines = [line for line in response.iter_lines() if line.startswith("data: ")]
+        assert response.status_code == 200 and lines[-1] == "data: [DONE]"
+        assert not any('"error"' in line for line in lines)
+    finally:
+        router.stop()
+
+
 def test_forty_requests_then_a_drain_mid_run(replicas, tok):
     a, b = replicas
     router = router_for(replicas, "round_robin")

@@ -13,6 +13,7 @@ from tests.frontend.server_process import ServerProcess
 from tests.frontend.test_serve_real_engine import (  # noqa: F401 - the tests and fixtures re-run here
     check_sigterm_cleans_up,
     client,
+    test_banner_metrics_and_messages,
     test_chat_stream_equals_non_stream,
     test_concurrent_streams_match_non_streamed,
     test_disconnect_frees_the_request,

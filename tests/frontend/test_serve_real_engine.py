@@ -40,7 +40,7 @@ def client(server):
 
 def running_requests(base_url: str) -> float:
     text = httpx.get(base_url + "/metrics").text
-    return float(re.search(r"^blink_num_requests_running (\S+)$", text, re.M).group(1))
+    return float(re.search(r"^blink:num_requests_running{[^}]*} (\S+)$", text, re.M).group(1))
 
 
 def test_greedy_stream_equals_non_stream(client):
@@ -100,7 +100,7 @@ def test_concurrent_streams_match_non_streamed(server):
 
 def generated_tokens(base_url: str) -> float:
     text = httpx.get(base_url + "/metrics").text
-    return float(re.search(r"^blink_engine_generated_tokens (\S+)$", text, re.M).group(1))
+    return float(re.search(r"^blink:engine_generated_tokens_total{[^}]*} (\S+)$", text, re.M).group(1))
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +133,32 @@ def test_stop_string_aborts_engine_request(server, client):
     assert cut.choices[0].finish_reason == "stop"
     assert cut.choices[0].text == text[:text.index(stop)]
     assert cut.usage.completion_tokens < 12
+
+
+def test_banner_metrics_and_messages(server, client):
+    """What the engine itself published: the banner, the control-block metrics, and /v1/messages."""
+    import anthropic
+
+    mode = "device" if "--engine" in server.args and "device" in server.args else "host"
+    text = "".join(server.stderr)
+    assert f"engine mode {mode}" in text and "dtype float32" in text
+    blocks = re.search(r"KV cache (\d+) blocks x 16 tokens = (\d+) tokens", text)
+    assert blocks and int(blocks.group(1)) * 16 == int(blocks.group(2)) > 0
+    graphs = re.search(r"forward graphs: (\d+) buckets of up to (\d+) tokens, captured", text)
+    assert (graphs is not None) == (mode == "device")  # host mode on the CPU runs eagerly
+    assert mode == "device" or "forward graphs: none (eager; " in text
+    reply = anthropic.Anthropic(base_url=server.base_url, api_key="x", max_retries=0).messages.create(
+        model="tiny", max_tokens=5, messages=[{"role": "user", "content": "Hello"}], extra_body={"temperature": 0})
+    assert reply.content[0].type == "text" and reply.usage.output_tokens <= 5
+    metrics = httpx.get(server.base_url + "/metrics").text
+    steps = re.search(r'^blink:engine_steps_total{model_name="tiny"} (\S+)$', metrics, re.M)
+    assert steps and float(steps.group(1)) > 0
+    iterations = re.search(r'^blink:iteration_tokens_total_count{model_name="tiny"} (\S+)$', metrics, re.M)
+    assert iterations and float(iterations.group(1)) == float(steps.group(1))  # every step in one bucket
+    queued = re.search(r'^blink:request_queue_time_seconds_sum{model_name="tiny"} (\S+)$', metrics, re.M)
+    assert queued and float(queued.group(1)) > 0  # the engine measured its requests' queue time
+    assert re.search(r'^blink:request_generation_tokens_count{model_name="tiny"} [1-9]', metrics, re.M)
+    assert re.search(r'^blink:num_preemptions_total{model_name="tiny"} \d', metrics, re.M)
 
 
 def test_sigterm_to_process_group_cleans_up(model_dir):

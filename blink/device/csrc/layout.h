@@ -39,6 +39,12 @@ constexpr uint32_t kFlagIgnoreEos = 1;
 constexpr uint32_t kEngineModeNone = 0;
 constexpr uint32_t kEngineModeHost = 1;
 constexpr uint32_t kEngineModeDevice = 2;
+// The ControlBlock.iteration_tokens bucket of a step of `tokens` tokens: bounds 1, 8, 32, 128, 512, 2048
+// (layout.py's ITERATION_TOKEN_BOUNDS), then one unbounded bucket.
+BLINK_HD inline int iteration_bucket(int tokens) {
+  return tokens <= 1 ? 0 : tokens <= 8 ? 1 : tokens <= 32 ? 2 : tokens <= 128 ? 3 : tokens <= 512 ? 4
+       : tokens <= 2048 ? 5 : 6;
+}
 
 // Finish reasons, as blink.request.FinishReason.
 constexpr uint32_t kFinishNone = 0;
@@ -83,8 +89,14 @@ struct ControlBlock {
   uint32_t num_kv_blocks;
   uint32_t vocab_size;
   uint32_t num_buckets;  // captured graph buckets: their token counts follow
-  uint8_t _pad3[36];
+  uint32_t dtype;  // for the start-up banner: an index into layout.py's DTYPE_NAMES
+  uint32_t graphs_captured;  // 1 when the buckets are CUDA graphs, 0 when the model runs eagerly
+  uint8_t _pad3[28];
   uint32_t bucket_tokens[kMaxPublishedBuckets];
+  // line 5: tokens per engine step (vLLM's iteration_tokens_total): a count per bucket of iteration_bucket()
+  // (tokens <= bound, the last one unbounded) and their sum; written once per step
+  uint64_t iteration_tokens[7];
+  uint64_t iteration_tokens_sum;
 };
 
 // Head and tail on their own cache lines so producer and consumer never share one.
@@ -128,12 +140,12 @@ struct TokenRecord {
   uint32_t finish_reason;
   uint32_t num_top;
   float logprob;
-  uint32_t _pad;
+  uint32_t queue_us;  // a request's first record only: us from engine ingest to first admission
   int32_t top_ids[kMaxTopLogprobs];
   float top_logprobs[kMaxTopLogprobs];
 };
 
-static_assert(sizeof(ControlBlock) == 320, "ControlBlock must match layout.py");
+static_assert(sizeof(ControlBlock) == 384, "ControlBlock must match layout.py");
 static_assert(offsetof(ControlBlock, max_model_len) == 192, "limits start cache line 3");
 static_assert(offsetof(ControlBlock, stop_flag) == 64, "stop_flag starts cache line 1");
 static_assert(offsetof(ControlBlock, ready) == 128, "engine counters start cache line 2");

@@ -43,12 +43,12 @@ static_assert(sizeof(TokenRecord) % 16 == 0 && offsetof(TokenRecord, top_ids) ==
 // Write one record at ring index `index` (published by a later egress_flush). No token: token_id -1.
 BLINK_HD inline void write_record(const RingPtrs& rp, uint64_t index, uint64_t req_id, int32_t token_id,
                                   int32_t position, uint32_t finish_reason, float logprob, int num_top,
-                                  const int64_t* top_ids, const float* top_logprobs) {
+                                  const int64_t* top_ids, const float* top_logprobs, uint32_t queue_us = 0) {
   TokenRecord* rec = &rp.egress[index % rp.egress_capacity];
   uint32_t lp_bits;
   __builtin_memcpy(&lp_bits, &logprob, 4);
   RecordWords h0{{(uint32_t)req_id, (uint32_t)(req_id >> 32), (uint32_t)token_id, (uint32_t)position}};
-  RecordWords h1{{finish_reason, (uint32_t)num_top, lp_bits, 0u}};
+  RecordWords h1{{finish_reason, (uint32_t)num_top, lp_bits, queue_us}};
   reinterpret_cast<RecordWords*>(rec)[0] = h0;
   reinterpret_cast<RecordWords*>(rec)[1] = h1;
   for (int k = 0; k < num_top; ++k) {

@@ -57,7 +57,8 @@ BLINK_HD inline void write_step_records(const Team& t, SchedState* s, const Ring
       const int num_top = num_top_for(r.desc);
       write_record(rp, s->egress_tail + k, r.desc.req_id, (int32_t)load_volatile(b.sampled_ids + row),
                    r.num_generated - 1, (uint32_t)s->row_reason[row], load_volatile(b.logprobs + row), num_top,
-                   b.top_ids + (int64_t)row * kMaxTopLogprobs, b.top_logprobs + (int64_t)row * kMaxTopLogprobs);
+                   b.top_ids + (int64_t)row * kMaxTopLogprobs, b.top_logprobs + (int64_t)row * kMaxTopLogprobs,
+                   r.num_generated == 1 ? r.queue_us : 0u);
     }
     t.sync();
     done += chunk;
@@ -87,6 +88,9 @@ BLINK_HD inline void update_from_output(const Team& t, SchedState* s, const Sche
   t.sync();
   write_step_records(t, s, rp, b);
   if (t.leader()) {
+    const int bucket = iteration_bucket(s->plan_tokens);  // two posted stores: /metrics' step-size histogram
+    store_volatile(&rp.control->iteration_tokens[bucket], ++s->iteration_tokens[bucket]);
+    store_volatile(&rp.control->iteration_tokens_sum, s->iteration_tokens_sum += s->plan_tokens);
     s->plan_rows = s->plan_tokens = 0;
     s->steps++;
     if (publish_now) publish(s, c, rp);

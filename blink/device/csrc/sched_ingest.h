@@ -59,6 +59,8 @@ BLINK_HD inline int ingest_decide(SchedState* s, const SchedConfig& c, const Rin
       r.slot = -1;
       r.num_generated = r.num_computed = r.num_blocks = 0;
       r.planned_row = -1;
+      r.arrived_ns = now_ns();  // per request, not per token: the queue-time metric
+      r.queue_us = r.admitted = 0;
       s->staged_entry[i] = e;
       *arena_end = d.arena_offset + d.arena_len;
     }

@@ -118,6 +118,11 @@ BLINK_HD inline void schedule(const Team& t, SchedState* s, const SchedConfig& c
     if (blocks_needed(c, r, r.num_computed + n) > s->free_block_top) break;  // never preempt to admit
     waiting_pop_front(s, c);
     r.status = kRunning;
+    if (!r.admitted) {  // the first admission ends the queue time (a preempted request keeps its first)
+      const uint64_t us = (now_ns() - r.arrived_ns) / 1000;
+      r.queue_us = us > 0xffffffffull ? 0xffffffffu : (uint32_t)us;
+      r.admitted = 1;
+    }
     r.slot = s->free_slots[--s->free_slot_top];
     r.num_blocks = 0;
     s->running[s->running_count++] = e;

@@ -157,6 +157,9 @@ struct RequestEntry {
   int32_t num_computed;   // tokens whose K/V are in the cache
   int32_t num_blocks;     // KV blocks held
   int32_t planned_row;    // row in the step being built, or -1
+  uint32_t queue_us;      // ingest -> first admission, in us (the first egress record carries it)
+  uint32_t admitted;      // admitted at least once (queue_us is final)
+  uint64_t arrived_ns;    // now_ns() at ingest
 };
 
 struct SchedState {
@@ -164,6 +167,7 @@ struct SchedState {
   int32_t error_code;
   uint64_t launched;  // forward launches so far (parity = launched & 1)
   uint64_t steps, tokens, preemptions, heartbeat, fast_plans;  // fast_plans: plan_decodes_fast applied
+  uint64_t iteration_tokens[7], iteration_tokens_sum;  // the steps' sizes (ControlBlock line 4)
   uint64_t ingress_head, arena_head, egress_tail;  // our own ring counters (we are their only writer)
   // Cached copies of the other side's counters: each fresh read is a PCIe round trip (~1-2 us).
   uint64_t egress_head_seen;    // the reader has consumed at least this far

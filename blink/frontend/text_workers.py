@@ -1,0 +1,66 @@
+"""Tokenization, chat templating and large detokenizations in a bounded worker pool, off the event loop.
+
+One large request must not stall /health or open streams. HF tokenizers' `encode` holds the GIL even in
+a thread, `encode_batch`/`decode_batch` release it, so the pool calls the batch forms. Chat templating is
+Python (jinja2) and keeps the GIL, but in a thread the interpreter switches away every few ms, so the
+loop still runs. Past `max_pending` jobs in flight the pool refuses new ones with a 503.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from blink.frontend.errors import APIError
+from blink.text.tokenizer import ModelTokenizer
+
+T = TypeVar("T")
+DEFAULT_WORKERS = 2
+DEFAULT_MAX_PENDING = 64  # running + queued jobs; the 65th concurrent one gets a 503
+INLINE_DECODE_TOKENS = 256  # shorter decodes run on the loop: a thread hop would cost more than them
+WORKER_NICE = 10  # on a busy machine the event loop (streams, /health) gets the CPU before tokenization
+
+
+class TextWorkers:
+    def __init__(self, tokenizer: ModelTokenizer, workers: int = DEFAULT_WORKERS,
+                 max_pending: int = DEFAULT_MAX_PENDING):
+        self.tokenizer = tokenizer
+        self.max_pending = max_pending
+        self.pending = 0
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blink-text",
+                                        initializer=_lower_priority)
+
+    async def run(self, fn: Callable[..., T], *args) -> T:
+        """fn(*args) on a worker; 503 when `max_pending` jobs are already in flight."""
+        with self._lock:
+            if self.pending >= self.max_pending:
+                raise APIError(503, f"too many concurrent tokenizations (limit {self.max_pending}); retry later")
+            self.pending += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        finally:
+            with self._lock:
+                self.pending -= 1
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await self.run(self.tokenizer.encode_released, text, add_special_tokens)
+
+    async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if len(ids) <= INLINE_DECODE_TOKENS:
+            return self.tokenizer.decode(ids, skip_special_tokens)
+        return await self.run(self.tokenizer.decode_released, ids, skip_special_tokens)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _lower_priority() -> None:
+    """Linux: a thread is a task, so setpriority on its id renices this worker thread alone."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
+    except (AttributeError, OSError):  # not Linux, or not permitted: same priority as the loop
+        pass

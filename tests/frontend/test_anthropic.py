@@ -1,0 +1,133 @@
+"""The Anthropic Messages API (/v1/messages) through the `anthropic` client.
+
+Against the fake engine (output token i = prompt token i) with a chat template that renders tools and tool
+results and opens with a Hermes tool call: the output then spells the whole rendered prompt, so the tool
+definitions, the tool_use / tool_result round trip and the tool_use parsing are all checked exactly.
+The text path also runs on the demo model with the real host engine.
+"""
+from __future__ import annotations
+
+import anthropic
+import httpx
+import pytest
+
+from tests.frontend.server_process import ServerProcess, make_tokenizer_only_model
+
+pytestmark = pytest.mark.slow
+TEMPLATE = (
+    '{% if tools %}<tool_call>{"name": "{{ tools[0].function.name }}", "arguments": {"city": "Paris"}}'
+    "</tool_call>{% for t in tools %}TOOL {{ t.function.name }}: {{ t.function.description }} "
+    "{{ t.function.parameters | tojson }}\n{% endfor %}{% endif %}"
+    "{% for m in messages %}[{{ m.role }}]{% if m.tool_call_id %}(result of {{ m.tool_call_id }}){% endif %}"
+    "{{ m.content }}{% for c in m.tool_calls or [] %}CALL {{ c.id }} {{ c.function.name }} "
+    "{{ c.function.arguments | tojson }}{% endfor %}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+WEATHER = {"name": "get_weather", "description": "Weather of a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = make_tokenizer_only_model(tmp_path_factory.mktemp("anthropic-model"), max_position_embeddings=1024)
+    (model / "chat_template.jinja").write_text(TEMPLATE)
+    proc = ServerProcess(["--model", str(model), "--served-model-name", "fake", "--api-key", "sk-ant",
+                          "--engine-module", "tests.frontend.fake_engine"])
+    proc.wait_ready()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return anthropic.Anthropic(base_url=server.base_url, api_key="sk-ant", max_retries=0)
+
+
+def whole_prompt(client, **kwargs) -> anthropic.types.Message:
+    """A reply as long as the prompt: with the fake engine its text is the rendered prompt."""
+    n = client.messages.create(model="fake", max_tokens=1, **kwargs).usage.input_tokens
+    return client.messages.create(model="fake", max_tokens=n, **kwargs)
+
+
+def test_text_message(client):
+    out = whole_prompt(client, system="Be brief.", messages=[{"role": "user", "content": "Hello world"}])
+    assert [b.type for b in out.content] == ["text"]
+    assert out.content[0].text == "[system]Be brief.[user]Hello world[assistant]"
+    assert out.stop_reason == "max_tokens" and out.usage.output_tokens == out.usage.input_tokens
+    assert out.role == "assistant" and out.model == "fake" and out.id.startswith("msg_")
+    stopped = client.messages.create(model="fake", max_tokens=50, stop_sequences=["Hello"],
+                                     messages=[{"role": "user", "content": [{"type": "text", "text": "Hello"}]}])
+    assert stopped.content[0].text == "[user]"
+    assert stopped.stop_reason == "stop_sequence" and stopped.stop_sequence == "Hello"
+
+
+def test_streamed_text_equals_non_streamed(client):
+    kwargs = {"model": "fake", "max_tokens": 12, "messages": [{"role": "user", "content": "Hello world"}]}
+    full = client.messages.create(**kwargs)
+    with client.messages.stream(**kwargs) as stream:
+        deltas = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert "".join(deltas) == full.content[0].text == final.content[0].text
+    assert final.stop_reason == "max_tokens" and final.usage.output_tokens == 12
+
+
+def test_tool_definitions_calls_and_results_round_trip(client):
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Let me look."},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                           "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny"},
+                                     {"type": "text", "text": "Thanks", "cache_control": {"type": "ephemeral"}}]},
+    ]
+    out = whole_prompt(client, tools=[WEATHER], messages=messages)
+    assert out.stop_reason == "tool_use"
+    call, text = out.content
+    assert call.type == "tool_use" and call.name == "get_weather" and call.input == {"city": "Paris"}
+    assert call.id.startswith("toolu_")
+    assert text.text.startswith('TOOL get_weather: Weather of a city {"type": "object"')
+    assert '[assistant]Let me look.CALL toolu_1 get_weather {"city": "Paris"}' in text.text
+    assert "[tool](result of toolu_1)Sunny[user]Thanks[assistant]" in text.text
+    with client.messages.stream(model="fake", max_tokens=out.usage.output_tokens, tools=[WEATHER],
+                                messages=messages) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["tool_use", "text"]
+    assert final.content[0].input == {"city": "Paris"} and final.content[1].text == text.text
+    assert final.stop_reason == "tool_use"
+
+
+def test_errors_in_anthropic_shape(client, server):
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(model="claude-x", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+    with pytest.raises(anthropic.BadRequestError) as info:
+        client.messages.create(model="fake", max_tokens=4, messages=[{"role": "user", "content": [image]}])
+    assert info.value.body["type"] == "error" and info.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.BadRequestError, match="tool_choice"):
+        client.messages.create(model="fake", max_tokens=4, tools=[WEATHER], tool_choice={"type": "any"},
+                               messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(anthropic.BadRequestError, match="thinking"):
+        client.messages.create(model="fake", max_tokens=4, messages=[{"role": "user", "content": "hi"}],
+                               thinking={"type": "enabled", "budget_tokens": 1024})
+    with pytest.raises(anthropic.AuthenticationError):
+        anthropic.Anthropic(base_url=server.base_url, api_key="wrong", max_retries=0).messages.create(
+            model="fake", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+
+
+def test_demo_model_text_with_the_anthropic_client():
+    server = ServerProcess(["--max-num-seqs", "4"])  # no --model: the demo model, host engine on the CPU
+    try:
+        server.wait_ready(300)
+        client = anthropic.Anthropic(base_url=server.base_url, api_key="unused", max_retries=0)
+        out = client.messages.create(model="demo", max_tokens=8, messages=[{"role": "user", "content": "Hello"}])
+        with client.messages.stream(model="demo", max_tokens=8, extra_body={"temperature": 0},
+                                    messages=[{"role": "user", "content": "Hello"}]) as stream:
+            streamed = "".join(stream.text_stream)
+        greedy = client.messages.create(model="demo", max_tokens=8, extra_body={"temperature": 0},
+                                        messages=[{"role": "user", "content": "Hello"}])
+        assert httpx.get(server.base_url + "/health").status_code == 200
+    finally:
+        server.stop()
+    assert out.content[0].type == "text" and out.usage.output_tokens <= 8
+    assert out.stop_reason in ("max_tokens", "end_turn")
+    assert streamed == greedy.content[0].text  # greedy: the streamed text is the same reply
+    assert any("DEMO model" in line for line in server.stderr)
