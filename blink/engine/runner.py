@@ -14,6 +14,7 @@ import torch
 from blink.engine.scheduler import StepPlan
 from blink.engine.step_buffers import StepBuffers
 from blink.kernels.sampling import sample
+from blink.kernels.sampling_grammar import advance_grammar
 from blink.transport.layout import MAX_TOP_LOGPROBS
 
 
@@ -74,6 +75,7 @@ class ModelRunner:
         buf.top_ids[:num_seqs].copy_(out.top_ids)
         buf.top_logprobs[:num_seqs].copy_(out.top_logprobs)
         self.sampling_state.record_tokens(slots, out.token_ids)
+        advance_grammar(slots, out.token_ids, self.sampling_state)  # constrained slots' DFA states
 
     def capture(self, bucket: tuple[int, int], buf: StepBuffers,
                 on_graph_end: Callable[[int], None] | None = None) -> torch.cuda.CUDAGraph:
