@@ -14,6 +14,7 @@ from blink.engine.runner import ModelRunner, SampledToken
 from blink.engine.scheduler import Scheduler
 from blink.engine.sequence import SeqStatus, Sequence
 from blink.engine.stops import check_stop
+from blink.grammar.arena import GrammarArena
 from blink.request import FinishReason, SamplingParams
 
 STEP_TIMES_KEPT = 8192  # the last steps' durations, for benchmarks (blink bench barrier)
@@ -46,12 +47,16 @@ class HostEngine(Engine):
         self._tokens = 0
         self._rng = random.Random(args.seed)
         self._step_times: deque[StepTime] = deque(maxlen=STEP_TIMES_KEPT)
+        self.grammars = GrammarArena(m.sampling_state)
+        self._compiler = None  # built on the first constrained request (it reads the tokenizer)
 
     # -- Engine interface ------------------------------------------------------------------------------
     def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
         if req_id in self.seqs:
             raise ValueError(f"request id {req_id} is already in use")
         self.m.validate_prompt(prompt_ids, params)
+        if params.constraint is not None:  # compile (cached) and take a partition before queueing
+            self.grammars.acquire(params.constraint, self._grammar_compiler().compile(params.constraint))
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         self._arrivals += 1
         seq = Sequence(req_id, list(prompt_ids), params, seed, self._arrivals)
@@ -63,6 +68,7 @@ class HostEngine(Engine):
         if seq is None:
             return  # finished already, or never existed: nothing to free
         self.scheduler.finish(seq)
+        self._release_grammar(seq)
         self._pending.append(TokenEvent(req_id, -1, len(seq.output_ids), FinishReason.ABORT))
 
     def has_unfinished(self) -> bool:
@@ -84,8 +90,10 @@ class HostEngine(Engine):
         plan = self.scheduler.schedule()
         if not plan.chunks:
             return events
-        for seq in plan.admitted:
-            self.m.sampling_state.set_slot(seq.slot, seq.params, seq.seed, seq.prompt_ids, seq.output_ids)
+        for seq in plan.admitted:  # a re-admission (preempted) walks the automaton over its output so far
+            c = seq.params.constraint
+            grammar = self.grammars.slot_grammar(c, seq.output_ids) if c is not None else None
+            self.m.sampling_state.set_slot(seq.slot, seq.params, seq.seed, seq.prompt_ids, seq.output_ids, grammar)
         want_top = max((c.seq.params.logprobs or 0) for c in plan.chunks)
         sampled = self.runner.execute(plan, want_top)
         self.scheduler.complete(plan)
@@ -111,6 +119,26 @@ class HostEngine(Engine):
                            tok.top_ids[:k], tok.top_logprobs[:k])
         if reason != FinishReason.NONE:
             self.scheduler.finish(seq)
+            self._release_grammar(seq)
             del self.seqs[seq.req_id]
         assert seq.status in (SeqStatus.RUNNING, SeqStatus.FINISHED)
         return event
+
+    def _release_grammar(self, seq: Sequence) -> None:
+        if seq.params.constraint is not None:
+            self.grammars.release(seq.params.constraint)
+
+    def _grammar_compiler(self):
+        if self._compiler is None:
+            from blink.frontend.tokenizer import load_tokenizer
+            from blink.grammar.setup import build_compiler
+            from blink.model.demo import ensure_default_model
+
+            if self.tp is not None:
+                raise ValueError("structured outputs are not supported with tensor parallelism yet")
+            tok = load_tokenizer(self.args.model or str(ensure_default_model()), self.args.tokenizer)
+            self._compiler = build_compiler(tok.tokenizer, self.m.vocab_size, self.m.eos_token_ids,
+                                            self.args.grammar_arena_mb << 20)
+            if self._compiler is None:
+                raise ValueError("structured outputs are off (--grammar-arena-mb 0)")
+        return self._compiler

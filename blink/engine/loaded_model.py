@@ -67,7 +67,8 @@ class LoadedModel:
             num_blocks = tp.min_over_ranks(num_blocks)
         kv = allocate_kv_cache(kv_cfg, num_blocks, args.block_size, dtype, device)
         # One extra slot: the scratch row that padding and mid-prefill rows point at.
-        state = SamplingState(args.max_num_seqs + 1, cfg.vocab_size, device)
+        state = SamplingState(args.max_num_seqs + 1, cfg.vocab_size, device,
+                              grammar_arena_bytes=args.grammar_arena_mb << 20)
         path = None if _is_preset(source) else source
         budget = max(args.max_num_batched_tokens, args.max_num_seqs)
         return cls(model, cfg, kv, state, device, max_len, budget, path)

@@ -32,7 +32,7 @@ def arena_geometry(vocab_size: int, nbytes: int) -> tuple[int, int, int]:
     return GRAMMAR_SLOTS, states, rest // 4 - states
 
 
-class ArenaFull(RuntimeError):
+class ArenaFull(ValueError):
     """Every partition holds another request's grammar: retry later (a 503 at the API)."""
 
 

@@ -22,7 +22,7 @@ CONSTANTS = {
     "kMagic": layout.MAGIC, "kVersion": layout.VERSION, "kCacheLine": layout.CACHE_LINE, "kPage": layout.PAGE,
     "kMaxStopIds": layout.MAX_STOP_IDS, "kMaxTopLogprobs": layout.MAX_TOP_LOGPROBS,
     "kKindRequest": layout.KIND_REQUEST, "kKindAbort": layout.KIND_ABORT,
-    "kFlagIgnoreEos": layout.FLAG_IGNORE_EOS,
+    "kFlagIgnoreEos": layout.FLAG_IGNORE_EOS, "kFlagConstraint": layout.FLAG_CONSTRAINT,
     "kEngineModeNone": layout.ENGINE_MODE_NONE, "kEngineModeHost": layout.ENGINE_MODE_HOST,
     "kEngineModeDevice": layout.ENGINE_MODE_DEVICE,
     **{f"kFinish{reason.name.title()}": int(reason) for reason in FinishReason},
