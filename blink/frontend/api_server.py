@@ -31,6 +31,8 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0,
                         help="seconds without an engine heartbeat before /health fails")
+    parser.add_argument("--grammar-arena-mb", type=int, default=64,
+                        help="the engine's --grammar-arena-mb (structured outputs: 400/503 decided here)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         shm_name=args.shm, model=args.model, served_model_name=args.served_model_name or args.model,
         tokenizer=args.tokenizer, max_model_len=args.max_model_len, api_key=args.api_key,
         engine_pid=args.engine_pid, max_body_bytes=args.max_request_body_bytes,
-        heartbeat_timeout_s=args.heartbeat_timeout,
+        heartbeat_timeout_s=args.heartbeat_timeout, grammar_arena_mb=args.grammar_arena_mb,
     )
     try:
         app = build_app(config)

@@ -20,6 +20,7 @@ from blink.frontend.protocol import (
     TokenizeRequest,
 )
 from blink.frontend.serving import FrontendState, now
+from blink.frontend.structured import StructuredOutputs
 from blink.frontend.tokenizer import load_tokenizer
 
 DEFAULT_MAX_BODY_BYTES = 32 << 20
@@ -36,6 +37,7 @@ class AppConfig:
     engine_pid: int | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     heartbeat_timeout_s: float = 10.0
+    grammar_arena_mb: int = 64  # the engine's --grammar-arena-mb (the front end mirrors its partitions)
 
 
 def build_app(config: AppConfig) -> FastAPI:
@@ -47,8 +49,9 @@ def build_app(config: AppConfig) -> FastAPI:
         client = EngineClient(config.shm_name, config.heartbeat_timeout_s)
         client.start()
         max_model_len = tokenizer.max_model_len(config.max_model_len)
+        structured = StructuredOutputs(tokenizer, config.model, config.grammar_arena_mb << 20)
         holder["state"] = FrontendState(tokenizer, client, FrontendMetrics(config.engine_pid),
-                                        config.served_model_name, max_model_len)
+                                        config.served_model_name, max_model_len, structured)
         try:
             yield
         finally:

@@ -11,6 +11,7 @@ from blink.frontend.errors import APIError
 from blink.frontend.generation import TokenLogprob, collect, generate, merge
 from blink.frontend.protocol import ChatCompletionRequest, ChatMessage
 from blink.frontend.serving import FrontendState, new_id, now, sse_stream, unless_disconnected, usage
+from blink.frontend.structured import constrain, hold
 from blink.request import MAX_TOP_LOGPROBS
 
 
@@ -72,7 +73,9 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
     num_logprobs = _num_logprobs(body)
     params = [state.sampling_params(body, prompt_ids, max_tokens, num_logprobs, j) for j in range(body.n)]
     state.check_engine()
-    streams = [generate(state.generation, prompt_ids, p, body.skip_special_tokens) for p in params]
+    constraint = await constrain(state, body, params)
+    streams = [hold(state, constraint, generate(state.generation, prompt_ids, p, body.skip_special_tokens))
+               for p in params]
     head = {"id": new_id("chatcmpl"), "created": now(), "model": state.served_model_name}
     if body.stream:
         chunks = _stream_chunks(state, body, head, streams, len(prompt_ids))

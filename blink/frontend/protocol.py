@@ -5,6 +5,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from blink.frontend.structured import StructuredFields
 from blink.request import SamplingParams
 
 
@@ -13,7 +14,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(StructuredFields):
     """Fields shared by completions and chat (OpenAI's plus vLLM's extras)."""
 
     model_config = ConfigDict(extra="ignore")

@@ -113,6 +113,7 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
         frontend_cmd += ["--tokenizer", engine_args.tokenizer]
     if engine_args.max_model_len:
         frontend_cmd += ["--max-model-len", str(engine_args.max_model_len)]
+    frontend_cmd += ["--grammar-arena-mb", str(engine_args.grammar_arena_mb)]
     env = {**os.environ, "BLINK_API_KEY": args.api_key} if args.api_key else None  # not on the command line
     frontend = Child("front end", frontend_cmd, args.frontend_cpus, env)
     children.append(frontend)

@@ -15,6 +15,7 @@ from blink.frontend.errors import APIError, error_body
 from blink.frontend.generation import GenerationContext
 from blink.frontend.metrics import FrontendMetrics
 from blink.frontend.protocol import SamplingFields
+from blink.frontend.structured import StructuredOutputs
 from blink.frontend.tokenizer import ModelTokenizer
 from blink.request import SamplingParams
 
@@ -26,6 +27,7 @@ class FrontendState:
     metrics: FrontendMetrics
     served_model_name: str
     max_model_len: int
+    structured: StructuredOutputs | None = None  # response_format, structured_outputs, guided_*
 
     @property
     def generation(self) -> GenerationContext:
