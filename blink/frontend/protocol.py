@@ -6,6 +6,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from blink.frontend.structured import StructuredFields
+from blink.frontend.tools import ToolFields
 from blink.request import SamplingParams
 
 
@@ -80,7 +81,7 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ToolFields):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None

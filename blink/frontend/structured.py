@@ -212,9 +212,16 @@ class StructuredOutputs:
         return wrapper
 
 
-async def constrain(state, body: StructuredFields, params: list[SamplingParams]) -> Constraint | None:
-    """Attach the request's constraint to every choice's params (after every check) and reserve it."""
+async def constrain(state, body: StructuredFields, params: list[SamplingParams],
+                    tool_constraint: Constraint | None = None) -> Constraint | None:
+    """Attach the request's constraint to every choice's params (after every check) and reserve it.
+    tool_constraint: the grammar of tool_choice required / named (blink/frontend/tools.py)."""
     c, param = constraint_of(body)
+    if tool_constraint is not None:
+        if c is not None:
+            raise APIError(400, f"{param.split('.')[0]} cannot be combined with tool_choice required or a named "
+                                "function (the tool call's own grammar applies)", param.split(".")[0])
+        c, param = tool_constraint, "tool_choice"
     if c is None:
         return None
     structured = state.structured

@@ -109,6 +109,23 @@ class Outlines:
         return {"states": len(edges), "edges": sum(len(e) for e in edges.values())}
 
 
+class BlinkTables:
+    """outlines-core's DFA flattened into blink's class tables (what the GPU arena holds)."""
+
+    name = "blink tables"
+
+    def __init__(self, pieces: list[bytes | None], eos: int):
+        from blink.grammar.compiler import GrammarCompiler
+
+        self.compiler = GrammarCompiler(pieces, (eos,), max_states=1 << 20, max_cells=1 << 28)
+
+    def compile(self, schema: dict):
+        from blink.request import Constraint
+
+        t = self.compiler._build(Constraint("json_schema", json.dumps(schema)))  # past the cache: a cold compile
+        return {"states": t.num_states, "classes": t.num_classes, "bytes": t.nbytes}
+
+
 class XGrammar:
     name = "xgrammar"
 
@@ -156,11 +173,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--only", default=None, help="run only the library whose name starts with this")
     args = ap.parse_args()
     tok = train_vocab(args.vocab)
     eos = tok.token_to_id("<eos>")
     pieces = token_bytes(tok, tok.get_vocab_size())
-    libs = [Outlines(pieces, eos), XGrammar(pieces, eos), LLGuidance(tok, eos)]
+    libs = [Outlines(pieces, eos), BlinkTables(pieces, eos), XGrammar(pieces, eos), LLGuidance(tok, eos)]
+    libs = [lib for lib in libs if args.only is None or lib.name.startswith(args.only)]
     print(f"vocab {tok.get_vocab_size()} tokens")
     for lib in libs:
         for name, schema in SCHEMAS.items():

@@ -93,3 +93,45 @@ def test_bad_constraints_get_a_400_naming_the_field(http, body, status, param):
 def test_server_keeps_serving_after_refusals(http):
     r = post(http, "/completions", prompt="x", max_tokens=3)
     assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_tool_choice_required_and_named(http):
+    from tests.grammar.test_tools import PARAMS, TIME, WEATHER
+
+    messages = [{"role": "user", "content": "weather in Oslo?"}]
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        r = post(http, "/chat/completions", messages=messages, tools=[WEATHER, TIME], tool_choice=choice,
+                 max_tokens=200, n=2, seed=4)
+        assert r.status_code == 200, r.text
+        for c in r.json()["choices"]:
+            assert c["finish_reason"] == "tool_calls", c
+            for call in c["message"]["tool_calls"]:
+                name = call["function"]["name"]
+                assert call["type"] == "function" and (choice == "required" or name == "get_weather")
+                jsonschema.validate(json.loads(call["function"]["arguments"]), PARAMS[name])
+
+
+def test_tool_calls_stream_in_openai_shape(http):
+    from tests.grammar.test_tools import PARAMS, WEATHER
+
+    body = {"model": "demo", "messages": [{"role": "user", "content": "hi"}], "tools": [WEATHER],
+            "tool_choice": "required", "parallel_tool_calls": False, "max_tokens": 200, "stream": True, "seed": 2}
+    with http.stream("POST", "/chat/completions", json=body) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    deltas = [e["choices"][0]["delta"] for e in events]
+    calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
+    assert len(calls) == 1 and calls[0]["index"] == 0 and calls[0]["id"].startswith("call_")
+    assert not any(d.get("content") for d in deltas)
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), PARAMS["get_weather"])
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_tool_choice_auto_and_conflicts(http):
+    from tests.grammar.test_tools import WEATHER
+
+    messages = [{"role": "user", "content": "hi"}]
+    r = post(http, "/chat/completions", messages=messages, tools=[WEATHER], max_tokens=8)
+    assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+    r = post(http, "/chat/completions", messages=messages, tools=[WEATHER], tool_choice="required", max_tokens=8,
+             response_format={"type": "json_object"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
