@@ -10,15 +10,18 @@ import json
 import threading
 from collections import OrderedDict
 
-from blink.grammar.schema import GrammarError, check_regex, choice_regex, json_object_regex, schema_regex
+from blink.grammar.schema import (  # noqa: F401 (GrammarTooLarge: re-exported)
+    GrammarError,
+    GrammarTooLarge,
+    check_regex,
+    choice_regex,
+    json_object_regex,
+    schema_regex,
+)
 from blink.grammar.tables import GrammarTables, build_tables
 from blink.request import Constraint
 
 CACHE_ENTRIES = 64
-
-
-class GrammarTooLarge(GrammarError):
-    """The constraint's tables would not fit the arena even when it is empty (a 400, not a 503)."""
 
 
 def constraint_regex(c: Constraint) -> str:

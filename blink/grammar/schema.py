@@ -20,13 +20,26 @@ from blink.grammar.int_range import integer_range_regex
 WHITESPACE = r"[ ]?"  # at most one space between tokens: a random model cannot pad forever
 JSON_OBJECT_DEPTH = 2  # nesting levels below the top object (each level multiplies the DFA's size)
 _PLACEHOLDER = "BLINKINT{}Q"
+MAX_REGEX_CHARS = 40_000  # a compile budget: outlines' DFA construction grows fast past this (seconds to minutes)
+# The empty schema, spelled so that outlines groups it: its own translation of {} is an ungrouped
+# alternation that, inside an object, lets a bare value replace the whole object (outlines-core 0.2.14).
+_ANY = {"anyOf": [{"type": t} for t in ("string", "number", "boolean", "null", "array", "object")]}
 
-_ANNOTATIONS = {"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
-                "readOnly", "writeOnly"}
+# Keywords of the JSON Schema vocabularies (drafts 4 to 2020-12) that constrain instances. Of these,
+# the ones outside _ENFORCED are refused; any other keyword is an annotation (the spec says to ignore
+# unknown keywords) and is dropped before outlines sees it.
+_ASSERTIONS = {"type", "enum", "const", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+               "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems", "maxContains",
+               "minContains", "maxProperties", "minProperties", "required", "dependentRequired", "dependencies",
+               "contains", "items", "additionalItems", "prefixItems", "unevaluatedItems", "unevaluatedProperties",
+               "properties", "patternProperties", "additionalProperties", "propertyNames", "allOf", "anyOf",
+               "oneOf", "not", "if", "then", "else", "dependentSchemas", "$ref", "$dynamicRef", "$recursiveRef",
+               "format", "$defs", "definitions"}
 _ENFORCED = {"type", "properties", "required", "additionalProperties", "enum", "const", "items", "prefixItems",
              "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "anyOf", "oneOf", "allOf",
              "$ref", "$defs", "definitions", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
 _FORMATS = {"date-time", "date", "time", "uuid", "email", "uri"}
+_INT_FORMATS = {"int32": 31, "int64": 63}  # OpenAPI's integer formats: enforced as bounds
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 
@@ -35,17 +48,29 @@ class GrammarError(ValueError):
     """A constraint blink cannot honour; the message names the offending part."""
 
 
+class GrammarTooLarge(GrammarError):
+    """Too big for one arena partition, or past the compile budget, even with the arena empty (a 400)."""
+
+
 def _check(node, path: str, counter: list[int]) -> object:
     """Validate keywords recursively; returns the node with bounded integers turned into placeholders."""
+    if node is True:
+        return _ANY
     if isinstance(node, bool):
         return node
     if not isinstance(node, dict):
         raise GrammarError(f"{path or '/'}: a schema must be an object or a boolean")
     for key in node:
-        if key not in _ENFORCED and key not in _ANNOTATIONS:
+        if key in _ASSERTIONS and key not in _ENFORCED:
             raise GrammarError(f"unsupported JSON schema keyword '{key}' at {path or '/'}")
-    out = {k: v for k, v in node.items() if k not in _ANNOTATIONS}
+    out = {k: v for k, v in node.items() if k in _ENFORCED}
     fmt = node.get("format")
+    if fmt in _INT_FORMATS and node.get("type") == "integer":
+        bits = _INT_FORMATS[fmt]
+        node = {**node, "minimum": max(node.get("minimum", -(1 << bits)), -(1 << bits)),
+                "maximum": min(node.get("maximum", (1 << bits) - 1), (1 << bits) - 1)}
+        node.pop("format")
+        fmt = None
     if fmt is not None and fmt not in _FORMATS:
         raise GrammarError(f"unsupported JSON schema format '{fmt}' at {path or '/'}")
     bounds = [k for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum") if k in node]
@@ -62,7 +87,7 @@ def _check(node, path: str, counter: list[int]) -> object:
     for key in ("items", "additionalProperties"):
         if isinstance(node.get(key), dict):
             out[key] = _check(node[key], f"{path}/{key}", counter)
-    return out
+    return out or _ANY
 
 
 def _bounded_integer(node: dict, path: str, counter: list[int]) -> dict:
@@ -92,7 +117,7 @@ def _bounded_integer(node: dict, path: str, counter: list[int]) -> dict:
 
 def schema_regex(schema: object) -> str:
     """The regex of every JSON text blink lets a request produce for `schema` (a parsed JSON value)."""
-    if isinstance(schema, dict) and schema.get("type") == "object" and set(schema) <= {"type"} | _ANNOTATIONS:
+    if isinstance(schema, dict) and schema.get("type") == "object" and not set(schema) & (_ASSERTIONS - {"type"}):
         return json_object_regex()
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
@@ -104,6 +129,9 @@ def schema_regex(schema: object) -> str:
         regex = _outlines_regex(checked, WHITESPACE, 3)
     except ValueError as e:
         raise GrammarError(f"unsupported JSON schema: {str(e).splitlines()[0]}") from None
+    if len(regex) > MAX_REGEX_CHARS:
+        raise GrammarTooLarge(f"the schema is too complex: its regex has {len(regex)} characters "
+                              f"(at most {MAX_REGEX_CHARS})")
     for i, part in enumerate(spliced):
         quoted = f'"{_PLACEHOLDER.format(i)}"'
         if quoted not in regex:
