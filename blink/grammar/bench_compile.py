@@ -169,17 +169,37 @@ def timed(fn, repeat: int):
     return statistics.median(times), out
 
 
+def corpus_times(lib: BlinkTables, folder: Path) -> None:
+    from blink.grammar.schema import GrammarError
+
+    times, refused = [], 0
+    for path in sorted(folder.glob("*.json")):
+        t0 = time.perf_counter()
+        try:
+            lib.compile(json.loads(path.read_text()))
+            times.append(time.perf_counter() - t0)
+        except GrammarError:
+            refused += 1
+    times.sort()
+    p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
+    print(f"{len(times)} compiled, {refused} refused; compile p50 {statistics.median(times) * 1e3:.0f} ms, "
+          f"p99 {p99 * 1e3:.0f} ms, max {times[-1] * 1e3:.0f} ms")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", default=None, help="run only the library whose name starts with this")
+    ap.add_argument("--corpus", default=None, help="a folder of schemas: blink's compile times, p50 / p99")
     args = ap.parse_args()
     tok = train_vocab(args.vocab)
     eos = tok.token_to_id("<eos>")
     pieces = token_bytes(tok, tok.get_vocab_size())
-    libs = [Outlines(pieces, eos), BlinkTables(pieces, eos), XGrammar(pieces, eos), LLGuidance(tok, eos)]
-    libs = [lib for lib in libs if args.only is None or lib.name.startswith(args.only)]
+    if args.corpus:
+        return corpus_times(BlinkTables(pieces, eos), Path(args.corpus))
+    makers = [(Outlines, pieces), (BlinkTables, pieces), (XGrammar, pieces), (LLGuidance, tok)]
+    libs = [cls(arg, eos) for cls, arg in makers if args.only is None or cls.name.startswith(args.only)]
     print(f"vocab {tok.get_vocab_size()} tokens")
     for lib in libs:
         for name, schema in SCHEMAS.items():
