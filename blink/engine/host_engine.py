@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
+from concurrent.futures import FIRST_COMPLETED, wait
 
 from blink.config import EngineArgs
 from blink.engine.interface import Engine, EngineStats, StepTime, TokenEvent
@@ -17,6 +18,7 @@ from blink.engine.stops import check_stop
 from blink.grammar.arena import GrammarArena
 from blink.request import FinishReason, SamplingParams
 
+PARK_WAIT_S = 2e-3  # an engine with only compiling requests waits this long per step() for one
 STEP_TIMES_KEPT = 8192  # the last steps' durations, for benchmarks (blink bench barrier)
 
 
@@ -48,15 +50,22 @@ class HostEngine(Engine):
         self._rng = random.Random(args.seed)
         self._step_times: deque[StepTime] = deque(maxlen=STEP_TIMES_KEPT)
         self.grammars = GrammarArena(m.sampling_state)
-        self._compiler = None  # built on the first constrained request (it reads the tokenizer)
+        self._compiles = None  # blink/grammar/worker.py CompilePool, started by the first constraint
+        self._parked: dict[int, tuple[object, list[int], SamplingParams]] = {}  # req_id -> compiling
 
     # -- Engine interface ------------------------------------------------------------------------------
     def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
         if req_id in self.seqs:
             raise ValueError(f"request id {req_id} is already in use")
         self.m.validate_prompt(prompt_ids, params)
-        if params.constraint is not None:  # compile (cached) and take a partition before queueing
-            self.grammars.acquire(params.constraint, self._grammar_compiler().compile(params.constraint))
+        if params.constraint is not None:  # compiled in a worker process; queued once its tables are here
+            if req_id in self._parked:
+                raise ValueError(f"request id {req_id} is already in use")
+            self._parked[req_id] = (self._compile_pool().submit(params.constraint), list(prompt_ids), params)
+            return
+        self._queue(req_id, prompt_ids, params)
+
+    def _queue(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
         seed = params.seed if params.seed is not None else self._rng.getrandbits(63)
         self._arrivals += 1
         seq = Sequence(req_id, list(prompt_ids), params, seed, self._arrivals)
@@ -64,6 +73,11 @@ class HostEngine(Engine):
         self.scheduler.add(seq)
 
     def abort_request(self, req_id: int) -> None:
+        parked = self._parked.pop(req_id, None)
+        if parked is not None:
+            parked[0].cancel()
+            self._pending.append(TokenEvent(req_id, -1, 0, FinishReason.ABORT))
+            return
         seq = self.seqs.pop(req_id, None)
         if seq is None:
             return  # finished already, or never existed: nothing to free
@@ -72,7 +86,7 @@ class HostEngine(Engine):
         self._pending.append(TokenEvent(req_id, -1, len(seq.output_ids), FinishReason.ABORT))
 
     def has_unfinished(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_unfinished()
+        return bool(self._pending) or bool(self._parked) or self.scheduler.has_unfinished()
 
     def stats(self) -> EngineStats:
         s = self.scheduler
@@ -86,6 +100,7 @@ class HostEngine(Engine):
     def step(self) -> list[TokenEvent]:
         # The read-back of the sampled tokens already waits for the step: timing it adds no sync.
         start = time.perf_counter()
+        self._unpark()
         events, self._pending = self._pending, []
         plan = self.scheduler.schedule()
         if not plan.chunks:
@@ -105,6 +120,8 @@ class HostEngine(Engine):
         return events
 
     def shutdown(self) -> None:
+        if self._compiles is not None:
+            self._compiles.shutdown()
         if self.tp is not None:
             self.tp.shutdown()
 
@@ -128,17 +145,30 @@ class HostEngine(Engine):
         if seq.params.constraint is not None:
             self.grammars.release(seq.params.constraint)
 
-    def _grammar_compiler(self):
-        if self._compiler is None:
-            from blink.frontend.tokenizer import load_tokenizer
-            from blink.grammar.setup import build_compiler
+    def _compile_pool(self):
+        if self._compiles is None:
+            from blink.grammar.worker import CompilePool
             from blink.model.demo import ensure_default_model
 
             if self.tp is not None:
                 raise ValueError("structured outputs are not supported with tensor parallelism yet")
-            tok = load_tokenizer(self.args.model or str(ensure_default_model()), self.args.tokenizer)
-            self._compiler = build_compiler(tok.tokenizer, self.m.vocab_size, self.m.eos_token_ids,
-                                            self.args.grammar_arena_mb << 20)
-            if self._compiler is None:
-                raise ValueError("structured outputs are off (--grammar-arena-mb 0)")
-        return self._compiler
+            self._compiles = CompilePool(self.args.model or str(ensure_default_model()), self.args.tokenizer,
+                                         self.m.vocab_size, self.m.eos_token_ids, self.args.grammar_arena_mb << 20)
+        return self._compiles
+
+    def _unpark(self) -> None:
+        """Queue the constrained requests whose tables arrived (a refused one ends with ERROR)."""
+        if not self._parked:
+            return
+        if not self.scheduler.has_unfinished() and not self._pending:  # nothing else to do: wait a little
+            wait([f for f, _, _ in self._parked.values()], timeout=PARK_WAIT_S, return_when=FIRST_COMPLETED)
+        for req_id, (future, prompt_ids, params) in list(self._parked.items()):
+            if not future.done():
+                continue
+            del self._parked[req_id]
+            try:
+                self.grammars.acquire(params.constraint, future.result())
+            except ValueError:  # GrammarError (the front end checked first) or ArenaFull (its mirror prevents it)
+                self._pending.append(TokenEvent(req_id, -1, 0, FinishReason.ERROR))
+                continue
+            self._queue(req_id, prompt_ids, params)

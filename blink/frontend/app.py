@@ -49,13 +49,14 @@ def build_app(config: AppConfig) -> FastAPI:
         client = EngineClient(config.shm_name, config.heartbeat_timeout_s)
         client.start()
         max_model_len = tokenizer.max_model_len(config.max_model_len)
-        structured = StructuredOutputs(tokenizer, config.model, config.grammar_arena_mb << 20)
+        structured = StructuredOutputs(tokenizer, config.model, config.grammar_arena_mb << 20, config.tokenizer)
         holder["state"] = FrontendState(tokenizer, client, FrontendMetrics(config.engine_pid),
                                         config.served_model_name, max_model_len, structured)
         try:
             yield
         finally:
             client.close()
+            structured.close()
 
     app = FastAPI(title="blink", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
@@ -151,30 +150,31 @@ def constraint_of(body: StructuredFields) -> tuple[Constraint | None, str | None
 class StructuredOutputs:
     """The front end's compiler and its mirror of the engine's arena partitions."""
 
-    def __init__(self, tokenizer, model: str, arena_bytes: int):
+    def __init__(self, tokenizer, model: str, arena_bytes: int, tokenizer_dir: str | None = None):
         self._tokenizer, self._model, self._arena_bytes = tokenizer, model, arena_bytes
-        self._compiler = None
-        self._build_lock = threading.Lock()
+        self._tokenizer_dir = tokenizer_dir
+        self._pool = None  # blink/grammar/worker.py: compiles off this process's GIL
         self._in_flight: dict[Constraint, int] = {}
 
-    def _compile(self, c: Constraint) -> None:
-        with self._build_lock:
-            if self._compiler is None:
-                from blink.grammar.setup import build_compiler, model_eos_ids
-
-                self._compiler = build_compiler(self._tokenizer.tokenizer, self._tokenizer.vocab_size,
-                                                model_eos_ids(self._model), self._arena_bytes) or False
-        if self._compiler is False:
-            raise GrammarError("structured outputs are off on this server (--grammar-arena-mb 0)")
-        self._compiler.compile(c)
-
     async def check(self, c: Constraint, param: str) -> None:
+        if self._arena_bytes <= 0:
+            raise APIError(400, f"{param}: structured outputs are off on this server (--grammar-arena-mb 0)", param)
+        if self._pool is None:
+            from blink.grammar.setup import model_eos_ids
+            from blink.grammar.worker import CompilePool
+
+            self._pool = CompilePool(self._model, self._tokenizer_dir, self._tokenizer.vocab_size,
+                                     model_eos_ids(self._model), self._arena_bytes)
         try:
-            await asyncio.to_thread(self._compile, c)
+            await asyncio.wrap_future(self._pool.submit(c, want_tables=False))
         except GrammarTooLarge as e:
             raise APIError(400, f"{param}: {e}", param) from None
         except GrammarError as e:
             raise APIError(400, f"{param}: {e}", param) from None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
 
     def reserve(self, c: Constraint) -> None:
         if c not in self._in_flight and len(self._in_flight) >= GRAMMAR_SLOTS:

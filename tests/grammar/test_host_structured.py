@@ -2,6 +2,7 @@
 through chunked prefill, preemption (re-admission walks the automaton), n > 1 and seeded sampling."""
 import json
 import re
+import time
 
 import jsonschema
 import pytest
@@ -50,9 +51,9 @@ def run(eng: HostEngine, requests: dict[int, tuple[list[int], SamplingParams]]):
     for rid, (prompt, params) in requests.items():
         eng.add_request(rid, prompt, params)
     tokens, reasons = {rid: [] for rid in requests}, {}
-    for _ in range(5000):
-        if not eng.has_unfinished():
-            break
+    deadline = time.monotonic() + 600  # an anti-stall bound only (compiles run in a worker process)
+    while eng.has_unfinished():
+        assert time.monotonic() < deadline, "the engine stalled"
         for e in eng.step():
             if e.token_id >= 0:
                 tokens[e.req_id].append(e.token_id)
@@ -100,6 +101,14 @@ def test_choice_regex_and_json_object(demo):
         assert reasons[3] == FinishReason.LENGTH
 
 
+def test_abort_while_compiling():
+    eng = engine()
+    eng.add_request(1, [1, 2], SamplingParams(max_tokens=5, constraint=Constraint("regex", "[a-z]{2,40}x")))
+    eng.abort_request(1)
+    events = eng.step()
+    assert [(e.req_id, e.finish_reason) for e in events] == [(1, FinishReason.ABORT)] and not eng.has_unfinished()
+
+
 def test_preemption_and_seeds_keep_the_grammar(demo):
     schema = SCHEMAS[2]
     c = Constraint("json_schema", json.dumps(schema))
@@ -115,9 +124,12 @@ def test_preemption_and_seeds_keep_the_grammar(demo):
         assert ids == roomy_tokens[rid]  # seeded: the same tokens with or without preemption
 
 
-def test_refusals():
+def test_refusals_end_the_request_and_the_engine_goes_on():
     eng = engine(grammar_arena_mb=1)
-    with pytest.raises(ValueError, match="too large"):
-        eng.add_request(1, [1, 2], SamplingParams(max_tokens=5, constraint=Constraint("regex", "[a-z]{3000}")))
+    too_large = SamplingParams(max_tokens=5, constraint=Constraint("regex", "[a-z]{3000}"))
+    fine = SamplingParams(max_tokens=5, temperature=0, constraint=Constraint("regex", "[a-z]{3}"))
+    tokens, reasons = run(eng, {1: ([1, 2], too_large), 2: ([1, 2], fine), 3: ([1, 2], SamplingParams(max_tokens=2))})
+    assert reasons == {1: FinishReason.ERROR, 2: FinishReason.STOP, 3: FinishReason.LENGTH} and not tokens[1]
+    assert not eng.grammars.resident
     with pytest.raises(ValueError, match="ignore_eos"):
         SamplingParams(ignore_eos=True, constraint=Constraint("json_object"))
