@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 import time
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, wait
+from concurrent.futures import FIRST_COMPLETED, CancelledError, wait
+from concurrent.futures.process import BrokenProcessPool
 
 from blink.config import EngineArgs
 from blink.engine.interface import Engine, EngineStats, StepTime, TokenEvent
@@ -16,6 +17,7 @@ from blink.engine.scheduler import Scheduler
 from blink.engine.sequence import SeqStatus, Sequence
 from blink.engine.stops import check_stop
 from blink.grammar.arena import GrammarArena
+from blink.grammar.worker import COMPILE_TIMEOUT_S
 from blink.request import FinishReason, SamplingParams
 
 PARK_WAIT_S = 2e-3  # an engine with only compiling requests waits this long per step() for one
@@ -51,7 +53,7 @@ class HostEngine(Engine):
         self._step_times: deque[StepTime] = deque(maxlen=STEP_TIMES_KEPT)
         self.grammars = GrammarArena(m.sampling_state)
         self._compiles = None  # blink/grammar/worker.py CompilePool, started by the first constraint
-        self._parked: dict[int, tuple[object, list[int], SamplingParams]] = {}  # req_id -> compiling
+        self._parked: dict[int, tuple] = {}  # req_id -> (future, prompt, params, submitted at): compiling
 
     # -- Engine interface ------------------------------------------------------------------------------
     def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -61,7 +63,8 @@ class HostEngine(Engine):
         if params.constraint is not None:  # compiled in a worker process; queued once its tables are here
             if req_id in self._parked:
                 raise ValueError(f"request id {req_id} is already in use")
-            self._parked[req_id] = (self._compile_pool().submit(params.constraint), list(prompt_ids), params)
+            future = self._compile_pool().submit(params.constraint)
+            self._parked[req_id] = (future, list(prompt_ids), params, time.monotonic())
             return
         self._queue(req_id, prompt_ids, params)
 
@@ -161,14 +164,17 @@ class HostEngine(Engine):
         if not self._parked:
             return
         if not self.scheduler.has_unfinished() and not self._pending:  # nothing else to do: wait a little
-            wait([f for f, _, _ in self._parked.values()], timeout=PARK_WAIT_S, return_when=FIRST_COMPLETED)
-        for req_id, (future, prompt_ids, params) in list(self._parked.items()):
+            wait([p[0] for p in self._parked.values()], timeout=PARK_WAIT_S, return_when=FIRST_COMPLETED)
+        for req_id, (future, prompt_ids, params, since) in list(self._parked.items()):
+            if not future.done() and time.monotonic() - since > COMPILE_TIMEOUT_S:
+                self._compiles.kill()  # a runaway compile: its request (and any queued behind it) fail
             if not future.done():
                 continue
             del self._parked[req_id]
             try:
                 self.grammars.acquire(params.constraint, future.result())
-            except ValueError:  # GrammarError (the front end checked first) or ArenaFull (its mirror prevents it)
+            except (ValueError, BrokenProcessPool, CancelledError):  # refused, killed, or ArenaFull (the
+                # front end checks and mirrors the arena first, so this is a request it could not judge)
                 self._pending.append(TokenEvent(req_id, -1, 0, FinishReason.ERROR))
                 continue
             self._queue(req_id, prompt_ids, params)

@@ -165,8 +165,17 @@ class StructuredOutputs:
 
             self._pool = CompilePool(self._model, self._tokenizer_dir, self._tokenizer.vocab_size,
                                      model_eos_ids(self._model), self._arena_bytes)
+        from concurrent.futures.process import BrokenProcessPool
+
+        from blink.grammar.worker import COMPILE_TIMEOUT_S, too_complex
+
         try:
-            await asyncio.wrap_future(self._pool.submit(c, want_tables=False))
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(self._pool.submit(c, want_tables=False)),
+                                       COMPILE_TIMEOUT_S)
+            except (TimeoutError, BrokenProcessPool, MemoryError):
+                self._pool.kill()
+                raise too_complex(COMPILE_TIMEOUT_S) from None
         except GrammarTooLarge as e:
             raise APIError(400, f"{param}: {e}", param) from None
         except GrammarError as e:

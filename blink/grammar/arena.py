@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from blink.grammar.tables import GrammarTables
 from blink.request import Constraint
 
@@ -75,6 +73,8 @@ class GrammarArena:
             del self.resident[key]  # no slot points at it any more; the next owner overwrites it
 
     def _load(self, res: Resident) -> None:
+        import torch  # here: the compile worker imports this module's geometry and must stay torch-free
+
         s, t = self.state, res.tables
         if not self.fits(t):
             raise ValueError("grammar larger than an arena partition (the compiler should have refused it)")

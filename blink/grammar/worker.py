@@ -1,6 +1,11 @@
 """Compiles in a worker process: outlines-core holds the GIL while it builds a DFA (1.8 s measured for
 a bounded-string schema at 32k tokens), which in a thread would freeze the front end's event loop or
-the host engine's step loop. One worker per process that asks, started on the first constraint."""
+the host engine's step loop. One worker per process that asks, started on the first constraint.
+
+A regex can ask for an exponential DFA ("(a|b)*a(a|b){30}"): the worker runs under an address-space
+limit and a caller-side deadline; past either, the worker is killed and replaced, and the constraint
+is refused as too complex (GrammarTooLarge), so one request cannot stall or sink the others.
+"""
 from __future__ import annotations
 
 import multiprocessing
@@ -8,16 +13,22 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ProcessPoolExecutor
 
+from blink.grammar.schema import GrammarTooLarge
 from blink.grammar.tables import GrammarTables
 from blink.request import Constraint
 
 CACHE_ENTRIES = 64
+COMPILE_TIMEOUT_S = 30.0  # deadline for one compile (the largest real schemas take a few seconds)
+WORKER_MEMORY_BYTES = 16 << 30  # address space of a worker (an exploding DFA fails instead of swapping)
 _compiler = None  # in the worker
 
 
 def _init(model: str, tokenizer_dir: str | None, vocab_size: int, eos_ids: tuple[int, ...],
           arena_bytes: int) -> None:
     global _compiler
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
     from blink.frontend.tokenizer import load_tokenizer
     from blink.grammar.setup import build_compiler
 
@@ -71,3 +82,17 @@ class CompilePool:
             if self._pool is not None:
                 self._pool.shutdown(wait=False, cancel_futures=True)
                 self._pool = None
+
+    def kill(self) -> None:
+        """Stop a compile that ran past its deadline: terminate the worker; the next submit starts another."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            for process in list(getattr(pool, "_processes", {}).values()):  # the executor has no public kill
+                process.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+def too_complex(seconds: float) -> GrammarTooLarge:
+    return GrammarTooLarge(f"the constraint is too complex: compiling it took over {seconds:.0f} s or ran out "
+                           "of memory")

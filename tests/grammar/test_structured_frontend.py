@@ -66,3 +66,20 @@ def test_field_spellings_agree():
                  {"structured_outputs": {"json": schema}}, {"guided_json": json.dumps(schema)}]
     found = {constraint_of(CompletionRequest(prompt="x", **s))[0] for s in spellings}
     assert len(found) == 1  # one cache key however it was asked for
+
+
+def test_runaway_compile_is_refused_and_the_worker_replaced(monkeypatch):
+    from blink.frontend.tokenizer import load_tokenizer
+    from blink.grammar import worker
+    from blink.model.demo import ensure_default_model
+
+    model = str(ensure_default_model())
+    so = StructuredOutputs(load_tokenizer(model), model, 8 << 20)
+    monkeypatch.setattr(worker, "COMPILE_TIMEOUT_S", 3.0)
+    try:
+        with pytest.raises(APIError) as e:  # a DFA of 2^26 states: never finishes in time
+            asyncio.run(so.check(Constraint("regex", "(a|b)*a(a|b){26}"), "guided_regex"))
+        assert e.value.status == 400 and "too complex" in e.value.message
+        asyncio.run(so.check(Constraint("regex", "[a-c]{2}"), "guided_regex"))  # a fresh worker serves
+    finally:
+        so.close()
