@@ -7,7 +7,9 @@ cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
 for pkg in fastapi==0.115.12 starlette==0.46.2 pydantic==2.11.7 pydantic-core==2.33.2 typing-inspection==0.4.1 \
            annotated-types==0.7.0 uvicorn==0.34.3 openai==1.97.0 jiter==0.10.0 distro==1.9.0 sniffio==1.3.1 \
-           accelerate==1.15.0 psutil==7.1.3 pyyaml==6.0.3; do
+           accelerate==1.15.0 psutil==7.1.3 pyyaml==6.0.3 \
+           outlines-core==0.2.14 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
+           rpds-py==2026.9.1 attrs==26.1.0; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl "$pkg"
