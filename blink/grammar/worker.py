@@ -78,13 +78,11 @@ class CompilePool:
                 self.cache.popitem(last=False)
 
     def shutdown(self) -> None:
-        with self._lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = None
+        """At exit: the worker holds nothing worth waiting for (a compile in flight would delay the exit)."""
+        self.kill()
 
     def kill(self) -> None:
-        """Stop a compile that ran past its deadline: terminate the worker; the next submit starts another."""
+        """Terminate the worker (a compile past its deadline, or exit); the next submit starts another."""
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
