@@ -33,6 +33,7 @@ class EngineArgs:
     rank_cpus: str | None = None
     all_reduce: str = "auto"  # auto | nccl | p2p (decode-sized bf16 all-reduces on blink's LL kernel)
     num_layers: int | None = None  # cut a preset to this many layers (short benchmarks of real shapes)
+    grammar_arena_mb: int = 64  # GPU memory for structured-output automata (blink/grammar/arena.py); 0 = off
 
     @property
     def resolved_device(self) -> str:
@@ -84,6 +85,9 @@ class EngineArgs:
                             "peer-memory kernel instead of NCCL (auto: p2p on GPUs)" + D)
         p.add_argument("--num-layers", type=int, default=d.num_layers,
                        help="cut a preset to this many layers, for benchmarks (default: all)")
+        p.add_argument("--grammar-arena-mb", type=int, default=d.grammar_arena_mb,
+                       help="memory for structured-output automata, in 16 equal partitions (0: refuse them; "
+                            "default: %(default)s)")
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:

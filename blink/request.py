@@ -23,6 +23,25 @@ class FinishReason(enum.IntEnum):
         return {1: "stop", 2: "length", 3: "abort", 4: "error"}.get(int(self))
 
 
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "choice")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """A structured-output constraint as text (the compiled automaton lives in blink/grammar/).
+
+    spec: the schema's JSON text (json_schema), the regex (regex), a JSON list of strings (choice),
+    "" (json_object). Frozen and hashable: it is the compile cache's key.
+    """
+
+    kind: str
+    spec: str = ""
+
+    def __post_init__(self):
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(f"unknown constraint kind {self.kind!r}")
+
+
 @dataclass
 class SamplingParams:
     """vLLM-compatible sampling parameters. temperature == 0 means greedy."""
@@ -42,6 +61,7 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs per token (0 = only the chosen token's)
+    constraint: Constraint | None = None  # structured output: the grammar masks every sampled token
 
     def __post_init__(self):
         if self.top_k is None or self.top_k < 0:
@@ -67,6 +87,10 @@ class SamplingParams:
             (self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
              f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]"),
             (all(-100 <= v <= 100 for v in self.logit_bias.values()), "logit_bias values must be in [-100, 100]"),
+            (self.constraint is None or not self.ignore_eos,
+             "ignore_eos cannot be combined with a structured output constraint (it ends at its EOS)"),
+            (self.constraint is None or self.min_tokens == 0,
+             "min_tokens cannot be combined with a structured output constraint"),
         ]
         for ok, message in checks:
             if not ok:

@@ -68,7 +68,8 @@ class LoadedModel:
         limits = EngineLimits.resolve(args, cfg.max_position_embeddings, cfg.vocab_size, num_blocks)
         kv = allocate_kv_cache(kv_cfg, num_blocks, args.block_size, dtype, device)
         # One extra slot: the scratch row that padding and mid-prefill rows point at.
-        state = SamplingState(args.max_num_seqs + 1, cfg.vocab_size, device)
+        state = SamplingState(args.max_num_seqs + 1, cfg.vocab_size, device,
+                              grammar_arena_bytes=args.grammar_arena_mb << 20)
         path = None if _is_preset(source) else source
         return cls(model, cfg, kv, state, device, limits, path)
 

@@ -15,6 +15,7 @@ from blink.core.limits import EngineLimits
 from blink.core.outputs import SampledToken, SchedulerOutput
 from blink.core.step_buffers import StepBuffers
 from blink.kernels.sampling import sample
+from blink.kernels.sampling_grammar import advance_grammar
 from blink.request import MAX_TOP_LOGPROBS
 
 
@@ -66,6 +67,7 @@ class ModelRunner:
         buf.top_ids[:num_seqs].copy_(out.top_ids)
         buf.top_logprobs[:num_seqs].copy_(out.top_logprobs)
         self.sampling_state.record_tokens(slots, out.token_ids)
+        advance_grammar(slots, out.token_ids, self.sampling_state)  # constrained slots' DFA states
 
     def capture(self, bucket: tuple[int, int], buf: StepBuffers,
                 on_graph_end: Callable[[int], None] | None = None) -> torch.cuda.CUDAGraph:

@@ -74,6 +74,9 @@ class DeviceEngine(Engine):
         if req_id in self.live:
             raise ValueError(f"request id {req_id} is already in use")
         self.m.validate_prompt(prompt_ids, params)
+        if params.constraint is not None:  # the GPU scheduler would refuse it too (kFlagConstraint)
+            raise ValueError("structured outputs (response_format, structured_outputs, guided_*) are not "
+                             "supported in device mode yet; run with --engine host")
         self.watchdog.poked()
         # While the ingress ring is full, keep draining egress: a GPU blocked on a full egress ring
         # stops reading ingress, and waiting on it alone would deadlock.

@@ -114,7 +114,8 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
         frontend_cmd.append("--disable-log-requests")
     if engine_args.tokenizer:
         frontend_cmd += ["--tokenizer", engine_args.tokenizer]
-    frontend_cmd += ["--tensor-parallel-size", str(engine_args.tensor_parallel_size)]
+    frontend_cmd += ["--tensor-parallel-size", str(engine_args.tensor_parallel_size),
+                     "--grammar-arena-mb", str(engine_args.grammar_arena_mb)]
     env = {**os.environ, "BLINK_API_KEY": args.api_key} if args.api_key else None  # not on the command line
     frontend = Child("front end", frontend_cmd, args.frontend_cpus, env)
     children.append(frontend)

@@ -34,6 +34,8 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
                         help="the engine's tensor-parallel ranks, for /get_server_info" + D)
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0,
                         help="seconds without an engine heartbeat before /health fails" + D)
+    parser.add_argument("--grammar-arena-mb", type=int, default=64,
+                        help="the engine's --grammar-arena-mb (structured outputs: 400/503 decided here)" + D)
     parser.add_argument("--disable-log-requests", action="store_true",
                         help="turn the access log off (default: on)")
 
@@ -58,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer=args.tokenizer, api_key=args.api_key,
         engine_pid=args.engine_pid, max_body_bytes=args.max_request_body_bytes,
         heartbeat_timeout_s=args.heartbeat_timeout, log_requests=not args.disable_log_requests,
-        tensor_parallel_size=args.tensor_parallel_size,
+        tensor_parallel_size=args.tensor_parallel_size, grammar_arena_mb=args.grammar_arena_mb,
     )
     setup_logging(config.log_requests)
     try:

@@ -26,6 +26,7 @@ from blink.frontend.protocol import (
     TokenizeRequest,
 )
 from blink.frontend.serving import FrontendState, now
+from blink.frontend.structured import StructuredOutputs
 from blink.frontend.text_workers import DEFAULT_MAX_PENDING, DEFAULT_WORKERS, TextWorkers
 from blink.frontend.worker_routes import install_worker_routes
 from blink.text.tokenizer import load_tokenizer
@@ -48,6 +49,7 @@ class AppConfig:
     tokenizer_workers: int = DEFAULT_WORKERS
     max_pending_tokenizations: int = DEFAULT_MAX_PENDING
     tensor_parallel_size: int = 1
+    grammar_arena_mb: int = 64  # the engine's --grammar-arena-mb (the front end mirrors its partitions)
 
 
 def blink_version() -> str:
@@ -66,9 +68,10 @@ def build_app(config: AppConfig) -> FastAPI:
         client = EngineClient(config.shm_name, config.heartbeat_timeout_s)
         client.start()
         text = TextWorkers(tokenizer, config.tokenizer_workers, config.max_pending_tokenizations)
+        structured = StructuredOutputs(tokenizer, config.model, config.grammar_arena_mb << 20, config.tokenizer)
         holder["state"] = FrontendState(tokenizer, client, FrontendMetrics(config.engine_pid,
                                                                            config.served_model_name),
-                                        config.served_model_name, text, config.model)
+                                        config.served_model_name, text, config.model, structured)
         banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name))
         try:
             yield
@@ -76,6 +79,7 @@ def build_app(config: AppConfig) -> FastAPI:
             banner.cancel()
             text.close()
             client.close()
+            structured.close()
 
     app = FastAPI(title="blink", version=blink_version(), lifespan=lifespan,
                   description="OpenAI- and Anthropic-compatible API of blink (see docs/api.md)")

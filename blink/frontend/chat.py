@@ -11,6 +11,8 @@ from blink.frontend.errors import APIError
 from blink.frontend.generation import TokenLogprob, collect, generate, merge
 from blink.frontend.protocol import ChatCompletionRequest, ChatMessage
 from blink.frontend.serving import FrontendState, now, request_id, sse_stream, unless_disconnected, usage
+from blink.frontend.structured import constrain, hold
+from blink.frontend.tools import ToolStream, parse_tool_calls, plan_tools
 from blink.request import MAX_TOP_LOGPROBS
 
 
@@ -83,11 +85,15 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
     num_logprobs = _num_logprobs(body)
     params = [state.sampling_params(body, prompt_ids, max_tokens, num_logprobs, j) for j in range(body.n)]
     state.check_engine()
-    streams = [generate(state.generation, prompt_ids, p, body.skip_special_tokens, body.keep_stop)
+    template = state.tokenizer.chat_template
+    tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, template and template.source)
+    constraint = await constrain(state, body, params, tools.constraint if tools else None)
+    streams = [hold(state, constraint, generate(state.generation, prompt_ids, p, body.skip_special_tokens,
+                                                body.keep_stop))
                for p in params]
     head = {"id": f"chatcmpl-{request_id(request)}", "created": now(), "model": state.served_model_name}
     if body.stream:
-        chunks = _stream_chunks(state, body, head, streams, len(prompt_ids))
+        chunks = _stream_chunks(state, body, head, streams, len(prompt_ids), tools)
         return StreamingResponse(sse_stream(chunks), media_type="text/event-stream")
     results = await unless_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
     choices = []
@@ -97,8 +103,13 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
         logprobs = None
         if num_logprobs is not None:
             logprobs = chat_logprobs(state, result.logprobs, body.return_tokens_as_token_ids)
-        choices.append({"index": index, "message": {"role": "assistant", "content": result.text},
-                        "logprobs": logprobs, "finish_reason": result.finish_reason,
+        message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
+        if tools is not None and tools.parse:
+            content, calls = parse_tool_calls(result.text, tools)
+            if calls:
+                message = {"role": "assistant", "content": content, "tool_calls": calls}
+                finish = "tool_calls" if finish == "stop" else finish
+        choices.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish,
                         "stop_reason": result.stop_reason})
     completion_tokens = sum(r.num_tokens for r in results)
     return JSONResponse({**head, "object": "chat.completion", "choices": choices,
@@ -106,7 +117,7 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
 
 
 async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head: dict, streams,
-                         num_prompt_tokens: int) -> AsyncIterator[dict]:
+                         num_prompt_tokens: int, tools=None) -> AsyncIterator[dict]:
     head = {**head, "object": "chat.completion.chunk"}
     tokens = [0] * len(streams)
 
@@ -116,6 +127,7 @@ async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head
             out["usage"] = usage(num_prompt_tokens, sum(tokens))
         return out
 
+    parsers = [ToolStream(tools) if tools is not None and tools.parse else None for _ in streams]
     for index in range(len(streams)):
         yield chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                      "finish_reason": None})
@@ -124,9 +136,21 @@ async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head
             raise APIError(500, "the engine failed the request")
         tokens[index] = delta.num_tokens
         logprobs = chat_logprobs(state, delta.logprobs, body.return_tokens_as_token_ids) if body.logprobs else None
-        content = {"content": delta.text} if delta.text or not delta.finish_reason else {}
-        choice = {"index": index, "delta": content, "logprobs": logprobs, "finish_reason": delta.finish_reason}
-        if delta.finish_reason is not None:
+        text, finish, calls = delta.text, delta.finish_reason, []
+        if parsers[index] is not None:  # tool calls: content until a call may start, the calls at the end
+            text = parsers[index].feed(text)
+            if finish:
+                rest, calls = parsers[index].finish()
+                text += rest
+                finish = "tool_calls" if calls and finish == "stop" else finish
+        content = {"content": text} if text or not (finish or calls) else {}
+        if calls:  # OpenAI's shape: the calls in a delta of their own, with index, id, type and function
+            if content:
+                yield chunk({"index": index, "delta": content, "logprobs": logprobs, "finish_reason": None})
+                logprobs = None
+            content = {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}
+        choice = {"index": index, "delta": content, "logprobs": logprobs, "finish_reason": finish}
+        if finish is not None:
             choice["stop_reason"] = delta.stop_reason
         yield chunk(choice)
     if body.include_usage:

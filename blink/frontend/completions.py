@@ -11,6 +11,7 @@ from blink.frontend.errors import APIError
 from blink.frontend.generation import Delta, TokenLogprob, collect, generate, merge
 from blink.frontend.protocol import CompletionRequest
 from blink.frontend.serving import FrontendState, now, request_id, sse_stream, unless_disconnected, usage
+from blink.frontend.structured import constrain, hold
 
 
 async def prompt_token_lists(state: FrontendState, prompt, add_special_tokens: bool = True) -> list[list[int]]:
@@ -68,7 +69,8 @@ async def create_completion(state: FrontendState, body: CompletionRequest, reque
               for ids in prompts]
     state.check_engine()
     echo = [await state.text.decode(ids) if body.echo else "" for ids in prompts]
-    streams = [generate(state.generation, ids, p, body.skip_special_tokens, body.keep_stop)
+    constraint = await constrain(state, body, [p for choice_params in params for p in choice_params])
+    streams = [hold(state, constraint, generate(state.generation, ids, p, body.skip_special_tokens, body.keep_stop))
                for ids, choice_params in zip(prompts, params, strict=True) for p in choice_params]
     num_prompt_tokens = sum(len(ids) for ids in prompts)
     head = {"id": f"cmpl-{request_id(request)}", "object": "text_completion", "created": now(),

@@ -2,31 +2,22 @@
 
 Every field is decided: declared fields are implemented (or refused with a 400 where a value is not
 supported); any other field is a 400 that names it (pydantic's extra="forbid"), so nothing a client sends
-is silently ignored. docs/api.md lists them. The structured-output fields below are another issue's;
-until it declares them they keep today's handling (dropped before validation).
+is silently ignored. docs/api.md lists them. The structured-output and tool fields are declared by
+StructuredFields (blink/frontend/structured.py) and ToolFields (tools.py).
 """
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
+from blink.frontend.structured import StructuredFields
+from blink.frontend.tools import ToolFields
 from blink.request import SamplingParams
-
-# Owned by the structured-outputs issue: tolerated as today until that work declares them.
-STRUCTURED_OUTPUT_FIELDS = ("response_format", "structured_outputs", "guided_json", "guided_regex",
-                            "guided_choice", "guided_grammar", "tool_choice", "parallel_tool_calls")
 
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _structured_output_fields(cls, data: Any) -> Any:
-        if isinstance(data, dict) and any(k in data and k not in cls.model_fields for k in STRUCTURED_OUTPUT_FIELDS):
-            data = {k: v for k, v in data.items() if k in cls.model_fields or k not in STRUCTURED_OUTPUT_FIELDS}
-        return data
 
 
 class StreamOptions(Strict):
@@ -34,7 +25,7 @@ class StreamOptions(Strict):
     continuous_usage_stats: bool = False  # vLLM: usage in every chunk (needs include_usage)
 
 
-class SamplingFields(Strict):
+class SamplingFields(Strict, StructuredFields):
     """Fields shared by completions and chat (OpenAI's plus vLLM's extras)."""
 
     model: str | None = None
@@ -116,7 +107,7 @@ class ChatMessage(BaseModel):
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatCompletionRequest(SamplingFields, ToolFields):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None

@@ -16,6 +16,7 @@ from blink.frontend.errors import APIError, error_body
 from blink.frontend.generation import GenerationContext
 from blink.frontend.metrics import FrontendMetrics
 from blink.frontend.protocol import SamplingFields
+from blink.frontend.structured import StructuredOutputs
 from blink.frontend.text_workers import TextWorkers
 from blink.request import SamplingParams
 from blink.text.tokenizer import ModelTokenizer
@@ -29,6 +30,7 @@ class FrontendState:
     served_model_name: str
     text: TextWorkers
     model_root: str = ""
+    structured: StructuredOutputs | None = None  # response_format, structured_outputs, guided_*
 
     @property
     def max_model_len(self) -> int:

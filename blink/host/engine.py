@@ -13,6 +13,7 @@ from blink.core.loaded_model import LoadedModel
 from blink.core.runner import ModelRunner
 from blink.core.scheduler import Scheduler
 from blink.core.sequence import Sequence
+from blink.host.constraints import ConstraintLoader
 from blink.request import SamplingParams, TokenEvent, request_seed
 from blink.transport.layout import ITERATION_TOKEN_BOUNDS
 
@@ -41,24 +42,40 @@ class HostEngine(Engine):
         self._iteration_tokens_sum = 0
         self._queue_us: dict[int, int] = {}  # admitted, first token not out yet: the queue time it will carry
         self._step_times: deque[StepTime] = deque(maxlen=STEP_TIMES_KEPT)
+        self.constraints = ConstraintLoader(args, m, tensor_parallel=args.tensor_parallel_size > 1)
+        self._constrained: dict[int, SamplingParams] = {}  # queued constrained requests: their grammar's refs
 
     # -- Engine interface ------------------------------------------------------------------------------
     def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
         if req_id in self.scheduler.requests:
             raise ValueError(f"request id {req_id} is already in use")
         self.m.validate_prompt(prompt_ids, params)
+        if params.constraint is not None:  # compiled in a worker process; queued once its tables are here
+            self.constraints.park(req_id, prompt_ids, params)
+            return
+        self._queue(req_id, prompt_ids, params)
+
+    def _queue(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
         self._arrivals += 1
         self.scheduler.add(Sequence(req_id, list(prompt_ids), params, request_seed(params, req_id, self.args.seed),
                                     self._arrivals, arrived_at=time.perf_counter()))
+        if params.constraint is not None:
+            self._constrained[req_id] = params
 
     def abort_request(self, req_id: int) -> None:
-        event = self.scheduler.abort(req_id)
+        event = self.constraints.abort(req_id) or self.scheduler.abort(req_id)
         self._queue_us.pop(req_id, None)
+        self._release(req_id)
         if event is not None:
             self._pending.append(event)
 
+    def _release(self, req_id: int) -> None:
+        params = self._constrained.pop(req_id, None)
+        if params is not None:
+            self.constraints.release(params)
+
     def has_unfinished(self) -> bool:
-        return bool(self._pending) or self.scheduler.has_unfinished()
+        return bool(self._pending) or self.constraints.has_parked() or self.scheduler.has_unfinished()
 
     def stats(self) -> EngineStats:
         s = self.scheduler
@@ -78,7 +95,10 @@ class HostEngine(Engine):
     def step(self) -> list[TokenEvent]:
         # The read-back of the sampled tokens already waits for the step: timing it adds no sync.
         start = time.perf_counter()
-        events, self._pending = self._pending, []
+        queued, failed = self.constraints.ready(idle=not self._pending and not self.scheduler.has_unfinished())
+        for req_id, prompt_ids, params in queued:
+            self._queue(req_id, prompt_ids, params)
+        events, self._pending = self._pending + failed, []
         output = self.scheduler.schedule()
         if not output.chunks:
             return events
@@ -86,7 +106,8 @@ class HostEngine(Engine):
             if seq.queue_us < 0:  # the first admission ends the request's queue time
                 seq.queue_us = min(int((start - seq.arrived_at) * 1e6), QUEUE_US_MAX)
                 self._queue_us[seq.req_id] = seq.queue_us
-            self.m.sampling_state.set_slot(seq.slot, seq.params, seq.seed, seq.prompt_ids, seq.output_ids)
+            grammar = self.constraints.slot_grammar(seq.params, seq.output_ids)  # re-admission: walked again
+            self.m.sampling_state.set_slot(seq.slot, seq.params, seq.seed, seq.prompt_ids, seq.output_ids, grammar)
         sampled = self.runner.execute(output)
         new = self.scheduler.update_from_output(output, sampled)
         self._steps += 1
@@ -97,9 +118,12 @@ class HostEngine(Engine):
             if event.position == 0 or event.finished:  # the first token carries the queue time
                 event.queue_us = self._queue_us.pop(event.req_id, 0) if event.position == 0 else 0
                 self._queue_us.pop(event.req_id, None)
+            if event.finished:
+                self._release(event.req_id)
         self._step_times.append(StepTime(time.perf_counter() - start, output.num_tokens, len(output.chunks)))
         return events + new
 
     def shutdown(self) -> None:
+        self.constraints.shutdown()
         if self.tp is not None:
             self.tp.shutdown()

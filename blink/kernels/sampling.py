@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
 from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the reference lives there)
     SampleOutput,
     apply_penalties_ref,
@@ -50,9 +51,9 @@ def _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presen
 
 @triton.jit
 def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr, frequency_ptr, presence_ptr,
-                      counts_ptr, prompt_mask_ptr, bias_ids_ptr, bias_vals_ptr, vocab_size: tl.constexpr,
-                      NUM_BIAS: tl.constexpr, BIAS_BLOCK: tl.constexpr, CHUNK: tl.constexpr,
-                      BLOCK: tl.constexpr):
+                      counts_ptr, prompt_mask_ptr, bias_ids_ptr, bias_vals_ptr, gstate_ptr, gid_ptr, classes_ptr,
+                      row_base_ptr, cells_ptr, vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr,
+                      BIAS_BLOCK: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     chunk_start = tl.program_id(1) * CHUNK
     slot = tl.load(slots_ptr + row)
@@ -60,6 +61,9 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
     flags = tl.where(slot >= 0, tl.load(flags_ptr + safe_slot), 0)
     if flags != 0:
         has_penalties = (flags & 1) != 0
+        has_grammar = (flags & _FLAG_GRAMMAR) != 0
+        gstate = tl.load(gstate_ptr + safe_slot)
+        gid = tl.load(gid_ptr + safe_slot)
         repetition = tl.load(repetition_ptr + safe_slot)
         inv_repetition = tl.math.div_rn(1.0, repetition)
         frequency = tl.load(frequency_ptr + safe_slot)
@@ -77,6 +81,9 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                 count = tl.load(counts_ptr + history + offs, mask=mask, other=0)
                 in_prompt = tl.load(prompt_mask_ptr + history + offs, mask=mask, other=0)
                 x = _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presence)
+            if has_grammar:  # before temperature and the filters: they see only allowed tokens
+                allowed = grammar_allowed(offs, mask, gstate, gid, classes_ptr, row_base_ptr, cells_ptr, vocab_size)
+                x = tl.where(allowed, x, float("-inf"))
             tl.store(out_row + offs, x, mask=mask)
 
         # Biased tokens of this chunk: bias comes first, so redo them from the raw logit.
@@ -91,6 +98,9 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                 count = tl.load(counts_ptr + history + ids, mask=used, other=0)
                 in_prompt = tl.load(prompt_mask_ptr + history + ids, mask=used, other=0)
                 x = _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presence)
+            if has_grammar:
+                allowed = grammar_allowed(ids, used, gstate, gid, classes_ptr, row_base_ptr, cells_ptr, vocab_size)
+                x = tl.where(allowed, x, float("-inf"))
             tl.store(out_row + ids, x, mask=used)
 
 
@@ -220,6 +230,7 @@ def _penalized_rows(logits: torch.Tensor, slots: torch.Tensor, state: SamplingSt
     _penalties_kernel[(num_rows, triton.cdiv(vocab_size, chunk))](
         logits, out, slots, state.flags, state.repetition_penalty, state.frequency_penalty,
         state.presence_penalty, state.output_counts, state.prompt_mask, state.bias_ids, state.bias_vals,
+        state.grammar_state, state.grammar_id, state.grammar_classes, state.grammar_row_base, state.grammar_cells,
         vocab_size, NUM_BIAS=num_bias, BIAS_BLOCK=triton.next_power_of_2(num_bias), CHUNK=chunk,
         BLOCK=min(chunk, 1024), num_warps=4, **_NO_FUSION,
     )

@@ -1,8 +1,9 @@
 """The sampler's torch reference: the definition the Triton pipeline (sampling.py) must match exactly.
 
 Order (vLLM's): logit_bias, repetition penalty (prompt + output), presence/frequency penalties (output),
-temperature, min_p, top_k, top_p, then the choice. Temperature-0 rows take the argmax of the processed
-logits and skip the filters. Logprobs are those of the raw logits.
+the grammar's mask (sampling_grammar: disallowed tokens -> -inf), temperature, min_p, top_k, top_p,
+then the choice. Temperature-0 rows take the argmax of the processed logits and skip the filters.
+Logprobs are those of the raw logits.
 
 The choice is an exponential race: token = argmax of x / T - log(-log u) over the kept tokens, u from
 sampling_rng (a hash of seed, position and token id).
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from blink.kernels.sampling_grammar import grammar_mask_ref
 from blink.kernels.sampling_rng import race_uniform_ref
 
 if TYPE_CHECKING:
@@ -55,7 +57,8 @@ def apply_penalties_ref(logits: torch.Tensor, slots: torch.Tensor, state: Sampli
     penalized = torch.where(seen, torch.where(x > 0, x * (1.0 / repetition), x * repetition), x)
     penalized = (penalized - state.frequency_penalty[safe_slots][:, None] * counts
                  - state.presence_penalty[safe_slots][:, None] * (counts > 0))
-    return torch.where((flags & 1) != 0, penalized, x)
+    x = torch.where((flags & 1) != 0, penalized, x)
+    return torch.where(grammar_mask_ref(x, slots, state), x, float("-inf"))
 
 
 def keep_thresholds(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState) -> torch.Tensor:

@@ -19,8 +19,16 @@ names, dtypes and shapes are a contract (all contiguous, dimension 0 = slot):
 | bias_vals | f32 [slots, MAX_LOGIT_BIAS] | logit_bias values (0 where the id is -1) |
 | output_counts | i32 [slots, vocab] | occurrences of each token in the output so far |
 | prompt_mask | u8 [slots, vocab] | 1 for tokens that occur in the prompt |
-| flags | i32 [slots] | bit 0 (FLAG_PENALTIES): some penalty is on; bit 1 (FLAG_LOGIT_BIAS): bias_ids used |
+| flags | i32 [slots] | bit 0 (FLAG_PENALTIES): penalties; bit 1 (FLAG_LOGIT_BIAS): bias_ids; bit 2 (FLAG_GRAMMAR) |
 | num_logprobs | i32 [slots] | top logprobs the request asks for (SamplingParams.logprobs, None -> 0); 0 = none |
+| grammar_state | i32 [slots] | global DFA state (read under FLAG_GRAMMAR; -1: only EOS allowed) |
+| grammar_id | i32 [slots] | row of grammar_classes |
+
+The grammar arena (blink/grammar/arena.py: grammar_slots equal partitions, sized once by
+grammar_arena_bytes): grammar_classes i32 [grammar_slots, vocab] (token -> class), grammar_row_base
+i32 [slots * states per slot] (a state's first cell), grammar_cells i32 [slots * cells per slot] (next
+global state per (state, class), -1 = disallowed). The
+sampler masks a constrained row with these tables and advance_grammar moves grammar_state after it.
 
 output_counts and prompt_mask rows are read and updated only while the slot's FLAG_PENALTIES bit is
 set: admitting a request with penalties must zero both rows and then fill them; admitting one without
@@ -39,6 +47,7 @@ from blink.request import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
 
 FLAG_PENALTIES = 1
 FLAG_LOGIT_BIAS = 2
+FLAG_GRAMMAR = 4
 
 
 def _as_int64(seed: int) -> int:
@@ -61,19 +70,35 @@ class SamplingState:
                 ("output_counts", (max_slots, vocab_size), i32, 0), ("prompt_mask", (max_slots, vocab_size), u8, 0),
                 ("flags", s, i32, 0), ("num_logprobs", s, i32, 0)]
 
-    def __init__(self, max_slots: int, vocab_size: int, device: torch.device | str):
+    def __init__(self, max_slots: int, vocab_size: int, device: torch.device | str, grammar_arena_bytes: int = 0):
         self.max_slots = max_slots
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         for name, shape, dtype, fill in self.layout(max_slots, vocab_size):
             setattr(self, name, torch.full(shape, fill, dtype=dtype, device=self.device))
+        # Structured outputs (host mode; the GPU scheduler does not write these yet, so they are not in the
+        # layout csrc/sched_types.h mirrors): each slot's automaton state and table, then the table arena.
+        self.grammar_state = torch.full((max_slots,), -1, dtype=torch.int32, device=self.device)
+        self.grammar_id = torch.zeros(max_slots, dtype=torch.int32, device=self.device)
+        self._allocate_grammar_arena(grammar_arena_bytes)
+
+    def _allocate_grammar_arena(self, nbytes: int) -> None:
+        from blink.grammar.arena import arena_geometry
+
+        self.grammar_slots, states, cells = arena_geometry(self.vocab_size, nbytes)
+        self.grammar_states_per_slot, self.grammar_cells_per_slot = states, cells
+        g, dev = max(self.grammar_slots, 1), self.device
+        self.grammar_classes = torch.zeros(g, self.vocab_size, dtype=torch.int32, device=dev)
+        self.grammar_row_base = torch.zeros(g * max(states, 1), dtype=torch.int32, device=dev)
+        self.grammar_cells = torch.full((g * max(cells, 1),), -1, dtype=torch.int32, device=dev)
 
     def set_slot(self, slot: int, params: SamplingParams, seed: int, prompt_ids: Sequence[int],
-                 output_ids: Sequence[int] = ()) -> None:
+                 output_ids: Sequence[int] = (), grammar: tuple[int, int] | None = None) -> None:
         """Admit (or re-admit after preemption, with the tokens generated so far) a request into `slot`.
 
         Host-side and synchronous; not for use inside a captured graph. The caller picks `seed` (the
-        request's own, or a random one when params.seed is None).
+        request's own, or a random one when params.seed is None). grammar: (grammar id, global state
+        after output_ids) from GrammarArena, for a constrained request.
         """
         if not 0 <= slot < self.max_slots:
             raise ValueError(f"slot {slot} out of range [0, {self.max_slots})")
@@ -83,6 +108,8 @@ class SamplingState:
         has_penalties = (params.presence_penalty != 0 or params.frequency_penalty != 0
                          or params.repetition_penalty != 1)
         flags = (FLAG_PENALTIES if has_penalties else 0) | (FLAG_LOGIT_BIAS if bias_ids else 0)
+        flags |= FLAG_GRAMMAR if grammar is not None else 0
+        gid, gstate = grammar if grammar is not None else (0, -1)
 
         scalars = [
             (self.temperature, params.temperature), (self.top_p, params.top_p), (self.top_k, params.top_k),
@@ -90,6 +117,7 @@ class SamplingState:
             (self.frequency_penalty, params.frequency_penalty),
             (self.repetition_penalty, params.repetition_penalty), (self.seed, _as_int64(seed)),
             (self.flags, flags), (self.num_logprobs, min(params.logprobs or 0, MAX_TOP_LOGPROBS)),
+            (self.grammar_id, gid), (self.grammar_state, gstate),
         ]
         for tensor, value in scalars:
             tensor[slot] = value

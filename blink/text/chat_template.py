@@ -33,6 +33,7 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
         self.template = env.from_string(source)
+        self.source = source  # tool calling reads the model family's call format from it
         self.special_tokens = dict(special_tokens)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,

@@ -23,6 +23,7 @@ PAGE = 4096
 KIND_REQUEST = 1
 KIND_ABORT = 2
 FLAG_IGNORE_EOS = 1
+FLAG_CONSTRAINT = 2  # a structured-output constraint follows logit_bias in the arena (host mode only)
 
 ENGINE_MODE_NONE = 0  # ControlBlock.engine_mode
 ENGINE_MODE_HOST = 1
@@ -95,7 +96,9 @@ class RequestDescriptor(C.Structure):
     """One ingress record: a new request (KIND_REQUEST) or an abort (KIND_ABORT, only req_id used).
 
     The prompt is `prompt_len` int32 tokens at arena counter `arena_offset`, followed by
-    `num_logit_bias` token ids and then `num_logit_bias` float32 biases (as int32 bits). The consumer
+    `num_logit_bias` token ids and then `num_logit_bias` float32 biases (as int32 bits), then, under
+    FLAG_CONSTRAINT, the constraint: its kind (index in CONSTRAINT_KINDS), its byte length, its UTF-8
+    text padded to whole int32 words (blink/transport/rings.py). The consumer
     advances the arena head by `arena_len` once it has copied them out.
     """
 

@@ -22,15 +22,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from blink.request import (
+    CONSTRAINT_KINDS,
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS,
     SEED_BITS,
+    Constraint,
     FinishReason,
     SamplingParams,
     TokenEvent,
     request_seed,
 )
 from blink.transport.layout import (
+    FLAG_CONSTRAINT,
     FLAG_IGNORE_EOS,
     KIND_ABORT,
     KIND_REQUEST,
@@ -188,7 +191,10 @@ class IngressProducer:
         prompt = _checked(prompt_ids, np.int32, "prompt token id")
         bias_ids = _checked(list(params.logit_bias.keys()), np.int32, "logit_bias token id")
         bias_values = np.asarray(list(params.logit_bias.values()), np.float32).view(np.int32)
-        return np.concatenate([prompt, bias_ids, bias_values]).astype(np.int32, copy=False)
+        parts = [prompt, bias_ids, bias_values]
+        if params.constraint is not None:
+            parts.append(_constraint_words(params.constraint))
+        return np.concatenate(parts).astype(np.int32, copy=False)
 
     def _descriptor(self, req_id: int, prompt_ids: list[int], params: SamplingParams,
                     arena_len: int) -> np.ndarray:
@@ -199,7 +205,8 @@ class IngressProducer:
             "kind": KIND_REQUEST, "num_stop_ids": len(params.stop_token_ids), "req_id": req_id,
             "prompt_len": len(prompt_ids), "num_logit_bias": len(params.logit_bias), "arena_len": arena_len,
             "max_tokens": params.max_tokens, "min_tokens": params.min_tokens,
-            "flags": FLAG_IGNORE_EOS if params.ignore_eos else 0,
+            "flags": (FLAG_IGNORE_EOS if params.ignore_eos else 0)
+                     | (FLAG_CONSTRAINT if params.constraint is not None else 0),
             "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
             "min_p": params.min_p, "presence_penalty": params.presence_penalty,
             "frequency_penalty": params.frequency_penalty, "repetition_penalty": params.repetition_penalty,
@@ -258,6 +265,9 @@ def _decode_request(record: dict, payload: np.ndarray) -> IngressItem:
     prompt_len, num_bias = record["prompt_len"], record["num_logit_bias"]
     bias_ids = payload[prompt_len:prompt_len + num_bias].tolist()
     bias_values = payload[prompt_len + num_bias:prompt_len + 2 * num_bias].view(np.float32).tolist()
+    constraint = None
+    if record["flags"] & FLAG_CONSTRAINT:
+        constraint = _decode_constraint(payload[prompt_len + 2 * num_bias:])
     params = SamplingParams(
         temperature=record["temperature"], top_p=record["top_p"], top_k=record["top_k"],
         min_p=record["min_p"], presence_penalty=record["presence_penalty"],
@@ -267,6 +277,7 @@ def _decode_request(record: dict, payload: np.ndarray) -> IngressItem:
         stop_token_ids=record["stop_token_ids"][:record["num_stop_ids"]].tolist(),
         ignore_eos=bool(record["flags"] & FLAG_IGNORE_EOS),
         logprobs=None if record["num_logprobs"] < 0 else record["num_logprobs"],
+        constraint=constraint,
     )
     return IngressItem("request", record["req_id"], payload[:prompt_len].tolist(), params)
 
@@ -348,3 +359,17 @@ def _checked(values, dtype, what: str) -> np.ndarray:
         return np.asarray(values, dtype=dtype)
     except (OverflowError, TypeError, ValueError) as e:
         raise ValueError(f"{what} out of range for {np.dtype(dtype)}: {e}") from None
+
+
+def _constraint_words(c: Constraint) -> np.ndarray:
+    """kind, byte length, then the UTF-8 text padded to whole int32 words."""
+    text = c.spec.encode()
+    padded = text + b"\0" * (-len(text) % 4)
+    head = np.asarray([CONSTRAINT_KINDS.index(c.kind), len(text)], np.int32)
+    return np.concatenate([head, np.frombuffer(padded, np.int32)])
+
+
+def _decode_constraint(words: np.ndarray) -> Constraint:
+    kind, length = int(words[0]), int(words[1])
+    text = words[2:].astype(np.int32).tobytes()[:length].decode()
+    return Constraint(CONSTRAINT_KINDS[kind], text)

@@ -17,7 +17,7 @@ CONSTANTS = {
     "kMaxStopIds": request.MAX_STOP_TOKEN_IDS, "kMaxTopLogprobs": request.MAX_TOP_LOGPROBS,
     "kKindRequest": layout.KIND_REQUEST, "kKindAbort": layout.KIND_ABORT,
     "kMaxPublishedBuckets": layout.MAX_PUBLISHED_BUCKETS,
-    "kFlagIgnoreEos": layout.FLAG_IGNORE_EOS,
+    "kFlagIgnoreEos": layout.FLAG_IGNORE_EOS, "kFlagConstraint": layout.FLAG_CONSTRAINT,
     "kEngineModeNone": layout.ENGINE_MODE_NONE, "kEngineModeHost": layout.ENGINE_MODE_HOST,
     "kEngineModeDevice": layout.ENGINE_MODE_DEVICE,
     **{f"kFinish{reason.name.title()}": int(reason) for reason in FinishReason},

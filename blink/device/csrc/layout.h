@@ -35,6 +35,7 @@ constexpr int kMaxTopLogprobs = 20;
 constexpr uint32_t kKindRequest = 1;
 constexpr uint32_t kKindAbort = 2;
 constexpr uint32_t kFlagIgnoreEos = 1;
+constexpr uint32_t kFlagConstraint = 2;  // structured output: host mode only, refused here
 
 constexpr uint32_t kEngineModeNone = 0;
 constexpr uint32_t kEngineModeHost = 1;

@@ -1,0 +1,181 @@
+"""Tool calling on chat: tools, tool_choice, parallel_tool_calls -> a grammar and a parser.
+
+The model family's format comes from its chat template: Hermes/Qwen (`<tool_call>\\n{"name": ...,
+"arguments": {...}}\\n</tool_call>`, one block per call) or Llama 3 (a bare JSON object
+`{"name": ..., "parameters": {...}}`, one call: Llama 3's templates describe no parallel form).
+`required` and a named function are enforced by a regex built from the tools' JSON schemas, so the
+calls parse and their arguments validate even with random weights; `auto` leaves the output free and
+parses what the model wrote; `none` neither constrains nor parses.
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from blink.frontend.errors import APIError
+from blink.grammar.schema import GrammarError, schema_regex
+from blink.request import Constraint
+
+MAX_PARALLEL_CALLS = 4  # calls one constrained answer may hold (each repeat grows the automaton)
+HERMES, LLAMA3 = "hermes", "llama3"
+_HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
+_HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+class ToolFields(BaseModel):
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+
+
+def tool_format(template_source: str | None) -> str:
+    if template_source and "<|python_tag|>" in template_source and _HERMES_OPEN not in template_source:
+        return LLAMA3
+    return HERMES  # Qwen, Hermes, and the default for templates that show no format of their own
+
+
+@dataclass
+class ToolPlan:
+    """What the request asks: which format, whether to parse, and the grammar (required/named)."""
+
+    fmt: str
+    parse: bool
+    constraint: Constraint | None
+    names: set[str] = field(default_factory=set)
+
+
+def _check_tools(tools: Any) -> dict[str, dict]:
+    if not isinstance(tools, list) or not tools:
+        raise APIError(400, "tools must be a non-empty list", "tools")
+    out = {}
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(fn, dict):
+            raise APIError(400, f"tools[{i}] must be {{'type': 'function', 'function': {{...}}}}", f"tools[{i}]")
+        name = fn.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", name):
+            raise APIError(400, f"tools[{i}].function.name must match [A-Za-z0-9_.-]{{1,64}}",
+                           f"tools[{i}].function.name")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise APIError(400, f"tools[{i}].function.parameters must be a JSON schema object",
+                           f"tools[{i}].function.parameters")
+        out[name] = {"index": i, "parameters": params}
+    return out
+
+
+def _call_regex(name: str, index: int, params: dict, fmt: str) -> str:
+    args_key = "parameters" if fmt == LLAMA3 else "arguments"
+    schema = {"type": "object", "properties": {"name": {"const": name}, args_key: params},
+              "required": ["name", args_key], "additionalProperties": False}
+    try:
+        return schema_regex(schema)
+    except GrammarError as e:
+        raise APIError(400, f"tools[{index}].function.parameters: {e}", f"tools[{index}].function.parameters") from None
+
+
+def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, template_source: str | None) -> ToolPlan | None:
+    """None when the request has no tools; 400 for a malformed choice or an unknown function."""
+    if tools is None:
+        if tool_choice not in (None, "none"):
+            raise APIError(400, "tool_choice needs tools", "tool_choice")
+        return None
+    by_name = _check_tools(tools)
+    fmt = tool_format(template_source)
+    choice = "auto" if tool_choice is None else tool_choice
+    if choice == "none":
+        return ToolPlan(fmt, parse=False, constraint=None)
+    if choice == "auto":
+        return ToolPlan(fmt, parse=True, constraint=None, names=set(by_name))
+    if choice == "required":
+        wanted = list(by_name)
+    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in by_name:
+            raise APIError(400, f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
+        wanted = [name]
+    else:
+        raise APIError(400, "tool_choice must be none, auto, required or {'type': 'function', 'function': "
+                            "{'name': ...}}", "tool_choice")
+    one = "|".join(f"({_call_regex(n, by_name[n]['index'], by_name[n]['parameters'], fmt)})" for n in wanted)
+    if fmt == LLAMA3:
+        regex = f"({one})"
+    else:
+        block = f"{_HERMES_OPEN}\n({one})\n{_HERMES_CLOSE}"
+        extra = MAX_PARALLEL_CALLS - 1 if parallel is not False else 0
+        regex = f"{block}(\n{block}){{0,{extra}}}" if extra else block
+    return ToolPlan(fmt, parse=True, constraint=Constraint("regex", regex), names={*wanted})
+
+
+def _as_call(obj: Any, fmt: str, names: set[str]) -> dict | None:
+    if not isinstance(obj, dict) or obj.get("name") not in names:
+        return None
+    args = obj.get("parameters", obj.get("arguments")) if fmt == LLAMA3 else obj.get("arguments")
+    if not isinstance(args, dict):
+        return None
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": obj["name"], "arguments": json.dumps(args, ensure_ascii=False)}}
+
+
+def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict]]:
+    """(content left over, tool calls) from a finished output; no calls: the text is the content."""
+    if plan.fmt == LLAMA3:
+        body = text.strip().removeprefix("<|python_tag|>").strip()
+        try:
+            call = _as_call(json.loads(body), plan.fmt, plan.names)
+        except json.JSONDecodeError:
+            call = None
+        return (None, [call]) if call else (text, [])
+    calls = []
+    for match in _HERMES_BLOCK.finditer(text):
+        try:
+            call = _as_call(json.loads(match.group(1)), plan.fmt, plan.names)
+        except json.JSONDecodeError:
+            call = None
+        if call is None:
+            return text, []  # a malformed block: hand the text back untouched rather than guess
+        calls.append(call)
+    if not calls:
+        return text, []
+    rest = _HERMES_BLOCK.sub("", text).strip()
+    return (rest or None), calls
+
+
+class ToolStream:
+    """Streaming: content passes through until a tool call may begin; from there the text is held and
+    parsed at the end (a call's arguments arrive whole, in one delta per call, as OpenAI's shape allows)."""
+
+    def __init__(self, plan: ToolPlan):
+        self.plan = plan
+        self.held = ""
+        self.holding = False
+
+    def feed(self, text: str) -> str:
+        """Content that is safe to send now."""
+        if self.holding:
+            self.held += text
+            return ""
+        self.held += text
+        opener = _HERMES_OPEN if self.plan.fmt == HERMES else "{"
+        at = self.held.find(opener) if self.plan.fmt == HERMES else (0 if self.held.lstrip()[:1] in ("{", "<") else -1)
+        if at >= 0:
+            out, self.held, self.holding = self.held[:at], self.held[at:], True
+            return out
+        if self.plan.fmt == LLAMA3:
+            if not self.held.strip():
+                return ""  # only whitespace so far: a call may still start
+            out, self.held = self.held, ""
+            return out
+        keep = next((k for k in range(min(len(opener) - 1, len(self.held)), 0, -1)
+                     if opener.startswith(self.held[-k:])), 0)  # a prefix of the opener may be starting
+        out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
+        return out
+
+    def finish(self) -> tuple[str, list[dict]]:
+        """(content still to send, tool calls) once the output is complete."""
+        content, calls = parse_tool_calls(self.held, self.plan) if self.held else (None, [])
+        return content or "", calls
