@@ -33,6 +33,7 @@ class EngineArgs:
     rank_cpus: str | None = None
     all_reduce: str = "auto"  # auto | nccl | p2p (decode-sized bf16 all-reduces on blink's LL kernel)
     num_layers: int | None = None  # cut a preset to this many layers (short benchmarks of real shapes)
+    enable_prefix_caching: bool = True  # as vLLM: reuse the KV blocks of cached prompt prefixes
 
     @property
     def resolved_device(self) -> str:
@@ -66,6 +67,9 @@ class EngineArgs:
                             "peer-memory kernel instead of NCCL (auto: p2p on GPUs)")
         p.add_argument("--num-layers", type=int, default=d.num_layers,
                        help="cut a preset to this many layers (benchmarks)")
+        p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=d.enable_prefix_caching,
+                       help="share the KV blocks of cached prompt prefixes (on by default, as in vLLM)")
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:
@@ -78,7 +82,9 @@ class EngineArgs:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             flag = "--" + f.name.replace("_", "-")
-            if isinstance(v, bool):
+            if f.name == "enable_prefix_caching":  # on by default: the only flag that can say no
+                out += [flag if v else "--no-" + flag[2:]]
+            elif isinstance(v, bool):
                 out += [flag] if v else []
             elif v is not None:
                 out += [flag, str(v)]

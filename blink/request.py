@@ -88,6 +88,7 @@ class TokenEvent:
     logprob: float = 0.0
     top_ids: list[int] = field(default_factory=list)
     top_logprobs: list[float] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens the request found in the prefix cache at its first admission
 
     @property
     def finished(self) -> bool:

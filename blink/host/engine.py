@@ -55,8 +55,12 @@ class HostEngine(Engine):
 
     def stats(self) -> EngineStats:
         s = self.scheduler
+        pc = s.prefix_cache
         return EngineStats(len(s.running), len(s.waiting), s.blocks.num_free, s.blocks.num_blocks,
-                           self._steps, self._tokens, s.num_preemptions)
+                           self._steps, self._tokens, s.num_preemptions, pc.queries if pc else 0, pc.hits if pc else 0)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()
 
     def step_times(self) -> list[StepTime]:
         """The last STEP_TIMES_KEPT steps that ran, oldest first (one per stats().steps increment)."""
