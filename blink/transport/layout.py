@@ -13,7 +13,7 @@ import ctypes as C
 from dataclasses import dataclass
 
 MAGIC = 0x4B4E494C42  # "BLINK"
-VERSION = 2  # 2: the control block publishes the engine's limits
+VERSION = 3  # 2: the control block publishes the engine's limits; 3: prefix caching
 MAX_PUBLISHED_BUCKETS = 16
 CACHE_LINE = 64
 PAGE = 4096
@@ -42,7 +42,8 @@ class ControlBlock(C.Structure):
         ("_pad0", C.c_uint8 * 24),
         # line 1: commands from the host / front end
         ("stop_flag", C.c_uint32),  # set to 1 by the parent: finish the step and exit
-        ("_pad1", C.c_uint8 * 60),
+        ("reset_prefix_cache", C.c_uint32),  # bumped by the front end: forget the cached KV blocks once
+        ("_pad1", C.c_uint8 * 56),
         # line 2: live counters from the engine (for /metrics and /health)
         ("ready", C.c_uint32),  # 1 once the engine serves the rings
         ("running", C.c_uint32),
@@ -66,6 +67,12 @@ class ControlBlock(C.Structure):
         ("num_buckets", C.c_uint32),  # captured graph buckets: their token counts follow
         ("_pad3", C.c_uint8 * 36),
         ("bucket_tokens", C.c_uint32 * MAX_PUBLISHED_BUCKETS),
+        # line 5: prefix caching (blink/core/prefix_cache.py), from the engine
+        ("prefix_cache_queries", C.c_uint64),  # prompt tokens looked up at admissions
+        ("prefix_cache_hits", C.c_uint64),  # of those, found cached
+        ("prefix_cache_resets", C.c_uint32),  # reset_prefix_cache commands applied (equal: the last is done)
+        ("prefix_caching", C.c_uint32),  # 1 when the engine caches prefixes, written before `ready`
+        ("_pad4", C.c_uint8 * 40),
     ]
 
 
@@ -125,7 +132,7 @@ class TokenRecord(C.Structure):
         ("finish_reason", C.c_uint32),  # blink.request.FinishReason
         ("num_top", C.c_uint32),
         ("logprob", C.c_float),
-        ("_pad", C.c_uint32),
+        ("cached_tokens", C.c_uint32),  # prompt tokens the request found in the prefix cache
         ("top_ids", C.c_int32 * MAX_TOP_LOGPROBS),
         ("top_logprobs", C.c_float * MAX_TOP_LOGPROBS),
     ]

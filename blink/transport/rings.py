@@ -288,8 +288,8 @@ class EgressProducer:
 
 def _encode_events(events: list[TokenEvent]) -> np.ndarray:
     records = np.zeros(len(events), TOKEN_DTYPE)
-    names = ("req_id", "token_id", "position", "finish_reason", "logprob")
-    rows = [(e.req_id, e.token_id, e.position, int(e.finish_reason), e.logprob) for e in events]
+    names = ("req_id", "token_id", "position", "finish_reason", "logprob", "cached_tokens")
+    rows = [(e.req_id, e.token_id, e.position, int(e.finish_reason), e.logprob, e.cached_tokens) for e in events]
     for name, column in zip(names, zip(*rows, strict=True), strict=True):
         records[name] = _checked(column, TOKEN_DTYPE[name], name)
     for i, event in enumerate(events):
@@ -318,10 +318,11 @@ class EgressConsumer:
         self.ring.words[HEAD_INDEX] = head + count  # after the copy: the producer may now reuse the slots
         # Column-wise tolist() is far cheaper than touching each record's fields from Python.
         events = [
-            TokenEvent(req_id, token_id, position, FINISH_REASONS[finish], logprob)
-            for req_id, token_id, position, finish, logprob in zip(
+            TokenEvent(req_id, token_id, position, FINISH_REASONS[finish], logprob, cached_tokens=cached)
+            for req_id, token_id, position, finish, logprob, cached in zip(
                 records["req_id"].tolist(), records["token_id"].tolist(), records["position"].tolist(),
-                records["finish_reason"].tolist(), records["logprob"].tolist(), strict=True)
+                records["finish_reason"].tolist(), records["logprob"].tolist(),
+                records["cached_tokens"].tolist(), strict=True)
         ]
         for i, num_top in enumerate(records["num_top"].tolist()):
             if num_top:

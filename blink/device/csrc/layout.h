@@ -25,7 +25,7 @@
 namespace blink {
 
 constexpr uint64_t kMagic = 0x4B4E494C42ull;  // "BLINK"
-constexpr uint32_t kVersion = 2;  // 2: the control block publishes the engine's limits
+constexpr uint32_t kVersion = 3;  // 2: the control block publishes the engine's limits; 3: prefix caching
 constexpr int kMaxPublishedBuckets = 16;
 constexpr uint64_t kCacheLine = 64;
 constexpr uint64_t kPage = 4096;
@@ -58,7 +58,8 @@ struct ControlBlock {
   uint8_t _pad0[24];
   // line 1: commands from the host / front end
   uint32_t stop_flag;  // set to 1 by the parent: finish the step and exit
-  uint8_t _pad1[60];
+  uint32_t reset_prefix_cache;  // bumped by the front end: forget the cached KV blocks once
+  uint8_t _pad1[56];
   // line 2: live counters from the engine (for /metrics and /health)
   uint32_t ready;  // 1 once the engine serves the rings
   uint32_t running;
@@ -82,6 +83,12 @@ struct ControlBlock {
   uint32_t num_buckets;  // captured graph buckets: their token counts follow
   uint8_t _pad3[36];
   uint32_t bucket_tokens[kMaxPublishedBuckets];
+  // line 5: prefix caching (blink/core/prefix_cache.py), from the engine
+  uint64_t prefix_cache_queries;  // prompt tokens looked up at admissions
+  uint64_t prefix_cache_hits;     // of those, found cached
+  uint32_t prefix_cache_resets;   // reset_prefix_cache commands applied (equal: the last is done)
+  uint32_t prefix_caching;        // 1 when the engine caches prefixes, written before `ready`
+  uint8_t _pad4[40];
 };
 
 // Head and tail on their own cache lines so producer and consumer never share one.
@@ -125,12 +132,12 @@ struct TokenRecord {
   uint32_t finish_reason;
   uint32_t num_top;
   float logprob;
-  uint32_t _pad;
+  uint32_t cached_tokens;  // prompt tokens the request found in the prefix cache
   int32_t top_ids[kMaxTopLogprobs];
   float top_logprobs[kMaxTopLogprobs];
 };
 
-static_assert(sizeof(ControlBlock) == 320, "ControlBlock must match layout.py");
+static_assert(sizeof(ControlBlock) == 384, "ControlBlock must match layout.py");
 static_assert(offsetof(ControlBlock, max_model_len) == 192, "limits start cache line 3");
 static_assert(offsetof(ControlBlock, stop_flag) == 64, "stop_flag starts cache line 1");
 static_assert(offsetof(ControlBlock, ready) == 128, "engine counters start cache line 2");
