@@ -62,6 +62,7 @@ def publish_limits(limits: EngineLimits, control) -> None:
     control.max_model_len, control.max_num_seqs = limits.max_model_len, limits.max_num_seqs
     control.max_num_batched_tokens, control.block_size = limits.max_num_batched_tokens, limits.block_size
     control.num_kv_blocks, control.vocab_size = limits.num_kv_blocks, limits.vocab_size
+    control.prefix_caching = int(limits.enable_prefix_caching)
     control.num_buckets = min(len(buckets), len(control.bucket_tokens))
     for i, (tokens, _) in enumerate(buckets[: control.num_buckets]):
         control.bucket_tokens[i] = tokens

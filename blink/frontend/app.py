@@ -1,6 +1,7 @@
 """The FastAPI application: routes, error handlers, API key and body-size middleware."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import dataclass
 
@@ -21,8 +22,10 @@ from blink.frontend.protocol import (
 )
 from blink.frontend.serving import FrontendState, now
 from blink.text.tokenizer import load_tokenizer
+from blink.transport.commands import request_prefix_cache_reset
 
 DEFAULT_MAX_BODY_BYTES = 32 << 20
+RESET_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,16 @@ def build_app(config: AppConfig) -> FastAPI:
     async def metrics():
         s = state()
         return Response(s.metrics.render(s.client.control), media_type="text/plain; version=0.0.4")
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        """As vLLM: forget every cached KV block; the engine applies it between steps (200 once done)."""
+        s = state()
+        s.check_engine()
+        done = await asyncio.to_thread(request_prefix_cache_reset, s.client.control, RESET_TIMEOUT_S)
+        if not done:
+            return error_response(503, "the engine did not apply the prefix-cache reset in time")
+        return Response(status_code=200)
 
     @app.get("/ping")
     async def ping():

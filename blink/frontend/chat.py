@@ -87,13 +87,13 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
                         "logprobs": logprobs, "finish_reason": result.finish_reason})
     completion_tokens = sum(r.num_tokens for r in results)
     return JSONResponse({**head, "object": "chat.completion", "choices": choices,
-                         "usage": usage(len(prompt_ids), completion_tokens)})
+                         "usage": usage(len(prompt_ids), completion_tokens, results[0].cached_tokens)})
 
 
 async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head: dict, streams,
                          num_prompt_tokens: int) -> AsyncIterator[dict]:
     head = {**head, "object": "chat.completion.chunk"}
-    tokens = [0] * len(streams)
+    tokens, cached = [0] * len(streams), 0
     for index in range(len(streams)):
         yield {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
                                     "logprobs": None, "finish_reason": None}]}
@@ -101,9 +101,11 @@ async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head
         if delta.error:
             raise APIError(500, "the engine failed the request")
         tokens[index] = delta.num_tokens
+        if index == 0:
+            cached = delta.cached_tokens
         logprobs = chat_logprobs(state, delta.logprobs) if body.logprobs else None
         content = {"content": delta.text} if delta.text or not delta.finish_reason else {}
         yield {**head, "choices": [{"index": index, "delta": content, "logprobs": logprobs,
                                     "finish_reason": delta.finish_reason}]}
     if body.include_usage:
-        yield {**head, "choices": [], "usage": usage(num_prompt_tokens, sum(tokens))}
+        yield {**head, "choices": [], "usage": usage(num_prompt_tokens, sum(tokens), cached)}

@@ -32,6 +32,7 @@ class Delta:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     num_tokens: int = 0  # generated tokens so far (usage)
+    cached_tokens: int = 0  # prompt tokens found in the engine's prefix cache (usage.prompt_tokens_details)
     error: bool = False  # the engine refused or lost the request
 
 
@@ -57,10 +58,12 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
     num_tokens = 0
     logprobs: list[TokenLogprob] = []
     done = False
+    cached = 0
     try:
         while not done:
             event: TokenEvent = await queue.get()
             reason = event.finish_reason
+            cached = max(cached, event.cached_tokens)
             piece = ""
             if event.token_id >= 0:
                 num_tokens += 1
@@ -81,7 +84,7 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
             done = stopped or event.finished
             if text or done:
                 finish = reason.openai if done else None
-                yield Delta(text, logprobs, finish, num_tokens, error=reason == FinishReason.ERROR)
+                yield Delta(text, logprobs, finish, num_tokens, cached, error=reason == FinishReason.ERROR)
                 logprobs = []
             if done:
                 timer.finish(finish)
@@ -132,4 +135,4 @@ async def collect(stream: AsyncIterator[Delta]) -> Delta:
         texts.append(delta.text)
         logprobs.extend(delta.logprobs)
         last = delta
-    return Delta("".join(texts), logprobs, last.finish_reason, last.num_tokens, last.error)
+    return Delta("".join(texts), logprobs, last.finish_reason, last.num_tokens, last.cached_tokens, last.error)

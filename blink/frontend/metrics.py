@@ -30,6 +30,12 @@ class FrontendMetrics:
         self.engine_tokens = Gauge("blink_engine_generated_tokens", "Tokens the engine generated", registry=r)
         self.preemptions = Gauge("blink_engine_preemptions", "Preemptions in the engine", registry=r)
         self.engine_pid = Gauge("blink_engine_pid", "Process id of the engine", registry=r)
+        # vLLM's prefix_cache_queries / _hits: prompt tokens looked up at admissions / found cached
+        self.prefix_queries = Counter("blink_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                      registry=r)
+        self.prefix_hits = Counter("blink_prefix_cache_hits", "Prompt tokens found in the prefix cache",
+                                   registry=r)
+        self._prefix_seen = (0, 0)  # the engine's totals at the last render
         self.engine_pid.set(engine_pid or 0)
 
     def render(self, control) -> bytes:
@@ -42,6 +48,10 @@ class FrontendMetrics:
             self.engine_steps.set(control.steps)
             self.engine_tokens.set(control.tokens)
             self.preemptions.set(control.preemptions)
+            queries, hits = int(control.prefix_cache_queries), int(control.prefix_cache_hits)
+            self.prefix_queries.inc(max(0, queries - self._prefix_seen[0]))
+            self.prefix_hits.inc(max(0, hits - self._prefix_seen[1]))
+            self._prefix_seen = (queries, hits)
         return generate_latest(self.registry)
 
 

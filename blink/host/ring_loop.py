@@ -9,6 +9,7 @@ import time
 from blink.core.interface import Engine
 from blink.core.limits import publish_limits
 from blink.request import FinishReason, TokenEvent
+from blink.transport.commands import apply_prefix_cache_reset
 
 MAX_INGEST = 256  # descriptors taken per loop turn
 IDLE_SLEEP_MAX = 1e-3
@@ -19,6 +20,7 @@ def publish_stats(engine: Engine, ctl) -> None:
     ctl.running, ctl.waiting = s.running, s.waiting
     ctl.free_kv_blocks, ctl.total_kv_blocks = s.free_kv_blocks, s.total_kv_blocks
     ctl.steps, ctl.tokens, ctl.preemptions = s.steps, s.tokens, s.preemptions
+    ctl.prefix_cache_queries, ctl.prefix_cache_hits = s.prefix_cache_queries, s.prefix_cache_hits
     ctl.heartbeat += 1
 
 
@@ -33,6 +35,7 @@ def serve_rings(engine: Engine, segment, should_stop=lambda: False) -> None:
     idle = 0.0
     while not ctl.stop_flag and not should_stop():
         events: list[TokenEvent] = []
+        apply_prefix_cache_reset(ctl, engine.reset_prefix_cache)  # between steps, as the GPU loop
         for item in ingress.poll(MAX_INGEST):
             if item.kind == "abort":
                 engine.abort_request(item.req_id)

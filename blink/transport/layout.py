@@ -129,10 +129,11 @@ class TokenRecord(C.Structure):
         ("req_id", C.c_uint64),
         ("token_id", C.c_int32),
         ("position", C.c_int32),  # index of this output token: 0, 1, 2, ...
-        ("finish_reason", C.c_uint32),  # blink.request.FinishReason
-        ("num_top", C.c_uint32),
-        ("logprob", C.c_float),
+        ("finish_reason", C.c_uint16),  # blink.request.FinishReason
+        ("num_top", C.c_uint16),
         ("cached_tokens", C.c_uint32),  # prompt tokens the request found in the prefix cache
+        ("logprob", C.c_float),
+        ("_pad", C.c_uint32),
         ("top_ids", C.c_int32 * MAX_TOP_LOGPROBS),
         ("top_logprobs", C.c_float * MAX_TOP_LOGPROBS),
     ]

@@ -129,10 +129,11 @@ struct TokenRecord {
   uint64_t req_id;
   int32_t token_id;
   int32_t position;  // index of this output token: 0, 1, 2, ...
-  uint32_t finish_reason;
-  uint32_t num_top;
-  float logprob;
+  uint16_t finish_reason;
+  uint16_t num_top;
   uint32_t cached_tokens;  // prompt tokens the request found in the prefix cache
+  float logprob;
+  uint32_t _pad;
   int32_t top_ids[kMaxTopLogprobs];
   float top_logprobs[kMaxTopLogprobs];
 };

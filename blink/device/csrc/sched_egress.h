@@ -48,7 +48,7 @@ BLINK_HD inline void write_record(const RingPtrs& rp, uint64_t index, uint64_t r
   uint32_t lp_bits;
   __builtin_memcpy(&lp_bits, &logprob, 4);
   RecordWords h0{{(uint32_t)req_id, (uint32_t)(req_id >> 32), (uint32_t)token_id, (uint32_t)position}};
-  RecordWords h1{{finish_reason, (uint32_t)num_top, lp_bits, (uint32_t)cached_tokens}};
+  RecordWords h1{{finish_reason | ((uint32_t)num_top << 16), (uint32_t)cached_tokens, lp_bits, 0u}};
   reinterpret_cast<RecordWords*>(rec)[0] = h0;
   reinterpret_cast<RecordWords*>(rec)[1] = h1;
   for (int k = 0; k < num_top; ++k) {
