@@ -21,7 +21,7 @@ BLINK_HD inline int sched_prepare(const Team& t, const LoopParams& p) {
   // is prefetched with the ingress tail while a forward runs, else read here (idle: no hurry).
   if (t.leader() && !s->ingress_tail_valid) s->resets_seen = load_volatile(&p.rings.control->reset_prefix_cache);
   t.sync();
-  if (load_volatile(&s->resets_seen) != s->resets_done) {
+  if (load_volatile(&s->resets_seen) != load_volatile(&s->resets_done)) {
     prefix_reset(t, s, c);
     if (t.leader()) s->resets_done = s->resets_seen;
     t.sync();
