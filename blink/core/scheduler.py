@@ -141,6 +141,8 @@ class Scheduler:
         cache = self.prefix_cache
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
+            if self.blocks.num_free == 0:
+                break  # any admission needs a fresh block (for its last token at least): skip the match
             hit = cache.match(seq) if cache else None
             cached = len(hit.blocks) * self.block_size if hit else 0
             n = min(seq.num_tokens - cached, budget)

@@ -36,7 +36,7 @@ BLINK_HD inline void finish_rows(const Team& t, SchedState* s, const SchedConfig
       r.num_generated++;
       reason = check_stop(c, r, token);
     }
-    prefix_hash_row(s, c, e);
+    s->row_register[row] = prefix_hash_row(s, c, e);
     s->row_record[row] = samples;
     s->row_reason[row] = (int32_t)reason;
   }
@@ -83,7 +83,9 @@ BLINK_HD inline void update_from_output(const Team& t, SchedState* s, const Sche
     for (int row = 0; row < s->plan_rows; ++row) s->row_record[row] = s->row_record[row] ? n++ : -1;
     s->num_records = n;
     s->tokens += n;
-    for (int row = 0; row < s->plan_rows; ++row) prefix_register(s, c, s->row_entry[row]);  // before frees
+    if (c.enable_prefix_caching)  // before the frees: a finished row's blocks go to the LRU cached
+      for (int row = 0; row < s->plan_rows; ++row)
+        if (s->row_register[row]) prefix_register(s, c, s->row_entry[row]);
     for (int row = 0; row < s->plan_rows; ++row)
       if (s->row_reason[row] != (int32_t)kFinishNone) finish_entry(s, c, s->row_entry[row]);
   }

@@ -119,6 +119,9 @@ BLINK_HD inline void schedule(const Team& t, SchedState* s, const SchedConfig& c
   while (s->waiting_count > 0 && budget > 0 && s->running_count < c.max_num_seqs) {
     const int e = waiting_front(s);
     RequestEntry& r = s->entries[e];
+    // Any admission needs a fresh block (for its last token, at least): skip the match while the pool is
+    // exhausted, the common case of a waiting queue under memory pressure.
+    if (free_block_count(s) == 0) break;
     const PrefixMatch m = prefix_match(s, c, e);  // the cached prefix, in s->match_blocks
     const int cached = m.num_blocks * c.block_size, rest = entry_num_tokens(r) - cached;
     int n = rest < budget ? rest : budget;

@@ -77,10 +77,12 @@ BLINK_HD inline void prefix_admit(SchedState* s, const SchedConfig& c, int e, co
 }
 
 // Row thread, after the row's num_computed advanced: key and tokens of each block it filled, into the
-// block's own slots (the block is the row's alone until the leader indexes it).
-BLINK_HD inline void prefix_hash_row(SchedState* s, const SchedConfig& c, int e) {
-  if (!c.enable_prefix_caching) return;
+// block's own slots (the block is the row's alone until the leader indexes it). Returns whether there
+// was any (the leader then indexes them: it scans one flag per row, not every row's entry).
+BLINK_HD inline int prefix_hash_row(SchedState* s, const SchedConfig& c, int e) {
+  if (!c.enable_prefix_caching) return 0;
   const RequestEntry& r = s->entries[e];
+  if (r.num_computed / c.block_size <= r.num_hashed) return 0;
   const int32_t* tokens = entry_tokens(s, c, e);
   const int32_t* table = slot_blocks(s, c, r.slot);
   uint64_t key = r.chain_hash;
@@ -91,6 +93,7 @@ BLINK_HD inline void prefix_hash_row(SchedState* s, const SchedConfig& c, int e)
     s->block_key[b] = key;
     for (int i = 0; i < c.block_size; ++i) s->block_tokens[(int64_t)b * c.block_size + i] = block[i];
   }
+  return 1;
 }
 
 // Leader, rows in order: index the blocks prefix_hash_row keyed (PrefixCache.register).

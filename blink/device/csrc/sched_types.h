@@ -223,6 +223,7 @@ struct SchedState {
   int32_t* block_tokens;      // [num_blocks][block_size]
   int32_t* hash_table;        // [hash_mask + 1] open addressing (linear probing): a block, or -1
   int32_t* match_blocks;      // [max_blocks_per_seq] scratch: the admission's prefix hit
+  int32_t* row_register;      // [max_num_seqs] the row filled blocks the leader must index
 };
 
 static_assert(offsetof(SchedState, launched) == 8, "runtime.py reads `launched` at byte 8");
