@@ -94,3 +94,15 @@ def test_identical_under_preemption_and_eviction_in_a_small_pool(tiny_dirs, fami
     assert on.stats().preemptions > 0 and evictions and sum(cached.values()) > 0
     assert on.stats().prefix_cache_hits >= sum(cached.values())
     assert_clean(on)
+
+
+def test_offline_llm_reports_cached_tokens_and_resets(tiny_dirs):
+    from blink.entrypoints.llm import LLM
+
+    llm = LLM(str(tiny_dirs["llama"]), device="cpu", dtype="float32", block_size=4, num_kv_blocks=32)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    first, second = llm.generate(BASE, params)[0], llm.generate(BASE, params)[0]
+    assert (first.num_cached_tokens, second.num_cached_tokens) == (0, 8)
+    assert first.token_ids == second.token_ids
+    assert llm.reset_prefix_cache()
+    assert llm.generate(BASE, params)[0].num_cached_tokens == 0
