@@ -2,7 +2,8 @@
 
 Layout: k[layer] and v[layer] are [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype;
 token t of a sequence lives in block block_ids[t // block_size] at offset t % block_size, i.e. at the flat
-slot block * block_size + offset. Device mode keeps its own free list on the GPU over the same tensors.
+slot block * block_size + offset. Device mode keeps its own block lists on the GPU (csrc/sched_blocks.h)
+over the same tensors.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ class BlockAllocator:
     """Host mode's KV blocks: a LIFO stack of never-cached free blocks, a reference count per block (blocks
     of a cached prefix are shared) and, for prefix caching, an LRU of freed blocks whose contents are still
     cached. Allocation takes the stack first and evicts the LRU's oldest only when the stack is empty, so a
-    cached block lives as long as possible. csrc/sched_queue.h implements the same policy, step for step.
+    cached block lives as long as possible. csrc/sched_blocks.h implements the same policy, step for step.
 
     gen[b] counts b's allocations: (block id, gen) names one life of a block, so a cached child that
     records its parent that way never matches a parent whose block was reused (blink/core/prefix_cache.py).

@@ -126,3 +126,21 @@ def test_cache_off_reports_zero_and_keeps_nothing(make):
         assert h.events[rid][-1].cached_tokens == 0
     i = h.info()
     assert (i["cached_free_blocks"], i["prefix_queries"], i["prefix_hits"]) == (0, 0, 0)
+
+
+def test_the_block_key_is_the_python_one():
+    """One key function in both modes, so even a true collision is decided alike."""
+    import numpy as np
+
+    from blink.core.prefix_cache import block_hash
+    from blink.device.build import load_host_library
+
+    lib = load_host_library()
+    rng = np.random.default_rng(0)
+    parent = 0
+    for n in (1, 4, 16, 16, 32):
+        tokens = rng.integers(0, 2**31 - 1, size=n, dtype=np.int32)
+        want = block_hash(parent, tokens.tolist())
+        assert lib.blink_block_hash(parent, tokens.ctypes.data, n) == want
+        parent = want
+    assert len({block_hash(0, [t]) for t in range(1000)}) == 1000

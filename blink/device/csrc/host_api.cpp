@@ -115,6 +115,9 @@ void blink_post_to_peers(const LoopParams* p, uint64_t seq, uint32_t command) { 
 // The step could not run (as after a failed launch): its requests end with ERROR.
 void blink_sched_fail(const LoopParams* p, int32_t code) { fail_step(p->state, p->cfg, p->rings, code); }
 
+// The prefix cache's block key (sched_prefix.h), for the test that pins it to blink/core/prefix_cache.py.
+uint64_t blink_block_hash(uint64_t parent, const int32_t* tokens, int n) { return block_hash(parent, tokens, n); }
+
 int blink_sched_check(const void* state, const SchedConfig* c) {
   return check_invariants(static_cast<const SchedState*>(state), *c);
 }
