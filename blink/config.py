@@ -34,6 +34,7 @@ class EngineArgs:
     all_reduce: str = "auto"  # auto | nccl | p2p (decode-sized bf16 all-reduces on blink's LL kernel)
     num_layers: int | None = None  # cut a preset to this many layers (short benchmarks of real shapes)
     grammar_arena_mb: int = 64  # GPU memory for structured-output automata (blink/grammar/arena.py); 0 = off
+    enable_prefix_caching: bool = True  # as vLLM: reuse the KV blocks of cached prompt prefixes
 
     @property
     def resolved_device(self) -> str:
@@ -88,6 +89,10 @@ class EngineArgs:
         p.add_argument("--grammar-arena-mb", type=int, default=d.grammar_arena_mb,
                        help="memory for structured-output automata, in 16 equal partitions (0: refuse them; "
                             "default: %(default)s)")
+        p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=d.enable_prefix_caching,
+                       help="share the KV blocks of cached prompt prefixes (on by default, as in vLLM; "
+                            "--no-enable-prefix-caching turns it off)")
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:
@@ -100,7 +105,9 @@ class EngineArgs:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             flag = "--" + f.name.replace("_", "-")
-            if isinstance(v, bool):
+            if f.name == "enable_prefix_caching":  # on by default: the only flag that can say no
+                out += [flag if v else "--no-" + flag[2:]]
+            elif isinstance(v, bool):
                 out += [flag] if v else []
             elif v is not None:
                 out += [flag, str(v)]

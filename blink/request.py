@@ -113,6 +113,7 @@ class TokenEvent:
     top_ids: list[int] = field(default_factory=list)
     top_logprobs: list[float] = field(default_factory=list)
     queue_us: int = 0  # the first token's event: microseconds the engine queued the request (metrics)
+    cached_tokens: int = 0  # prompt tokens the request found in the prefix cache at its first admission
 
     @property
     def finished(self) -> bool:

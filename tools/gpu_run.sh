@@ -114,6 +114,31 @@ for stage in "$@"; do
         done
         stop_server $srv
       done;;
+    prefix)  # issue 16: llama3-8b, 2,000-token shared prefix + 100-token suffixes, 128 out, and multi-turn chat;
+      # both modes, the prefix cache on and off (PREFIX_ENGINES, PREFIX_RATE: requests/s of the shared-prefix run,
+      # PREFIX_PROMPTS: requests per run)
+      for engine in ${PREFIX_ENGINES:-device host}; do
+        for cache in enable no-enable; do
+          python3 -m blink serve --model llama3-8b --engine $engine --max-model-len 4096 --port 8015 \
+            --$cache-prefix-caching > "$OUT/prefix_serve_${engine}_$cache.log" 2>&1 & srv=$!
+          wait_healthy 8015
+          timeout 300 python3 -m blink bench serve --base-url http://127.0.0.1:8015 --num-prompts "${PREFIX_PROMPTS:-200}" \
+            --request-rate "${PREFIX_RATE:-4}" --random-prefix-len 2000 --random-input-len 100 --random-output-len 128 \
+            --ignore-eos --disable-tqdm --result-json "$OUT/prefix_${engine}_$cache.json" \
+            | grep -E "Successful|Failed|hit rate|Output token|TTFT"
+          timeout 300 python3 -m blink bench serve --base-url http://127.0.0.1:8015 --dataset-name multi-turn \
+            --multi-turn-turns 5 --random-prefix-len 500 --random-input-len 200 --random-output-len 128 \
+            --num-prompts "${PREFIX_PROMPTS:-200}" --max-concurrency 40 --ignore-eos --disable-tqdm --seed 1 \
+            --result-json "$OUT/multiturn_${engine}_$cache.json" | grep -E "Successful|Failed|hit rate|Output token|TTFT"
+          stop_server $srv
+        done
+      done;;
+    prefix-interference)  # the shared-prefix workload, device vs host, under the interference lab's CPU attack
+      python3 -m blink bench interference --model llama3-8b --modes device,host --frontend-cpus 0-1 --engine-cpus 2-7 \
+        --max-model-len 4096 --request-rates "${PREFIX_RATES:-2,8}" --attack-levels 0,2 --attack-kinds spin \
+        --point-seconds "${PREFIX_POINT_S:-30}" --ignore-eos --random-prefix-len 2000 --random-input-len 100 --random-output-len 128 \
+        --result-dir /tmp/prefix-interference
+      tar czf "$OUT/prefix_interference.tgz" -C /tmp prefix-interference;;
     replicas)  # 2 GPUs (nvidia-h200-x2): two device-mode replicas behind vllm-router vs one replica, then a drain
       # under load (REPLICA_MODEL, REPLICA_PROMPTS, REPLICA_ARGS, REPLICA_LOAD; docs/deploy.md). Needs .whl with
       # vllm-router (fetch_wheels.sh).

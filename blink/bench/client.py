@@ -69,6 +69,7 @@ async def stream_completion(http: httpx.AsyncClient, url: str, payload: dict,
                 if usage:
                     completion_tokens = usage.get("completion_tokens")
                     result.prompt_len = usage.get("prompt_tokens") or result.prompt_len
+                    result.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
         return result

@@ -24,6 +24,7 @@ class RequestResult:
     success: bool = False
     prompt_len: int = 0  # the server's usage.prompt_tokens when it reports one, else the dataset's count
     output_tokens: int = 0  # the server's usage.completion_tokens when it reports one, else chunks seen
+    cached_tokens: int = 0  # usage.prompt_tokens_details.cached_tokens (prefix cache), 0 when not reported
     ttft: float = 0.0
     itl: list[float] = field(default_factory=list)
     latency: float = 0.0
@@ -71,6 +72,8 @@ def summarize(results: list[RequestResult], duration_s: float) -> dict:
         "failed": len(results) - len(done),
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
+        "total_cached_tokens": sum(r.cached_tokens for r in done),
+        "prefix_cache_hit_rate": sum(r.cached_tokens for r in done) / total_input if total_input else 0.0,
         "request_throughput": len(done) / duration,
         "output_throughput": total_output / duration,
         "total_token_throughput": (total_input + total_output) / duration,

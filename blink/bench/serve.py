@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from blink.bench.metrics import LATENCY_METRICS, PERCENTILES, per_request_details
+from blink.bench.prefix_workload import multi_turn_requests, prefix_requests
 from blink.bench.runner import LoadConfig, fetch_model_name, run_load
 from blink.bench.token_codec import make_codec
 from blink.bench.workload import random_requests, sharegpt_requests, synthetic_sharegpt_requests
@@ -26,11 +27,15 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model name sent to the server (default: its first model)")
     p.add_argument("--tokenizer", default=None,
                    help="local tokenizer dir (default: --model if a local dir, else the server's /tokenize)")
-    p.add_argument("--dataset-name", default="random", choices=["random", "sharegpt"])
+    p.add_argument("--dataset-name", default="random", choices=["random", "sharegpt", "multi-turn"],
+                   help="multi-turn: conversations resending their history (prefix caching)")
     p.add_argument("--dataset-path", default=None,
                    help="ShareGPT-format JSON; without it, sharegpt uses synthetic ShareGPT-like lengths")
     p.add_argument("--random-input-len", type=int, default=1024)
     p.add_argument("--random-output-len", type=int, default=128)
+    p.add_argument("--random-prefix-len", type=int, default=0,
+                   help="random and multi-turn: tokens of a prefix shared by every prompt, before its own part")
+    p.add_argument("--multi-turn-turns", type=int, default=4, help="multi-turn: turns per conversation")
     p.add_argument("--random-range-ratio", type=float, default=0.0,
                    help="lengths uniform in [len*(1-r), len*(1+r)]; 0 = exact lengths")
     p.add_argument("--sharegpt-output-len", type=int, default=None, help="override every reply length")
@@ -62,9 +67,15 @@ def build_requests(args: argparse.Namespace, base_url: str, model: str, num_prom
     """`model`: the name the server serves (it may differ from --model, e.g. for an external peer)."""
     codec = make_codec(args.tokenizer, args.model or model, base_url, seed=args.seed, served_model=model)
     try:
+        if args.dataset_name == "random" and args.random_prefix_len:
+            return prefix_requests(codec, num_prompts, args.random_prefix_len, args.random_input_len,
+                                   args.random_output_len, args.random_range_ratio, args.seed)
         if args.dataset_name == "random":
             return random_requests(codec, num_prompts, args.random_input_len, args.random_output_len,
                                    args.random_range_ratio, args.seed)
+        if args.dataset_name == "multi-turn":
+            return multi_turn_requests(codec, num_prompts, args.multi_turn_turns, args.random_prefix_len,
+                                       args.random_input_len, args.random_output_len, args.seed)
         if args.dataset_path:
             return sharegpt_requests(codec, args.dataset_path, num_prompts, args.seed,
                                      args.sharegpt_output_len)
@@ -91,6 +102,7 @@ def run_config(args: argparse.Namespace, base_url: str, model: str, request_rate
         "base_url": base_url, "model": model, "dataset_name": args.dataset_name,
         "dataset_path": args.dataset_path, "random_input_len": args.random_input_len,
         "random_output_len": args.random_output_len, "random_range_ratio": args.random_range_ratio,
+        "random_prefix_len": args.random_prefix_len, "multi_turn_turns": args.multi_turn_turns,
         "request_rate": "inf" if math.isinf(request_rate) else request_rate,
         "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
         "ignore_eos": args.ignore_eos, "temperature": args.temperature, "seed": args.seed,
@@ -104,6 +116,7 @@ def print_summary(result: dict, console: Console | None = None) -> None:
     rows = [("Successful requests", "completed"), ("Failed requests", "failed"),
             ("Incomplete requests", "incomplete"), ("Benchmark duration (s)", "duration"),
             ("Total input tokens", "total_input_tokens"), ("Total generated tokens", "total_output_tokens"),
+            ("Prefix cache hit rate", "prefix_cache_hit_rate"),
             ("Request throughput (req/s)", "request_throughput"),
             ("Output token throughput (tok/s)", "output_throughput"),
             ("Total token throughput (tok/s)", "total_token_throughput")]

@@ -20,6 +20,8 @@ class EngineStats:
     preemptions: int = 0
     iteration_tokens: tuple[int, ...] = ()  # steps per size bucket (layout.ITERATION_TOKEN_BOUNDS, then more)
     iteration_tokens_sum: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache at admissions
+    prefix_cache_hits: int = 0  # of those, found cached
 
 
 class StepTime(NamedTuple):
@@ -52,6 +54,10 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def stats(self) -> EngineStats: ...
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached KV block (POST /reset_prefix_cache); False when prefix caching is off."""
+        return False
 
     def shutdown(self) -> None:  # noqa: B027 - optional
         pass

@@ -2,10 +2,12 @@
 
 Layout: k[layer] and v[layer] are [num_blocks, block_size, num_kv_heads, head_dim] in the model dtype;
 token t of a sequence lives in block block_ids[t // block_size] at offset t % block_size, i.e. at the flat
-slot block * block_size + offset. Device mode keeps its own free list on the GPU over the same tensors.
+slot block * block_size + offset. Device mode keeps its own block lists on the GPU (csrc/sched_blocks.h)
+over the same tensors.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -61,23 +63,67 @@ def allocate_kv_cache(cfg, num_blocks: int, block_size: int, dtype, device) -> K
 
 
 class BlockAllocator:
-    """A LIFO free list of block ids (host mode)."""
+    """Host mode's KV blocks: a LIFO stack of never-cached free blocks, a reference count per block (blocks
+    of a cached prefix are shared) and, for prefix caching, an LRU of freed blocks whose contents are still
+    cached. Allocation takes the stack first and evicts the LRU's oldest only when the stack is empty, so a
+    cached block lives as long as possible. csrc/sched_blocks.h implements the same policy, step for step.
+
+    gen[b] counts b's allocations: (block id, gen) names one life of a block, so a cached child that
+    records its parent that way never matches a parent whose block was reused (blink/core/prefix_cache.py).
+    """
 
     def __init__(self, num_blocks: int):
         self.num_blocks = num_blocks
         self._free = list(range(num_blocks - 1, -1, -1))
+        self.ref = [0] * num_blocks
+        self.gen = [0] * num_blocks
+        self.cached = [False] * num_blocks  # set by the prefix cache for a full block it indexes
+        self.lru: OrderedDict[int, None] = OrderedDict()  # cached blocks with ref 0, oldest first
+        self.on_evict = lambda block: None  # the prefix cache drops the block from its index
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        """Blocks an allocation can take: never-cached free ones and cached ones nobody uses."""
+        return len(self._free) + len(self.lru)
 
     def allocate(self, n: int) -> list[int] | None:
-        if n > len(self._free):
+        if n > self.num_free:
             return None
-        out = self._free[len(self._free) - n:][::-1]
-        del self._free[len(self._free) - n:]
+        out = []
+        for _ in range(n):
+            if self._free:
+                b = self._free.pop()
+            else:
+                b, _ = self.lru.popitem(last=False)
+                self.cached[b] = False
+                self.on_evict(b)
+            self.ref[b] = 1
+            self.gen[b] += 1
+            out.append(b)
         return out
 
+    def share(self, blocks: list[int]) -> None:
+        """Take a reference on cached blocks (a prefix hit); those nobody used leave the LRU."""
+        for b in blocks:
+            if self.ref[b] == 0:
+                del self.lru[b]
+            self.ref[b] += 1
+
     def free(self, blocks: list[int]) -> None:
-        self._free.extend(reversed(blocks))
+        """Drop one reference on each block, last block first, so a sequence's tail is evicted first."""
+        for b in reversed(blocks):
+            self.ref[b] -= 1
+            if self.ref[b] > 0:
+                continue
+            if self.cached[b]:
+                self.lru[b] = None
+            else:
+                self._free.append(b)
         blocks.clear()
+
+    def uncache_all(self) -> None:
+        """Forget every cached block (reset_prefix_cache): the LRU's, oldest first, go onto the stack."""
+        for b in self.lru:
+            self._free.append(b)
+        self.lru.clear()
+        self.cached = [False] * self.num_blocks

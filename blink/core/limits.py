@@ -29,6 +29,7 @@ class EngineLimits:
     block_size: int  # tokens per KV block
     num_kv_blocks: int  # the KV pool (the smallest any tensor-parallel rank holds)
     vocab_size: int  # valid token ids are [0, vocab_size)
+    enable_prefix_caching: bool = False  # share the KV blocks of cached prompt prefixes (prefix_cache.py)
 
     @classmethod
     def resolve(cls, args, max_position_embeddings: int, vocab_size: int, num_kv_blocks: int) -> EngineLimits:
@@ -38,7 +39,8 @@ class EngineLimits:
             raise ValueError(f"--max-model-len {max_len} exceeds the model's {max_position_embeddings}")
         # A step must hold at least one token per running sequence.
         budget = max(args.max_num_batched_tokens, args.max_num_seqs)
-        return cls(max_len, args.max_num_seqs, budget, args.block_size, num_kv_blocks, vocab_size)
+        return cls(max_len, args.max_num_seqs, budget, args.block_size, num_kv_blocks, vocab_size,
+                   args.enable_prefix_caching)
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -60,6 +62,7 @@ def publish_limits(limits: EngineLimits, control) -> None:
     control.max_model_len, control.max_num_seqs = limits.max_model_len, limits.max_num_seqs
     control.max_num_batched_tokens, control.block_size = limits.max_num_batched_tokens, limits.block_size
     control.num_kv_blocks, control.vocab_size = limits.num_kv_blocks, limits.vocab_size
+    control.prefix_caching = int(limits.enable_prefix_caching)
     control.num_buckets = min(len(buckets), len(control.bucket_tokens))
     for i, (tokens, _) in enumerate(buckets[: control.num_buckets]):
         control.bucket_tokens[i] = tokens

@@ -10,6 +10,11 @@ Each step: running decodes first, then running prefill chunks, then new admissio
 budget (max_num_batched_tokens) and a sequence cap (max_num_seqs). KV blocks are allocated as sequences
 grow; when they run out, the newest running sequence is preempted (blocks freed, requeued at the front,
 recomputed later) - never failed or dropped.
+
+With prefix caching (blink/core/prefix_cache.py), an admission first takes the longest cached prefix of
+full blocks (shared, reference-counted) and prefills only the rest; blocks a step fills are indexed after
+it; finished, aborted and preempted sequences drop their references, and cached blocks nobody holds wait
+in an LRU until a fresh block is needed.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from collections import deque
 
 from blink.core.kv_cache import BlockAllocator
 from blink.core.outputs import SampledToken, ScheduledChunk, SchedulerOutput
+from blink.core.prefix_cache import PrefixCache
 from blink.core.sequence import SeqStatus, Sequence
 from blink.core.stops import check_stop
 from blink.request import FinishReason, TokenEvent
@@ -25,7 +31,8 @@ from blink.request import FinishReason, TokenEvent
 
 class Scheduler:
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
-                 max_model_len: int | None = None, eos_token_ids: tuple[int, ...] = ()):
+                 max_model_len: int | None = None, eos_token_ids: tuple[int, ...] = (),
+                 enable_prefix_caching: bool = False):
         """max_model_len None: no context limit (scheduler unit tests)."""
         self.max_model_len = max_model_len or sys.maxsize
         self.eos_token_ids = tuple(eos_token_ids)
@@ -33,6 +40,7 @@ class Scheduler:
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens
         self.blocks = BlockAllocator(num_blocks)
+        self.prefix_cache = PrefixCache(self.blocks, block_size) if enable_prefix_caching else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order: the last is the newest
         self.requests: dict[int, Sequence] = {}  # every unfinished request, waiting or running
@@ -43,7 +51,7 @@ class Scheduler:
     def from_limits(cls, limits, eos_token_ids: tuple[int, ...]) -> Scheduler:
         """limits: blink.core.limits.EngineLimits."""
         return cls(limits.num_kv_blocks, limits.block_size, limits.max_num_seqs, limits.max_num_batched_tokens,
-                   limits.max_model_len, eos_token_ids)
+                   limits.max_model_len, eos_token_ids, limits.enable_prefix_caching)
 
     # -- queue management -------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -61,7 +69,15 @@ class Scheduler:
         if seq is None:
             return None  # finished already, or never existed: nothing to free
         self._finish(seq)
-        return TokenEvent(req_id, -1, len(seq.output_ids), FinishReason.ABORT)
+        return TokenEvent(req_id, -1, len(seq.output_ids), FinishReason.ABORT,
+                          cached_tokens=max(0, seq.num_cached_tokens))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (POST /reset_prefix_cache); False when prefix caching is off."""
+        if self.prefix_cache is None:
+            return False
+        self.prefix_cache.reset()
+        return True
 
     def _finish(self, seq: Sequence) -> None:
         """Drop a sequence (finished or aborted) wherever it is and free its blocks and slot."""
@@ -122,11 +138,22 @@ class Scheduler:
                 chunks.append(ScheduledChunk(seq, seq.num_computed, n))
                 budget -= n
         admitted = []
+        cache = self.prefix_cache
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.remaining, budget)
-            if not self._grow(seq, seq.num_computed + n):
+            if self.blocks.num_free == 0:
+                break  # any admission needs a fresh block (for its last token at least): skip the match
+            hit = cache.match(seq) if cache else None
+            cached = len(hit.blocks) * self.block_size if hit else 0
+            n = min(seq.num_tokens - cached, budget)
+            need = -(-(cached + n) // self.block_size) - (len(hit.blocks) if hit else 0)
+            if need > self.blocks.num_free - (hit.num_in_lru if hit else 0):
                 break  # wait for blocks; never preempt running work to admit new work
+            if cache:
+                cache.admit(seq, hit)  # before growing: the hit's blocks leave the LRU, never evicted here
+            elif seq.num_cached_tokens < 0:
+                seq.num_cached_tokens = 0
+            self._grow(seq, cached + n)
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             seq.slot = self._free_slots.pop()
@@ -143,13 +170,15 @@ class Scheduler:
         for c, tok in zip(output.chunks, sampled, strict=True):
             seq = c.seq
             seq.num_computed = c.start + c.num_tokens
+            if self.prefix_cache:
+                self.prefix_cache.register(seq)
             if tok is None:
                 continue
             seq.output_ids.append(tok.token_id)
             reason = check_stop(seq.params, seq.output_ids, seq.num_tokens, self.eos_token_ids, self.max_model_len)
             k = seq.params.logprobs or 0
             events.append(TokenEvent(seq.req_id, tok.token_id, len(seq.output_ids) - 1, reason, tok.logprob,
-                                     tok.top_ids[:k], tok.top_logprobs[:k]))
+                                     tok.top_ids[:k], tok.top_logprobs[:k], cached_tokens=seq.num_cached_tokens))
             if reason != FinishReason.NONE:
                 self._finish(seq)
         return events

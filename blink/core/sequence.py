@@ -27,6 +27,12 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     arrived_at: float = 0.0  # perf_counter at add_request
     queue_us: int = -1  # microseconds from arrival to first admission; -1 until admitted (metrics)
+    # Prefix caching (blink/core/prefix_cache.py): blocks indexed or matched so far, the key of the last of
+    # them and the (block, gen) its next block records as parent; the first admission's hit, in tokens.
+    num_hashed: int = 0
+    chain_hash: int = 0
+    chain_parent: tuple[int, int] = (-1, 0)
+    num_cached_tokens: int = -1
 
     @property
     def num_tokens(self) -> int:
@@ -44,3 +50,10 @@ class Sequence:
     def token_at(self, i: int) -> int:
         n = len(self.prompt_ids)
         return self.prompt_ids[i] if i < n else self.output_ids[i - n]
+
+    def tokens(self, start: int, end: int) -> tuple[int, ...]:
+        """Token ids [start, end) of prompt + output."""
+        n = len(self.prompt_ids)
+        if end <= n:
+            return tuple(self.prompt_ids[start:end])
+        return tuple(self.prompt_ids[start:n] + self.output_ids[max(0, start - n):end - n])

@@ -118,6 +118,7 @@ def load_host_library() -> C.CDLL:
         "blink_sched_drain_done": (_I, _P),
         "blink_sched_info": (None, _P, C.POINTER(C.c_int64)),
         "blink_sched_plan": (None, _P, C.POINTER(C.c_int64)),
+        "blink_block_hash": (_U64, _U64, _P, _I),
     })
 
 

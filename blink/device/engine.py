@@ -26,6 +26,7 @@ from blink.device import structs
 from blink.device.poll_watchdog import PollWatchdog
 from blink.device.runtime import DeviceLoop
 from blink.request import SamplingParams, TokenEvent
+from blink.transport.commands import request_prefix_cache_reset
 from blink.transport.layout import SegmentLayout
 from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
@@ -33,6 +34,7 @@ from blink.transport.shm import Segment
 POLL_WAIT_S = 0.05  # step() waits this long for the GPU's next record before returning empty
 STOP_POLL_S = 0.05
 SUBMIT_WAIT_S = 0.01
+RESET_TIMEOUT_S = 10.0  # the GPU applies a prefix-cache reset between steps
 IDLE_GAP_NS = 200_000  # a finish-to-ingest phase this long means the loop idled between two steps
 _segment_ids = itertools.count()
 
@@ -110,7 +112,12 @@ class DeviceEngine(Engine):
     def stats(self) -> EngineStats:
         c = self.segment.control
         return EngineStats(c.running, c.waiting, c.free_kv_blocks, c.total_kv_blocks, c.steps, c.tokens,
-                           c.preemptions)
+                           c.preemptions, tuple(c.iteration_tokens), c.iteration_tokens_sum,
+                           prefix_cache_queries=c.prefix_cache_queries, prefix_cache_hits=c.prefix_cache_hits)
+
+    def reset_prefix_cache(self) -> bool:
+        """The GPU loop applies the command word between steps (csrc/sched.h); wait until it has."""
+        return request_prefix_cache_reset(self.segment.control, RESET_TIMEOUT_S) and self.limits.enable_prefix_caching
 
     def step_times(self) -> list[StepTime]:
         """Launch-to-launch time of back-to-back forwards (the loop's %globaltimer trace), oldest first.

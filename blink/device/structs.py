@@ -81,6 +81,8 @@ class SchedConfig(C.Structure):
         ("relaunch_each_step", C.c_int32),
         ("fail_bucket", C.c_int32),
         ("step_timeout_ns", C.c_int64),
+        ("enable_prefix_caching", C.c_int32),  # share cached prompt prefixes' KV blocks (csrc/sched_prefix.h)
+        ("reserved", C.c_int32),
     ]
 
     def __init__(self, **fields):

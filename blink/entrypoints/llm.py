@@ -19,6 +19,7 @@ class RequestOutput:
     finish_reason: str | None = None
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (vLLM's RequestOutput field)
 
 
 class _Request:
@@ -79,6 +80,7 @@ class LLM:
                     continue
                 r = requests[ev.req_id]
                 reason = ev.finish_reason
+                r.out.num_cached_tokens = max(r.out.num_cached_tokens, ev.cached_tokens)
                 if ev.token_id >= 0:
                     r.out.token_ids.append(ev.token_id)
                     r.out.logprobs.append(ev.logprob)
@@ -92,3 +94,7 @@ class LLM:
                     r.out.finish_reason = reason.openai
                     live.discard(ev.req_id)
         return [r.out for r in requests.values()]
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached KV block, as vLLM's LLM.reset_prefix_cache (False: the cache is off)."""
+        return self.engine.reset_prefix_cache()

@@ -30,9 +30,11 @@ from blink.frontend.structured import StructuredOutputs
 from blink.frontend.text_workers import DEFAULT_MAX_PENDING, DEFAULT_WORKERS, TextWorkers
 from blink.frontend.worker_routes import install_worker_routes
 from blink.text.tokenizer import load_tokenizer
+from blink.transport.commands import request_prefix_cache_reset
 
 DEFAULT_MAX_BODY_BYTES = 32 << 20
 log = logging.getLogger("blink.frontend")
+RESET_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,16 @@ def build_app(config: AppConfig) -> FastAPI:
     async def metrics():
         s = state()
         return Response(s.metrics.render(s.client.control), media_type="text/plain; version=0.0.4")
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        """As vLLM: forget every cached KV block; the engine applies it between steps (200 once done)."""
+        s = state()
+        s.check_engine()
+        done = await asyncio.to_thread(request_prefix_cache_reset, s.client.control, RESET_TIMEOUT_S)
+        if not done:
+            return error_response(503, "the engine did not apply the prefix-cache reset in time")
+        return Response(status_code=200)
 
     @app.get("/ping")
     async def ping():

@@ -113,13 +113,13 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
                         "stop_reason": result.stop_reason})
     completion_tokens = sum(r.num_tokens for r in results)
     return JSONResponse({**head, "object": "chat.completion", "choices": choices,
-                         "usage": usage(len(prompt_ids), completion_tokens)})
+                         "usage": usage(len(prompt_ids), completion_tokens, results[0].cached_tokens)})
 
 
 async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head: dict, streams,
                          num_prompt_tokens: int, tools=None) -> AsyncIterator[dict]:
     head = {**head, "object": "chat.completion.chunk"}
-    tokens = [0] * len(streams)
+    tokens, cached = [0] * len(streams), 0
 
     def chunk(choice: dict) -> dict:
         out = {**head, "choices": [choice]}
@@ -135,6 +135,8 @@ async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head
         if delta.error:
             raise APIError(500, "the engine failed the request")
         tokens[index] = delta.num_tokens
+        if index == 0:
+            cached = delta.cached_tokens
         logprobs = chat_logprobs(state, delta.logprobs, body.return_tokens_as_token_ids) if body.logprobs else None
         text, finish, calls = delta.text, delta.finish_reason, []
         if parsers[index] is not None:  # tool calls: content until a call may start, the calls at the end
@@ -154,4 +156,4 @@ async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head
             choice["stop_reason"] = delta.stop_reason
         yield chunk(choice)
     if body.include_usage:
-        yield {**head, "choices": [], "usage": usage(num_prompt_tokens, sum(tokens))}
+        yield {**head, "choices": [], "usage": usage(num_prompt_tokens, sum(tokens), cached)}

@@ -90,7 +90,8 @@ async def create_completion(state: FrontendState, body: CompletionRequest, reque
         choices.append({"index": index, "text": prefix + result.text, "logprobs": logprobs,
                         "finish_reason": result.finish_reason, "stop_reason": result.stop_reason})
     completion_tokens = sum(r.num_tokens for r in results)
-    return JSONResponse({**head, "choices": choices, "usage": usage(num_prompt_tokens, completion_tokens)})
+    cached = sum(r.cached_tokens for r in results[::body.n])  # each prompt once: its first choice's hit
+    return JSONResponse({**head, "choices": choices, "usage": usage(num_prompt_tokens, completion_tokens, cached)})
 
 
 async def _collect_all(streams) -> list[Delta]:
@@ -99,7 +100,7 @@ async def _collect_all(streams) -> list[Delta]:
 
 async def _stream_chunks(state: FrontendState, body: CompletionRequest, head: dict, streams, echo: list[str],
                          num_prompt_tokens: int) -> AsyncIterator[dict]:
-    tokens = [0] * len(streams)
+    tokens, cached = [0] * len(streams), [0] * len(streams)
     offsets = [len(echo[i // body.n]) for i in range(len(streams))]
 
     def chunk(choice: dict) -> dict:
@@ -114,7 +115,7 @@ async def _stream_chunks(state: FrontendState, body: CompletionRequest, head: di
     async for index, delta in merge(streams):
         if delta.error:
             raise APIError(500, "the engine failed the request")
-        tokens[index] = delta.num_tokens
+        tokens[index], cached[index] = delta.num_tokens, delta.cached_tokens
         logprobs = None
         if body.logprobs is not None:
             logprobs = completion_logprobs(state, delta.logprobs, offsets[index], body.return_tokens_as_token_ids)
@@ -124,4 +125,4 @@ async def _stream_chunks(state: FrontendState, body: CompletionRequest, head: di
             choice["stop_reason"] = delta.stop_reason
         yield chunk(choice)
     if body.include_usage:
-        yield {**head, "choices": [], "usage": usage(num_prompt_tokens, sum(tokens))}
+        yield {**head, "choices": [], "usage": usage(num_prompt_tokens, sum(tokens), sum(cached[::body.n]))}

@@ -32,6 +32,7 @@ class Delta:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     num_tokens: int = 0  # generated tokens so far (usage)
+    cached_tokens: int = 0  # prompt tokens found in the engine's prefix cache (usage.prompt_tokens_details)
     error: bool = False  # the engine refused or lost the request
     stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it
 
@@ -62,10 +63,12 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
     num_tokens = 0
     logprobs: list[TokenLogprob] = []
     done = False
+    cached = 0
     try:
         while not done:
             event: TokenEvent = await queue.get()
             reason = event.finish_reason
+            cached = max(cached, event.cached_tokens)
             piece = ""
             if event.token_id >= 0:
                 num_tokens += 1
@@ -90,7 +93,7 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
                 raise APIError(503, "server shutting down: the request was cut before it finished")
             if text or done:
                 finish = reason.openai if done else None
-                yield Delta(text, logprobs, finish, num_tokens, reason == FinishReason.ERROR,
+                yield Delta(text, logprobs, finish, num_tokens, cached, reason == FinishReason.ERROR,
                             stop_reason if done else None)
                 logprobs = []
             if done:
@@ -142,4 +145,5 @@ async def collect(stream: AsyncIterator[Delta]) -> Delta:
         texts.append(delta.text)
         logprobs.extend(delta.logprobs)
         last = delta
-    return Delta("".join(texts), logprobs, last.finish_reason, last.num_tokens, last.error, last.stop_reason)
+    return Delta("".join(texts), logprobs, last.finish_reason, last.num_tokens, last.cached_tokens, last.error,
+                 last.stop_reason)

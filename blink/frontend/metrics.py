@@ -49,6 +49,11 @@ class EngineCollector:
         yield family(CounterMetricFamily, "blink:engine_steps", "Forward steps the engine ran", ctl.steps)
         yield family(CounterMetricFamily, "blink:engine_generated_tokens", "Tokens the engine sampled",
                      ctl.tokens)
+        # vLLM's prefix_cache_queries / _hits, in tokens: prompt tokens looked up at admissions / found cached
+        yield family(CounterMetricFamily, "blink:prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                     ctl.prefix_cache_queries)
+        yield family(CounterMetricFamily, "blink:prefix_cache_hits", "Prompt tokens found in the prefix cache",
+                     ctl.prefix_cache_hits)
         yield self._iteration_tokens(ctl, labels)
 
     @staticmethod

@@ -79,14 +79,19 @@ class HostEngine(Engine):
 
     def stats(self) -> EngineStats:
         s = self.scheduler
+        pc = s.prefix_cache
         return EngineStats(len(s.running), len(s.waiting), s.blocks.num_free, s.blocks.num_blocks,
                            self._steps, self._tokens, s.num_preemptions, tuple(self._iteration_tokens),
-                           self._iteration_tokens_sum)
+                           self._iteration_tokens_sum, prefix_cache_queries=pc.queries if pc else 0,
+                           prefix_cache_hits=pc.hits if pc else 0)
 
     def publish_model_info(self, ctl) -> None:
         """For the front end's banner (the limits themselves are published by publish_limits)."""
         runner = getattr(self.runner, "runner", self.runner)  # the TP runner wraps rank 0's ModelRunner
         self.m.publish(ctl, captured=bool(getattr(runner, "graphs", None)))
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.reset_prefix_cache()
 
     def step_times(self) -> list[StepTime]:
         """The last STEP_TIMES_KEPT steps that ran, oldest first (one per stats().steps increment)."""

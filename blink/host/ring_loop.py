@@ -9,6 +9,7 @@ import time
 from blink.core.interface import Engine
 from blink.core.limits import publish_limits
 from blink.request import FinishReason, TokenEvent
+from blink.transport.commands import apply_prefix_cache_reset
 
 MAX_INGEST = 256  # descriptors taken per loop turn
 IDLE_SLEEP_MAX = 1e-3
@@ -22,6 +23,7 @@ def publish_stats(engine: Engine, ctl) -> None:
     for bucket, count in enumerate(s.iteration_tokens):
         ctl.iteration_tokens[bucket] = count
     ctl.iteration_tokens_sum = s.iteration_tokens_sum
+    ctl.prefix_cache_queries, ctl.prefix_cache_hits = s.prefix_cache_queries, s.prefix_cache_hits
     ctl.heartbeat += 1
 
 
@@ -38,6 +40,7 @@ def serve_rings(engine: Engine, segment, should_stop=lambda: False) -> None:
     idle = 0.0
     while not ctl.stop_flag and not should_stop():
         events: list[TokenEvent] = []
+        apply_prefix_cache_reset(ctl, engine.reset_prefix_cache)  # between steps, as the GPU loop
         for item in ingress.poll(MAX_INGEST):
             if item.kind == "abort":
                 engine.abort_request(item.req_id)

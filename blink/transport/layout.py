@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from blink.request import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
 
 MAGIC = 0x4B4E494C42  # "BLINK"
-VERSION = 2  # 2: the control block publishes the engine's limits
+VERSION = 3  # 2: the control block publishes the engine's limits; 3: prefix caching
 MAX_PUBLISHED_BUCKETS = 16
 CACHE_LINE = 64
 PAGE = 4096
@@ -48,7 +48,8 @@ class ControlBlock(C.Structure):
         ("drain_flag", C.c_uint32),  # set to 1 by the parent: the front end takes no new requests
         ("ingress_closed", C.c_uint32),  # set to 1 by the front end after its last descriptor: once all
         # it sent is served, the engine exits on its own (the drain is over)
-        ("_pad1", C.c_uint8 * 52),
+        ("reset_prefix_cache", C.c_uint32),  # bumped by the front end: forget the cached KV blocks once
+        ("_pad1", C.c_uint8 * 48),
         # line 2: live counters from the engine (for /metrics and /health)
         ("ready", C.c_uint32),  # 1 once the engine serves the rings
         ("running", C.c_uint32),
@@ -78,6 +79,12 @@ class ControlBlock(C.Structure):
         # bucket (tokens <= bound, the last one unbounded) and their sum; written once per step
         ("iteration_tokens", C.c_uint64 * 7),
         ("iteration_tokens_sum", C.c_uint64),
+        # line 6: prefix caching (blink/core/prefix_cache.py), from the engine
+        ("prefix_cache_queries", C.c_uint64),  # prompt tokens looked up at admissions
+        ("prefix_cache_hits", C.c_uint64),  # of those, found cached
+        ("prefix_cache_resets", C.c_uint32),  # reset_prefix_cache commands applied (equal: the last is done)
+        ("prefix_caching", C.c_uint32),  # 1 when the engine caches prefixes, written before `ready`
+        ("_pad4", C.c_uint8 * 40),
     ]
 
 
@@ -136,8 +143,9 @@ class TokenRecord(C.Structure):
         ("req_id", C.c_uint64),
         ("token_id", C.c_int32),
         ("position", C.c_int32),  # index of this output token: 0, 1, 2, ...
-        ("finish_reason", C.c_uint32),  # blink.request.FinishReason
-        ("num_top", C.c_uint32),
+        ("finish_reason", C.c_uint16),  # blink.request.FinishReason
+        ("num_top", C.c_uint16),
+        ("cached_tokens", C.c_uint32),  # prompt tokens the request found in the prefix cache
         ("logprob", C.c_float),
         ("queue_us", C.c_uint32),  # a request's first record only: us from engine ingest to first admission
         ("top_ids", C.c_int32 * MAX_TOP_LOGPROBS),

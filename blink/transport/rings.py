@@ -305,8 +305,9 @@ class EgressProducer:
 
 def _encode_events(events: list[TokenEvent]) -> np.ndarray:
     records = np.zeros(len(events), TOKEN_DTYPE)
-    names = ("req_id", "token_id", "position", "finish_reason", "logprob", "queue_us")
-    rows = [(e.req_id, e.token_id, e.position, int(e.finish_reason), e.logprob, e.queue_us) for e in events]
+    names = ("req_id", "token_id", "position", "finish_reason", "logprob", "queue_us", "cached_tokens")
+    rows = [(e.req_id, e.token_id, e.position, int(e.finish_reason), e.logprob, e.queue_us, e.cached_tokens)
+            for e in events]
     for name, column in zip(names, zip(*rows, strict=True), strict=True):
         records[name] = _checked(column, TOKEN_DTYPE[name], name)
     for i, event in enumerate(events):
@@ -335,11 +336,12 @@ class EgressConsumer:
         self.ring.words[HEAD_INDEX] = head + count  # after the copy: the producer may now reuse the slots
         # Column-wise tolist() is far cheaper than touching each record's fields from Python.
         events = [
-            TokenEvent(req_id, token_id, position, FINISH_REASONS[finish], logprob, queue_us=queue_us)
-            for req_id, token_id, position, finish, logprob, queue_us in zip(
+            TokenEvent(req_id, token_id, position, FINISH_REASONS[finish], logprob, queue_us=queue_us,
+                       cached_tokens=cached)
+            for req_id, token_id, position, finish, logprob, queue_us, cached in zip(
                 records["req_id"].tolist(), records["token_id"].tolist(), records["position"].tolist(),
                 records["finish_reason"].tolist(), records["logprob"].tolist(), records["queue_us"].tolist(),
-                strict=True)
+                records["cached_tokens"].tolist(), strict=True)
         ]
         for i, num_top in enumerate(records["num_top"].tolist()):
             if num_top:

@@ -28,7 +28,8 @@ from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
 
 INFO = ("running", "waiting", "free_blocks", "free_slots", "free_entries", "plan_rows", "plan_tokens",
-        "plan_bucket", "parity", "preemptions", "steps", "tokens", "error_code", "fast_plans")
+        "plan_bucket", "parity", "preemptions", "steps", "tokens", "error_code", "fast_plans", "cached_free_blocks",
+        "prefix_queries", "prefix_hits", "resets_done")
 _names = itertools.count()
 
 
@@ -65,6 +66,7 @@ class Config:
     team: int = 1  # host threads standing in for the CTA's threads
     defer_publish: bool = False  # publish a step's records only after the next launch (or idle), as the GPU loop
     peers: int = 0  # tensor-parallel ranks besides rank 0, whose buffers the scheduler writes too
+    prefix_caching: bool = False  # share cached prefixes' blocks (csrc/sched_prefix.h)
 
 
 def _buffers(tmax: int, smax: int, mb: int) -> dict[str, np.ndarray]:
@@ -101,7 +103,7 @@ class HostScheduler:
             max_model_len=c.max_model_len, block_size=c.block_size, num_blocks=c.num_blocks,
             max_blocks_per_seq=self.mb, max_requests=c.max_requests, vocab_size=c.vocab_size,
             num_buckets=len(c.buckets), num_eos=len(c.eos), trace_capacity=1, launches_per_kernel=119,
-            step_timeout_ns=10**9)
+            step_timeout_ns=10**9, enable_prefix_caching=int(c.prefix_caching))
         for i, (t, s) in enumerate(c.buckets):
             sc.bucket_tokens[i], sc.bucket_seqs[i] = t, s
         for i, e in enumerate(c.eos):

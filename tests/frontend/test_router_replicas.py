@@ -49,7 +49,9 @@ def router_for(replicas, policy: str) -> Router:
 
 def expect_usage(tok, prompt: str, max_tokens: int) -> dict:
     n = len(tok.encode(prompt))
-    return {"prompt_tokens": n, "completion_tokens": max_tokens, "total_tokens": n + max_tokens}
+    # The prompts differ from their second token on: no full KV block is shared, nothing is cached.
+    return {"prompt_tokens": n, "completion_tokens": max_tokens, "total_tokens": n + max_tokens,
+            "prompt_tokens_details": {"cached_tokens": 0}}
 
 
 async def burst(url: str, prompts: list[str], max_tokens: int, concurrency: int) -> list[tuple[str, dict]]:

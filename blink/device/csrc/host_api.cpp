@@ -9,13 +9,20 @@ using namespace blink;
 
 namespace {
 
-// Every KV block is either free or held by exactly one running request; likewise slots; queues and
-// statuses agree. Returns 0, or a code saying which invariant broke.
+// Every KV block is held by as many running requests as its count says, and one nobody holds is on
+// the stack or, if cached, in the LRU (once); the index holds exactly the cached blocks; likewise
+// slots; queues and statuses agree. Returns 0, or a code saying which invariant broke.
 int check_invariants(const SchedState* s, const SchedConfig& c) {
-  static int owner[1 << 20];
+  static int owner[1 << 20], freed[1 << 20];
   if (c.num_blocks > (1 << 20)) return 99;
-  for (int b = 0; b < c.num_blocks; ++b) owner[b] = 0;
-  for (int i = 0; i < s->free_block_top; ++i) owner[s->free_blocks[i]]++;
+  for (int b = 0; b < c.num_blocks; ++b) owner[b] = freed[b] = 0;
+  for (int i = 0; i < s->free_block_top; ++i) freed[s->free_blocks[i]]++;
+  int lru = 0;
+  for (int b = s->lru_head; b >= 0 && lru <= c.num_blocks; b = s->lru_next[b], ++lru) {
+    if (!s->block_cached[b]) return 10;
+    freed[b]++;
+  }
+  if (lru != s->lru_count) return 11;
   int slot_seen[4096] = {0};
   for (int i = 0; i < s->free_slot_top; ++i) slot_seen[s->free_slots[i]]++;
   int running = 0, waiting = 0, staged = 0;
@@ -35,8 +42,13 @@ int check_invariants(const SchedState* s, const SchedConfig& c) {
       ++staged;
     }
   }
-  for (int b = 0; b < c.num_blocks; ++b)
-    if (owner[b] != 1) return 1;
+  int cached = 0, indexed = 0;
+  for (int b = 0; b < c.num_blocks; ++b) {
+    if (owner[b] != s->block_ref[b] || freed[b] != (owner[b] == 0)) return 1;
+    if (s->block_cached[b] && (++cached, table_find(s, s->block_key[b]) != b)) return 12;
+  }
+  for (int i = 0; i <= s->hash_mask; ++i) indexed += s->hash_table[i] >= 0;
+  if (indexed != cached) return 13;
   for (int i = 0; i < c.max_num_seqs; ++i)
     if (slot_seen[i] != 1) return 2;
   if (running != s->running_count || waiting != s->waiting_count || staged != 0) return 6;
@@ -100,6 +112,9 @@ void blink_post_to_peers(const LoopParams* p, uint64_t seq, uint32_t command) { 
 // The step could not run (as after a failed launch): its requests end with ERROR.
 void blink_sched_fail(const LoopParams* p, int32_t code) { fail_step(p->state, p->cfg, p->rings, code); }
 
+// The prefix cache's block key (sched_prefix.h), for the test that pins it to blink/core/prefix_cache.py.
+uint64_t blink_block_hash(uint64_t parent, const int32_t* tokens, int n) { return block_hash(parent, tokens, n); }
+
 // The GPU loop's exit test on an idle turn: 1 once the front end closed ingress and all it sent finished.
 int blink_sched_drain_done(const LoopParams* p) { return drain_done(p->state, p->rings) ? 1 : 0; }
 
@@ -108,13 +123,15 @@ int blink_sched_check(const void* state, const SchedConfig* c) {
 }
 
 // [running, waiting, free_blocks, free_slots, free_entries, plan_rows, plan_tokens, plan_bucket,
-//  parity, preemptions, steps, tokens, error_code, fast_plans]
+//  parity, preemptions, steps, tokens, error_code, fast_plans, cached_free_blocks, prefix_queries,
+//  prefix_hits, resets_done]; free_blocks counts the cached ones nobody holds
 void blink_sched_info(const void* state, int64_t* out) {
   const SchedState* s = static_cast<const SchedState*>(state);
-  const int64_t v[] = {s->running_count, s->waiting_count, s->free_block_top, s->free_slot_top,
+  const int64_t v[] = {s->running_count, s->waiting_count, free_block_count(s), s->free_slot_top,
                        s->free_entry_top, s->plan_rows, s->plan_tokens, s->plan_bucket,
                        (int64_t)(s->launched & 1), (int64_t)s->preemptions, (int64_t)s->steps,
-                       (int64_t)s->tokens, s->error_code, (int64_t)s->fast_plans};
+                       (int64_t)s->tokens, s->error_code, (int64_t)s->fast_plans, s->lru_count,
+                       (int64_t)s->prefix_queries, (int64_t)s->prefix_hits, (int64_t)s->resets_done};
   for (unsigned i = 0; i < sizeof(v) / sizeof(v[0]); ++i) out[i] = v[i];
 }
 

@@ -25,7 +25,7 @@
 namespace blink {
 
 constexpr uint64_t kMagic = 0x4B4E494C42ull;  // "BLINK"
-constexpr uint32_t kVersion = 2;  // 2: the control block publishes the engine's limits
+constexpr uint32_t kVersion = 3;  // 2: the control block publishes the engine's limits; 3: prefix caching
 constexpr int kMaxPublishedBuckets = 16;
 constexpr uint64_t kCacheLine = 64;
 constexpr uint64_t kPage = 4096;
@@ -68,7 +68,8 @@ struct ControlBlock {
   uint32_t drain_flag;  // set to 1 by the parent: the front end takes no new requests
   uint32_t ingress_closed;  // set to 1 by the front end after its last descriptor: once all it sent is
                             // served, the engine exits on its own (the drain is over)
-  uint8_t _pad1[52];
+  uint32_t reset_prefix_cache;  // bumped by the front end: forget the cached KV blocks once
+  uint8_t _pad1[48];
   // line 2: live counters from the engine (for /metrics and /health)
   uint32_t ready;  // 1 once the engine serves the rings
   uint32_t running;
@@ -98,6 +99,12 @@ struct ControlBlock {
   // (tokens <= bound, the last one unbounded) and their sum; written once per step
   uint64_t iteration_tokens[7];
   uint64_t iteration_tokens_sum;
+  // line 6: prefix caching (blink/core/prefix_cache.py), from the engine
+  uint64_t prefix_cache_queries;  // prompt tokens looked up at admissions
+  uint64_t prefix_cache_hits;     // of those, found cached
+  uint32_t prefix_cache_resets;   // reset_prefix_cache commands applied (equal: the last is done)
+  uint32_t prefix_caching;        // 1 when the engine caches prefixes, written before `ready`
+  uint8_t _pad4[40];
 };
 
 // Head and tail on their own cache lines so producer and consumer never share one.
@@ -138,15 +145,17 @@ struct TokenRecord {
   uint64_t req_id;
   int32_t token_id;
   int32_t position;  // index of this output token: 0, 1, 2, ...
-  uint32_t finish_reason;
-  uint32_t num_top;
+  uint16_t finish_reason;
+  uint16_t num_top;
+  uint32_t cached_tokens;  // prompt tokens the request found in the prefix cache
   float logprob;
   uint32_t queue_us;  // a request's first record only: us from engine ingest to first admission
   int32_t top_ids[kMaxTopLogprobs];
   float top_logprobs[kMaxTopLogprobs];
 };
 
-static_assert(sizeof(ControlBlock) == 384, "ControlBlock must match layout.py");
+static_assert(sizeof(ControlBlock) == 448, "ControlBlock must match layout.py");
+static_assert(offsetof(ControlBlock, prefix_cache_queries) == 384, "prefix-cache counters start cache line 6");
 static_assert(offsetof(ControlBlock, max_model_len) == 192, "limits start cache line 3");
 static_assert(offsetof(ControlBlock, stop_flag) == 64, "stop_flag starts cache line 1");
 static_assert(offsetof(ControlBlock, ready) == 128, "engine counters start cache line 2");

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "sched_finish.h"
+#include "sched_prefix.h"
 #include "sched_ingest.h"
 
 namespace blink {
@@ -16,6 +17,15 @@ constexpr int kIngestRoundsPerStep = 8;
 BLINK_HD inline int sched_prepare(const Team& t, const LoopParams& p) {
   SchedState* s = p.state;
   const SchedConfig& c = p.cfg;
+  // POST /reset_prefix_cache: the front end bumps a command word; we apply it between steps. The word
+  // is prefetched with the ingress tail while a forward runs, else read here (idle: no hurry).
+  if (t.leader() && !s->ingress_tail_valid) s->resets_seen = load_volatile(&p.rings.control->reset_prefix_cache);
+  t.sync();
+  if (load_volatile(&s->resets_seen) != load_volatile(&s->resets_done)) {
+    prefix_reset(t, s, c);
+    if (t.leader()) s->resets_done = s->resets_seen;
+    t.sync();
+  }
   for (int round = 0; round < kIngestRoundsPerStep && ingest(t, s, c, p.rings); ++round) {
   }
   if (t.leader()) s->t_ingest = now_ns();

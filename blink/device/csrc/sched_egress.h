@@ -42,13 +42,14 @@ static_assert(sizeof(TokenRecord) % 16 == 0 && offsetof(TokenRecord, top_ids) ==
 
 // Write one record at ring index `index` (published by a later egress_flush). No token: token_id -1.
 BLINK_HD inline void write_record(const RingPtrs& rp, uint64_t index, uint64_t req_id, int32_t token_id,
-                                  int32_t position, uint32_t finish_reason, float logprob, int num_top,
-                                  const int64_t* top_ids, const float* top_logprobs, uint32_t queue_us = 0) {
+                                  int32_t position, uint32_t finish_reason, float logprob, int32_t cached_tokens,
+                                  int num_top, const int64_t* top_ids, const float* top_logprobs,
+                                  uint32_t queue_us = 0) {
   TokenRecord* rec = &rp.egress[index % rp.egress_capacity];
   uint32_t lp_bits;
   __builtin_memcpy(&lp_bits, &logprob, 4);
   RecordWords h0{{(uint32_t)req_id, (uint32_t)(req_id >> 32), (uint32_t)token_id, (uint32_t)position}};
-  RecordWords h1{{finish_reason, (uint32_t)num_top, lp_bits, queue_us}};
+  RecordWords h1{{finish_reason | ((uint32_t)num_top << 16), (uint32_t)cached_tokens, lp_bits, queue_us}};
   reinterpret_cast<RecordWords*>(rec)[0] = h0;
   reinterpret_cast<RecordWords*>(rec)[1] = h1;
   for (int k = 0; k < num_top; ++k) {
@@ -59,9 +60,10 @@ BLINK_HD inline void write_record(const RingPtrs& rp, uint64_t index, uint64_t r
 
 // Leader, rare paths (refusals, aborts, failed steps): queue one record without tops.
 BLINK_HD inline void egress_write(SchedState* s, const RingPtrs& rp, uint64_t req_id, int32_t token_id,
-                                  int32_t position, uint32_t finish_reason) {
+                                  int32_t position, uint32_t finish_reason, int32_t cached_tokens = 0) {
   if (egress_reserve(s, rp, 1) == 0) return;
-  write_record(rp, s->egress_tail, req_id, token_id, position, finish_reason, 0.f, 0, nullptr, nullptr);
+  write_record(rp, s->egress_tail, req_id, token_id, position, finish_reason, 0.f,
+               cached_tokens < 0 ? 0 : cached_tokens, 0, nullptr, nullptr);
   s->egress_tail++;
 }
 
@@ -77,11 +79,14 @@ BLINK_HD inline void publish(SchedState* s, const SchedConfig& c, const RingPtrs
   ControlBlock* ctl = rp.control;
   store_volatile(&ctl->running, (uint32_t)s->running_count);
   store_volatile(&ctl->waiting, (uint32_t)s->waiting_count);
-  store_volatile(&ctl->free_kv_blocks, (uint32_t)s->free_block_top);
+  store_volatile(&ctl->free_kv_blocks, (uint32_t)(s->free_block_top + s->lru_count));  // cached-free: free
   store_volatile(&ctl->total_kv_blocks, (uint32_t)c.num_blocks);
   store_volatile(&ctl->steps, s->steps);
   store_volatile(&ctl->tokens, s->tokens);
   store_volatile(&ctl->preemptions, s->preemptions);
+  store_volatile(&ctl->prefix_cache_queries, s->prefix_queries);
+  store_volatile(&ctl->prefix_cache_hits, s->prefix_hits);
+  store_volatile(&ctl->prefix_cache_resets, s->resets_done);
   egress_flush(s, rp);
   s->heartbeat++;
   store_volatile(&ctl->heartbeat, s->heartbeat);

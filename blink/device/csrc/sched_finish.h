@@ -36,6 +36,7 @@ BLINK_HD inline void finish_rows(const Team& t, SchedState* s, const SchedConfig
       r.num_generated++;
       reason = check_stop(c, r, token);
     }
+    s->row_register[row] = prefix_hash_row(s, c, e);
     s->row_record[row] = samples;
     s->row_reason[row] = (int32_t)reason;
   }
@@ -56,7 +57,8 @@ BLINK_HD inline void write_step_records(const Team& t, SchedState* s, const Ring
       const RequestEntry& r = s->entries[s->row_entry[row]];
       const int num_top = num_top_for(r.desc);
       write_record(rp, s->egress_tail + k, r.desc.req_id, (int32_t)load_volatile(b.sampled_ids + row),
-                   r.num_generated - 1, (uint32_t)s->row_reason[row], load_volatile(b.logprobs + row), num_top,
+                   r.num_generated - 1, (uint32_t)s->row_reason[row], load_volatile(b.logprobs + row),
+                   r.num_cached_tokens < 0 ? 0 : r.num_cached_tokens, num_top,
                    b.top_ids + (int64_t)row * kMaxTopLogprobs, b.top_logprobs + (int64_t)row * kMaxTopLogprobs,
                    r.num_generated == 1 ? r.queue_us : 0u);
     }
@@ -82,6 +84,9 @@ BLINK_HD inline void update_from_output(const Team& t, SchedState* s, const Sche
     for (int row = 0; row < s->plan_rows; ++row) s->row_record[row] = s->row_record[row] ? n++ : -1;
     s->num_records = n;
     s->tokens += n;
+    if (c.enable_prefix_caching)  // before the frees: a finished row's blocks go to the LRU cached
+      for (int row = 0; row < s->plan_rows; ++row)
+        if (s->row_register[row]) prefix_register(s, c, s->row_entry[row]);
     for (int row = 0; row < s->plan_rows; ++row)
       if (s->row_reason[row] != (int32_t)kFinishNone) finish_entry(s, c, s->row_entry[row]);
   }
@@ -106,7 +111,7 @@ BLINK_HD inline void fail_step(SchedState* s, const SchedConfig& c, const RingPt
     RequestEntry& r = s->entries[e];
     r.planned_row = -1;
     if (r.status == kFree) continue;
-    egress_write(s, rp, r.desc.req_id, -1, r.num_generated, kFinishError);
+    egress_write(s, rp, r.desc.req_id, -1, r.num_generated, kFinishError, r.num_cached_tokens);
     finish_entry(s, c, e);
   }
   s->plan_rows = s->plan_tokens = 0;

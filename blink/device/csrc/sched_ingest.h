@@ -34,7 +34,7 @@ BLINK_HD inline void abort_request(SchedState* s, const SchedConfig& c, const Ri
   if (r.status == kStaging)
     for (int j = 0; j < s->num_staged; ++j)
       if (s->staged_entry[j] == e) s->staged_entry[j] = -1;
-  egress_write(s, rp, req_id, -1, r.num_generated, kFinishAbort);
+  egress_write(s, rp, req_id, -1, r.num_generated, kFinishAbort, r.num_cached_tokens);
   finish_entry(s, c, e);
 }
 
@@ -58,7 +58,8 @@ BLINK_HD inline int ingest_decide(SchedState* s, const SchedConfig& c, const Rin
       r.desc = d;
       r.status = kStaging;
       r.slot = -1;
-      r.num_generated = r.num_computed = r.num_blocks = 0;
+      r.num_generated = r.num_computed = r.num_blocks = r.num_hashed = 0;
+      r.num_cached_tokens = -1;
       r.planned_row = -1;
       r.arrived_ns = now_ns();  // per request, not per token: the queue-time metric
       r.queue_us = r.admitted = 0;

@@ -2,7 +2,7 @@
 // for rule, so both modes batch alike), then the step's inputs in the StepBuffers of its parity.
 #pragma once
 
-#include "sched_egress.h"
+#include "sched_prefix.h"
 
 namespace blink {
 
@@ -87,7 +87,12 @@ BLINK_HD inline bool plan_decodes_fast(const Team& t, SchedState* s, const Sched
   for (int k = t.rank; k < n; k += t.size) {
     const int e = s->running[k];
     RequestEntry& r = s->entries[e];
-    if (s->row_need[k] >= 0) slot_blocks(s, c, r.slot)[r.num_blocks++] = s->free_blocks[s->row_need[k]];
+    if (s->row_need[k] >= 0) {  // take_block's stack path, one distinct block per thread
+      const int b = s->free_blocks[s->row_need[k]];
+      s->block_ref[b] = 1;
+      s->block_gen[b]++;
+      slot_blocks(s, c, r.slot)[r.num_blocks++] = b;
+    }
     s->row_entry[k] = e;
     s->row_start[k] = r.num_computed;
     s->row_len[k] = 1;
@@ -114,8 +119,14 @@ BLINK_HD inline void schedule(const Team& t, SchedState* s, const SchedConfig& c
   while (s->waiting_count > 0 && budget > 0 && s->running_count < c.max_num_seqs) {
     const int e = waiting_front(s);
     RequestEntry& r = s->entries[e];
-    int n = entry_remaining(r) < budget ? entry_remaining(r) : budget;
-    if (blocks_needed(c, r, r.num_computed + n) > s->free_block_top) break;  // never preempt to admit
+    // Any admission needs a fresh block (for its last token, at least): skip the match while the pool is
+    // exhausted, the common case of a waiting queue under memory pressure.
+    if (free_block_count(s) == 0) break;
+    const PrefixMatch m = prefix_match(s, c, e);  // the cached prefix, in s->match_blocks
+    const int cached = m.num_blocks * c.block_size, rest = entry_num_tokens(r) - cached;
+    int n = rest < budget ? rest : budget;
+    const int need = (cached + n + c.block_size - 1) / c.block_size - m.num_blocks;
+    if (need > free_block_count(s) - m.num_in_lru) break;  // never preempt to admit
     waiting_pop_front(s, c);
     r.status = kRunning;
     if (!r.admitted) {  // the first admission ends the queue time (a preempted request keeps its first)
@@ -126,7 +137,8 @@ BLINK_HD inline void schedule(const Team& t, SchedState* s, const SchedConfig& c
     r.slot = s->free_slots[--s->free_slot_top];
     r.num_blocks = 0;
     s->running[s->running_count++] = e;
-    grow_blocks(s, c, e, r.num_computed + n);
+    prefix_admit(s, c, e, m);  // before growing: the hit's blocks leave the LRU, never evicted here
+    grow_blocks(s, c, e, cached + n);
     s->job_entry[s->num_jobs++] = e;
     plan_add_row(s, e, r.num_computed, n);
     budget -= n;

@@ -2,7 +2,7 @@
 // behind admission and preemption. Leader-only (one thread), host and device alike.
 #pragma once
 
-#include "sched_types.h"
+#include "sched_blocks.h"
 
 namespace blink {
 
@@ -50,7 +50,7 @@ BLINK_HD inline void running_remove(SchedState* s, int e) {
   if (s->running_count > 0) s->running_count--;
 }
 
-// -- KV blocks: a LIFO stack (the same order as the host engine's BlockAllocator) -------------------
+// -- KV blocks (sched_blocks.h: the same order as the host engine's BlockAllocator) -----------------
 BLINK_HD inline int blocks_needed(const SchedConfig& c, const RequestEntry& r, int upto) {
   int need = (upto + c.block_size - 1) / c.block_size - r.num_blocks;
   return need > 0 ? need : 0;
@@ -60,9 +60,9 @@ BLINK_HD inline int blocks_needed(const SchedConfig& c, const RequestEntry& r, i
 BLINK_HD inline bool grow_blocks(SchedState* s, const SchedConfig& c, int e, int upto) {
   RequestEntry& r = s->entries[e];
   int need = blocks_needed(c, r, upto);
-  if (need > s->free_block_top) return false;
+  if (need > free_block_count(s)) return false;
   int32_t* table = slot_blocks(s, c, r.slot);
-  for (int i = 0; i < need; ++i) table[r.num_blocks++] = s->free_blocks[--s->free_block_top];
+  for (int i = 0; i < need; ++i) table[r.num_blocks++] = take_block(s);
   return true;
 }
 
@@ -70,7 +70,7 @@ BLINK_HD inline void release_blocks_and_slot(SchedState* s, const SchedConfig& c
   RequestEntry& r = s->entries[e];
   if (r.slot < 0) return;
   int32_t* table = slot_blocks(s, c, r.slot);
-  for (int i = r.num_blocks - 1; i >= 0; --i) s->free_blocks[s->free_block_top++] = table[i];
+  for (int i = r.num_blocks - 1; i >= 0; --i) drop_block(s, table[i]);  // the tail first: evicted first
   r.num_blocks = 0;
   s->free_slots[s->free_slot_top++] = r.slot;
   r.slot = -1;

@@ -49,6 +49,8 @@ struct SchedConfig {
   int32_t relaunch_each_step;  // 1: pattern (a), F&F the forward then tail-relaunch (frees the SM meanwhile)
   int32_t fail_bucket;  // self-test only: launches of this bucket report a launch error (-1: none)
   int64_t step_timeout_ns;  // a forward that never signals is an error, not a hang
+  int32_t enable_prefix_caching;  // share cached prompt prefixes' KV blocks (sched_prefix.h)
+  int32_t reserved;
 };
 
 struct StepBufferPtrs {  // blink.core.step_buffers.StepBuffers, field order
@@ -160,6 +162,13 @@ struct RequestEntry {
   uint32_t queue_us;      // ingest -> first admission, in us (the first egress record carries it)
   uint32_t admitted;      // admitted at least once (queue_us is final)
   uint64_t arrived_ns;    // now_ns() at ingest
+  // Prefix caching (sched_prefix.h): blocks indexed or matched so far, the first admission's hit in
+  // tokens (-1: not admitted yet), the (block, gen) its next block records as parent, its last key.
+  int32_t num_hashed;
+  int32_t num_cached_tokens;
+  int32_t chain_parent;
+  uint32_t chain_parent_gen;
+  uint64_t chain_hash;
 };
 
 struct SchedState {
@@ -179,6 +188,11 @@ struct SchedState {
   int32_t stopping, launches_this_kernel, idle_ns, num_staged, num_consumed, pending_complete;
   int32_t plan_rows, plan_tokens, plan_bucket, num_jobs;
   int32_t fast_plan, not_decode, num_records, chunk;  // team scratch: plan fast path, egress chunking
+  // Prefix caching: the evictable LRU (cached blocks nobody holds; a list through lru_prev/lru_next,
+  // oldest at the head), the hash table's mask, counters, and reset commands seen / applied.
+  int32_t lru_head, lru_tail, lru_count, hash_mask;
+  uint64_t prefix_queries, prefix_hits;  // prompt tokens looked up at admissions / found cached
+  uint32_t resets_seen, resets_done;  // ControlBlock.reset_prefix_cache, as prefetched / as applied
   // arrays, carved from the same buffer
   RequestEntry* entries;  // [max_requests]
   int32_t* free_entries;  // [max_requests] stack
@@ -202,87 +216,21 @@ struct SchedState {
   int32_t* row_need;          // [max_num_seqs] per running/step row: a new KV block, then its stack index
   int32_t* row_record;        // [max_num_seqs] the row's egress record index in this step, or -1
   int32_t* row_reason;        // [max_num_seqs] the row's finish reason
+  // per KV block: holders, allocations so far (its life), indexed?, LRU links, key, parent, tokens
+  int32_t* block_ref;         // [num_blocks]
+  uint32_t* block_gen;        // [num_blocks]
+  int32_t* block_cached;      // [num_blocks]
+  int32_t* lru_prev;          // [num_blocks]
+  int32_t* lru_next;          // [num_blocks]
+  uint64_t* block_key;        // [num_blocks]
+  int32_t* block_parent;      // [num_blocks]
+  uint32_t* block_parent_gen; // [num_blocks]
+  int32_t* block_tokens;      // [num_blocks][block_size]
+  int32_t* hash_table;        // [hash_mask + 1] open addressing (linear probing): a block, or -1
+  int32_t* match_blocks;      // [max_blocks_per_seq] scratch: the admission's prefix hit
+  int32_t* row_register;      // [max_num_seqs] the row filled blocks the leader must index
 };
 
 static_assert(offsetof(SchedState, launched) == 8, "runtime.py reads `launched` at structs.SCHED_STATE_LAUNCHED");
-
-BLINK_HD inline int64_t token_stride(const SchedConfig& c) { return (int64_t)c.max_model_len + 1; }
-
-// Carve the arrays out of the buffer that starts with the SchedState; returns the bytes needed.
-// With state == nullptr it only measures.
-BLINK_HD inline uint64_t sched_carve(SchedState* s, const SchedConfig& c) {
-  uint64_t off = (sizeof(SchedState) + 255) & ~uint64_t(255);
-  char* base = reinterpret_cast<char*>(s);
-  auto take = [&](uint64_t bytes) -> void* {
-    void* p = base ? base + off : nullptr;
-    off += (bytes + 255) & ~uint64_t(255);
-    return p;
-  };
-  const uint64_t R = c.max_requests, S = c.max_num_seqs, i4 = 4;
-  void* p[22];
-  p[0] = take(R * sizeof(RequestEntry));
-  p[1] = take(R * i4);
-  p[2] = take(R * i4);
-  p[3] = take(S * i4);
-  p[4] = take((uint64_t)c.num_blocks * i4);
-  p[5] = take(S * i4);
-  p[6] = take(S * c.max_blocks_per_seq * i4);
-  p[7] = take(R * token_stride(c) * i4);
-  p[8] = take(R * kMaxLogitBias * i4);
-  p[9] = take(R * kMaxLogitBias * i4);
-  for (int k = 10; k < 15; ++k) p[k] = take(S * i4);
-  p[15] = take(kIngestBatch * sizeof(RequestDescriptor));
-  p[16] = take(kIngestBatch * i4);
-  p[17] = take(kIngestBatch * i4);
-  p[18] = take(S * i4);
-  for (int k = 19; k < 22; ++k) p[k] = take(S * i4);
-  if (s) {
-    s->entries = (RequestEntry*)p[0];
-    s->free_entries = (int32_t*)p[1];
-    s->waiting = (int32_t*)p[2];
-    s->running = (int32_t*)p[3];
-    s->free_blocks = (int32_t*)p[4];
-    s->free_slots = (int32_t*)p[5];
-    s->block_tables = (int32_t*)p[6];
-    s->token_store = (int32_t*)p[7];
-    s->bias_ids = (int32_t*)p[8];
-    s->bias_vals = (float*)p[9];
-    s->row_entry = (int32_t*)p[10];
-    s->row_start = (int32_t*)p[11];
-    s->row_len = (int32_t*)p[12];
-    s->row_qstart = (int32_t*)p[13];
-    s->job_entry = (int32_t*)p[14];
-    s->staged = (RequestDescriptor*)p[15];
-    s->staged_entry = (int32_t*)p[16];
-    s->staged_bad = (int32_t*)p[17];
-    s->order = (int32_t*)p[18];
-    s->row_need = (int32_t*)p[19];
-    s->row_record = (int32_t*)p[20];
-    s->row_reason = (int32_t*)p[21];
-  }
-  return off;
-}
-
-// Fresh state: every block, slot and entry free, empty queues. Stacks pop the lowest id first.
-BLINK_HD inline void sched_init(SchedState* s, const SchedConfig& c, uint64_t ingress_head,
-                                uint64_t arena_head, uint64_t egress_tail) {
-  char* raw = reinterpret_cast<char*>(s);
-  for (uint64_t i = 0; i < sizeof(SchedState); ++i) raw[i] = 0;
-  sched_carve(s, c);
-  s->ingress_head = ingress_head;
-  s->arena_head = arena_head;
-  s->egress_tail = egress_tail;
-  for (int i = 0; i < c.num_blocks; ++i) s->free_blocks[i] = c.num_blocks - 1 - i;
-  s->free_block_top = c.num_blocks;
-  for (int i = 0; i < c.max_num_seqs; ++i) s->free_slots[i] = c.max_num_seqs - 1 - i;
-  s->free_slot_top = c.max_num_seqs;
-  for (int i = 0; i < c.max_requests; ++i) {
-    s->free_entries[i] = c.max_requests - 1 - i;
-    s->entries[i].status = kFree;
-    s->entries[i].slot = -1;
-    s->entries[i].planned_row = -1;
-  }
-  s->free_entry_top = c.max_requests;
-}
 
 }  // namespace blink

@@ -38,11 +38,13 @@ __global__ void init_kernel(SchedState* s, SchedConfig c, uint64_t ingress_head,
 }
 
 // Leader: while a forward runs, fetch what the next step would otherwise read over PCIe on its critical
-// path: the ingress tail and the stop flag (two loads in flight at once: one round trip).
+// path: the ingress tail, the stop flag and the prefix-cache reset word (loads in flight at once: one
+// round trip).
 __device__ void prefetch_host_words(const LoopParams& p) {
   SchedState* s = p.state;
   const uint64_t tail = load_acquire(&p.rings.ingress_header->tail);
   const uint32_t stop = load_volatile(&p.rings.control->stop_flag);
+  s->resets_seen = load_volatile(&p.rings.control->reset_prefix_cache);
   s->ingress_tail_seen = tail;
   s->stop_seen = stop != 0;
   s->ingress_tail_valid = 1;
