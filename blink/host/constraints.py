@@ -26,7 +26,7 @@ class ConstraintLoader:
         if req_id in self._parked:
             raise ValueError(f"request id {req_id} is already in use")
         future = self._compile_pool().submit(params.constraint)
-        self._parked[req_id] = (future, list(prompt_ids), params, time.monotonic())
+        self._parked[req_id] = (future, list(prompt_ids), params, time.perf_counter())
 
     def abort(self, req_id: int) -> TokenEvent | None:
         parked = self._parked.pop(req_id, None)
@@ -38,16 +38,16 @@ class ConstraintLoader:
     def has_parked(self) -> bool:
         return bool(self._parked)
 
-    def ready(self, idle: bool) -> tuple[list[tuple[int, list[int], SamplingParams]], list[TokenEvent]]:
-        """The requests whose tables arrived and are loaded (to queue), and the ERROR events of refused
-        ones. idle: nothing else to do, so wait a little for a compile."""
+    def ready(self, idle: bool) -> tuple[list[tuple[int, list[int], SamplingParams, float]], list[TokenEvent]]:
+        """The requests whose tables arrived and are loaded (to queue, with their arrival's perf_counter), and
+        the ERROR events of refused ones. idle: nothing else to do, so wait a little for a compile."""
         if not self._parked:
             return [], []
         if idle:
             wait([p[0] for p in self._parked.values()], timeout=PARK_WAIT_S, return_when=FIRST_COMPLETED)
         queued, failed = [], []
         for req_id, (future, prompt_ids, params, since) in list(self._parked.items()):
-            if not future.done() and time.monotonic() - since > COMPILE_TIMEOUT_S:
+            if not future.done() and time.perf_counter() - since > COMPILE_TIMEOUT_S:
                 self._compiles.kill()  # a runaway compile: its request (and any queued behind it) fail
             if not future.done():
                 continue
@@ -58,7 +58,7 @@ class ConstraintLoader:
                 # front end checks and mirrors the arena first, so this is a request it could not judge)
                 failed.append(TokenEvent(req_id, -1, 0, FinishReason.ERROR))
                 continue
-            queued.append((req_id, prompt_ids, params))
+            queued.append((req_id, prompt_ids, params, since))
         return queued, failed
 
     def slot_grammar(self, params: SamplingParams, output_ids: list[int]) -> tuple[int, int] | None:

@@ -55,10 +55,12 @@ class HostEngine(Engine):
             return
         self._queue(req_id, prompt_ids, params)
 
-    def _queue(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
+    def _queue(self, req_id: int, prompt_ids: list[int], params: SamplingParams, arrived_at: float | None = None):
+        """arrived_at: perf_counter at add_request (a constrained request queues after its compile)."""
         self._arrivals += 1
+        arrived_at = time.perf_counter() if arrived_at is None else arrived_at
         self.scheduler.add(Sequence(req_id, list(prompt_ids), params, request_seed(params, req_id, self.args.seed),
-                                    self._arrivals, arrived_at=time.perf_counter()))
+                                    self._arrivals, arrived_at=arrived_at))
         if params.constraint is not None:
             self._constrained[req_id] = params
 
@@ -101,15 +103,15 @@ class HostEngine(Engine):
         # The read-back of the sampled tokens already waits for the step: timing it adds no sync.
         start = time.perf_counter()
         queued, failed = self.constraints.ready(idle=not self._pending and not self.scheduler.has_unfinished())
-        for req_id, prompt_ids, params in queued:
-            self._queue(req_id, prompt_ids, params)
+        for req_id, prompt_ids, params, arrived_at in queued:
+            self._queue(req_id, prompt_ids, params, arrived_at)
         events, self._pending = self._pending + failed, []
         output = self.scheduler.schedule()
         if not output.chunks:
             return events
         for seq in output.admitted:
             if seq.queue_us < 0:  # the first admission ends the request's queue time
-                seq.queue_us = min(int((start - seq.arrived_at) * 1e6), QUEUE_US_MAX)
+                seq.queue_us = min(max(0, int((start - seq.arrived_at) * 1e6)), QUEUE_US_MAX)
                 self._queue_us[seq.req_id] = seq.queue_us
             grammar = self.constraints.slot_grammar(seq.params, seq.output_ids)  # re-admission: walked again
             self.m.sampling_state.set_slot(seq.slot, seq.params, seq.seed, seq.prompt_ids, seq.output_ids, grammar)

@@ -79,7 +79,7 @@ def test_json_schemas_validate(demo):
     for rid, ids in tokens.items():
         assert reasons[rid] == FinishReason.STOP, (rid, text_of(demo, eng, ids))
         jsonschema.validate(strict_json(text_of(demo, eng, ids)), SCHEMAS[rid // 10])
-    assert not eng.grammars.resident  # every partition was given back
+    assert not eng.constraints.arena.resident  # every partition was given back
 
 
 def test_choice_regex_and_json_object(demo):
@@ -130,6 +130,6 @@ def test_refusals_end_the_request_and_the_engine_goes_on():
     fine = SamplingParams(max_tokens=5, temperature=0, constraint=Constraint("regex", "[a-z]{3}"))
     tokens, reasons = run(eng, {1: ([1, 2], too_large), 2: ([1, 2], fine), 3: ([1, 2], SamplingParams(max_tokens=2))})
     assert reasons == {1: FinishReason.ERROR, 2: FinishReason.STOP, 3: FinishReason.LENGTH} and not tokens[1]
-    assert not eng.grammars.resident
+    assert not eng.constraints.arena.resident
     with pytest.raises(ValueError, match="ignore_eos"):
         SamplingParams(ignore_eos=True, constraint=Constraint("json_object"))

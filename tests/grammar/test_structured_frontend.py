@@ -69,7 +69,7 @@ def test_field_spellings_agree():
 
 
 def test_runaway_compile_is_refused_and_the_worker_replaced(monkeypatch):
-    from blink.grammar import worker
+    from blink.text import grammar_worker as worker
     from blink.model.demo import ensure_default_model
     from blink.text.tokenizer import load_tokenizer
 
