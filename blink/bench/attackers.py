@@ -80,6 +80,9 @@ class AttackSpec:
     cpus: tuple[int, ...] | None = None  # None = unpinned
     tokenizer: str | None = None  # tokenize kind: a tokenizer.json (default: a small BPE trained at start)
     buffer_mib: int | None = None  # memory kind: per-process footprint (default: default_buffer_mib)
+    nice: int | None = None  # sched_knobs: applied by each worker to itself
+    policy: str | None = None
+    cgroup: str | None = None  # a directory made by sched_knobs.AttackCgroup
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -111,6 +114,9 @@ class Attackers:
             cmd += ["--buffer-mib", str(spec.buffer_mib or default_buffer_mib(spec.procs))]
         if spec.tokenizer:
             cmd += ["--tokenizer", spec.tokenizer]
+        for flag, value in (("--nice", spec.nice), ("--sched", spec.policy), ("--cgroup", spec.cgroup)):
+            if value is not None:
+                cmd += [flag, str(value)]
         return cmd
 
     def start(self, ready_timeout_s: float = 60.0) -> Attackers:
