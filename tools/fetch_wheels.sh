@@ -2,11 +2,14 @@
 # Download the wheels the GPU image lacks (the server stack; accelerate for `transformers serve`) into .whl/,
 # for `run` with carry [".whl"].
 # Pinned to versions that install against the image's own anyio/httpx/typing-extensions (seen 2026-11-29).
+# openai: transformers 5.17's serving imports ResponseReasoningText{Delta,Done}Event, which openai has from
+# 1.99.0 on (1.97.0 and 1.98.0, its declared floor, lack them: checked 2026-12-01 against both wheels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
+mkdir -p "$(dirname "$exclude")"; grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
 for pkg in fastapi==0.115.12 starlette==0.46.2 pydantic==2.11.7 pydantic-core==2.33.2 typing-inspection==0.4.1 \
-           annotated-types==0.7.0 uvicorn==0.34.3 openai==1.97.0 jiter==0.10.0 distro==1.9.0 sniffio==1.3.1 \
+           annotated-types==0.7.0 uvicorn==0.34.3 openai==1.99.0 jiter==0.10.0 distro==1.9.0 sniffio==1.3.1 \
            accelerate==1.15.0 psutil==7.1.3 pyyaml==6.0.3; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \

@@ -33,7 +33,6 @@ from blink.bench.sweep_plan import (
     MATRICES,
     ORDERS,
     POINT_COST_S,
-    SATURATION_RATE,
     SERVER_START_S,
     Group,
     Repeat,
@@ -51,7 +50,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--merge-from", default=None, metavar="DIR",
                    help="copy DIR's repeats into --result-dir, regenerate the report, measure nothing")
     p.add_argument("--matrix", choices=sorted(MATRICES), default=None,
-                   help="a named matrix; sets layouts, modes, attack kinds and levels, rates and repeats")
+                   help="a named matrix (sweep_plan.py); sets layouts, modes, attack kinds and levels, rates, "
+                        "repeats (unless --repeats) and the workload flags")
     p.add_argument("--modes", default="device,host", help="blink engine modes to start, comma separated")
     p.add_argument("--extra-base-url", action="append", default=[], metavar="NAME=URL",
                    help="also measure a server already running at URL, reported as mode NAME")
@@ -61,8 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "split if --engine-cpus is given, else shared)")
     p.add_argument("--request-rates", default="1,2,4,8", help="req/s, comma separated")
     p.add_argument("--light-rate", type=float, default=LIGHT_RATE, help="--matrix: the light rate")
-    p.add_argument("--saturation-rate", type=float, default=SATURATION_RATE,
-                   help="--matrix: the rate near saturation (an estimate; check it with an isolated sweep)")
+    p.add_argument("--saturation-rate", type=float, default=None,
+                   help="--matrix: the rate near saturation (default: the matrix's estimate, sweep_plan.py)")
     p.add_argument("--attack-kinds", default="spin", help="comma separated: spin, memory, compile, tokenize")
     p.add_argument("--attack-levels", default="0,1,2",
                    help="attack processes per attacked core, comma separated; 0 = isolated")
@@ -130,6 +130,8 @@ def apply_matrix(args: argparse.Namespace) -> None:
     m = MATRICES[args.matrix]
     args.layouts, args.modes, args.attack_kinds = m["layouts"], m["modes"], m["attack_kinds"]
     args.attack_levels = m["attack_levels"]
+    for key, value in m["workload"].items():
+        setattr(args, key, value)
     if args.repeats is None:
         args.repeats = m["repeats"]
     args.request_rates = ",".join(f"{r:g}" for r in matrix_rates(args.matrix, args.light_rate,
@@ -184,6 +186,9 @@ def run_sweeps(args: argparse.Namespace, console: Console) -> int:
     console.print(f"plan: {n_points} points to measure ({len(specs)} a repeat), {n_starts} server "
                   f"starts: about {estimate / 60:.1f} min at {args.point_cost_s:g} s a point and "
                   f"{args.server_start_s:g} s a start")
+    if args.matrix:
+        workload = ", ".join(f"{k}={v}" for k, v in MATRICES[args.matrix]["workload"].items())
+        console.print(f"matrix {args.matrix}: rates {args.request_rates} req/s; workload {workload}")
     cgroup_where, cgroup_how = cgroup_support()
     console.print(f"cgroup cpu weight: {cgroup_how if cgroup_where else 'not available: ' + cgroup_how}")
     if args.dry_run:

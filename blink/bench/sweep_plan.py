@@ -19,15 +19,29 @@ ORDERS = ("shuffle", "round-robin")
 POINT_COST_S = 25.0
 SERVER_START_S = 60.0
 
-# Priority 1 of issue 19: split and exposed layouts, isolated plus spin and compile attackers at two
-# processes per attacked core, three rates (light, 24 req/s, near saturation), both modes, 3 repeats.
-# "near saturation" is a flag (--saturation-rate); its default is an estimate to be checked on the GPU.
+# Issue 19's matrices, in the order to fill them. Each fixes the sweep flags and the workload.
+# priority1: split and exposed layouts, isolated plus spin and compile attackers at two processes per
+#   attacked core, three rates, both modes, 3 repeats. Workload: the issue's (random 512-token prompts,
+#   128 output tokens, ignore EOS), so the points line up with the single points of 2026-12-01 and
+#   docs/results.md; there 32 req/s is the knee (isolated P99 TTFT 505 ms device, 1,880 ms host), hence
+#   "near saturation" = 32 by default.
+# priority2: the ShareGPT-like workload (workload.py: log-normal lengths with ShareGPT's means, 161 in /
+#   338 out, clipped to vLLM's filter), all three layouts, all four attackers. Its rates are estimates from
+#   the offline ceiling (~7,100 output tok/s at batch 64, docs/perf.md) over ~320 output tokens a request:
+#   saturation near 20 req/s; check with the isolated points before trusting the top rate.
 MATRICES = {
     "priority1": {"layouts": "split,exposed", "modes": "device,host", "attack_kinds": "spin,compile",
-                  "attack_levels": "0,2", "rates": ("light", 24.0, "saturation"), "repeats": 3},
+                  "attack_levels": "0,2", "rates": ("light", 24.0, "saturation"), "saturation": 32.0,
+                  "repeats": 3, "workload": {"dataset_name": "random", "random_input_len": 512,
+                                             "random_output_len": 128, "random_range_ratio": 0.0,
+                                             "ignore_eos": True}},
+    "priority2": {"layouts": "split,exposed,shared", "modes": "device,host",
+                  "attack_kinds": "spin,memory,compile,tokenize", "attack_levels": "0,2",
+                  "rates": ("light", 8.0, 14.0, "saturation"), "saturation": 20.0, "repeats": 3,
+                  "workload": {"dataset_name": "sharegpt", "dataset_path": None, "sharegpt_output_len": None,
+                               "ignore_eos": True}},
 }
 LIGHT_RATE = 2.0
-SATURATION_RATE = 48.0
 
 
 @dataclass(frozen=True)
@@ -109,7 +123,9 @@ def estimate_seconds(repeats: list[Repeat], point_cost_s: float = POINT_COST_S,
     return n_points * point_cost_s + n_starts * server_start_s
 
 
-def matrix_rates(name: str, light_rate: float = LIGHT_RATE, saturation_rate: float = SATURATION_RATE
+def matrix_rates(name: str, light_rate: float = LIGHT_RATE, saturation_rate: float | None = None
                  ) -> list[float]:
-    named = {"light": light_rate, "saturation": saturation_rate}
-    return [float(named.get(r, r)) for r in MATRICES[name]["rates"]]
+    """The matrix's rates, "light" and "saturation" resolved (saturation: the matrix's own unless given)."""
+    m = MATRICES[name]
+    named = {"light": light_rate, "saturation": m["saturation"] if saturation_rate is None else saturation_rate}
+    return [float(named.get(r, r)) for r in m["rates"]]

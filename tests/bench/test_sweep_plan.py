@@ -46,6 +46,7 @@ def test_priority1_matrix_size_and_estimate():
     m = MATRICES["priority1"]
     rates = matrix_rates("priority1", light_rate=2.0, saturation_rate=40.0)
     assert rates == [2.0, 24.0, 40.0]
+    assert matrix_rates("priority1") == [2.0, 24.0, 32.0]
     one = points(m["layouts"].split(","), m["modes"].split(","), m["attack_kinds"].split(","),
                  [float(x) for x in m["attack_levels"].split(",")], rates)
     repeats = plan(one, m["repeats"])
