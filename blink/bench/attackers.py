@@ -188,15 +188,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, required=True, help="seconds")
     p.add_argument("--tokenizer", default=None, help="tokenize kind: a tokenizer.json or a dir holding one")
     p.add_argument("--buffer-mib", type=int, default=None, help="memory kind: MiB per process")
+    p.add_argument("--nice", type=int, default=None, help="niceness added to each attack process")
+    p.add_argument("--sched", choices=("batch", "idle"), default=None, help="their scheduling policy")
 
 
 def print_reports(reports: list[dict]) -> None:
     table = Table(title="Attack processes")
-    for column in ("pid", "kind", "cpu", "seconds", "iterations", "returncode"):
+    for column in ("pid", "kind", "cpu", "nice", "policy", "seconds", "iterations", "returncode"):
         table.add_column(column)
     for r in reports:
         seconds = f"{r['seconds']:.2f}" if "seconds" in r else "-"
-        table.add_row(str(r["pid"]), str(r.get("kind", "-")), str(r.get("cpu")), seconds,
+        table.add_row(str(r["pid"]), str(r.get("kind", "-")), str(r.get("cpu")), str(r.get("nice", "-")),
+                      str(r.get("policy", "-")), seconds,
                       str(r.get("iterations", r.get("error", "-"))), str(r["returncode"]))
     Console().print(table)
 
@@ -209,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     cpus = optional_cpu_list(args.cpus)
     spec = AttackSpec(kind=args.kind, procs=args.procs, duration_s=args.duration,
                       cpus=tuple(cpus) if cpus else None, tokenizer=args.tokenizer,
-                      buffer_mib=args.buffer_mib)
+                      buffer_mib=args.buffer_mib, nice=args.nice, policy=args.sched)
     attackers = Attackers(spec)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -91,3 +91,16 @@ def test_time_budget_stops_and_resume_finishes_the_plan(fake_server, tmp_path, m
     assert interference.run(lab_args(tmp_path, fake_server.base_url, *common, "--resume")) == 0
     points = load_points(str(tmp_path))
     assert sorted((p["request_rate"], p["repeat"]) for p in points) == [(5, 0), (5, 1), (10, 0), (10, 1)]
+
+
+def test_attacker_knobs_are_applied_recorded_and_keep_points_apart(fake_server, tmp_path):
+    common = ("--request-rates", "5", "--attack-levels", "1")
+    assert interference.run(lab_args(tmp_path, fake_server.base_url, *common)) == 0
+    assert interference.run(lab_args(tmp_path, fake_server.base_url, *common, "--attacker-nice", "5",
+                                     "--attacker-sched", "batch")) == 0
+    plain, niced = load_points(str(tmp_path))
+    assert (plain["variant"], niced["variant"]) == ("", "nice5-batch")
+    assert niced["attacker_knobs"]["nice"] == 5 and niced["attacker_knobs"]["policy"] == "batch"
+    assert {a["policy"] for a in niced["attackers"]} == {"batch"}
+    assert {a["nice"] for a in niced["attackers"]} == {os.getpriority(os.PRIO_PROCESS, 0) + 5}
+    assert "spin x1 [nice5-batch]" in (tmp_path / "results.md").read_text()
