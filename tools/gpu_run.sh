@@ -145,8 +145,9 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
         --drain-seconds "${INTF_DRAIN_SECONDS:-8}" --server-start-s "${INTF_START_S:-90}" \
         --time-budget-s "${INTF_BUDGET:-500}" --resume --disable-tqdm --result-dir "$dir" ${INTF_ARGS:-} 2>&1 \
         | grep --line-buffered -v "it/s" | tee "$OUT/intf_${m}.log"
-      (cd "$dir" && find points runs logs -newer /tmp/intf-stamp -type f > /tmp/intf-new \
-        && tar czf "$OUT/intf_${m}_$(date +%H%M%S).tgz" -T /tmp/intf-new results.md summary.json ./*.png)
+      (cd "$dir" && { find points runs logs -newer /tmp/intf-stamp -type f 2> /dev/null
+                      ls results.md summary.json ./*.png 2> /dev/null; } > /tmp/intf-new
+       tar czf "$OUT/intf_${m}_$(date +%H%M%S).tgz" -T /tmp/intf-new)
       ls -la "$OUT";;
     allreduce)  # 2+ GPUs: NCCL vs the one-shot peer-to-peer all-reduce, bf16, decode to prefill sizes
       timeout 300 python3 -m blink bench allreduce --result-json "$OUT/allreduce.json" 2>&1 | tee "$OUT/allreduce.log";;

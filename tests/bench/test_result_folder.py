@@ -85,3 +85,19 @@ def test_a_flat_point_of_the_old_layout_is_read_as_one_repeat(tmp_path):
     assert (p["run_id"], p["repeat"], p["variant"]) == ("legacy", 0, "")
     [row] = summarize([p])
     assert row["pooled_p99_ttft_ms"]["value"] is None and row["p99_ttft_ms"]["median"] == 50.0
+
+
+def test_mode_ratios_set_host_over_device_beside_the_paper(tmp_path):
+    for repeat in range(2):
+        device = fake_point("run1", repeat, ttft_ms=50.0, throughput=200.0)
+        host = fake_point("run1", repeat, ttft_ms=200.0, throughput=100.0)
+        host["mode"], host["energy_per_output_token_mj"] = "host", 4.0
+        save_repeat(str(tmp_path), device)
+        save_repeat(str(tmp_path), host)
+    write_report(str(tmp_path))
+    text = (tmp_path / "results.md").read_text()
+    assert "| Blink paper | headline | - | 8.47 | 3.40 | 2.10 | -0.486 |" in text
+    # P99 TTFT 200/50, TPOT equal, throughput 200/100, energy 2/4 - 1
+    assert "| split | isolated | 8 | 4.00 [4.00, 4.00] | 1.00 [1.00, 1.00] | 2.00 [2.00, 2.00] | " \
+           "-0.500 [-0.500, -0.500] |" in text
+    assert "_repeats" not in (tmp_path / "summary.json").read_text()
