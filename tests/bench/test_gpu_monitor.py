@@ -3,6 +3,8 @@ import sys
 import time
 import types
 
+import pytest
+
 from blink.bench.gpu_monitor import GpuMonitor
 
 
@@ -39,3 +41,16 @@ def test_without_nvml_everything_is_none(monkeypatch):
     gpu.start()
     assert gpu.stop().energy_mj is None
     assert gpu.idle_power(0.01)["mean_w"] is None
+
+
+@pytest.mark.gpu
+def test_real_nvml_reads_power_and_energy():
+    gpu = GpuMonitor()
+    assert gpu.available, "pynvml (nvidia-ml-py) did not initialise on a GPU machine"
+    idle = gpu.idle_power(1.0)
+    assert 10.0 < idle["mean_w"] < 1500.0 and idle["energy_mean_w"] > 0
+    gpu.start()
+    time.sleep(1.0)
+    reading = gpu.stop()
+    assert reading.energy_mj > 0 and reading.mean_power_w > 0 and reading.samples > 0
+    gpu.close()
