@@ -20,6 +20,16 @@ FAMILIES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),  # HF's default is 128
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {"pad_token_id": None}),
+    # 8 experts of width 32, 2 per token; layer 1 of 3 keeps its dense MLP (mlp_only_layers).
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  {"head_dim": 16, "num_hidden_layers": 3, "num_experts": 8, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 32, "norm_topk_prob": True, "mlp_only_layers": [1]}),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  {"num_hidden_layers": 3, "num_experts": 6, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                   "shared_expert_intermediate_size": 48, "mlp_only_layers": [1]}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM",
+                {"num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32, "sliding_window": None}),
 }
 TINY_SHAPES = {
     "hidden_size": 64,
@@ -34,7 +44,7 @@ TINY_SHAPES = {
 
 def make_tiny_model(tmp_path: str | Path, family: str, *, seed: int = 0, max_shard_size: str | None = None,
                     **config_overrides) -> Path:
-    """Build, randomize and save a tiny `family` model (llama, qwen2, qwen3, mistral); returns its dir."""
+    """Build, randomize and save a tiny `family` model (a key of FAMILIES); returns its dir."""
     config_class, model_class, family_defaults = FAMILIES[family]
     out_dir = Path(tmp_path) / f"tiny-{family}-{seed}"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on the lent GPU machine (device tool): bash tools/gpu_run.sh STAGE...
 # Needs .whl/ (bash tools/fetch_wheels.sh here, then carry [".whl"]) for the server stages.
-# Stages: env | tests | step | offline | device | barrier (2 GPUs) | ... (see the case below). Logs go to $OUT (or /tmp/out).
+# Stages: env | tests | step | offline | device | barrier (2 GPUs) | replicas (2 GPUs) | ... (see the case below). Logs go to $OUT (or /tmp/out).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -149,6 +149,56 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
                       ls results.md summary.json ./*.png 2> /dev/null; } > /tmp/intf-new
        tar czf "$OUT/intf_${m}_$(date +%H%M%S).tgz" -T /tmp/intf-new)
       ls -la "$OUT";;
+    replicas)  # 2 GPUs (nvidia-h200-x2): two device-mode replicas behind vllm-router vs one replica, then a drain
+      # under load (REPLICA_MODEL, REPLICA_PROMPTS, REPLICA_ARGS, REPLICA_LOAD; docs/deploy.md). Needs .whl with
+      # vllm-router (fetch_wheels.sh).
+      model=${REPLICA_MODEL:-llama3-8b}; n=${REPLICA_PROMPTS:-400}
+      bench() {  # URL TAG: all prompts at once, 512 in / 128 out
+        timeout 300 python3 -m blink bench serve --base-url "$1" --num-prompts "$n" --request-rate inf \
+          ${REPLICA_LOAD:---random-input-len 512 --random-output-len 128} --ignore-eos --disable-tqdm \
+          --result-json "$OUT/replicas_$2.json" \
+          | grep -E "Successful|Failed|Output token|TTFT|TPOT" | tee "$OUT/replicas_$2.txt"
+      }
+      for gpu in 0 1; do
+        CUDA_VISIBLE_DEVICES=$gpu python3 -m blink serve --model "$model" ${REPLICA_ARGS:---engine device --max-model-len 1024} \
+          --port 802$gpu --shutdown-timeout 120 > "$OUT/replica$gpu.log" 2>&1 &
+        eval "srv$gpu=$!"
+      done
+      wait_healthy 8020 && wait_healthy 8021 || { tail -5 "$OUT"/replica*.log; }
+      python3 -m vllm_router.launch_router --worker-urls http://127.0.0.1:8020 http://127.0.0.1:8021 \
+        --policy ${REPLICA_POLICY:-round_robin} --port 8030 --prometheus-port 8031 --worker-startup-check-interval 1 \
+        --health-check-interval-secs 1 --health-failure-threshold 1 --log-level warning > "$OUT/router.log" 2>&1 & rtr=$!
+      wait_healthy 8030 60
+      bench http://127.0.0.1:8020 one_replica
+      bench http://127.0.0.1:8030 two_replicas
+      curl -s localhost:8030/get_loads | tee "$OUT/replicas_loads.json"; echo
+      bench http://127.0.0.1:8030 drain & load=$!  # replica 0 gets SIGTERM 5 s into this run
+      sleep 5; kill -TERM $srv0; t0=$(date +%s)
+      wait $srv0; echo "replica 0 exit $? after $(( $(date +%s) - t0 )) s"; grep -E "drain" "$OUT/replica0.log"
+      wait $load
+      kill -TERM $rtr; wait $rtr; stop_server $srv1;;
+    moe-tests)  # issue 20: Phi-4 / Qwen3-30B-A3B real shapes vs HF, MoE kernels, device == host on a tiny MoE
+      python3 -m pytest -q -s -m "gpu or not gpu" --timeout 900 tests/model/test_moe_phi_gpu.py tests/kernels/test_moe.py \
+        tests/kernels/test_moe_compile_sm90.py 2>&1 | tee "$OUT/moe_tests.log" | tail -30;;
+    moe-kernels) python3 -m bench.kernels.moe_block 2>&1 | tee "$OUT/moe_kernels.log";;
+    moe-step) python3 -m blink.bench.step step --presets qwen3-30b-a3b,phi-4 --batches 1,8,32,128 \
+        --result-json "$OUT/moe_step.json" 2>&1 | tee "$OUT/moe_step.log";;
+    moe-serve)  # one serving point per mode for qwen3-30b-a3b (all requests at once)
+      for engine in device host; do
+        python3 -m blink serve --model qwen3-30b-a3b --engine $engine --max-model-len 1024 --port 8015 \
+          > "/tmp/moe_serve_$engine.log" 2>&1 & srv=$!
+        wait_healthy 8015 600
+        timeout 300 python3 -m blink bench serve --base-url http://127.0.0.1:8015 --num-prompts 200 --request-rate inf \
+          --random-input-len 512 --random-output-len 128 --ignore-eos --disable-tqdm \
+          --result-json "$OUT/moe_serve_$engine.json" | grep -E "Successful|Failed|Output token|TTFT|TPOT"
+        stop_server $srv
+      done;;
+    moe-interference)  # one interference point (8 req/s, isolated and spin x2) for qwen3-30b-a3b, both modes
+      python3 -m blink bench interference --model qwen3-30b-a3b --modes device,host --frontend-cpus 0-1 \
+        --engine-cpus 2-7 --max-model-len 1024 --request-rates 8 --attack-levels 0,2 --attack-kinds spin \
+        --point-seconds 20 --ignore-eos --random-input-len 512 --random-output-len 128 \
+        --result-dir /tmp/moe-interference
+      tar czf "$OUT/moe_interference.tgz" -C /tmp moe-interference;;
     allreduce)  # 2+ GPUs: NCCL vs the one-shot peer-to-peer all-reduce, bf16, decode to prefill sizes
       timeout 300 python3 -m blink bench allreduce --result-json "$OUT/allreduce.json" 2>&1 | tee "$OUT/allreduce.log";;
     *) echo "unknown stage $stage";;

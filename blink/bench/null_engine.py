@@ -60,6 +60,8 @@ def serve(segment, args, should_stop) -> None:
             ctl.steps += 1
         ctl.running = len(live)
         ctl.heartbeat += 1
+        if not events and not live and ctl.ingress_closed and not ingress.descriptors.used():
+            break  # drained, as ring_loop: ingress closed (the flag read before the tail) and all served
     ctl.exited = 1
 
 

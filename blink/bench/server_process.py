@@ -37,8 +37,9 @@ class ServeSpec:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
+        # A benchmark's point is over when the server stops: no drain beyond a few seconds.
         cmd = [sys.executable, "-m", "blink", "serve", "--engine", self.engine,
-               "--host", self.host, "--port", str(self.port)]
+               "--host", self.host, "--port", str(self.port), "--shutdown-timeout", "5"]
         options = {"--model": self.model, "--tokenizer": self.tokenizer, "--dtype": self.dtype,
                    "--max-model-len": self.max_model_len, "--max-num-seqs": self.max_num_seqs,
                    "--max-num-batched-tokens": self.max_num_batched_tokens,

@@ -1,5 +1,6 @@
 """`blink bench step`: one decode step (forward + sampling) replayed from its CUDA graph, per preset and
-batch size, with a fixed context per sequence, against the roofline floor (blink/bench/roofline.py)."""
+batch size, with a fixed context per sequence, against the roofline floor (blink/bench/roofline.py).
+For a mixture of experts (qwen3-30b-a3b) the floor reads the experts the batch is expected to touch."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,8 @@ from blink.config import EngineArgs
 
 def add_parser(sub) -> None:
     p = sub.add_parser("step", help="decode step time from CUDA graphs vs the roofline floor (GPU)")
-    p.add_argument("--presets", default="llama3-8b,llama3.2-1b,qwen3-8b", help="comma-separated presets")
+    p.add_argument("--presets", default="llama3-8b,llama3.2-1b,qwen3-8b",
+                   help="comma-separated presets (also phi-4, qwen3-30b-a3b, qwen3-32b)")
     p.add_argument("--batches", default="1,8,32,128")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--iters", type=int, default=50)
@@ -30,8 +32,10 @@ def decode_plan(scheduler_cls, batches: int, context: int, block_size: int):
 
     chunks, blocks_per = [], -(-(context + 1) // block_size)
     for i in range(batches):
+        # A distinct last token per sequence: a mixture of experts then routes the batch to many experts
+        # (identical tokens over an unwritten KV cache would all pick the same few).
         seq = Sequence(i, [1 + (i * 7 + j) % 1000 for j in range(context)], SamplingParams(temperature=0),
-                       seed=i, arrival=i, output_ids=[5], num_computed=context, slot=i,
+                       seed=i, arrival=i, output_ids=[1 + (i * 7919) % 1000], num_computed=context, slot=i,
                        status=SeqStatus.RUNNING)
         seq.block_ids = list(range(i * blocks_per, (i + 1) * blocks_per))
         chunks.append(ScheduledChunk(seq, context, 1))
@@ -69,7 +73,7 @@ def time_step(preset: str, batches: list[int], context: int, iters: int, layers:
         floor = shape.decode_floor_s(b, context) * 1e3
         rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "batch": b, "bucket": bucket[0],
                      "context": context, "ms": round(ms, 4), "floor_ms": round(floor, 4),
-                     "ratio": round(ms / floor, 3)})
+                     "ratio": round(ms / floor, 3), "experts_read_per_layer": round(shape.touched_experts(b), 1)})
         print(f"{preset:12s} layers={m.cfg.num_hidden_layers:3d} batch={b:4d} (bucket {bucket[0]:4d}) "
               f"ctx={context}: {ms:8.3f} ms  floor {floor:8.3f} ms  ratio {ms / floor:5.2f}", flush=True)
     del runner, m

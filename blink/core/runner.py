@@ -14,7 +14,7 @@ from blink.core.limits import EngineLimits
 from blink.core.outputs import SampledToken, SchedulerOutput
 from blink.core.step_buffers import StepBuffers
 from blink.kernels.sampling import sample
-from blink.transport.layout import MAX_TOP_LOGPROBS
+from blink.request import MAX_TOP_LOGPROBS
 
 
 class ModelRunner:

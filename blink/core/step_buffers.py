@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from blink.model.attention_metadata import AttentionMetadata
-from blink.transport.layout import MAX_TOP_LOGPROBS
+from blink.request import MAX_TOP_LOGPROBS
 
 
 @dataclass

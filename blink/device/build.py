@@ -101,7 +101,6 @@ def _declare(lib: C.CDLL, signatures: dict[str, tuple]) -> C.CDLL:
 
 _P, _I, _U64 = C.c_void_p, C.c_int, C.c_uint64
 _COMMON = {
-    "blink_abi_layout": (None, C.POINTER(C.c_uint64)),
     "blink_sched_state_bytes": (_U64, _P),
 }
 
@@ -116,6 +115,7 @@ def load_host_library() -> C.CDLL:
         "blink_post_to_peers": (None, _P, _U64, C.c_uint32),
         "blink_sched_fail": (None, _P, C.c_int32),
         "blink_sched_check": (_I, _P, _P),
+        "blink_sched_drain_done": (_I, _P),
         "blink_sched_info": (None, _P, C.POINTER(C.c_int64)),
         "blink_sched_plan": (None, _P, C.POINTER(C.c_int64)),
     })

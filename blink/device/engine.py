@@ -184,11 +184,17 @@ def check_followers(tp) -> None:
         raise RuntimeError(f"{dead}; the other GPUs are stuck in a collective, so the engine has to restart")
 
 
+def drained(ctl) -> bool:
+    """The loop exited because the drain was over (ingress closed, all served), not on a fatal error."""
+    code = int(ctl.error_code)
+    return bool(ctl.ingress_closed) and code != structs.ERR_STEP_TIMEOUT and code < structs.ERR_TAIL_LAUNCH_BASE
+
+
 def serve_device(segment: Segment | str, args: EngineArgs, loaded: LoadedModel | None = None, tp=None,
                  should_stop: Callable[[], bool] = lambda: False) -> None:
     """The engine process in serve mode: provision, hand the rings to the GPU, sleep until stop_flag (or
-    should_stop()), then stop the loop and free. `segment` is the front end's (attached or by name); `tp` as
-    for DeviceEngine (stopped or killed here)."""
+    should_stop(), or the GPU loop's own exit at the end of a drain), then stop the loop and free.
+    `segment` is the front end's (attached or by name); `tp` as for DeviceEngine (stopped or killed here)."""
     own = isinstance(segment, str)
     seg = Segment.attach(segment) if own else segment
     loop = None
@@ -200,6 +206,8 @@ def serve_device(segment: Segment | str, args: EngineArgs, loaded: LoadedModel |
         ctl = seg.control
         while not ctl.stop_flag and not should_stop():
             if ctl.exited:
+                if drained(ctl):
+                    break  # the GPU finished what the front end sent after it closed ingress
                 raise RuntimeError(f"the device loop stopped on its own: {loop.error()}")
             check_followers(tp)
             time.sleep(STOP_POLL_S)

@@ -201,7 +201,8 @@ class DeviceLoop:
         return self._read_launched()
 
     def _read_launched(self) -> int:
-        return int(self.state[8:16].cpu().view(torch.int64).item())
+        at = structs.SCHED_STATE_LAUNCHED
+        return int(self.state[at:at + 8].cpu().view(torch.int64).item())
 
     def _trace_rows(self, count: int) -> np.ndarray:
         """The rows of launches 0..count-1 still in the trace ring, oldest first."""

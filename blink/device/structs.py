@@ -1,16 +1,25 @@
 """ctypes mirrors of the scheduler's config and pointer structs (blink/device/csrc/sched_types.h).
 
-tests/device/test_structs.py compares every size and offset with what the C++ build reports.
+tests/device/test_structs.py compiles a program against the header (g++, and nvcc when present) and checks
+every field's name, offset, size and kind, every sizeof and every shared constant against this file. A
+pointer field's pointee is declared in its struct's `_pointees_` (None: opaque to Python) and checked too;
+the step buffers' and sampling state's pointee dtypes come from their one definition, StepBuffers.layout()
+and SamplingState.layout(). No struct has implicit padding, so no C++-only field can hide.
 """
 from __future__ import annotations
 
 import ctypes as C
 
 import numpy as np
+import torch
+
+from blink.core.step_buffers import StepBuffers
+from blink.kernels.sampling_state import SamplingState
+from blink.transport.layout import ControlBlock, RequestDescriptor, RingHeader, TokenRecord
 
 MAX_BUCKETS = 32
 MAX_EOS = 8
-MAX_PEERS = 7  # tensor-parallel ranks besides rank 0 (csrc/sched_types.h kMaxPeers)
+MAX_PEERS = 7  # tensor-parallel ranks besides rank 0
 PEER_STOP = 0xFFFFFFFF  # the mailbox command that ends a follower's loop
 # per launch (csrc/sched_types.h kTraceWords): %globaltimer ns of the launch call, completion seen, then
 # tokens << 32 | rows, then the phase stamps: finish done, ingest done, plan done, inputs written, launch returned
@@ -25,6 +34,7 @@ def trace_step_sizes(trace: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return (meta >> 32).astype(np.int64), (meta & 0xFFFFFFFF).astype(np.int64)
 
 
+SCHED_STATE_LAUNCHED = 8  # byte offset of SchedState.launched (uint64), read by the runtime after a stop
 LAUNCHES_PER_KERNEL = 119  # fire-and-forget budget is 120 per execution; the 120th is the tail relaunch
 
 # error_code values written by the scheduler (ControlBlock.error_code)
@@ -78,20 +88,22 @@ class SchedConfig(C.Structure):
         super().__init__(**fields)
 
 
-STEP_BUFFER_FIELDS = ("input_ids", "positions", "slot_mapping", "query_start_loc", "seq_lens", "block_tables",
-                      "logits_indices", "sample_slots", "sample_positions", "sampled_ids", "logprobs", "top_ids",
-                      "top_logprobs")
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-                   "repetition_penalty", "seed", "bias_ids", "bias_vals", "output_counts", "prompt_mask", "flags",
-                   "num_logprobs")
+CTYPE_OF = {torch.int64: C.c_int64, torch.int32: C.c_int32, torch.float32: C.c_float, torch.uint8: C.c_uint8}
+# The shapes do not matter here, only the names, their order and the element dtypes.
+STEP_BUFFER_DTYPES = {name: dtype for name, _, dtype in StepBuffers.layout(1, 1, 1)}
+SAMPLING_DTYPES = {name: dtype for name, _, dtype, _ in SamplingState.layout(1, 1)}
+STEP_BUFFER_FIELDS = tuple(STEP_BUFFER_DTYPES)
+SAMPLING_FIELDS = tuple(SAMPLING_DTYPES)
 
 
 class StepBufferPtrs(C.Structure):
     _fields_ = [(name, C.c_void_p) for name in STEP_BUFFER_FIELDS]
+    _pointees_ = {name: CTYPE_OF[dtype] for name, dtype in STEP_BUFFER_DTYPES.items()}
 
 
 class SamplingPtrs(C.Structure):
     _fields_ = [(name, C.c_void_p) for name in SAMPLING_FIELDS]
+    _pointees_ = {name: CTYPE_OF[dtype] for name, dtype in SAMPLING_DTYPES.items()}
 
 
 class RingPtrs(C.Structure):
@@ -107,10 +119,13 @@ class RingPtrs(C.Structure):
         ("arena_capacity", C.c_uint64),
         ("egress_capacity", C.c_uint64),
     ]
+    _pointees_ = {"control": ControlBlock, "ingress_header": RingHeader, "ingress": RequestDescriptor,
+                  "arena_header": RingHeader, "arena": C.c_int32, "egress_header": RingHeader, "egress": TokenRecord}
 
 
 class PeerPtrs(C.Structure):
     _fields_ = [("buffers", StepBufferPtrs * 2), ("mailbox", C.c_void_p)]
+    _pointees_ = {"mailbox": C.c_uint64}
 
 
 class PeerTable(C.Structure):
@@ -128,6 +143,8 @@ class LoopParams(C.Structure):
         ("trace", C.c_void_p),
         ("peers", C.c_void_p),  # PeerTable in device memory, or None
     ]
+    # state: SchedState, sized by blink_sched_state_bytes; graph_execs: cudaGraphExec_t[num_buckets][2]
+    _pointees_ = {"state": None, "graph_execs": None, "trace": C.c_uint64, "peers": PeerTable}
 
 
 class FollowerState(C.Structure):  # csrc/sched_types.h, written by csrc/follower.cuh
@@ -151,17 +168,7 @@ class FollowerParams(C.Structure):  # csrc/sched_types.h
         ("launches_per_kernel", C.c_int32),
         ("step_timeout_ns", C.c_int64),
     ]
-
-
-def abi_layout() -> list[int]:
-    """What blink_abi_layout (csrc/abi.h) reports, computed from these mirrors."""
-    return [
-        C.sizeof(SchedConfig), SchedConfig.bucket_tokens.offset, SchedConfig.eos_ids.offset,
-        SchedConfig.step_timeout_ns.offset, C.sizeof(StepBufferPtrs), C.sizeof(SamplingPtrs), C.sizeof(RingPtrs),
-        C.sizeof(LoopParams), LoopParams.rings.offset, LoopParams.buffers.offset, LoopParams.sampling.offset,
-        LoopParams.trace.offset, LoopParams.peers.offset, C.sizeof(PeerPtrs), C.sizeof(PeerTable),
-        C.sizeof(FollowerParams), FollowerParams.step_timeout_ns.offset, C.sizeof(FollowerState),
-    ]
+    _pointees_ = {"mailbox": C.c_uint64, "state": FollowerState, "graph_execs": None}
 
 
 def ring_pointers(address: int, layout) -> RingPtrs:

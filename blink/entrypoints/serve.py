@@ -1,5 +1,9 @@
 """`blink serve`: the parent process. Creates the segment, starts the engine and the front end, waits for
-readiness, and on SIGINT/SIGTERM (to it or its process group) tears everything down within 20 s.
+readiness, and on SIGINT/SIGTERM (to it or its process group) drains, then tears everything down.
+
+Drain (drain.py): drain_flag makes the front end answer /health and new requests with 503; what it
+accepted is served, and the engine exits on its own once it is. At --shutdown-timeout (or on a second
+signal) stop_flag cuts what is left; then the front end goes, within 20 s more at most.
 
 Children run in process groups of their own, so a signal to our group reaches only us and the shutdown
 order stays ours; they also die with us if we are SIGKILLed (processes.py sets PR_SET_PDEATHSIG).
@@ -16,6 +20,7 @@ import time
 
 from blink.config import EngineArgs
 from blink.entrypoints.children import Child, http_ok
+from blink.entrypoints.drain import StopRequest, drain
 from blink.frontend.app import DEFAULT_MAX_BODY_BYTES
 from blink.transport.layout import SegmentLayout
 from blink.transport.shm import Segment
@@ -26,7 +31,6 @@ MIN_ARENA_TOKENS = 1 << 21  # 8 MiB: many long prompts in flight at once
 EGRESS_CAPACITY = 1 << 15
 STOP_WAIT_S = 8.0  # after stop_flag / SIGTERM, before escalating
 TERM_WAIT_S = 4.0  # after the escalation SIGTERM, before SIGKILL
-POLL_S = 0.05
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +43,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-cpus", default=None, help="CPU list for the engine process, e.g. 2-7")
     parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
     parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for readiness")
+    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="on SIGTERM/SIGINT, seconds in-flight requests get to finish (a second signal "
+                             "cuts them at once)")
     parser.add_argument("--engine-module", default="blink.entrypoints.engine_process", help=argparse.SUPPRESS)
 
 
@@ -62,31 +69,16 @@ def serve_main(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, stop.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     children: list[Child] = []
     try:
-        return _run(args, engine_args, segment, children, stop)
+        code = _run(args, engine_args, segment, children, stop)
+        if code == 0 and stop.live:
+            drain(segment, _role(children, "engine"), _role(children, "front end"), args.shutdown_timeout, stop)
+        return code
     finally:
         _shutdown(segment, children)
         segment.close()
         segment.unlink()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-class StopRequest:
-    """Set by the signal handler. A plain flag on purpose: threading.Event.set() inside a handler can
-    deadlock when the signal lands while the main thread holds the Event's own lock (in Event.wait)."""
-
-    def __init__(self):
-        self.requested = False
-
-    def handler(self, *_) -> None:
-        self.requested = True
-
-    def wait(self, seconds: float) -> bool:
-        """Sleep up to `seconds` in short naps; True once a stop was requested."""
-        deadline = time.monotonic() + seconds
-        while not self.requested and time.monotonic() < deadline:
-            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
-        return self.requested
 
 
 def _resolve_model(engine_args: EngineArgs) -> EngineArgs:
@@ -111,6 +103,7 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
                     "--max-request-body-bytes", str(args.max_request_body_bytes)]
     if engine_args.tokenizer:
         frontend_cmd += ["--tokenizer", engine_args.tokenizer]
+    frontend_cmd += ["--tensor-parallel-size", str(engine_args.tensor_parallel_size)]
     env = {**os.environ, "BLINK_API_KEY": args.api_key} if args.api_key else None  # not on the command line
     frontend = Child("front end", frontend_cmd, args.frontend_cpus, env)
     children.append(frontend)
@@ -130,6 +123,7 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
     for child in children:
         child.go_live()
     print(f"blink serve: ready on http://{_url_host(args.host)}:{args.port}", flush=True)
+    stop.live = True
     while not stop.wait(0.2):
         for child in children:
             if child.exit_code() is not None:
@@ -137,6 +131,10 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
                       "shutting down", file=sys.stderr, flush=True)
                 return 1
     return 0
+
+
+def _role(children: list[Child], role: str) -> Child | None:
+    return next((c for c in children if c.role == role), None)
 
 
 def _url_host(host: str) -> str:

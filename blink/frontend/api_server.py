@@ -28,6 +28,7 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--heartbeat-timeout", type=float, default=10.0,
                         help="seconds without an engine heartbeat before /health fails")
 
@@ -41,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizer=args.tokenizer, api_key=args.api_key,
         engine_pid=args.engine_pid, max_body_bytes=args.max_request_body_bytes,
         heartbeat_timeout_s=args.heartbeat_timeout,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     try:
         app = build_app(config)

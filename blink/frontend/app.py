@@ -20,6 +20,7 @@ from blink.frontend.protocol import (
     TokenizeRequest,
 )
 from blink.frontend.serving import FrontendState, now
+from blink.frontend.worker_routes import install_worker_routes
 from blink.text.tokenizer import load_tokenizer
 
 DEFAULT_MAX_BODY_BYTES = 32 << 20
@@ -35,6 +36,7 @@ class AppConfig:
     engine_pid: int | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     heartbeat_timeout_s: float = 10.0
+    tensor_parallel_size: int = 1
 
 
 def build_app(config: AppConfig) -> FastAPI:
@@ -94,8 +96,12 @@ def build_app(config: AppConfig) -> FastAPI:
         s.check_token_ids(body.tokens, "tokens")
         return {"prompt": s.tokenizer.decode(body.tokens)}
 
+    install_worker_routes(app, state, config)
+
     @app.get("/health")
     async def health():
+        if state().client.draining:  # routers route away at once; accepted requests still finish
+            return error_response(503, "server shutting down")
         if state().client.engine_alive():
             return Response(status_code=200)
         return error_response(503, "the engine loop is not running")

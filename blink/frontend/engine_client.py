@@ -22,11 +22,18 @@ POLL_TIMEOUT_S = 0.05
 FIRST_IDLE_SLEEP_S = 50e-6  # the idle reader's backoff starts here and doubles up to POLL_TIMEOUT_S
 ACTIVE_POLL_S = 100e-6  # while requests are in flight: the rings' idle backoff (up to 1 ms) would add to ITL
 RETRY_S = 0.001  # how often a full ingress ring is retried
+DRAIN_POLL_S = 0.02  # how often the loop looks for the parent's drain_flag (/health reads it directly)
+DRAIN_SETTLE_S = 0.1  # after drain_flag: handlers admitted just before it still submit (a stream does so
+# only after its response started)
 REQ_ID_BITS = 63
 
 
 class EngineUnavailable(Exception):
     """The engine loop is not (or no longer) running."""
+
+
+class ServerDraining(EngineUnavailable):
+    """The server is shutting down: it finishes what it accepted and takes nothing new."""
 
 
 @dataclass(frozen=True)
@@ -59,15 +66,21 @@ class EngineClient:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: threading.Thread | None = None
         self._writer: asyncio.Task | None = None
+        self._drain_watch: asyncio.Task | None = None
+        self.ingress_closed = False  # by us, in a drain: nothing more will be submitted
+        self.cut_by_shutdown = False  # the engine stopped at the drain timeout: failures read "shutting down"
 
     # lifecycle (called on the loop)
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._reader = threading.Thread(target=self._read_egress, name="blink-egress", daemon=True)
         self._reader.start()
+        self._drain_watch = self._loop.create_task(self._close_ingress_on_drain())
 
     def close(self) -> None:
         self._stopping.set()
+        if self._drain_watch is not None:
+            self._drain_watch.cancel()
         if self._reader is not None:
             self._reader.join(timeout=2)
         if self._writer is not None:
@@ -98,9 +111,29 @@ class EngineClient:
             return True
         return now - seen_at < self.heartbeat_timeout_s
 
+    # drain
+    @property
+    def draining(self) -> bool:
+        ctl = self.control
+        return ctl is not None and bool(ctl.drain_flag)
+
+    async def _close_ingress_on_drain(self) -> None:
+        """Once the parent raises drain_flag (new HTTP requests are refused from then on: serving.py),
+        let the requests admitted before it submit, send the ones queued for ring room, then raise
+        ingress_closed so the engine exits once all is served."""
+        while not self.draining:
+            await asyncio.sleep(DRAIN_POLL_S)
+        await asyncio.sleep(DRAIN_SETTLE_S)
+        while self.pending:
+            await asyncio.sleep(RETRY_S)
+        self.ingress_closed = True
+        self.control.ingress_closed = 1  # after the last descriptor's tail store (x86-64 store order)
+
     # requests (called on the loop)
     def add_request(self, prompt_ids: list[int], params: SamplingParams) -> tuple[int, asyncio.Queue]:
         """Register and send a request. Raises ValueError for one the ring cannot carry."""
+        if self.ingress_closed:
+            raise ServerDraining("server shutting down")
         if not self.engine_alive():
             raise EngineUnavailable("the engine is not running")
         req_id = self._new_id()
@@ -157,6 +190,10 @@ class EngineClient:
                 idle_sleep = FIRST_IDLE_SLEEP_S
                 self._loop.call_soon_threadsafe(self._dispatch, events)
             elif self.control.exited:
+                late = self.consumer.poll()  # records published just before `exited` (a drain's last ones)
+                if late:
+                    self._loop.call_soon_threadsafe(self._dispatch, late)
+                    continue
                 self._loop.call_soon_threadsafe(self._fail_all)
                 self._stopping.wait(POLL_TIMEOUT_S)
             elif self.queues:  # truthiness of a dict is atomic; a stale answer only changes the backoff
@@ -176,6 +213,8 @@ class EngineClient:
                 del self.queues[event.req_id]
 
     def _fail_all(self) -> None:
+        if self.queues:
+            self.cut_by_shutdown = self.draining
         for req_id, queue in list(self.queues.items()):
             queue.put_nowait(TokenEvent(req_id, -1, -1, FinishReason.ERROR))
         self.queues.clear()

@@ -79,6 +79,8 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
             elif event.finished:
                 text += stops.flush()
             done = stopped or event.finished
+            if reason == FinishReason.ERROR and ctx.client.cut_by_shutdown:
+                raise APIError(503, "server shutting down: the request was cut before it finished")
             if text or done:
                 finish = reason.openai if done else None
                 yield Delta(text, logprobs, finish, num_tokens, error=reason == FinishReason.ERROR)

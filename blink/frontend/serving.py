@@ -43,6 +43,8 @@ class FrontendState:
             raise APIError(404, f"The model `{model}` does not exist.", "model")
 
     def check_engine(self) -> None:
+        if self.client.draining:  # before any response starts, so a router can retry elsewhere
+            raise APIError(503, "server shutting down")
         if not self.client.engine_alive():
             raise APIError(503, "the engine is not running")
 

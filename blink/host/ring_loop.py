@@ -46,6 +46,10 @@ def serve_rings(engine: Engine, segment, should_stop=lambda: False) -> None:
             events += engine.step()
             idle = 0.0
         elif not events:
+            # The drain is over once the front end closed ingress (after its last descriptor: the
+            # flag is read first, the tail second) and everything it sent has finished.
+            if ctl.ingress_closed and not ingress.descriptors.used():
+                break
             idle = min(IDLE_SLEEP_MAX, idle * 2 or 20e-6)  # back off, never burn a core while idle
             time.sleep(idle)
         if events:

@@ -48,28 +48,25 @@ def _as_int64(seed: int) -> int:
 
 
 class SamplingState:
+    @staticmethod
+    def layout(max_slots: int, vocab_size: int) -> list[tuple[str, tuple, torch.dtype, float]]:
+        """(tensor, shape, dtype, initial fill) in the table's order: the one definition of these tensors,
+        which blink/device/structs.py SamplingPtrs (and so csrc/sched_types.h) mirrors."""
+        f32, i32, i64, u8 = torch.float32, torch.int32, torch.int64, torch.uint8
+        s = (max_slots,)
+        return [("temperature", s, f32, 0), ("top_p", s, f32, 1.0), ("top_k", s, i32, 0), ("min_p", s, f32, 0),
+                ("presence_penalty", s, f32, 0), ("frequency_penalty", s, f32, 0),
+                ("repetition_penalty", s, f32, 1.0), ("seed", s, i64, 0),
+                ("bias_ids", (max_slots, MAX_LOGIT_BIAS), i32, -1), ("bias_vals", (max_slots, MAX_LOGIT_BIAS), f32, 0),
+                ("output_counts", (max_slots, vocab_size), i32, 0), ("prompt_mask", (max_slots, vocab_size), u8, 0),
+                ("flags", s, i32, 0), ("num_logprobs", s, i32, 0)]
+
     def __init__(self, max_slots: int, vocab_size: int, device: torch.device | str):
         self.max_slots = max_slots
         self.vocab_size = vocab_size
         self.device = torch.device(device)
-
-        def new(dtype: torch.dtype, *shape: int, fill: float = 0) -> torch.Tensor:
-            return torch.full((max_slots, *shape), fill, dtype=dtype, device=self.device)
-
-        self.temperature = new(torch.float32)
-        self.top_p = new(torch.float32, fill=1.0)
-        self.top_k = new(torch.int32)
-        self.min_p = new(torch.float32)
-        self.presence_penalty = new(torch.float32)
-        self.frequency_penalty = new(torch.float32)
-        self.repetition_penalty = new(torch.float32, fill=1.0)
-        self.seed = new(torch.int64)
-        self.bias_ids = new(torch.int32, MAX_LOGIT_BIAS, fill=-1)
-        self.bias_vals = new(torch.float32, MAX_LOGIT_BIAS)
-        self.output_counts = new(torch.int32, vocab_size)
-        self.prompt_mask = new(torch.uint8, vocab_size)
-        self.flags = new(torch.int32)
-        self.num_logprobs = new(torch.int32)
+        for name, shape, dtype, fill in self.layout(max_slots, vocab_size):
+            setattr(self, name, torch.full(shape, fill, dtype=dtype, device=self.device))
 
     def set_slot(self, slot: int, params: SamplingParams, seed: int, prompt_ids: Sequence[int],
                  output_ids: Sequence[int] = ()) -> None:

@@ -1,5 +1,9 @@
 """ModelConfig: the few numbers of a Llama-family decoder, read from an HF config.json.
 
+Also Phi-3/Phi-4 (Llama's math with fused qkv_proj/gate_up_proj checkpoint tensors) and the mixtures of
+experts: Qwen3-MoE (Qwen3's attention), Qwen2-MoE (Qwen2's, plus a gated shared expert) and Mixtral
+(Mistral's); a routed mixture of experts replaces the MLP on their sparse layers.
+
 Both config.json forms are understood: the classic one (`rope_theta`, `rope_scaling`, `torch_dtype`) and
 transformers 5's (`rope_parameters`, `dtype`, `layer_types`). Anything that would change the math and is
 not implemented is refused with a one-line ModelConfigError; fields that do not change it are ignored.
@@ -15,9 +19,15 @@ import torch
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
     "MistralForCausalLM",
+    "MixtralForCausalLM",
+    "Phi3ForCausalLM",
     "Qwen2ForCausalLM",
+    "Qwen2MoeForCausalLM",
     "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
 )
+_QWEN3_LIKE = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+_NO_ATTENTION_BIAS = ("Phi3ForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -57,6 +67,19 @@ class ModelConfig:
     dtype: torch.dtype  # the checkpoint's dtype (what --dtype auto picks)
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    # Mixture of experts (num_experts == 0: every layer is a dense MLP).
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalize the top-k routing weights to sum to 1
+    decoder_sparse_step: int = 1  # every decoder_sparse_step-th layer is sparse ...
+    mlp_only_layers: tuple[int, ...] = ()  # ... except these, which keep the dense MLP
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE: an always-on expert, gated by a sigmoid
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """transformers' rule (Qwen3-MoE): sparse unless listed in mlp_only_layers or off the step."""
+        return (self.num_experts > 0 and layer not in self.mlp_only_layers
+                and (layer + 1) % self.decoder_sparse_step == 0)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelConfig:
@@ -77,8 +100,9 @@ class ModelConfig:
         hidden = _required(hf, "hidden_size")
         heads = _required(hf, "num_attention_heads")
         # Qwen3 defaults head_dim to 128 when absent; the others to hidden / heads.
-        default_head_dim = 128 if architecture == "Qwen3ForCausalLM" else hidden // heads
-        attention_bias = bool(hf.get("attention_bias", False))
+        default_head_dim = 128 if architecture in _QWEN3_LIKE else hidden // heads
+        # Phi-3, Mixtral and Qwen2-MoE build their attention without consulting attention_bias.
+        attention_bias = bool(hf.get("attention_bias", False)) and architecture not in _NO_ATTENTION_BIAS
         theta, scaling = _rope(hf)
         eos = (generation or {}).get("eos_token_id", hf.get("eos_token_id"))
         return cls(
@@ -94,14 +118,16 @@ class ModelConfig:
             rope_theta=theta,
             rope_scaling=scaling,
             max_position_embeddings=int(hf.get("max_position_embeddings", _DEFAULT_MAX_POS[architecture])),
-            qkv_bias=architecture == "Qwen2ForCausalLM" or attention_bias,
-            o_proj_bias=attention_bias and architecture in ("LlamaForCausalLM", "Qwen3ForCausalLM"),
+            qkv_bias=architecture == "Qwen2ForCausalLM" or attention_bias or (
+                architecture == "Qwen2MoeForCausalLM" and bool(hf.get("qkv_bias", True))),
+            o_proj_bias=attention_bias and architecture in ("LlamaForCausalLM", *_QWEN3_LIKE),
             mlp_bias=bool(hf.get("mlp_bias", False)) and architecture == "LlamaForCausalLM",
-            qk_norm=architecture == "Qwen3ForCausalLM",
+            qk_norm=architecture in _QWEN3_LIKE,
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             dtype=_dtype(hf),
             eos_token_ids=_token_ids(eos),
             bos_token_id=hf.get("bos_token_id"),
+            **_moe_fields(hf, architecture),
         )
 
     @property
@@ -116,16 +142,45 @@ class ModelConfig:
 _DEFAULT_MAX_POS = {
     "LlamaForCausalLM": 2048,
     "MistralForCausalLM": 4096 * 32,
+    "MixtralForCausalLM": 4096 * 32,
+    "Phi3ForCausalLM": 4096,
     "Qwen2ForCausalLM": 32768,
+    "Qwen2MoeForCausalLM": 32768,
     "Qwen3ForCausalLM": 32768,
+    "Qwen3MoeForCausalLM": 32768,
 }
+
+
+def _moe_fields(hf: dict, architecture: str) -> dict:
+    if architecture not in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM"):
+        return {}
+    # transformers 5 writes Qwen's num_experts back as num_local_experts (Mixtral's own name).
+    experts = int(hf.get("num_experts", hf.get("num_local_experts", 0)) or 0)
+    if experts == 0:
+        return {}
+    top_k = _required(hf, "num_experts_per_tok")
+    if not 0 < top_k <= experts:
+        raise ModelConfigError(f"num_experts_per_tok {top_k} must be in [1, num_experts={experts}]")
+    if architecture == "MixtralForCausalLM":  # every layer sparse, experts as wide as the MLP, renormalized
+        return {"num_experts": experts, "num_experts_per_tok": top_k,
+                "moe_intermediate_size": _required(hf, "intermediate_size"), "norm_topk_prob": True}
+    return {"num_experts": experts, "num_experts_per_tok": top_k,
+            "moe_intermediate_size": _required(hf, "moe_intermediate_size"),
+            "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),
+            "decoder_sparse_step": int(hf.get("decoder_sparse_step", 1)),
+            "mlp_only_layers": tuple(int(i) for i in hf.get("mlp_only_layers") or ()),
+            "shared_expert_intermediate_size": int(hf.get("shared_expert_intermediate_size", 0) or 0)}
 
 
 _ARCHITECTURE_OF_MODEL_TYPE = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -153,6 +208,8 @@ def _refuse_unimplemented(hf: dict, architecture: str) -> None:
         raise ModelConfigError(f"unsupported hidden_act {hf['hidden_act']!r} (only silu)")
     if hf.get("quantization_config"):
         raise ModelConfigError("quantized checkpoints are not supported")
+    if architecture == "Qwen2MoeForCausalLM" and hf.get("use_sliding_window"):
+        raise ModelConfigError("sliding window attention (use_sliding_window) is not supported")
     others = sorted({t for t in _layer_types(hf, architecture) if t != "full_attention"})
     if others:
         raise ModelConfigError(f"unsupported layer types {others} (only full_attention)")
@@ -160,7 +217,8 @@ def _refuse_unimplemented(hf: dict, architecture: str) -> None:
     # context (the engine never runs past max_position_embeddings).
     window = hf.get("sliding_window")
     max_pos = hf.get("max_position_embeddings", _DEFAULT_MAX_POS[architecture])
-    if architecture == "MistralForCausalLM" and window is not None and window < max_pos:
+    windowed = ("MistralForCausalLM", "MixtralForCausalLM", "Phi3ForCausalLM")
+    if architecture in windowed and window is not None and window < max_pos:
         raise ModelConfigError(f"sliding window attention (sliding_window={window}) is not supported")
 
 
@@ -169,7 +227,7 @@ def _layer_types(hf: dict, architecture: str) -> list[str]:
         return list(hf["layer_types"])
     # Qwen2/Qwen3 derive the layer types as transformers does: sliding from max_window_layers on.
     layers = int(hf.get("num_hidden_layers", 0))
-    if architecture in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and hf.get("use_sliding_window"):
+    if architecture in ("Qwen2ForCausalLM", *_QWEN3_LIKE) and hf.get("use_sliding_window"):
         if hf.get("sliding_window") is not None:
             first_sliding = int(hf.get("max_window_layers", 28))
             return ["sliding_attention" if i >= first_sliding else "full_attention" for i in range(layers)]
@@ -184,6 +242,9 @@ def _rope(hf: dict) -> tuple[float, Llama3RopeScaling | None]:
     rope_type = params.get("rope_type", params.get("type", "default"))
     if float(params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))) != 1.0:
         raise ModelConfigError("partial rotary embeddings (partial_rotary_factor != 1) are not supported")
+    if rope_type in ("longrope", "su"):  # Phi-3.5 / Phi-4-mini's long-context scaling
+        raise ModelConfigError(f"rope scaling {rope_type!r} (Phi-3 long context) is not supported; "
+                               "use a checkpoint with default RoPE (e.g. Phi-4)")
     if rope_type == "default":
         return theta, None
     if rope_type != "llama3":

@@ -129,14 +129,20 @@ class ColumnParallelLinear(nn.Module):
         return linear(x, self.weight, self.bias)
 
     def load_hf(self, param_name: str, hf_tensor, part: str | None) -> None:
-        """Copy this rank's rows of one HF projection (`part`; None if there is only one) into place."""
+        """Copy this rank's rows of one HF projection (`part`) into place. part None: the tensor holds every
+        part, stacked in order (Phi-3's qkv_proj and gate_up_proj are fused in the checkpoint too)."""
+        param = getattr(self, param_name)
         if part is None:
-            (part,) = self.part_slices
-        rows = self.part_slices[part]
-        full_shape = (self.full_sizes[part], *getattr(self, param_name).shape[1:])
-        _check_shape(f"{part}.{param_name}", hf_tensor, full_shape)
-        start = self.part_offsets[part]
-        getattr(self, param_name)[rows].copy_(hf_tensor[start:start + rows.stop - rows.start])
+            _check_shape(param_name, hf_tensor, (sum(self.full_sizes.values()), *param.shape[1:]))
+        base = 0
+        for name, rows in self.part_slices.items():
+            if part is None or name == part:
+                if part is not None:
+                    _check_shape(f"{part}.{param_name}", hf_tensor, (self.full_sizes[name], *param.shape[1:]))
+                start = base + self.part_offsets[name]
+                param[rows].copy_(hf_tensor[start:start + rows.stop - rows.start])
+            if part is None:
+                base += self.full_sizes[name]
 
 
 class RowParallelLinear(nn.Module):

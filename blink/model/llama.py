@@ -1,4 +1,6 @@
-"""The Llama-family decoder (Llama 3.x, Mistral, Qwen2/2.5, Qwen3) over a paged KV cache.
+"""The Llama-family decoder (Llama 3.x, Mistral, Qwen2/2.5, Qwen3, Phi-3/Phi-4 and the MoE models Qwen3-MoE,
+Qwen2-MoE, Mixtral) over a paged KV cache. Sparse layers put a SparseMoeBlock (blink/model/moe.py) where
+the MLP is.
 
 One forward step takes a flat batch of T tokens from any mix of prefills and decodes:
 
@@ -20,6 +22,7 @@ from blink.kernels import paged_attention, rope_and_write_kv
 from blink.model.attention_metadata import AttentionMetadata
 from blink.model.config import ModelConfig
 from blink.model.layers import ColumnParallelLinear, RMSNorm, RowParallelLinear, VocabParallelEmbedding
+from blink.model.moe import SparseMoeBlock
 from blink.model.rope import rope_cos_sin
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (k_cache, v_cache)
@@ -81,12 +84,13 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, device, dtype, tp=None):
+    def __init__(self, cfg: ModelConfig, device, dtype, tp=None, layer: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
         self.self_attn = LlamaAttention(cfg, device, dtype, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
-        self.mlp = LlamaMLP(cfg, device, dtype, tp)
+        moe = cfg.is_moe_layer(layer)
+        self.mlp = SparseMoeBlock(cfg, device, dtype, tp) if moe else LlamaMLP(cfg, device, dtype, tp)
 
     def forward(self, positions, hidden, residual, attn, k_cache, v_cache, cos_sin):
         """Returns (hidden, residual): the residual add is fused into the next layer's first norm."""
@@ -105,7 +109,7 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, device, dtype, tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, device, dtype, tp) for _ in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, device, dtype, tp, i) for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, device, dtype)
 
@@ -161,3 +165,9 @@ def check_tp_size(cfg: ModelConfig, tp_size: int) -> None:
     if cfg.intermediate_size % tp_size:
         raise ValueError(f"--tensor-parallel-size {tp_size} does not divide the intermediate size "
                          f"{cfg.intermediate_size}")
+    if cfg.num_experts and cfg.moe_intermediate_size % tp_size:
+        raise ValueError(f"--tensor-parallel-size {tp_size} does not divide the experts' intermediate size "
+                         f"{cfg.moe_intermediate_size}")
+    if cfg.shared_expert_intermediate_size % tp_size:
+        raise ValueError(f"--tensor-parallel-size {tp_size} does not divide the shared expert's intermediate "
+                         f"size {cfg.shared_expert_intermediate_size}")

@@ -4,11 +4,15 @@ Tensors are read one at a time from the safetensors files and copied straight in
 parameters, which already live on the target device in the target dtype (copy_ casts and moves), so no
 second copy of the model is ever held. With tensor parallelism each rank reads only its own rows or
 columns of a sharded tensor (safetensors slices: the layers' load_hf index them), never the whole of it.
-Names are HF's, except for the projections blink fuses into one GEMM (FUSED_PROJECTIONS below).
+Names are HF's, except for the projections blink fuses into one GEMM (FUSED_PROJECTIONS below) and the
+MoE experts, which HF stores one by one (`mlp.experts.N.gate_proj.weight`) and blink stacks into
+`mlp.experts.w13` / `mlp.experts.w2` at load (part `gate.N`, `up.N`, `down.N`). A checkpoint that is
+already fused (Phi-3's `qkv_proj`, `gate_up_proj`) fills every part of the fused weight at once.
 """
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -20,6 +24,7 @@ from blink.model import presets
 from blink.model.config import DTYPES, ModelConfig, ModelConfigError
 from blink.model.layers import ColumnParallelLinear, read_all, source_shape
 from blink.model.llama import LlamaForCausalLM
+from blink.model.moe import FusedExperts
 
 # HF module (inside model.layers.N) -> (blink module it is fused into, its part there). The part names the
 # output rows it occupies: see ColumnParallelLinear.part_slices.
@@ -29,8 +34,15 @@ FUSED_PROJECTIONS = {
     "self_attn.v_proj": ("self_attn.qkv_proj", "v"),
     "mlp.gate_proj": ("mlp.gate_up_proj", "gate"),
     "mlp.up_proj": ("mlp.gate_up_proj", "up"),
+    "mlp.shared_expert.gate_proj": ("mlp.shared_expert.gate_up_proj", "gate"),  # Qwen2-MoE
+    "mlp.shared_expert.up_proj": ("mlp.shared_expert.gate_up_proj", "up"),
 }
 _UNFUSED_PROJECTIONS = {target: hf for hf, target in FUSED_PROJECTIONS.items()}
+_HF_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+_EXPERT_PART = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
+_BLINK_EXPERTS = re.compile(r"^(.*\.experts)\.(w13|w2)$")
+# transformers 5 holds the experts stacked in memory (its state_dict; save_pretrained unstacks them).
+_HF_STACKED = re.compile(r"^(.*\.experts)\.(gate_up_proj|down_proj)$")
 
 
 class WeightLoadError(ValueError):
@@ -39,6 +51,15 @@ class WeightLoadError(ValueError):
 
 def to_blink_name(hf_name: str) -> tuple[str, str | None]:
     """HF parameter name -> (blink parameter name, part of a fused projection or None)."""
+    hf_name = hf_name.replace(".block_sparse_moe.", ".mlp.")  # Mixtral's name for the MoE block
+    expert = _HF_EXPERT.match(hf_name)
+    if expert:
+        prefix, index, kind = expert.groups()
+        kind = _EXPERT_PART[kind]
+        return f"{prefix}.{'w2' if kind == 'down' else 'w13'}", f"{kind}.{index}"
+    stacked = _HF_STACKED.match(hf_name)
+    if stacked:
+        return f"{stacked.group(1)}.{'w13' if stacked.group(2) == 'gate_up_proj' else 'w2'}", None
     module, _, param = hf_name.rpartition(".")
     for hf_suffix, (fused, part) in FUSED_PROJECTIONS.items():
         if module.endswith("." + hf_suffix):
@@ -49,6 +70,10 @@ def to_blink_name(hf_name: str) -> tuple[str, str | None]:
 def to_hf_name(blink_name: str, part: str | None) -> str:
     if part is None:
         return blink_name
+    experts = _BLINK_EXPERTS.match(blink_name)
+    if experts:
+        kind, _, index = part.partition(".")
+        return f"{experts.group(1)}.{index}.{kind}_proj.weight"
     module, _, param = blink_name.rpartition(".")
     for fused_suffix in {fused for fused, _ in FUSED_PROJECTIONS.values()}:
         if module.endswith("." + fused_suffix):
@@ -60,10 +85,18 @@ def _expected_targets(model: nn.Module) -> set[tuple[str, str | None]]:
     """Every (parameter, part) the checkpoint must fill. Tied parameters appear once."""
     targets = set()
     for name, _ in model.named_parameters():
-        module = model.get_submodule(name.rpartition(".")[0])
-        fused = isinstance(module, ColumnParallelLinear) and len(module.part_slices) > 1
-        targets |= {(name, p) for p in module.part_slices} if fused else {(name, None)}
+        module_name, _, param_name = name.rpartition(".")
+        targets |= {(name, part) for part in _parts(model.get_submodule(module_name), param_name)}
     return targets
+
+
+def _parts(module: nn.Module, param_name: str) -> dict[str | None, object]:
+    """part -> index into the one-rank parameter, for each checkpoint tensor that fills a parameter."""
+    if isinstance(module, FusedExperts):
+        return module.hf_parts(param_name)
+    if isinstance(module, ColumnParallelLinear) and len(module.part_slices) > 1:
+        return dict(module.part_slices)
+    return {None: slice(None)}
 
 
 def _ignored(hf_name: str, cfg: ModelConfig) -> bool:
@@ -78,12 +111,16 @@ def load_hf_tensors(model: LlamaForCausalLM, named_tensors: Iterable[tuple[str, 
     """Copy (HF name, tensor or safetensors slice) pairs into the model; every parameter must be filled
     exactly by them."""
     expected = _expected_targets(model)
+    fused = {name for name, part in expected if part is not None}
     loaded: set[tuple[str, str | None]] = set()
     for hf_name, tensor in named_tensors:
         if _ignored(hf_name, model.config):
             continue
         name, part = to_blink_name(hf_name)
-        if (name, part) not in expected:
+        # Phi-3's qkv_proj / gate_up_proj come fused, transformers 5's experts stacked: one tensor then
+        # fills every part of a fused weight.
+        whole = part is None and name in fused
+        if (name, part) not in expected and not whole:
             raise WeightLoadError(f"unexpected tensor {hf_name} in the checkpoint (not part of this model)")
         module_name, _, param_name = name.rpartition(".")
         module = model.get_submodule(module_name)
@@ -97,11 +134,23 @@ def load_hf_tensors(model: LlamaForCausalLM, named_tensors: Iterable[tuple[str, 
                 param.copy_(read_all(tensor))
         except ValueError as e:
             raise WeightLoadError(f"{hf_name}: {e}") from None
-        loaded.add((name, part))
-    missing = sorted(to_hf_name(name, part) for name, part in expected - loaded)
+        if whole:
+            loaded |= {(name, p) for p in _parts(module, param_name)}
+        else:
+            loaded.add((name, part))
+    missing = sorted(_hf_spelling(to_hf_name(name, part), model.config) for name, part in expected - loaded)
     if missing:
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
         raise WeightLoadError(f"the checkpoint lacks {len(missing)} tensor(s): {shown}")
+
+
+def _hf_spelling(hf_name: str, cfg: ModelConfig) -> str:
+    """Mixtral's checkpoints call the MoE block block_sparse_moe and its experts' projections w1/w3/w2."""
+    if cfg.architecture != "MixtralForCausalLM" or ".experts." not in hf_name:
+        return hf_name
+    for ours, theirs in (("gate_proj", "w1"), ("up_proj", "w3"), ("down_proj", "w2")):
+        hf_name = hf_name.replace(f".{ours}.", f".{theirs}.")
+    return hf_name.replace(".mlp.", ".block_sparse_moe.")
 
 
 def checkpoint_files(path: str | Path) -> list[Path]:
@@ -150,10 +199,9 @@ def init_random_weights_sharded(model: LlamaForCausalLM, seed: int = 0, std: flo
                 full.fill_(1.0)
             else:
                 full.normal_(0.0, std, generator=generator)
-            module = one_rank.get_submodule(name.rpartition(".")[0])
-            fused = isinstance(module, ColumnParallelLinear) and len(module.part_slices) > 1
-            for part, rows in (module.part_slices.items() if fused else [(None, slice(None))]):
-                yield to_hf_name(name, part), full[rows]
+            module_name, _, param_name = name.rpartition(".")
+            for part, index in _parts(one_rank.get_submodule(module_name), param_name).items():
+                yield to_hf_name(name, part), full[index]
 
     load_hf_tensors(model, full_tensors())
 

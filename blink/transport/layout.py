@@ -12,13 +12,13 @@ from __future__ import annotations
 import ctypes as C
 from dataclasses import dataclass
 
+from blink.request import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
+
 MAGIC = 0x4B4E494C42  # "BLINK"
 VERSION = 2  # 2: the control block publishes the engine's limits
 MAX_PUBLISHED_BUCKETS = 16
 CACHE_LINE = 64
 PAGE = 4096
-MAX_STOP_IDS = 16
-MAX_TOP_LOGPROBS = 20
 
 KIND_REQUEST = 1
 KIND_ABORT = 2
@@ -42,7 +42,10 @@ class ControlBlock(C.Structure):
         ("_pad0", C.c_uint8 * 24),
         # line 1: commands from the host / front end
         ("stop_flag", C.c_uint32),  # set to 1 by the parent: finish the step and exit
-        ("_pad1", C.c_uint8 * 60),
+        ("drain_flag", C.c_uint32),  # set to 1 by the parent: the front end takes no new requests
+        ("ingress_closed", C.c_uint32),  # set to 1 by the front end after its last descriptor: once all
+        # it sent is served, the engine exits on its own (the drain is over)
+        ("_pad1", C.c_uint8 * 52),
         # line 2: live counters from the engine (for /metrics and /health)
         ("ready", C.c_uint32),  # 1 once the engine serves the rings
         ("running", C.c_uint32),
@@ -108,7 +111,7 @@ class RequestDescriptor(C.Structure):
         ("repetition_penalty", C.c_float),
         ("num_logprobs", C.c_int32),  # -1 = no logprobs, 0 = chosen token only, k = top-k too
         ("seed", C.c_uint64),
-        ("stop_token_ids", C.c_int32 * MAX_STOP_IDS),
+        ("stop_token_ids", C.c_int32 * MAX_STOP_TOKEN_IDS),
     ]
 
 

@@ -21,13 +21,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from blink.request import SEED_BITS, FinishReason, SamplingParams, TokenEvent, request_seed
+from blink.request import (
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    SEED_BITS,
+    FinishReason,
+    SamplingParams,
+    TokenEvent,
+    request_seed,
+)
 from blink.transport.layout import (
     FLAG_IGNORE_EOS,
     KIND_ABORT,
     KIND_REQUEST,
-    MAX_STOP_IDS,
-    MAX_TOP_LOGPROBS,
     RequestDescriptor,
     TokenRecord,
 )
@@ -186,8 +192,8 @@ class IngressProducer:
 
     def _descriptor(self, req_id: int, prompt_ids: list[int], params: SamplingParams,
                     arena_len: int) -> np.ndarray:
-        if len(params.stop_token_ids) > MAX_STOP_IDS:
-            raise ValueError(f"at most {MAX_STOP_IDS} stop_token_ids are supported")
+        if len(params.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are supported")
         seed = request_seed(params, req_id, self.base_seed)
         fields = {
             "kind": KIND_REQUEST, "num_stop_ids": len(params.stop_token_ids), "req_id": req_id,
@@ -200,7 +206,7 @@ class IngressProducer:
             "num_logprobs": -1 if params.logprobs is None else params.logprobs,
             "seed": seed % (1 << 64),  # the engine keys its RNG on these 64 bits
         }
-        stop_ids = np.zeros(MAX_STOP_IDS, np.int32)
+        stop_ids = np.zeros(MAX_STOP_TOKEN_IDS, np.int32)
         stop_ids[:len(params.stop_token_ids)] = _checked(params.stop_token_ids, np.int32, "stop token id")
         fields["stop_token_ids"] = stop_ids
         record = np.zeros(1, DESCRIPTOR_DTYPE)

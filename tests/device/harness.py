@@ -17,11 +17,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from blink.core.step_buffers import StepBuffers
 from blink.core.stops import check_stop
 from blink.device import structs
 from blink.device.build import load_host_library
-from blink.request import FinishReason, SamplingParams, TokenEvent
-from blink.transport.layout import MAX_TOP_LOGPROBS, SegmentLayout
+from blink.kernels.sampling_state import SamplingState
+from blink.request import MAX_TOP_LOGPROBS, FinishReason, SamplingParams, TokenEvent
+from blink.transport.layout import SegmentLayout
 from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
 
@@ -66,15 +68,17 @@ class Config:
 
 
 def _buffers(tmax: int, smax: int, mb: int) -> dict[str, np.ndarray]:
-    z = np.zeros
-    return {
-        "input_ids": z(tmax, np.int64), "positions": z(tmax, np.int64), "slot_mapping": np.full(tmax, -1, np.int64),
-        "query_start_loc": z(smax + 1, np.int32), "seq_lens": z(smax, np.int32),
-        "block_tables": z((smax, mb), np.int32), "logits_indices": z(smax, np.int64),
-        "sample_slots": z(smax, np.int32), "sample_positions": z(smax, np.int64), "sampled_ids": z(smax, np.int64),
-        "logprobs": z(smax, np.float32), "top_ids": z((smax, MAX_TOP_LOGPROBS), np.int64),
-        "top_logprobs": z((smax, MAX_TOP_LOGPROBS), np.float32),
-    }
+    """A step-buffer set as the runtime allocates it (StepBuffers, on the CPU), as numpy views."""
+    buffers = StepBuffers.allocate(tmax, smax, mb, "cpu")
+    return {name: getattr(buffers, name).numpy() for name in structs.STEP_BUFFER_FIELDS}
+
+
+def _sampling(slots: int, vocab: int) -> dict[str, np.ndarray]:
+    """The sampling state as the runtime allocates it, with stale rows (admissions must overwrite them)."""
+    state = SamplingState(slots, vocab, "cpu")
+    out = {name: getattr(state, name).numpy() for name in structs.SAMPLING_FIELDS}
+    out["output_counts"][:], out["prompt_mask"][:], out["num_logprobs"][:] = 7, 9, 5
+    return out
 
 
 def _ptr(a: np.ndarray) -> int:
@@ -109,16 +113,7 @@ class HostScheduler:
         self.lib.blink_sched_init(self.state, C.byref(sc), 0, 0, 0)
         tmax, smax = c.buckets[-1][0], max(s for _, s in c.buckets)
         self.buffers = [_buffers(tmax, smax, self.mb) for _ in range(2)]
-        slots, v = c.max_num_seqs + 1, c.vocab_size
-        self.sampling = {
-            "temperature": np.zeros(slots, np.float32), "top_p": np.ones(slots, np.float32),
-            "top_k": np.zeros(slots, np.int32), "min_p": np.zeros(slots, np.float32),
-            "presence_penalty": np.zeros(slots, np.float32), "frequency_penalty": np.zeros(slots, np.float32),
-            "repetition_penalty": np.ones(slots, np.float32), "seed": np.zeros(slots, np.int64),
-            "bias_ids": np.full((slots, 300), -1, np.int32), "bias_vals": np.zeros((slots, 300), np.float32),
-            "output_counts": np.full((slots, v), 7, np.int32), "prompt_mask": np.full((slots, v), 9, np.uint8),
-            "flags": np.zeros(slots, np.int32), "num_logprobs": np.full(slots, 5, np.int32),  # stale on purpose
-        }
+        self.sampling = _sampling(c.max_num_seqs + 1, c.vocab_size)
         p = structs.LoopParams(cfg=sc, state=self.state,
                                rings=structs.ring_pointers(self.seg.address, layout))
         for k in range(2):
@@ -236,6 +231,10 @@ class HostScheduler:
         out = (C.c_int64 * (4 * rows))()
         self.lib.blink_sched_plan(self.state, out)
         return [(out[4 * r], out[4 * r + 1], out[4 * r + 2], bool(out[4 * r + 3])) for r in range(rows)]
+
+    def drain_done(self) -> bool:
+        """The GPU loop's exit test on an idle turn (ingress closed, all it carried finished)."""
+        return bool(self.lib.blink_sched_drain_done(C.byref(self.params)))
 
     def check(self) -> int:
         return self.lib.blink_sched_check(self.state, C.byref(self.sched_cfg))

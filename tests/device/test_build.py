@@ -1,5 +1,5 @@
 """The control-plane C++ builds: the device library with nvcc (-rdc, cudadevrt), the host library with g++,
-both cached by content; and the ctypes mirrors match what each build compiled."""
+both cached by content; and both read the ctypes config the same way."""
 from __future__ import annotations
 
 import ctypes as C
@@ -20,18 +20,32 @@ def test_host_library_is_cached_by_content(tmp_path, monkeypatch):
     assert first.is_relative_to(tmp_path)
 
 
+def _config() -> structs.SchedConfig:
+    return structs.SchedConfig(max_num_seqs=5, max_num_batched_tokens=64, max_model_len=100, block_size=16,
+                               num_blocks=40, max_blocks_per_seq=7, max_requests=9, num_buckets=1)
+
+
 @needs_nvcc
 @pytest.mark.timeout(300)
-def test_device_library_compiles_and_its_abi_matches():
+def test_device_library_compiles_and_reads_the_config_as_the_host_build():
+    """The layouts themselves are pinned by tests/device/test_structs.py (g++ and nvcc); here the built
+    library exports every function build.py declares and sizes the state from a ctypes config as g++ does."""
     path = build.build_device_library("sm_90")
     assert path.exists()
     try:
-        lib = C.CDLL(str(path))
+        lib = build.load_device_library("sm_90")
     except OSError as e:  # no libcudart on the loader path: the compile check above still stands
         pytest.skip(f"cannot load the device library here: {e}")
-    out = (C.c_uint64 * len(structs.abi_layout()))()
-    lib.blink_abi_layout(out)
-    assert list(out) == structs.abi_layout()
+    cfg = _config()
+    assert lib.blink_sched_state_bytes(C.byref(cfg)) == build.load_host_library().blink_sched_state_bytes(C.byref(cfg))
+
+
+def test_host_library_sizes_the_state_from_the_config():
+    lib, cfg = build.load_host_library(), _config()
+    small = lib.blink_sched_state_bytes(C.byref(cfg))
+    cfg.max_model_len += 100  # the token store (int32 per request and position) grows by that, give or take
+    grown = lib.blink_sched_state_bytes(C.byref(cfg))  # one 256-byte alignment: read where ctypes wrote it
+    assert abs(grown - small - cfg.max_requests * 100 * 4) <= 256
 
 
 def test_a_broken_source_fails_with_the_compiler_message(tmp_path, monkeypatch):

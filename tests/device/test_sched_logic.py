@@ -30,16 +30,6 @@ def assert_idle_and_clean(h: HostScheduler):
     assert i["free_entries"] == h.cfg.max_requests
 
 
-def test_structs_match_the_cpp_abi():
-    import ctypes as C
-
-    from blink.device.build import load_host_library
-
-    out = (C.c_uint64 * len(structs.abi_layout()))()
-    load_host_library().blink_abi_layout(out)
-    assert list(out) == structs.abi_layout()
-
-
 def test_one_request_matches_the_reference(make):
     h = make()
     prompt, params = [5, 6, 7], greedy(10, ignore_eos=True)

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from blink.request import SamplingParams
-from blink.transport.layout import MAX_TOP_LOGPROBS
+from blink.request import MAX_TOP_LOGPROBS, SamplingParams
 from tests.device.harness import reference, slow_reader
 
 pytestmark = pytest.mark.timeout(120)

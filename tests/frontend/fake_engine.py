@@ -87,6 +87,8 @@ def main() -> int:
         if running:
             control.steps += 1
             time.sleep(STEP_S)
+        elif control.ingress_closed and not ingress.descriptors.used():
+            break  # drained, as the real engines: ingress closed (flag read first) and all served
     control.exited = 1
     return 0
 

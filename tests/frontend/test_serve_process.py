@@ -1,6 +1,7 @@
 """The `blink serve` process model: readiness, pinning, failed starts, shutdown, no orphans."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -53,20 +54,52 @@ def test_sigterm_to_server_shuts_down_cleanly(model_dir):
     assert gone(pids, 1) and proc.children() == [] and proc.segments() == []
 
 
-def test_shutdown_with_a_stream_in_flight(model_dir):
-    proc = ServerProcess(["--model", str(model_dir), *FAKE], env={"FAKE_ENGINE_STEP_S": "0.05"})
+@pytest.mark.slow
+def test_drain_cuts_a_stream_at_the_shutdown_timeout(model_dir):
+    proc = ServerProcess(["--model", str(model_dir), *FAKE, "--shutdown-timeout", "1"],
+                         env={"FAKE_ENGINE_STEP_S": "0.05"})
     proc.wait_ready()
     pids = proc.children()
-    body = {"prompt": "one two", "max_tokens": 240, "stream": True}
+    body = {"prompt": "one two", "max_tokens": 240, "stream": True}  # 12 s of tokens: longer than the drain
     with httpx.stream("POST", proc.base_url + "/v1/completions", json=body, timeout=30) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
         start = time.monotonic()
         proc.process.send_signal(signal.SIGTERM)
-        rest = list(lines)  # the stream ends (cut or with an error event) instead of hanging
+        rest = list(lines)  # the stream ends with an error event instead of hanging
     assert proc.wait_exit(20) == 0 and time.monotonic() - start < 20
     events = [line for line in rest if line]
-    assert events[-1] == "data: [DONE]" and "error" in events[-2], events[-3:]
+    assert events[-1] == "data: [DONE]", events[-3:]
+    error = json.loads(events[-2][len("data: "):])["error"]
+    assert error["code"] == 503 and "server shutting down" in error["message"], error
+    assert len(events) > 3  # tokens kept coming during the drain second
+    assert gone(pids, 1) and proc.segments() == []
+
+
+@pytest.mark.slow
+def test_drain_finishes_streams_and_refuses_new_requests(model_dir):
+    proc = ServerProcess(["--model", str(model_dir), *FAKE, "--shutdown-timeout", "30"],
+                         env={"FAKE_ENGINE_STEP_S": "0.05"})
+    proc.wait_ready()
+    pids = proc.children()
+    body = {"prompt": "one two", "max_tokens": 40, "stream": True}  # 2 s of tokens
+    with httpx.stream("POST", proc.base_url + "/v1/completions", json=body, timeout=30) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        proc.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while httpx.get(proc.base_url + "/health").status_code != 503:  # at once, give or take a poll
+            assert time.monotonic() < deadline, "/health did not turn 503"
+            time.sleep(0.02)
+        refused = httpx.post(proc.base_url + "/v1/completions", json={"prompt": "one", "max_tokens": 2})
+        assert refused.status_code == 503 and "shutting down" in refused.json()["error"]["message"]
+        rest = [line for line in lines if line]
+    assert rest[-1] == "data: [DONE]"
+    chunks = [json.loads(line[len("data: "):]) for line in rest[:-1]]
+    assert not any("error" in c for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert proc.wait_exit(20) == 0
+    assert "drained in" in "".join(proc.stderr)
     assert gone(pids, 1) and proc.segments() == []
 
 

@@ -98,6 +98,58 @@ def test_mistral_window_not_shorter_than_the_context_is_accepted():
     assert ModelConfig.from_hf_dict(hf).architecture == "MistralForCausalLM"
 
 
+PHI4 = {
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 100352, "hidden_size": 5120,
+    "intermediate_size": 17920, "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 10,
+    "max_position_embeddings": 16384, "original_max_position_embeddings": 16384, "rope_theta": 250000,
+    "rope_scaling": None, "sliding_window": None, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+    "resid_pdrop": 0.0, "embd_pdrop": 0.0, "pad_token_id": 100349, "eos_token_id": 100265,
+}
+QWEN3_MOE = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
+    "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768, "num_experts": 128,
+    "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "max_position_embeddings": 40960, "rope_theta": 1000000.0, "rope_scaling": None, "sliding_window": None,
+    "use_sliding_window": False, "max_window_layers": 48, "output_router_logits": False,
+    "router_aux_loss_coef": 0.001, "torch_dtype": "bfloat16",
+}
+
+
+def test_phi4_config():
+    cfg = ModelConfig.from_hf_dict(PHI4)
+    assert cfg.architecture == "Phi3ForCausalLM" and cfg.head_dim == 128 and cfg.rope_theta == 250000.0
+    assert not (cfg.qkv_bias or cfg.o_proj_bias or cfg.mlp_bias or cfg.qk_norm) and cfg.num_experts == 0
+    assert ModelConfig.from_hf_dict({k: v for k, v in PHI4.items() if k != "architectures"}) == cfg
+    assert ModelConfig.from_hf_dict({**PHI4, "attention_bias": True}) == cfg  # Phi-3 ignores it, as HF does
+
+
+def test_qwen3_moe_config():
+    cfg = ModelConfig.from_hf_dict(QWEN3_MOE)
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (128, 8, 768)
+    assert cfg.norm_topk_prob and cfg.qk_norm and all(cfg.is_moe_layer(i) for i in range(48))
+    # transformers 5 saves num_experts as num_local_experts.
+    resaved = {k: v for k, v in QWEN3_MOE.items() if k != "num_experts"} | {"num_local_experts": 128}
+    assert ModelConfig.from_hf_dict(resaved) == cfg
+    mixed = ModelConfig.from_hf_dict({**QWEN3_MOE, "decoder_sparse_step": 2, "mlp_only_layers": [3]})
+    assert [mixed.is_moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]
+    dense = ModelConfig.from_hf_dict({**QWEN3_MOE, "num_experts": 0})
+    assert not any(dense.is_moe_layer(i) for i in range(48))
+
+
+def test_qwen2_moe_and_mixtral_configs():
+    qwen2 = ModelConfig.from_hf_dict({**QWEN3_MOE, "architectures": ["Qwen2MoeForCausalLM"], "num_experts": 60,
+                                      "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                                      "shared_expert_intermediate_size": 5632, "norm_topk_prob": False})
+    assert qwen2.qkv_bias and not qwen2.qk_norm and qwen2.shared_expert_intermediate_size == 5632
+    assert qwen2.head_dim == 128 and not qwen2.norm_topk_prob
+    mixtral = ModelConfig.from_hf_dict({**LLAMA31_CLASSIC, "architectures": ["MixtralForCausalLM"],
+                                        "rope_scaling": None, "num_local_experts": 8, "num_experts_per_tok": 2,
+                                        "intermediate_size": 14336, "sliding_window": None})
+    assert (mixtral.num_experts, mixtral.moe_intermediate_size, mixtral.norm_topk_prob) == (8, 14336, True)
+    assert all(mixtral.is_moe_layer(i) for i in range(2)) and not mixtral.shared_expert_intermediate_size
+
+
 def _without_layer_types(hf: dict) -> dict:
     return {k: v for k, v in hf.items() if k != "layer_types"}
 
@@ -124,6 +176,16 @@ REFUSALS = {
     "quantized": ({**QWEN3_T5, "quantization_config": {"quant_method": "awq"}}, "quantized"),
     "dtype": ({**QWEN3_T5, "dtype": "float8_e4m3fn"}, "unsupported checkpoint dtype"),
     "missing field": ({k: v for k, v in QWEN3_T5.items() if k != "hidden_size"}, "lacks hidden_size"),
+    "phi3 longrope": ({**PHI4, "rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 64,
+                                                "long_factor": [2.0] * 64}}, "'longrope' \\(Phi-3 long context"),
+    "phi3 su": ({**PHI4, "rope_scaling": {"type": "su", "short_factor": [1.0], "long_factor": [1.0]}}, "'su'"),
+    "phi3 partial rotary": ({**PHI4, "partial_rotary_factor": 0.75}, "partial rotary"),
+    "phi3 sliding window": ({**PHI4, "sliding_window": 2047}, "sliding window"),
+    "moe top-k": ({**QWEN3_MOE, "num_experts_per_tok": 129}, "num_experts_per_tok 129"),
+    "qwen2-moe sliding": ({**QWEN3_MOE, "architectures": ["Qwen2MoeForCausalLM"], "use_sliding_window": True},
+                          "use_sliding_window"),
+    "moe width": ({k: v for k, v in QWEN3_MOE.items() if k != "moe_intermediate_size"},
+                  "lacks moe_intermediate_size"),
 }
 
 

@@ -19,6 +19,18 @@ CASES = {
     "qwen3-head-dim-48": ("qwen3", {"head_dim": 48}),
     "qwen3-mha-bias": ("qwen3", {"num_key_value_heads": 4, "attention_bias": True}),
     "mistral": ("mistral", {}),
+    "phi3-fused-checkpoint": ("phi3", {}),
+    "phi3-gqa-untied": ("phi3", {"num_key_value_heads": 1, "rope_parameters": {"rope_type": "default",
+                                                                               "rope_theta": 5000.0}}),
+    "qwen3-moe": ("qwen3_moe", {}),
+    # Every other layer sparse, raw top-k weights (no renormalization), 3 of 6 experts per token.
+    "qwen3-moe-sparse-step-2": ("qwen3_moe", {"decoder_sparse_step": 2, "mlp_only_layers": [],
+                                              "norm_topk_prob": False, "num_experts": 6,
+                                              "num_experts_per_tok": 3}),
+    "qwen2-moe-shared-expert": ("qwen2_moe", {}),
+    "qwen2-moe-renormalized": ("qwen2_moe", {"norm_topk_prob": True, "decoder_sparse_step": 2,
+                                             "mlp_only_layers": []}),
+    "mixtral": ("mixtral", {}),
 }
 
 
@@ -46,6 +58,6 @@ def test_padding_does_not_change_real_tokens(tmp_path):
         torch.testing.assert_close(plain[seq], padded[seq], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "qwen3_moe"])
 def test_bf16_matches_transformers_bf16(tmp_path, family):
     compare_dir_with_hf(make_tiny_model(tmp_path, family), rtol=None, dtype=torch.bfloat16)

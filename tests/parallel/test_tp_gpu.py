@@ -33,7 +33,7 @@ def _greedy(model: str, tp: int, engine: str, max_tokens: int = 24, **kw) -> lis
 
 
 @pytest.mark.parametrize("engine", ["host", "device"])
-@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3", "qwen3_moe"])
 def test_tp2_matches_tp1_greedy(tmp_path, family, engine):
     path = str(make_tiny_model(tmp_path, family))
     # A pool of 64 blocks of 16 for six requests up to 94 tokens, a 64-token budget: chunked prefill.

@@ -26,6 +26,11 @@ CASES = {
     "qwen3": ("qwen3", {}),
     # One KV head for two ranks (replicated), tied embeddings and a vocabulary that does not split evenly.
     "qwen2-replicated-kv": ("qwen2", {"num_key_value_heads": 1, "tie_word_embeddings": True, "vocab_size": 1023}),
+    "phi3-fused-checkpoint": ("phi3", {}),
+    # Experts sharded on their intermediate dimension, the router replicated; one dense layer.
+    "qwen3-moe": ("qwen3_moe", {}),
+    # The shared expert's partial sums join the routed experts' before the block's one all-reduce.
+    "qwen2-moe-shared-expert": ("qwen2_moe", {}),
 }
 
 
@@ -76,10 +81,12 @@ def test_tp2_preset_random_weights_match_tp1():
     assert outs[2] == outs[1]
 
 
-def test_tp4_matches_tp1(tmp_path):
+@pytest.mark.parametrize("family", ["llama", "qwen3_moe"])
+def test_tp4_matches_tp1(tmp_path, family):
     """Four ranks (issue 8's size, on the CPU): 4 attention heads, 1 each; 2 KV heads, each on two ranks;
-    a vocabulary that does not split evenly. Same mixed batch as above, so chunked prefill and preemption."""
-    path = make_tiny_model(tmp_path, "llama", vocab_size=1021)
+    a vocabulary that does not split evenly (qwen3_moe: each expert's 32 columns split 4 ways). Same mixed
+    batch as above, so chunked prefill and preemption."""
+    path = make_tiny_model(tmp_path, family, vocab_size=1021)
     ref, ref_stats = _run(path, 1)
     got, stats = _run(path, 4)
     assert [o.token_ids for o in got] == [o.token_ids for o in ref]

@@ -5,8 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blink.request import FinishReason, TokenEvent
-from blink.transport.layout import MAX_TOP_LOGPROBS
+from blink.request import MAX_TOP_LOGPROBS, FinishReason, TokenEvent
 from blink.transport.rings import EgressConsumer, EgressProducer
 
 

@@ -3,7 +3,6 @@
 #include <thread>
 #include <vector>
 
-#include "abi.h"
 #include "sched.h"
 
 using namespace blink;
@@ -67,8 +66,6 @@ void run_team(int threads, Fn fn) {
 
 extern "C" {
 
-void blink_abi_layout(uint64_t* out) { abi_layout(out); }
-
 uint64_t blink_sched_state_bytes(const SchedConfig* c) { return sched_carve(nullptr, *c); }
 
 void blink_sched_init(void* state, const SchedConfig* c, uint64_t ingress_head, uint64_t arena_head,
@@ -102,6 +99,9 @@ void blink_post_to_peers(const LoopParams* p, uint64_t seq, uint32_t command) { 
 
 // The step could not run (as after a failed launch): its requests end with ERROR.
 void blink_sched_fail(const LoopParams* p, int32_t code) { fail_step(p->state, p->cfg, p->rings, code); }
+
+// The GPU loop's exit test on an idle turn: 1 once the front end closed ingress and all it sent finished.
+int blink_sched_drain_done(const LoopParams* p) { return drain_done(p->state, p->rings) ? 1 : 0; }
 
 int blink_sched_check(const void* state, const SchedConfig* c) {
   return check_invariants(static_cast<const SchedState*>(state), *c);

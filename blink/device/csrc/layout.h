@@ -58,7 +58,10 @@ struct ControlBlock {
   uint8_t _pad0[24];
   // line 1: commands from the host / front end
   uint32_t stop_flag;  // set to 1 by the parent: finish the step and exit
-  uint8_t _pad1[60];
+  uint32_t drain_flag;  // set to 1 by the parent: the front end takes no new requests
+  uint32_t ingress_closed;  // set to 1 by the front end after its last descriptor: once all it sent is
+                            // served, the engine exits on its own (the drain is over)
+  uint8_t _pad1[52];
   // line 2: live counters from the engine (for /metrics and /health)
   uint32_t ready;  // 1 once the engine serves the rings
   uint32_t running;

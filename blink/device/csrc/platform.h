@@ -60,6 +60,16 @@ BLINK_HD inline uint64_t load_acquire(const uint64_t* p) {
 #endif
 }
 
+BLINK_HD inline uint32_t load_acquire(const uint32_t* p) {
+#if defined(__CUDA_ARCH__)
+  uint32_t v;
+  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#else
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+#endif
+}
+
 // Publish an index after its payload: the payload (in host memory across PCIe) must land first. A
 // release store at system scope orders every earlier write of this thread before it.
 BLINK_HD inline void store_release(uint64_t* p, uint64_t v) {

@@ -36,6 +36,15 @@ BLINK_HD inline int sched_prepare(const Team& t, const LoopParams& p) {
   return rows;
 }
 
+// Leader, on an idle turn only (no PCIe reads per step): true once the drain is over. The front end
+// raises ingress_closed after its last descriptor, so a tail read after the flag is final; everything
+// up to it was ingested and has finished (the records are published as the loop exits).
+BLINK_HD inline bool drain_done(const SchedState* s, const RingPtrs& rp) {
+  if (s->running_count != 0 || s->waiting_count != 0) return false;
+  if (load_acquire(&rp.control->ingress_closed) == 0) return false;
+  return load_acquire(&rp.ingress_header->tail) == s->ingress_head;
+}
+
 // Leader: tell the other TP ranks to run step `seq` (1-based launch number) with `command` (a bucket, or
 // kPeerStop). Release at system scope: the inputs written before (fenced by every writer) land first.
 BLINK_HD inline void post_to_peers(const LoopParams& p, uint64_t seq, uint32_t command) {

@@ -7,7 +7,6 @@
 
 #include <cstring>
 
-#include "abi.h"
 #include "follower.cuh"
 #include "sched.h"
 
@@ -125,10 +124,17 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
     if (sched_prepare(t, p) == 0) {
       if (t.leader()) {  // idle: back off, but keep the heartbeat going
         publish(s, p.cfg, p.rings);
-        pause_ns((uint32_t)s->idle_ns);
-        s->idle_ns = s->idle_ns * 2 > (int)kIdleMaxNs ? (int)kIdleMaxNs : s->idle_ns * 2;
+        // Only once the backoff is at its longest: the first idle turns, where the next request's
+        // latency is decided, read no extra host word.
+        if (s->idle_ns >= (int)kIdleMaxNs && drain_done(s, p.rings)) {
+          s->stopping = 1;  // drained: every request the front end sent has finished
+        } else {
+          pause_ns((uint32_t)s->idle_ns);
+          s->idle_ns = s->idle_ns * 2 > (int)kIdleMaxNs ? (int)kIdleMaxNs : s->idle_ns * 2;
+        }
       }
       t.sync();
+      if (load_volatile(&s->stopping)) break;
       continue;
     }
     if (t.leader()) {
@@ -182,8 +188,6 @@ cudaError_t single_kernel_graph(void* func, int threads, void* params, void* str
 }  // namespace
 
 extern "C" {
-
-void blink_abi_layout(uint64_t* out) { abi_layout(out); }
 
 uint64_t blink_sched_state_bytes(const SchedConfig* c) { return sched_carve(nullptr, *c); }
 

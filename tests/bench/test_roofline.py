@@ -1,0 +1,40 @@
+"""The roofline floor: dense models count every weight; a mixture of experts only the experts a step's
+tokens are expected to touch (plus attention, routers and dense weights)."""
+from __future__ import annotations
+
+import pytest
+
+from blink.bench.roofline import COPY_BW, ModelShape
+from blink.model import presets
+from blink.model.llama import LlamaForCausalLM
+
+
+def _matmul_params_of(name: str) -> tuple[int, int]:
+    """(every parameter a token multiplies through if all experts counted, one expert's parameters)."""
+    cfg = presets.get(name)
+    model = LlamaForCausalLM(cfg, "meta", cfg.dtype, max_positions=16)
+    total = sum(p.numel() for n, p in model.named_parameters() if "norm" not in n and "embed_tokens" not in n)
+    return total, 3 * cfg.hidden_size * cfg.moe_intermediate_size
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "phi-4"])
+def test_dense_floor_reads_every_weight(name):
+    shape = ModelShape.of(presets.get(name))
+    total, _ = _matmul_params_of(name)
+    assert shape.matmul_params == total and shape.touched_experts(64) == 0
+    assert shape.decode_floor_s(1, 0) == pytest.approx(total * 2 / COPY_BW)
+
+
+def test_moe_floor_reads_the_touched_experts():
+    cfg = presets.get("qwen3-30b-a3b")
+    shape = ModelShape.of(cfg)
+    total, per_expert = _matmul_params_of("qwen3-30b-a3b")
+    assert shape.moe_layers == 48 and shape.matmul_params + 48 * 128 * per_expert == total
+    assert shape.touched_experts(1) == pytest.approx(8)  # one token reads its 8 experts per layer
+    assert 8 < shape.touched_experts(8) < 64 < shape.touched_experts(128) < 128
+    one = shape.decode_floor_s(1, 0) * COPY_BW / 2
+    assert one == pytest.approx(shape.matmul_params + 48 * 8 * per_expert)  # ~3.3B active parameters
+    assert 3.0e9 < one < 3.6e9
+    floors = [shape.decode_floor_s(b, 1024) for b in (1, 8, 32, 128)]
+    assert floors == sorted(floors)
+    assert shape.decode_floor_s(128, 0) < total * 2 / COPY_BW  # nearly, not quite, every expert

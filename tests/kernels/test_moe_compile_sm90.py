@@ -1,0 +1,58 @@
+"""Compile the MoE kernels for the H200 (sm_90) without a GPU, as test_compile_sm90.py does for the others:
+the interpreter accepts things the real compiler rejects (a tl.dot under a branch, input_precision)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_MULTIPLES_OF_16 = ("n_out", "k_dim")
+pytestmark = pytest.mark.slow  # spawns the compiler in a subprocess
+
+
+def _compile_all() -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from blink.kernels import moe, moe_gemm
+
+    def check(fn, pointers: dict, constexprs: dict, **options):
+        signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in fn.arg_names}
+        aligned = lambda name: name in pointers or name.startswith("stride") or name in _MULTIPLES_OF_16
+        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
+                 if aligned(name) and name not in constexprs}
+        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+                                target=GPUTarget("cuda", 90, 32), options=options)
+        assert kernel.metadata.shared <= 232448, (fn.__name__, constexprs, kernel.metadata.shared)
+
+    for renorm in (False, True):  # 128 experts, top 8 (Qwen3-30B-A3B); 8, top 2 (Mixtral)
+        for block_e, top_k in ((128, 8), (8, 2)):
+            check(moe._route_kernel, {"logits_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32"},
+                  dict(TOP_K=top_k, RENORM=renorm, BLOCK_E=block_e, BLOCK_K=top_k))
+    for block_m, block_e in ((16, 128), (64, 128), (16, 8)):
+        check(moe._align_kernel, {"ids_ptr": "*i32", "sorted_ptr": "*i32", "block_expert_ptr": "*i32"},
+              dict(BLOCK_M=block_m, BLOCK_E=block_e, CHUNK=max(16, min(256, 16384 // block_e))), num_warps=8)
+    for dtype, precision in (("*bf16", "tf32"), ("*fp32", "ieee")):
+        ptrs = {"a_ptr": dtype, "w_ptr": dtype, "out_ptr": dtype, "sorted_ptr": "*i32",
+                "block_expert_ptr": "*i32", "weights_ptr": "*fp32"}
+        for gated, weighted in ((True, False), (False, True)):
+            for block_m, block_n in ((16, 32), (16, 64), (64, 64)):
+                check(moe_gemm._grouped_gemm_kernel, ptrs,
+                      dict(TOP_K=8, GATED=gated, WEIGHTED=weighted, PRECISION=precision, BLOCK_M=block_m,
+                           BLOCK_N=block_n, BLOCK_K=64))
+
+
+def test_moe_kernels_compile_for_sm90():
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
+    result = subprocess.run([sys.executable, __file__], env=env, cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=500)
+    assert result.returncode == 0, result.stderr[-4000:]
+
+
+if __name__ == "__main__":
+    _compile_all()

@@ -1,0 +1,119 @@
+"""GPU: Phi-4 and Qwen3-30B-A3B with their real shapes (few layers, bf16) against HF; the MoE kernels at
+real shapes and inside a CUDA graph; device mode equals host mode on a tiny fp32 MoE; host-mode graphs
+equal HF greedy on tiny fp32 Phi-3, Qwen3-MoE, Qwen2-MoE and Mixtral."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from blink.config import EngineArgs
+from blink.kernels.moe import experts_ref, fused_moe_ref, fused_moe_triton, route_ref
+from blink.model import presets
+from blink.model.config import ModelConfig
+from blink.model.llama import LlamaForCausalLM
+from blink.model.weights import load_hf_tensors
+from blink.request import SamplingParams
+from tests.hf_models import make_tiny_model, randomize_weights
+from tests.host.test_host_engine import hf_greedy, run_all
+from tests.model.paged import compare_with_hf
+
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
+
+
+@pytest.fixture
+def no_tf32():
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+@pytest.mark.parametrize("name", ["phi-4", "qwen3-30b-a3b"])
+def test_real_shapes_bf16_match_transformers(name):
+    hf_dict = {**presets.PRESETS[name], "num_hidden_layers": 2}
+    architecture = hf_dict["architectures"][0]
+    hf_config = getattr(transformers, architecture.replace("ForCausalLM", "Config"))(**hf_dict)
+    with torch.device("cuda"):
+        hf_model = getattr(transformers, architecture)(hf_config).to(torch.bfloat16).eval()
+    randomize_weights(hf_model, seed=0, std=0.02)
+    cfg = ModelConfig.from_hf_dict(hf_dict)
+    model = LlamaForCausalLM(cfg, "cuda", torch.bfloat16, max_positions=4096)
+    load_hf_tensors(model, hf_model.state_dict().items())  # Qwen3-MoE: experts stacked, as HF holds them
+    compare_with_hf(model, hf_model, rtol=None, max_prompt=300, block_size=16)
+
+
+@pytest.mark.parametrize("tokens", [1, 8, 128, 2048])
+def test_moe_kernels_at_qwen3_30b_shapes(tokens):
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    experts, hidden, inter = 128, 2048, 768
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
+    w13 = (0.02 * torch.randn(experts, 2 * inter, hidden, device="cuda", generator=g)).bfloat16()
+    w2 = (0.02 * torch.randn(experts, hidden, inter, device="cuda", generator=g)).bfloat16()
+    logits = torch.randn(tokens, experts, device="cuda", generator=g).bfloat16()
+    got = fused_moe_triton(x, logits, w13, w2, 8, True).float()
+    want = fused_moe_ref(x, logits, w13, w2, 8, True).float()
+    assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_moe_is_captured_and_replayed_in_a_cuda_graph():
+    """Routing, the sort and both GEMMs replay from one graph with new inputs: nothing was decided on the
+    host at capture time (no sync, no data-dependent shape)."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tokens, experts, hidden, inter = 32, 64, 256, 128
+    w13 = (0.05 * torch.randn(experts, 2 * inter, hidden, device="cuda", generator=g)).bfloat16()
+    w2 = (0.05 * torch.randn(experts, hidden, inter, device="cuda", generator=g)).bfloat16()
+    x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
+    logits = torch.randn(tokens, experts, device="cuda", generator=g).bfloat16()
+    fused_moe_triton(x, logits, w13, w2, 4, True)  # compile outside the capture
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            out = fused_moe_triton(x, logits, w13, w2, 4, True)
+    for seed in (1, 2):
+        x.copy_(torch.randn(tokens, hidden, device="cuda", generator=g))
+        logits.copy_(torch.randn(tokens, experts, device="cuda", generator=g) * seed)
+        graph.replay()
+        ids, weights = route_ref(logits, 4, True)
+        want = experts_ref(x, w13, w2, ids, weights).float()
+        assert ((out.float() - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_device_mode_matches_host_mode_on_a_tiny_moe(no_tf32):
+    from blink.core.loaded_model import LoadedModel
+    from blink.device.engine import DeviceEngine
+    from blink.host.engine import HostEngine
+    from tools.device_selftest import selftest_runs as runs
+
+    args = EngineArgs(model="tiny-qwen3-moe", device="cuda", dtype="float32", max_num_seqs=8,
+                      max_num_batched_tokens=64, block_size=16, num_kv_blocks=24, max_model_len=512)
+    loaded = LoadedModel.load(args)
+    greedy = runs.mixed_workload(40, 11, loaded.vocab_size, 24 * 16)
+    host = HostEngine(args, loaded)
+    ref = runs.run_all_at_once(host, greedy)
+    del host
+    dev = DeviceEngine(args, loaded)
+    try:
+        assert runs.compare(ref, runs.run_staggered(dev, greedy, {}, seed=1), set(), logprob_tol=1e-3) == []
+        assert dev.stats().preemptions > 0
+    finally:
+        dev.shutdown()
+
+
+@pytest.mark.parametrize("family", ["phi3", "qwen3_moe", "qwen2_moe", "mixtral"])
+def test_host_graphs_greedy_match_hf_fp32(tmp_path, family, no_tf32):
+    from blink.host.engine import HostEngine
+
+    path = make_tiny_model(tmp_path, family)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 500, n).tolist() for n in (1, 5, 17, 40, 64, 3, 100, 9)]
+    eng = HostEngine(EngineArgs(model=str(path), device="cuda", dtype="float32", max_num_seqs=8,
+                                max_num_batched_tokens=32, num_kv_blocks=14, block_size=16))
+    assert eng.runner.graphs, "graphs should be captured on the GPU"
+    p = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    tokens, _, _ = run_all(eng, {i: (q, p) for i, q in enumerate(prompts)})
+    for i, q in enumerate(prompts):
+        assert tokens[i] == hf_greedy(path, q, 16), f"request {i}"
+    assert eng.stats().preemptions > 0
