@@ -3,11 +3,14 @@
 # its launcher's imports for the replicas stage) into .whl/,
 # for `run` with carry [".whl"].
 # Pinned to versions that install against the image's own anyio/httpx/typing-extensions (seen 2026-11-29).
+# openai: transformers 5.17's serving imports ResponseReasoningText{Delta,Done}Event, which openai has from
+# 1.99.0 on (1.97.0 and 1.98.0, its declared floor, lack them: checked 2026-12-01 against both wheels).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)  # a worktree's .git is a file
+mkdir -p "$(dirname "$exclude")"; grep -qx '/.whl/' "$exclude" 2>/dev/null || echo '/.whl/' >> "$exclude"
 for pkg in fastapi==0.115.12 starlette==0.46.2 pydantic==2.11.7 pydantic-core==2.33.2 typing-inspection==0.4.1 \
-           annotated-types==0.7.0 uvicorn==0.34.3 openai==1.97.0 jiter==0.10.0 distro==1.9.0 sniffio==1.3.1 \
+           annotated-types==0.7.0 uvicorn==0.34.3 openai==1.99.0 jiter==0.10.0 distro==1.9.0 sniffio==1.3.1 \
            accelerate==1.15.0 psutil==7.1.3 pyyaml==6.0.3 \
            vllm-router==0.1.17 setproctitle==1.3.8 orjson==3.13.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 \
            propcache==0.5.4 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 attrs==26.1.0 \

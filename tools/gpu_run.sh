@@ -12,8 +12,17 @@ if [ -d .whl ]; then
 else
   export PYTHONPATH=$PWD
 fi
-wait_healthy() {  # PORT [SECONDS]: until the server answers /health
-  for _ in $(seq 1 "${2:-300}"); do curl -sf "localhost:$1/health" > /dev/null && return 0; sleep 1; done; return 1
+wait_healthy() {  # PORT [SECONDS [PID]]: until the server answers /health; fails at once if PID has exited
+  for _ in $(seq 1 "${2:-300}"); do
+    curl -sf "localhost:$1/health" > /dev/null && return 0
+    if [ -n "${3:-}" ] && ! kill -0 "$3" 2> /dev/null; then return 1; fi
+    sleep 1
+  done; return 1
+}
+die_server() {  # PID LOG WHAT: say loudly that the server is dead or not healthy, show its log, stop the stage
+  echo "FATAL: $3: server pid $1 $(kill -0 "$1" 2> /dev/null && echo 'alive but not healthy' || echo 'has exited')"
+  echo "--- last lines of $2"; tail -40 "$2"
+  kill -9 "$1" 2> /dev/null; wait "$1" 2> /dev/null; exit 1
 }
 stop_server() {  # PID: SIGINT, then SIGKILL after 25 s (blink serve stops within 20 s; transformers serve may not)
   kill -INT "$1"; for _ in $(seq 1 25); do kill -0 "$1" 2> /dev/null || break; sleep 1; done
@@ -92,25 +101,35 @@ for stage in "$@"; do
       done;;
     hf-peer)  # issue 6's peer: `transformers serve` (continuous batching) and blink serve, same weights and load
       preset=${PEER_PRESET:-llama3-8b}; dir=/tmp/hf-$preset
+      # transformers serve imports openai's Responses types at start; an old openai kills it at import
+      python3 -c 'import openai, transformers; from transformers.cli.serving import response, completion, server
+print("transformers", transformers.__version__, "openai", openai.__version__, "serving imports")' \
+        || { echo "FATAL: transformers serve cannot import (openai too old? bash tools/fetch_wheels.sh, carry .whl)"; exit 1; }
       python3 tools/hf_peer.py "$preset" "$dir" --device "${PEER_DEVICE:-cuda}" 2>&1 | tail -1
       for target in hf "${PEER_ENGINE:-device}"; do
+        log="$OUT/peer_$target.log"
         if [ "$target" = hf ]; then
           python3 -c 'import sys; from transformers.cli.transformers import main; sys.argv[0] = "transformers"; main()' \
-            serve "$dir" --continuous-batching --device "${PEER_DEVICE:-cuda}" --port 8013 > "$OUT/peer_$target.log" 2>&1 &
+            serve "$dir" --continuous-batching --device "${PEER_DEVICE:-cuda}" --port 8013 > "$log" 2>&1 &
         else
           python3 -m blink serve --model "$dir" --engine "$target" --max-model-len "${PEER_MAX_LEN:-2048}" --port 8013 \
-            > "$OUT/peer_$target.log" 2>&1 &
+            > "$log" 2>&1 &
         fi
         srv=$!
-        wait_healthy 8013
+        wait_healthy 8013 "${PEER_START_TIMEOUT:-600}" $srv || die_server $srv "$log" "$target did not come up"
         timeout 150 python3 -m blink bench serve --base-url http://127.0.0.1:8013 --model "$dir" --num-prompts 8 \
-          --random-input-len 64 --random-output-len 16 --disable-tqdm > /dev/null  # warm-up, not recorded
+          --random-input-len 64 --random-output-len 16 --disable-tqdm > /dev/null \
+          || die_server $srv "$log" "$target failed the warm-up"  # not recorded, but it must succeed
         for rate in ${PEER_RATES:-2 8}; do  # no --ignore-eos: transformers serve refuses the field
           echo "--- $target, $rate req/s"
+          kill -0 $srv 2> /dev/null || die_server $srv "$log" "$target died before $rate req/s"
+          # bench serve exits non-zero when no request succeeded; pipefail carries that through grep
           timeout 150 python3 -m blink bench serve --base-url http://127.0.0.1:8013 --model "$dir" \
             --num-prompts $((rate * ${PEER_SECONDS:-20})) --request-rate "$rate" --random-input-len "${PEER_INPUT:-512}" \
             --random-output-len 128 --disable-tqdm --result-json "$OUT/peer_${target}_rate$rate.json" \
-            | grep -E "Successful|Failed|Output token|P99 TTFT|P99 TPOT"
+            | grep -E "Successful|Failed|Output token|P99 TTFT|P99 TPOT" || die_server $srv "$log" "$target at $rate req/s"
+          python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); sys.exit(r["failed"] > 0)' \
+            "$OUT/peer_${target}_rate$rate.json" || die_server $srv "$log" "$target: failed requests at $rate req/s"
         done
         stop_server $srv
       done;;
@@ -139,6 +158,22 @@ for stage in "$@"; do
         --point-seconds "${PREFIX_POINT_S:-30}" --ignore-eos --random-prefix-len 2000 --random-input-len 100 --random-output-len 128 \
         --result-dir /tmp/prefix-interference
       tar czf "$OUT/prefix_interference.tgz" -C /tmp prefix-interference;;
+    interference-p1|interference-p2)  # issue 19's matrices (blink/bench/sweep_plan.py), in chunks that fit one
+      # 10-minute command: each call measures what fits in INTF_BUDGET s and returns only its own new files; the
+      # same stage again continues (--resume) on the same machine, or on a fresh one with the earlier folder
+      # carried in as .intf/<p1|p2>/ (merge the returned tgz files there first: blink bench interference --merge-from).
+      m=${stage#interference-}; dir=/tmp/intf-$m; mkdir -p "$dir"
+      [ -d ".intf/$m" ] && cp -rn ".intf/$m/." "$dir/"
+      touch /tmp/intf-stamp; sleep 1
+      python3 -m blink bench interference --model llama3-8b --matrix "priority${m#p}" --frontend-cpus 0-1 \
+        --engine-cpus 2-13 --client-cpus 14-15 --point-seconds "${INTF_POINT_SECONDS:-15}" \
+        --drain-seconds "${INTF_DRAIN_SECONDS:-8}" --server-start-s "${INTF_START_S:-90}" \
+        --time-budget-s "${INTF_BUDGET:-500}" --resume --disable-tqdm --result-dir "$dir" ${INTF_ARGS:-} 2>&1 \
+        | grep --line-buffered -v "it/s" | tee "$OUT/intf_${m}.log"
+      (cd "$dir" && { find points runs logs -newer /tmp/intf-stamp -type f 2> /dev/null
+                      ls results.md summary.json ./*.png 2> /dev/null; } > /tmp/intf-new
+       tar czf "$OUT/intf_${m}_$(date +%H%M%S).tgz" -T /tmp/intf-new)
+      ls -la "$OUT";;
     replicas)  # 2 GPUs (nvidia-h200-x2): two device-mode replicas behind vllm-router vs one replica, then a drain
       # under load (REPLICA_MODEL, REPLICA_PROMPTS, REPLICA_ARGS, REPLICA_LOAD; docs/deploy.md). Needs .whl with
       # vllm-router (fetch_wheels.sh).

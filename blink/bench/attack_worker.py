@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+from blink.bench.sched_knobs import POLICIES, apply_in_worker
 from blink.util.processes import die_with_parent
 
 # What one short-lived "compile" process does: die with its driver, then compress half a MiB with bz2
@@ -118,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--buffer-mib", type=int, default=256)
     p.add_argument("--tokenizer", default=None)
     p.add_argument("--prompt-words", type=int, default=4000)
+    p.add_argument("--nice", type=int, default=None, help="add this to the worker's niceness")
+    p.add_argument("--sched", choices=sorted(POLICIES), default=None, help="scheduling policy")
+    p.add_argument("--cgroup", default=None, help="a cgroup directory to join (its weight is set there)")
     args = p.parse_args(argv)
     die_with_parent(args.parent_pid, exit_code=0)
     stop = threading.Event()
@@ -125,11 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda *_: stop.set())
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
+    knobs = apply_in_worker(args.nice, args.sched, args.cgroup)  # before set-up, so children inherit it
     work = KINDS[args.kind](args)
     print("ready", flush=True)
     started = time.monotonic()
     report = work(stop, started + args.seconds)
-    report.update(kind=args.kind, cpu=args.cpu, pid=os.getpid(), seconds=time.monotonic() - started,
+    report.update(knobs, kind=args.kind, cpu=args.cpu, pid=os.getpid(), seconds=time.monotonic() - started,
                   stopped_by_signal=stop.is_set())
     print(json.dumps(report), flush=True)
     return 0

@@ -80,6 +80,9 @@ class AttackSpec:
     cpus: tuple[int, ...] | None = None  # None = unpinned
     tokenizer: str | None = None  # tokenize kind: a tokenizer.json (default: a small BPE trained at start)
     buffer_mib: int | None = None  # memory kind: per-process footprint (default: default_buffer_mib)
+    nice: int | None = None  # sched_knobs: applied by each worker to itself
+    policy: str | None = None
+    cgroup: str | None = None  # a directory made by sched_knobs.AttackCgroup
 
     def __post_init__(self):
         if self.kind not in KINDS:
@@ -111,6 +114,9 @@ class Attackers:
             cmd += ["--buffer-mib", str(spec.buffer_mib or default_buffer_mib(spec.procs))]
         if spec.tokenizer:
             cmd += ["--tokenizer", spec.tokenizer]
+        for flag, value in (("--nice", spec.nice), ("--sched", spec.policy), ("--cgroup", spec.cgroup)):
+            if value is not None:
+                cmd += [flag, str(value)]
         return cmd
 
     def start(self, ready_timeout_s: float = 60.0) -> Attackers:
@@ -182,15 +188,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, required=True, help="seconds")
     p.add_argument("--tokenizer", default=None, help="tokenize kind: a tokenizer.json or a dir holding one")
     p.add_argument("--buffer-mib", type=int, default=None, help="memory kind: MiB per process")
+    p.add_argument("--nice", type=int, default=None, help="niceness added to each attack process")
+    p.add_argument("--sched", choices=("batch", "idle"), default=None, help="their scheduling policy")
 
 
 def print_reports(reports: list[dict]) -> None:
     table = Table(title="Attack processes")
-    for column in ("pid", "kind", "cpu", "seconds", "iterations", "returncode"):
+    for column in ("pid", "kind", "cpu", "nice", "policy", "seconds", "iterations", "returncode"):
         table.add_column(column)
     for r in reports:
         seconds = f"{r['seconds']:.2f}" if "seconds" in r else "-"
-        table.add_row(str(r["pid"]), str(r.get("kind", "-")), str(r.get("cpu")), seconds,
+        table.add_row(str(r["pid"]), str(r.get("kind", "-")), str(r.get("cpu")), str(r.get("nice", "-")),
+                      str(r.get("policy", "-")), seconds,
                       str(r.get("iterations", r.get("error", "-"))), str(r["returncode"]))
     Console().print(table)
 
@@ -203,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     cpus = optional_cpu_list(args.cpus)
     spec = AttackSpec(kind=args.kind, procs=args.procs, duration_s=args.duration,
                       cpus=tuple(cpus) if cpus else None, tokenizer=args.tokenizer,
-                      buffer_mib=args.buffer_mib)
+                      buffer_mib=args.buffer_mib, nice=args.nice, policy=args.sched)
     attackers = Attackers(spec)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:

@@ -1,4 +1,5 @@
-"""GPU energy (NVML total-energy counter, mJ) and mean utilisation over a measurement window.
+"""GPU energy (NVML total-energy counter, mJ), mean utilisation and mean power over a measurement window,
+and the idle power (the power reading sampled for a few seconds while nothing is measured).
 
 Uses `pynvml` (the nvidia-ml-py package) when it can be imported and initialised; otherwise every
 reading is None, so the benchmark also runs on machines without a GPU.
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 
@@ -20,6 +22,7 @@ def default_gpu_index() -> int:
 class GpuReading:
     energy_mj: float | None = None  # energy the whole GPU used during the window
     mean_utilization_pct: float | None = None  # mean of NVML's utilisation.gpu samples
+    mean_power_w: float | None = None  # mean of NVML's power readings (W)
     samples: int = 0
 
 
@@ -41,6 +44,7 @@ class GpuMonitor:
             self._nvml = None
         self._energy_start: float | None = None
         self._utilization: list[int] = []
+        self._power_mw: list[int] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -54,17 +58,43 @@ class GpuMonitor:
         except Exception:  # older GPUs lack the counter
             return None
 
+    def _power(self) -> int | None:
+        try:
+            return int(self._nvml.nvmlDeviceGetPowerUsage(self._handle))  # mW
+        except Exception:
+            return None
+
     def _sample(self) -> None:
         while not self._stop.wait(self.sample_interval_s):
             try:
                 self._utilization.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
             except Exception:
                 return
+            power = self._power()
+            if power is not None:
+                self._power_mw.append(power)
+
+    def idle_power(self, seconds: float) -> dict:
+        """Mean and max power (W) and, where the counter exists, energy-derived mean power over `seconds`
+        of sampling with nothing else measured; all None without NVML."""
+        if not self.available:
+            return {"mean_w": None, "max_w": None, "energy_mean_w": None, "seconds": seconds}
+        readings, start_mj, start = [], self._energy(), time.monotonic()
+        while time.monotonic() - start < seconds:
+            power = self._power()
+            if power is not None:
+                readings.append(power / 1000.0)
+            time.sleep(self.sample_interval_s)
+        elapsed, end_mj = time.monotonic() - start, self._energy()
+        energy_w = (end_mj - start_mj) / 1000.0 / elapsed if None not in (start_mj, end_mj) else None
+        return {"mean_w": sum(readings) / len(readings) if readings else None,
+                "max_w": max(readings, default=None), "energy_mean_w": energy_w, "seconds": elapsed}
 
     def start(self) -> None:
         if not self.available:
             return
         self._utilization = []
+        self._power_mw = []
         self._stop.clear()
         self._energy_start = self._energy()
         self._thread = threading.Thread(target=self._sample, name="gpu-monitor", daemon=True)
@@ -79,7 +109,9 @@ class GpuMonitor:
         end = self._energy()
         energy = end - self._energy_start if end is not None and self._energy_start is not None else None
         mean_util = sum(self._utilization) / len(self._utilization) if self._utilization else None
-        return GpuReading(energy_mj=energy, mean_utilization_pct=mean_util, samples=len(self._utilization))
+        power = sum(self._power_mw) / len(self._power_mw) / 1000.0 if self._power_mw else None
+        return GpuReading(energy_mj=energy, mean_utilization_pct=mean_util, mean_power_w=power,
+                          samples=len(self._utilization))
 
     def close(self) -> None:
         if self.available:

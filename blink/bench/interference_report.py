@@ -1,158 +1,189 @@
-"""The interference result folder: one JSON per point, a markdown table and PNG plots of them all.
+"""The interference report: every point's repeats summarised (median, min-max, bootstrap interval),
+written as results.md and summary.json, and plotted with error bars (interference_plots.py).
 
-Layout of a folder: points/<mode>__<layout>__<attack>-x<level>__rate-<rate>.json, results.md,
-latency_<layout>.png, retention_<layout>.png, logs/.
+A table cell reads `median [min-max]` over the point's repeats. "pooled P99" is the percentile over the
+requests of all repeats together (from the raw latencies) with its 95% bootstrap interval.
+Retention is the point's output throughput over the isolated point's (same layout, mode, variant, rate),
+median over median, with the extremes of the two sets of repeats.
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
-from collections import defaultdict
 
-ISOLATED = "none"
+from blink.bench.result_folder import ISOLATED, group_repeats, load_points, load_runs, point_key, request_samples
+from blink.bench.stats import pooled_percentile, ratio_spread, spread
 
-
-def point_name(mode: str, layout: str, attack_kind: str, attack_level: float, rate: float) -> str:
-    return f"{mode}__{layout}__{attack_kind}-x{attack_level:g}__rate-{rate:g}"
-
-
-def save_point(result_dir: str, point: dict) -> str:
-    """Write (or replace) a point's JSON; returns its path."""
-    os.makedirs(os.path.join(result_dir, "points"), exist_ok=True)
-    name = point_name(point["mode"], point["layout"], point["attack_kind"], point["attack_level"],
-                      point["request_rate"])
-    path = os.path.join(result_dir, "points", name + ".json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(point, f, indent=2)
-    return path
-
-
-def load_points(result_dir: str) -> list[dict]:
-    points = []
-    for path in sorted(glob.glob(os.path.join(result_dir, "points", "*.json"))):
-        with open(path, encoding="utf-8") as f:
-            points.append(json.load(f))
-    return sorted(points, key=lambda p: (p["layout"], p["mode"], p["attack_kind"] != ISOLATED,
-                                         p["attack_kind"], p["attack_level"], p["request_rate"]))
+# name -> how one repeat gives it
+METRICS = {
+    "p50_ttft_ms": lambda p: p["bench"]["median_ttft_ms"],
+    "p99_ttft_ms": lambda p: p["bench"]["p99_ttft_ms"],
+    "p50_tpot_ms": lambda p: p["bench"]["median_tpot_ms"],
+    "p99_tpot_ms": lambda p: p["bench"]["p99_tpot_ms"],
+    "p50_itl_ms": lambda p: p["bench"]["median_itl_ms"],
+    "p99_itl_ms": lambda p: p["bench"]["p99_itl_ms"],
+    "output_throughput": lambda p: p["bench"]["output_throughput"],
+    "energy_per_output_token_mj": lambda p: p.get("energy_per_output_token_mj"),
+    "engine_cpu_s_per_1k_tokens": lambda p: p.get("engine_cpu_s_per_1k_tokens"),
+    "gpu_mean_power_w": lambda p: p.get("gpu_mean_power_w"),
+    "server_idle_power_w": lambda p: p.get("server_idle_power_w"),
+}
+POOLED = ("ttft", "tpot")  # pooled P99 over the raw requests
+# The Blink paper's headline ratios as issue 19 quotes them: host-style baseline over Blink for P99 TTFT and
+# P99 TPOT, Blink over baseline for throughput, and Blink's energy per token relative to the baseline.
+PAPER_RATIOS = {"p99_ttft": 8.47, "p99_tpot": 3.40, "throughput": 2.1, "energy": -0.486}
 
 
-def condition(point: dict) -> str:
-    """The attack condition of a point, as a legend label."""
-    if point["attack_kind"] == ISOLATED:
-        return "isolated"
-    return f"{point['attack_kind']} x{point['attack_level']:g}"
+def condition(row: dict) -> str:
+    """The attack condition (and knob variant) of a point, as a legend label."""
+    base = "isolated" if row["attack_kind"] == ISOLATED else f"{row['attack_kind']} x{row['attack_level']:g}"
+    return f"{base} [{row['variant']}]" if row.get("variant") else base
 
 
-def retention(point: dict, points: list[dict]) -> float | None:
-    """Output throughput of this point over that of the isolated point with the same mode/layout/rate."""
-    for other in points:
-        same = all(other[k] == point[k] for k in ("mode", "layout", "request_rate"))
-        if same and other["attack_kind"] == ISOLATED:
-            base = other["bench"]["output_throughput"]
-            return point["bench"]["output_throughput"] / base if base else None
-    return None
+def summarize_point(repeats: list[dict]) -> dict:
+    first = repeats[0]
+    row = {k: first.get(k, "") for k in ("mode", "layout", "attack_kind", "attack_level", "variant",
+                                         "request_rate")}
+    row["repeats"] = len(repeats)
+    row["runs"] = sorted({p["run_id"] for p in repeats})
+    row["completed"] = spread([p["bench"]["completed"] for p in repeats])
+    row["failed_total"] = sum(p["bench"]["failed"] for p in repeats)
+    row["incomplete_total"] = sum(p["bench"].get("incomplete", 0) for p in repeats)
+    for name, get in METRICS.items():
+        row[name] = spread([get(p) for p in repeats])
+    for metric in POOLED:
+        groups = [[x * 1000.0 for x in request_samples(p, metric)] for p in repeats]
+        row[f"pooled_p99_{metric}_ms"] = pooled_percentile(groups, 99, resamples=500)
+    return row
 
 
-def _fmt(value, digits: int = 1) -> str:
-    if value is None:
+def add_retention(rows: list[dict], groups: dict[tuple, list[dict]]) -> None:
+    """Each row's throughput over its isolated twin's, with the spread of both sets of repeats."""
+    for row in rows:
+        twin = (row["mode"], row["layout"], ISOLATED, 0.0, row["variant"], row["request_rate"])
+        base = groups.get(twin)
+        throughput = [r["bench"]["output_throughput"] for r in groups[point_key(row)]]
+        row["retention"] = (ratio_spread(throughput, [r["bench"]["output_throughput"] for r in base])
+                            if base else spread([]))
+
+
+def summarize(points: list[dict]) -> list[dict]:
+    groups = group_repeats(points)
+    rows = [summarize_point(repeats) for repeats in groups.values()]
+    add_retention(rows, groups)
+    return rows
+
+
+def with_repeats(points: list[dict]) -> list[dict]:
+    """summarize(), each row also holding its repeats under "_repeats" (not written to summary.json)."""
+    groups = group_repeats(points)
+    rows = summarize(points)
+    for row in rows:
+        row["_repeats"] = groups[point_key(row)]
+    return rows
+
+
+def cell(s: dict, digits: int = 1) -> str:
+    if not s or s.get("median") is None:
         return "-"
-    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+    if s["n"] == 1 or s["min"] == s["max"]:
+        return f"{s['median']:.{digits}f}"
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
 
 
-def markdown_table(points: list[dict]) -> str:
-    header = ("| layout | mode | condition | rate (req/s) | done | failed | incomplete | out tok/s | "
-              "retention | P99 TTFT (ms) | P99 TPOT (ms) | mean ITL (ms) | engine CPU s / 1k tok | "
-              "mJ / out tok | GPU util % |")
+def pooled_cell(s: dict) -> str:
+    if s["value"] is None:
+        return "-"
+    return f"{s['value']:.1f} ({s['ci_low']:.1f}-{s['ci_high']:.1f})"
+
+
+def markdown_table(rows: list[dict]) -> str:
+    header = ("| layout | mode | condition | rate (req/s) | repeats | done | failed | incomplete | out tok/s | "
+              "retention | P50 TTFT (ms) | P99 TTFT (ms) | pooled P99 TTFT (ms) | P50 TPOT (ms) | "
+              "P99 TPOT (ms) | P99 ITL (ms) | engine CPU s / 1k tok | mJ / out tok | idle W |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    for p in points:
-        b = p["bench"]
+    for r in rows:
         lines.append("| " + " | ".join([
-            p["layout"], p["mode"], condition(p), _fmt(p["request_rate"], 2), str(b["completed"]),
-            str(b["failed"]), str(b.get("incomplete", 0)), _fmt(b["output_throughput"]),
-            _fmt(retention(p, points), 3), _fmt(b["p99_ttft_ms"]), _fmt(b["p99_tpot_ms"], 2),
-            _fmt(b["mean_itl_ms"], 2), _fmt(p.get("engine_cpu_s_per_1k_tokens"), 3),
-            _fmt(p.get("energy_per_output_token_mj"), 1), _fmt(p.get("gpu_mean_utilization_pct"), 1),
+            r["layout"], r["mode"], condition(r), f"{r['request_rate']:.2f}", str(r["repeats"]),
+            cell(r["completed"], 0), str(r["failed_total"]), str(r["incomplete_total"]),
+            cell(r["output_throughput"]), cell(r["retention"], 3), cell(r["p50_ttft_ms"]),
+            cell(r["p99_ttft_ms"]), pooled_cell(r["pooled_p99_ttft_ms"]), cell(r["p50_tpot_ms"], 2),
+            cell(r["p99_tpot_ms"], 2), cell(r["p99_itl_ms"], 2), cell(r["engine_cpu_s_per_1k_tokens"], 3),
+            cell(r["energy_per_output_token_mj"]), cell(r["server_idle_power_w"]),
         ]) + " |")
     return "\n".join(lines) + "\n"
 
 
-def _series(points: list[dict]) -> dict[tuple[str, str], list[dict]]:
-    """(mode, condition) -> its points by rate."""
-    series = defaultdict(list)
-    for p in points:
-        series[(p["mode"], condition(p))].append(p)
-    return {k: sorted(v, key=lambda p: p["request_rate"]) for k, v in series.items()}
-
-
-def plot_latency(points: list[dict], path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
-
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for (mode, cond), series in _series(points).items():
-        rates = [p["request_rate"] for p in series]
-        style = "-" if cond == "isolated" else "--"
-        for ax, key in zip(axes, ("p99_ttft_ms", "p99_tpot_ms"), strict=True):
-            ax.plot(rates, [p["bench"][key] for p in series], style, marker="o", label=f"{mode}, {cond}")
-    for ax, label in zip(axes, ("P99 TTFT (ms)", "P99 TPOT (ms)"), strict=True):
-        ax.set_xlabel("request rate (req/s)")
-        ax.set_ylabel(label)
-        ax.set_yscale("log")  # a tail that blows up spans orders of magnitude
-        ax.yaxis.set_major_formatter(plain)
-        ax.yaxis.set_minor_formatter(plain)
-        ax.grid(True, alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_retention(points: list[dict], path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (mode, cond), series in _series(points).items():
-        if cond == "isolated":
+def mode_ratios(rows: list[dict], base: str = "host", ours: str = "device") -> list[dict]:
+    """Per (layout, condition, rate) with both modes: base/ours P99 TTFT and TPOT, ours/base throughput
+    and ours/base - 1 energy per token, each from the two modes' repeats (stats.ratio_spread)."""
+    groups: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        groups.setdefault((r["layout"], r["attack_kind"], r["attack_level"], r["variant"], r["request_rate"]),
+                          {})[r["mode"]] = r
+    found = []
+    for by_mode in groups.values():
+        if base not in by_mode or ours not in by_mode:
             continue
-        pairs = [(p["request_rate"], retention(p, points)) for p in series]
-        pairs = [(rate, value) for rate, value in pairs if value is not None]
-        if pairs:
-            ax.plot(*zip(*pairs, strict=True), marker="o", label=f"{mode}, {cond}")
-    ax.axhline(1.0, color="grey", linewidth=0.8)
-    top = max([1.05] + [max(line.get_ydata()) + 0.05 for line in ax.lines[:-1]])
-    ax.set_ylim(0.0, top)  # from zero, so that noise of a percent does not look like a collapse
-    ax.set_xlabel("request rate (req/s)")
-    ax.set_ylabel("output throughput, colocated / isolated")
-    ax.grid(True, alpha=0.3)
-    if len(ax.lines) > 1:  # the reference line plus at least one series
-        ax.legend(fontsize=8)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        b, o = by_mode[base]["_repeats"], by_mode[ours]["_repeats"]
+        get = lambda reps, name: [METRICS[name](p) for p in reps]
+        energy = ratio_spread(get(o, "energy_per_output_token_mj"), get(b, "energy_per_output_token_mj"))
+        for field in ("median", "min", "max", "ci_low", "ci_high"):
+            if energy[field] is not None:
+                energy[field] -= 1.0
+        found.append({"row": by_mode[ours], "p99_ttft": ratio_spread(get(b, "p99_ttft_ms"), get(o, "p99_ttft_ms")),
+                      "p99_tpot": ratio_spread(get(b, "p99_tpot_ms"), get(o, "p99_tpot_ms")),
+                      "throughput": ratio_spread(get(o, "output_throughput"), get(b, "output_throughput")),
+                      "energy": energy})
+    return found
+
+
+def ratio_cell(s: dict, digits: int = 2) -> str:
+    if s.get("median") is None:
+        return "-"
+    return f"{s['median']:.{digits}f} [{s['ci_low']:.{digits}f}, {s['ci_high']:.{digits}f}]"
+
+
+def ratios_section(rows: list[dict]) -> str:
+    """Our device-vs-host ratios (median [95% bootstrap interval over both modes' repeats]) beside the paper's."""
+    lines = ["## Device mode against host mode, beside the Blink paper's headline ratios\n",
+             "| layout | condition | rate (req/s) | P99 TTFT host/device | P99 TPOT host/device | "
+             "throughput device/host | energy per token device/host - 1 |", "|---|---|---|---|---|---|---|",
+             f"| Blink paper | headline | - | {PAPER_RATIOS['p99_ttft']:.2f} | {PAPER_RATIOS['p99_tpot']:.2f} | "
+             f"{PAPER_RATIOS['throughput']:.2f} | {PAPER_RATIOS['energy']:+.3f} |"]
+    for r in mode_ratios(rows):
+        row = r["row"]
+        lines.append(f"| {row['layout']} | {condition(row)} | {row['request_rate']:g} | {ratio_cell(r['p99_ttft'])} | "
+                     f"{ratio_cell(r['p99_tpot'])} | {ratio_cell(r['throughput'])} | {ratio_cell(r['energy'], 3)} |")
+    return "\n".join(lines) + "\n"
+
+
+def runs_section(runs: list[dict]) -> str:
+    lines = ["## Runs\n", "| run | repeats | knobs | cgroup | GPU idle W before the sweep |", "|---|---|---|---|---|"]
+    for run in runs:
+        plan = run.get("plan", [])
+        idle = (run.get("gpu_idle_power_before_sweep") or {}).get("mean_w")
+        knobs = ", ".join(f"{k}={v}" for k, v in (run.get("knobs") or {}).items() if v is not None) or "-"
+        lines.append(f"| {run['run_id']} | {','.join(str(r['repeat']) for r in plan)} | {knobs} | "
+                     f"{run.get('cgroup_support', '-')} | {'-' if idle is None else f'{idle:.1f}'} |")
+    return "\n".join(lines) + "\n"
 
 
 def write_report(result_dir: str) -> list[str]:
-    """Regenerate results.md and the plots from every point in the folder; returns the files written."""
-    points = load_points(result_dir)
-    written = [os.path.join(result_dir, "results.md")]
+    """Regenerate results.md, summary.json and the plots from every repeat in the folder."""
+    from blink.bench.interference_plots import plot_layout
+
+    rows = with_repeats(load_points(result_dir))
+    written = [os.path.join(result_dir, "results.md"), os.path.join(result_dir, "summary.json")]
     with open(written[0], "w", encoding="utf-8") as f:
-        f.write("# Interference results\n\nGenerated by `blink bench interference` from points/*.json.\n\n")
-        f.write(markdown_table(points))
-    for layout in sorted({p["layout"] for p in points}):
-        subset = [p for p in points if p["layout"] == layout]
-        latency_png = os.path.join(result_dir, f"latency_{layout}.png")
-        plot_latency(subset, latency_png, f"tail latency vs load ({layout} cores)")
-        retention_png = os.path.join(result_dir, f"retention_{layout}.png")
-        plot_retention(subset, retention_png, f"throughput retention ({layout} cores)")
-        written += [latency_png, retention_png]
+        f.write("# Interference results\n\nGenerated by `blink bench interference` from points/*/*.json: "
+                "each cell is the median [min-max] over the point's repeats; pooled P99 is over all "
+                "repeats' requests with a 95% bootstrap interval.\n\n")
+        f.write(markdown_table(rows))
+        f.write("\n" + ratios_section(rows))
+        f.write("\n" + runs_section(load_runs(result_dir)))
+    with open(written[1], "w", encoding="utf-8") as f:
+        json.dump([{k: v for k, v in r.items() if k != "_repeats"} for r in rows], f, indent=1)
+    for layout in sorted({r["layout"] for r in rows}):
+        written += plot_layout([r for r in rows if r["layout"] == layout], result_dir, layout)
     return written

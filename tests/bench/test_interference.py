@@ -1,10 +1,11 @@
 """The interference lab end to end, with the fake server as an external mode (no `blink serve`)."""
 import argparse
+import itertools
 import json
 import os
 
-from blink.bench import interference
-from blink.bench.interference_report import load_points
+from blink.bench import interference, sweep_runner
+from blink.bench.result_folder import load_points, load_runs, request_samples
 from tests.bench.fake_openai_server import MODEL
 
 
@@ -16,39 +17,90 @@ def lab_args(result_dir, base_url, *extra: str) -> argparse.Namespace:
         "--layouts", "shared", "--attack-kinds", "spin", "--attack-levels", "0,1",
         "--point-seconds", "0.6", "--drain-seconds", "5", "--attack-settle-seconds", "0.1",
         "--warmup-requests", "2", "--random-input-len", "12", "--random-output-len", "4",
-        "--ignore-eos", "--disable-tqdm", *extra])
+        "--idle-power-seconds", "0.1", "--ignore-eos", "--disable-tqdm", *extra])
 
 
-def test_sweep_writes_points_table_and_plots(fake_server, tmp_path):
-    args = lab_args(tmp_path, fake_server.base_url, "--request-rates", "5,10")
+def test_repeated_sweep_keeps_every_repeat_and_summarises(fake_server, tmp_path):
+    args = lab_args(tmp_path, fake_server.base_url, "--request-rates", "5,10", "--repeats", "2")
     assert interference.run(args) == 0
     points = load_points(str(tmp_path))
-    assert len(points) == 4
+    assert len(points) == 8  # 2 conditions x 2 rates x 2 repeats
+    assert sorted({p["repeat"] for p in points}) == [0, 1] and len({p["run_id"] for p in points}) == 1
     ncpus = len(os.sched_getaffinity(0))
     for p in points:
         assert p["mode"] == "fake" and p["layout"] == "shared" and p["model"] == MODEL
         assert p["bench"]["completed"] > 0 and p["bench"]["failed"] == 0
         assert p["engine_pid"] == os.getpid()  # read from the fake's blink:engine_pid gauge
-        assert p["engine_cpu_s_per_1k_tokens"] > 0
+        # the raw per-request latencies are kept, and give back the summary's percentiles' inputs
+        assert len(request_samples(p, "ttft")) == p["bench"]["completed"]
+        assert len(request_samples(p, "itl")) > 0
         if p["attack_kind"] == "none":
             assert p["attack_procs"] == 0 and p["attackers"] == []
         else:
             assert p["attack_procs"] == ncpus and p["attackers_alive_at_end"] == ncpus
             assert [a["returncode"] for a in p["attackers"]] == [0] * ncpus
+            assert all(a["policy"] == "other" for a in p["attackers"])
         assert p["energy_per_output_token_mj"] is None or p["energy_per_output_token_mj"] > 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert len(summary) == 4 and all(row["repeats"] == 2 for row in summary)
+    for row in summary:
+        ttft = row["p99_ttft_ms"]
+        assert ttft["n"] == 2 and ttft["min"] <= ttft["median"] <= ttft["max"]
+        assert row["pooled_p99_ttft_ms"]["n"] == sum(
+            p["bench"]["completed"] for p in points
+            if (p["attack_kind"], p["request_rate"]) == (row["attack_kind"], row["request_rate"]))
+        if row["attack_kind"] == "none":
+            assert row["retention"]["median"] == 1.0
     table = (tmp_path / "results.md").read_text()
     assert table.count("| shared | fake |") == 4
-    assert table.count("| 1.000 |") >= 2  # the isolated points' retention
-    for name in ("latency_shared.png", "retention_shared.png"):
+    [run] = load_runs(str(tmp_path))
+    assert [r["repeat"] for r in run["plan"]] == [0, 1] and run["left_points"] == 0
+    assert len(run["server_idle_power"]) == 2  # one reading per server group per repeat
+    for name in ("latency_shared.png", "retention_shared.png", "energy_shared.png"):
         assert (tmp_path / name).read_bytes()[:4] == b"\x89PNG"
 
 
-def test_rerunning_a_point_replaces_it(fake_server, tmp_path):
-    assert interference.run(lab_args(tmp_path, fake_server.base_url, "--request-rates", "5",
-                                     "--attack-levels", "0")) == 0
-    path = tmp_path / "points" / "fake__shared__none-x0__rate-5.json"
-    first = json.loads(path.read_text())
-    assert interference.run(lab_args(tmp_path, fake_server.base_url, "--request-rates", "5",
-                                     "--attack-levels", "0", "--seed", "1")) == 0
+def test_second_run_adds_repeats_and_merge_joins_folders(fake_server, tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    common = ("--request-rates", "5", "--attack-levels", "0")
+    assert interference.run(lab_args(first, fake_server.base_url, *common)) == 0
+    assert interference.run(lab_args(first, fake_server.base_url, *common, "--first-repeat", "1")) == 0
+    assert [p["repeat"] for p in load_points(str(first))] == [0, 1]
+    assert interference.run(lab_args(second, fake_server.base_url, *common, "--first-repeat", "2")) == 0
+    merge = lab_args(first, fake_server.base_url, "--merge-from", str(second))
+    assert interference.run(merge) == 0
+    assert [p["repeat"] for p in load_points(str(first))] == [0, 1, 2]
+    assert len(load_runs(str(first))) == 3
+    assert interference.run(merge) == 0  # merging again copies nothing twice
+    assert len(load_points(str(first))) == 3
+    [row] = json.loads((first / "summary.json").read_text())
+    assert row["repeats"] == 3 and len(row["runs"]) == 3
+
+
+def test_time_budget_stops_and_resume_finishes_the_plan(fake_server, tmp_path, monkeypatch):
+    common = ("--request-rates", "5,10", "--attack-levels", "0", "--repeats", "2", "--point-cost-s", "1",
+              "--server-start-s", "0")
+    # The budget's clock moves 1 s a reading: start 0, group 1 (1 + 1 <= 3.5), point 1 (2 + 1 <= 3.5),
+    # point 2 (3 + 1 > 3.5): one point measured, three left.
+    ticks = itertools.count()
+    monkeypatch.setattr(sweep_runner, "clock", lambda: float(next(ticks)))
+    assert interference.run(lab_args(tmp_path, fake_server.base_url, *common, "--time-budget-s", "3.5")) == 0
     assert len(load_points(str(tmp_path))) == 1
-    assert json.loads(path.read_text())["bench"] != first["bench"]
+    assert load_runs(str(tmp_path))[0]["left_points"] == 3
+    monkeypatch.setattr(sweep_runner, "clock", lambda: 0.0)
+    assert interference.run(lab_args(tmp_path, fake_server.base_url, *common, "--resume")) == 0
+    points = load_points(str(tmp_path))
+    assert sorted((p["request_rate"], p["repeat"]) for p in points) == [(5, 0), (5, 1), (10, 0), (10, 1)]
+
+
+def test_attacker_knobs_are_applied_recorded_and_keep_points_apart(fake_server, tmp_path):
+    common = ("--request-rates", "5", "--attack-levels", "1")
+    assert interference.run(lab_args(tmp_path, fake_server.base_url, *common)) == 0
+    assert interference.run(lab_args(tmp_path, fake_server.base_url, *common, "--attacker-nice", "5",
+                                     "--attacker-sched", "batch")) == 0
+    plain, niced = load_points(str(tmp_path))
+    assert (plain["variant"], niced["variant"]) == ("", "nice5-batch")
+    assert niced["attacker_knobs"]["nice"] == 5 and niced["attacker_knobs"]["policy"] == "batch"
+    assert {a["policy"] for a in niced["attackers"]} == {"batch"}
+    assert {a["nice"] for a in niced["attackers"]} == {os.getpriority(os.PRIO_PROCESS, 0) + 5}
+    assert "spin x1 [nice5-batch]" in (tmp_path / "results.md").read_text()

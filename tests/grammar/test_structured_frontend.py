@@ -69,8 +69,8 @@ def test_field_spellings_agree():
 
 
 def test_runaway_compile_is_refused_and_the_worker_replaced(monkeypatch):
-    from blink.text import grammar_worker as worker
     from blink.model.demo import ensure_default_model
+    from blink.text import grammar_worker as worker
     from blink.text.tokenizer import load_tokenizer
 
     model = str(ensure_default_model())

@@ -1,0 +1,114 @@
+"""One point of the interference lab: start the attackers, send the time-boxed load, record everything.
+
+A point's record holds the bench metrics, the engine's host CPU seconds per 1k output tokens, GPU energy
+per output token, mean GPU utilisation and power, the attackers' real scheduling settings, and the raw
+per-request latencies (result_folder.raw_requests).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import os
+import time
+from dataclasses import dataclass
+
+from blink.bench.attackers import Attackers, AttackSpec
+from blink.bench.gpu_monitor import GpuMonitor
+from blink.bench.host_cpu import CpuMeter
+from blink.bench.result_folder import ISOLATED, raw_requests
+from blink.bench.runner import requests_for_window, run_load
+from blink.bench.sched_knobs import AttackerKnobs
+from blink.bench.serve import load_config, run_config
+from blink.util.cpus import format_cpu_list
+
+
+@contextlib.contextmanager
+def pinned(cpus: list[int] | None):
+    """Run the load generator (this thread and the threads it starts) on `cpus`, then restore."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def attack_tokenizer(args: argparse.Namespace) -> str | None:
+    for path in (args.tokenizer, args.model):
+        if path and os.path.isfile(os.path.join(path, "tokenizer.json")):
+            return os.path.join(path, "tokenizer.json")
+    return None
+
+
+@dataclass
+class Sweep:
+    """What stays fixed while one server's points are measured."""
+
+    args: argparse.Namespace
+    layout: str
+    target: str
+    base_url: str
+    model: str
+    engine_pid: int | None
+    attack_cpus: list[int]
+    client_cpus: list[int] | None
+    frontend_cpus: list[int] | None
+    server_command: str | None
+    gpu: GpuMonitor
+    knobs: AttackerKnobs
+    cgroup: str | None = None  # the attackers' cgroup directory (knobs.cpu_weight), made by the caller
+    variant: str = ""
+
+
+def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: float) -> dict:
+    args, knobs = sweep.args, sweep.knobs
+    procs = max(1, round(level * len(sweep.attack_cpus))) if kind != ISOLATED else 0
+    attack = None
+    if procs:
+        attack = Attackers(AttackSpec(
+            kind=kind, procs=procs, cpus=tuple(sweep.attack_cpus), tokenizer=attack_tokenizer(args),
+            duration_s=args.attack_settle_seconds + args.point_seconds + args.drain_seconds + 60.0,
+            nice=knobs.nice, policy=knobs.policy, cgroup=sweep.cgroup))
+    config = load_config(args, sweep.base_url, sweep.model, rate, args.point_seconds, args.drain_seconds)
+    cpu = CpuMeter(sweep.engine_pid)
+    try:
+        if attack:
+            attack.start()
+            time.sleep(args.attack_settle_seconds)
+        cpu.start()
+        sweep.gpu.start()
+        with pinned(sweep.client_cpus):
+            outcome = asyncio.run(run_load(config, requests[: requests_for_window(rate, args.point_seconds)]))
+        gpu = sweep.gpu.stop()
+        cpu_seconds = cpu.stop()
+        attackers_alive = attack.running if attack else 0
+    finally:
+        reports = attack.stop() if attack else []
+    bench = outcome.summary()
+    tokens = bench["total_output_tokens"]
+    per_token = lambda total, scale: total * scale / tokens if total is not None and tokens else None
+    return {
+        "mode": sweep.target, "layout": sweep.layout, "attack_kind": kind, "attack_level": level,
+        "variant": sweep.variant, "attack_procs": procs,
+        "attack_cpus": format_cpu_list(sweep.attack_cpus) if procs else "",
+        "attackers_alive_at_end": attackers_alive, "request_rate": rate, "point_seconds": args.point_seconds,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "base_url": sweep.base_url, "model": sweep.model, "server_command": sweep.server_command,
+        "client_cpus": format_cpu_list(sweep.client_cpus), "frontend_cpus": format_cpu_list(sweep.frontend_cpus),
+        "engine_pid": sweep.engine_pid, "engine_cpu_seconds": cpu_seconds,
+        "engine_cpu_s_per_1k_tokens": per_token(cpu_seconds, 1000),
+        "gpu_energy_mj": gpu.energy_mj, "energy_per_output_token_mj": per_token(gpu.energy_mj, 1),
+        "gpu_mean_utilization_pct": gpu.mean_utilization_pct, "gpu_mean_power_w": gpu.mean_power_w,
+        "attacker_knobs": {**knobs.as_dict(), "cgroup": sweep.cgroup},
+        "attackers": [{k: r.get(k) for k in ("cpu", "iterations", "returncode", "nice", "policy", "cgroup")}
+                      for r in reports],
+        "drain_seconds": args.drain_seconds, "attack_settle_seconds": args.attack_settle_seconds,
+        "workload": run_config(args, sweep.base_url, sweep.model, rate),
+        "bench": bench,
+        "requests": raw_requests(outcome.results),
+    }

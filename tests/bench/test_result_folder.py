@@ -1,0 +1,103 @@
+"""The interference result folder: repeats kept apart, raw latencies round-tripped, folders merged."""
+import json
+
+import pytest
+
+from blink.bench.interference_report import summarize, write_report
+from blink.bench.metrics import RequestResult
+from blink.bench.result_folder import (
+    load_points,
+    merge_folder,
+    pack_gaps,
+    raw_requests,
+    request_samples,
+    save_repeat,
+    save_run,
+    unpack_gaps,
+)
+
+
+def fake_point(run_id, repeat, kind="none", level=0.0, rate=8.0, throughput=100.0, ttft_ms=50.0):
+    results = [RequestResult(success=True, prompt_len=4, output_tokens=3, ttft=ttft_ms / 1000, latency=0.2,
+                             itl=[0.075, 0.075]),
+               RequestResult(success=False, error="boom")]
+    return {"mode": "device", "layout": "split", "attack_kind": kind, "attack_level": level, "variant": "",
+            "request_rate": rate, "run_id": run_id, "repeat": repeat, "energy_per_output_token_mj": 2.0,
+            "bench": {"completed": 1, "failed": 1, "incomplete": 0, "median_ttft_ms": ttft_ms,
+                      "p99_ttft_ms": ttft_ms, "median_tpot_ms": 75.0, "p99_tpot_ms": 75.0, "median_itl_ms": 75.0,
+                      "p99_itl_ms": 75.0, "output_throughput": throughput},
+            "requests": raw_requests(results)}
+
+
+def test_gaps_round_trip_at_microsecond_resolution():
+    gaps = [[0.0101234, 0.5], [], [1.25e-6, 3.0]]
+    assert unpack_gaps(pack_gaps(gaps)) == [[0.010123, 0.5], [], [1e-6, 3.0]]
+
+
+def test_raw_samples_are_the_successful_requests():
+    p = fake_point("r", 0)
+    assert request_samples(p, "ttft") == [0.05]
+    assert request_samples(p, "itl") == [0.075, 0.075]
+    assert request_samples(p, "tpot") == pytest.approx([(0.2 - 0.05) / 2])
+    assert request_samples({"bench": {}}, "ttft") == []
+
+
+def test_repeats_are_separate_files_and_summarised_together(tmp_path):
+    for repeat, ttft in enumerate((40.0, 50.0, 90.0)):
+        save_repeat(str(tmp_path), fake_point("run1", repeat, ttft_ms=ttft))
+    save_repeat(str(tmp_path), fake_point("run1", 0, kind="spin", level=2.0, throughput=80.0))
+    points = load_points(str(tmp_path))
+    assert len(points) == 4
+    rows = summarize(points)
+    iso = next(r for r in rows if r["attack_kind"] == "none")
+    assert iso["repeats"] == 3
+    assert (iso["p99_ttft_ms"]["median"], iso["p99_ttft_ms"]["min"], iso["p99_ttft_ms"]["max"]) == (50, 40, 90)
+    assert iso["pooled_p99_ttft_ms"]["n"] == 3  # one successful request per repeat
+    spin = next(r for r in rows if r["attack_kind"] == "spin")
+    assert spin["retention"]["median"] == pytest.approx(0.8)
+    written = write_report(str(tmp_path))
+    assert "50.0 [40.0-90.0]" in (tmp_path / "results.md").read_text()
+    assert all(path.endswith((".md", ".json", ".png")) for path in written)
+
+
+def test_merge_copies_new_repeats_skips_equal_ones_and_refuses_conflicts(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    save_repeat(str(a), fake_point("run1", 0))
+    save_repeat(str(b), fake_point("run1", 0))  # the same file (carried back from the device, say)
+    save_repeat(str(b), fake_point("run2", 1))
+    save_run(str(b), "run2", {"run_id": "run2"})
+    assert merge_folder(str(a), str(b)) == {"copied": 2, "skipped": 1}
+    assert [p["run_id"] for p in load_points(str(a))] == ["run1", "run2"]
+    path = next((b / "points").glob("*/run2-r1.json"))
+    changed = json.loads(path.read_text())
+    changed["bench"]["p99_ttft_ms"] = 1.0
+    path.write_text(json.dumps(changed))
+    with pytest.raises(ValueError, match="differs"):
+        merge_folder(str(a), str(b))
+
+
+def test_a_flat_point_of_the_old_layout_is_read_as_one_repeat(tmp_path):
+    (tmp_path / "points").mkdir()
+    old = fake_point("x", 0)
+    del old["run_id"], old["repeat"], old["variant"], old["requests"]
+    (tmp_path / "points" / "device__split__none-x0__rate-8.json").write_text(json.dumps(old))
+    [p] = load_points(str(tmp_path))
+    assert (p["run_id"], p["repeat"], p["variant"]) == ("legacy", 0, "")
+    [row] = summarize([p])
+    assert row["pooled_p99_ttft_ms"]["value"] is None and row["p99_ttft_ms"]["median"] == 50.0
+
+
+def test_mode_ratios_set_host_over_device_beside_the_paper(tmp_path):
+    for repeat in range(2):
+        device = fake_point("run1", repeat, ttft_ms=50.0, throughput=200.0)
+        host = fake_point("run1", repeat, ttft_ms=200.0, throughput=100.0)
+        host["mode"], host["energy_per_output_token_mj"] = "host", 4.0
+        save_repeat(str(tmp_path), device)
+        save_repeat(str(tmp_path), host)
+    write_report(str(tmp_path))
+    text = (tmp_path / "results.md").read_text()
+    assert "| Blink paper | headline | - | 8.47 | 3.40 | 2.10 | -0.486 |" in text
+    # P99 TTFT 200/50, TPOT equal, throughput 200/100, energy 2/4 - 1
+    assert "| split | isolated | 8 | 4.00 [4.00, 4.00] | 1.00 [1.00, 1.00] | 2.00 [2.00, 2.00] | " \
+           "-0.500 [-0.500, -0.500] |" in text
+    assert "_repeats" not in (tmp_path / "summary.json").read_text()
