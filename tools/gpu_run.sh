@@ -40,6 +40,9 @@ for stage in "$@"; do
     env) nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv; nproc;
          python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.device_count())';;
     tests) python3 -m pytest -q -s -m gpu --timeout 300 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40;;
+    grammar-step)  # issue 15: a constrained decode step (typical schema) vs unconstrained, llama3-8b, batch 1/8/32
+      python3 -m bench.grammar.constrained_step --preset llama3-8b --batches 1,8,32 --context 1024 \
+        --result-json "$OUT/grammar_step.json" 2>&1 | tee "$OUT/grammar_step.log" | tail -20;;
     kernels) python3 bench/kernels/step_kernels.py 2>&1 | tee "$OUT/kernels.log" | tail -60;;
     diag) python3 tools/diag.py precision profile 2>&1 | tee "$OUT/diag.log";;
     fp32) python3 tools/diag.py fp32 2>&1 | grep -v Warn | tee "$OUT/fp32.log";;

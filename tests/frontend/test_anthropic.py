@@ -7,9 +7,10 @@ The text path also runs on the demo model with the real host engine.
 """
 from __future__ import annotations
 
-import anthropic
 import httpx
 import pytest
+
+anthropic = pytest.importorskip("anthropic")  # the test extra has it; the GPU image does not
 
 from tests.frontend.server_process import ServerProcess, make_tokenizer_only_model
 
