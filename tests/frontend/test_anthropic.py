@@ -10,9 +10,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-anthropic = pytest.importorskip("anthropic")  # the test extra has it; the GPU image does not
-
 from tests.frontend.server_process import ServerProcess, make_tokenizer_only_model
+
+anthropic = pytest.importorskip("anthropic")  # the test extra has it; the GPU image does not
 
 pytestmark = pytest.mark.slow
 TEMPLATE = (
