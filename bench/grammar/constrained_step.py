@@ -72,8 +72,7 @@ def main() -> int:
                       max_num_batched_tokens=max_b, num_kv_blocks=max_b * (-(-(ns.context + 1) // 16)),
                       max_model_len=ns.context + 16)
     m = LoadedModel.load(args, num_layers=ns.num_layers)
-    runner = ModelRunner(m.model, m.kv_cache, m.sampling_state, max_num_seqs=max_b, max_num_batched_tokens=max_b,
-                         max_model_len=m.max_model_len, device=ns.device, use_graphs=cuda)
+    runner = ModelRunner.for_model(m, use_graphs=cuda)
     state = m.sampling_state
     compiler = synthetic_compiler(m.vocab_size, m.eos_token_ids[0], state.grammar_states_per_slot,
                                   state.grammar_cells_per_slot)

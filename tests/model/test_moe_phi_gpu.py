@@ -119,18 +119,20 @@ def test_host_graphs_greedy_match_hf_fp32(tmp_path, family, no_tf32):
     assert eng.stats().preemptions > 0
 
 
-TIE_GAP = 1e-4  # fp32 logits this close are a tie: a routing or argmax decision rounding may flip
+TIE_GAP = 1e-4  # logits this close are a tie: a routing or argmax decision rounding may flip
 
 
 def assert_greedy_equal_up_to_a_tie(path, prompt, ours, hf, what):
-    """Equal token for token, or equal up to a position where HF's own logits for the two tokens differ by
-    less than TIE_GAP (after it the continuations legitimately part: that decision was a coin toss)."""
+    """Equal token for token, or equal up to a position where the choice is a tie: HF's own fp32 and float64
+    runs of the shared prefix disagree, or float64 prefers our token, or its two logits are within TIE_GAP
+    (after such a position the continuations legitimately part)."""
     if ours == hf:
         return
     j = next(k for k, (a, b) in enumerate(zip(ours, hf, strict=True)) if a != b)
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     ids = torch.tensor([prompt + hf[:j]])
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
     with torch.no_grad():
         logits = model(ids, attention_mask=torch.ones_like(ids)).logits[0, -1]
-    gap = (logits[hf[j]] - logits[ours[j]]).abs().item()
-    assert gap < TIE_GAP, f"{what}: token {j} differs ({ours[j]} vs HF {hf[j]}), HF logit gap {gap:.3g}"
+    gap = (logits[hf[j]] - logits[ours[j]]).item()  # > 0: float64 prefers HF's fp32 choice
+    assert gap < TIE_GAP, (f"{what}: token {j} differs ({ours[j]} vs HF {hf[j]}); float64 prefers HF's by "
+                           f"{gap:.3g}")
