@@ -82,9 +82,8 @@ class DeviceLoop:
             max_blocks_per_seq=lim.max_blocks_per_seq, vocab_size=lim.vocab_size,
             max_requests=max_requests or max_requests_for(lim.max_num_seqs, lim.max_model_len),
             num_buckets=len(buckets), num_eos=len(m.eos_token_ids), trace_capacity=trace_capacity,
-            launches_per_kernel=structs.LAUNCHES_PER_KERNEL, relaunch_each_step=int(relaunch_each_step),
-            step_timeout_ns=int(STEP_TIMEOUT_S * 1e9), enable_prefix_caching=int(lim.enable_prefix_caching),
-            fail_bucket=-1 if bad_bucket is None else bad_bucket % len(buckets))
+            launches_per_kernel=structs.LAUNCHES_PER_KERNEL, step_timeout_ns=int(STEP_TIMEOUT_S * 1e9),
+            enable_prefix_caching=int(lim.enable_prefix_caching))
         for i, (t, s) in enumerate(buckets):
             cfg.bucket_tokens[i], cfg.bucket_seqs[i] = t, s
         for i, e in enumerate(m.eos_token_ids):
@@ -127,6 +126,12 @@ class DeviceLoop:
             self.peer_maps = peers()
             self.peer_table = struct_on_device(peer_table(self.peer_maps), self.device)
             params.peers = self.peer_table.data_ptr()
+        self.hooks = None  # the self-test's variants only: production passes none
+        if bad_bucket is not None or relaunch_each_step:
+            hooks = structs.LoopHooks(relaunch_each_step=int(relaunch_each_step),
+                                      fail_bucket=-1 if bad_bucket is None else bad_bucket % len(buckets))
+            self.hooks = struct_on_device(hooks, self.device)
+            params.hooks = self.hooks.data_ptr()
         self.params = struct_on_device(params, self.device)
         self.loop_exec = C.c_void_p()
         cuda_check(lib, lib.blink_loop_create(self.params.data_ptr(), self.stream, C.byref(self.loop_exec)),

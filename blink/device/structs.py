@@ -78,16 +78,10 @@ class SchedConfig(C.Structure):
         ("bucket_tokens", C.c_int32 * MAX_BUCKETS),
         ("bucket_seqs", C.c_int32 * MAX_BUCKETS),
         ("eos_ids", C.c_int32 * MAX_EOS),
-        ("relaunch_each_step", C.c_int32),
-        ("fail_bucket", C.c_int32),
         ("step_timeout_ns", C.c_int64),
         ("enable_prefix_caching", C.c_int32),  # share cached prompt prefixes' KV blocks (csrc/sched_prefix.h)
         ("reserved", C.c_int32),
     ]
-
-    def __init__(self, **fields):
-        fields.setdefault("fail_bucket", -1)  # 0 would be a real bucket
-        super().__init__(**fields)
 
 
 CTYPE_OF = {torch.int64: C.c_int64, torch.int32: C.c_int32, torch.float32: C.c_float, torch.uint8: C.c_uint8}
@@ -134,6 +128,12 @@ class PeerTable(C.Structure):
     _fields_ = [("num_peers", C.c_int32), ("reserved", C.c_int32), ("peers", PeerPtrs * MAX_PEERS)]
 
 
+class LoopHooks(C.Structure):
+    """The self-test's loop variants (csrc/sched_types.h), kept out of SchedConfig: None in production."""
+
+    _fields_ = [("relaunch_each_step", C.c_int32), ("fail_bucket", C.c_int32)]
+
+
 class LoopParams(C.Structure):
     _fields_ = [
         ("cfg", SchedConfig),
@@ -144,9 +144,10 @@ class LoopParams(C.Structure):
         ("graph_execs", C.c_void_p),
         ("trace", C.c_void_p),
         ("peers", C.c_void_p),  # PeerTable in device memory, or None
+        ("hooks", C.c_void_p),  # LoopHooks in device memory, or None (production)
     ]
     # state: SchedState, sized by blink_sched_state_bytes; graph_execs: cudaGraphExec_t[num_buckets][2]
-    _pointees_ = {"state": None, "graph_execs": None, "trace": C.c_uint64, "peers": PeerTable}
+    _pointees_ = {"state": None, "graph_execs": None, "trace": C.c_uint64, "peers": PeerTable, "hooks": LoopHooks}
 
 
 class FollowerState(C.Structure):  # csrc/sched_types.h, written by csrc/follower.cuh

@@ -19,7 +19,7 @@ from blink.kernels.sampling_state import SamplingState
 from tests.abi_dump import AbiDump, ctypes_kind, padding_holes
 
 STRUCTS = [structs.SchedConfig, structs.StepBufferPtrs, structs.SamplingPtrs, structs.RingPtrs, structs.PeerPtrs,
-           structs.PeerTable, structs.LoopParams, structs.FollowerState, structs.FollowerParams]
+           structs.PeerTable, structs.LoopHooks, structs.LoopParams, structs.FollowerState, structs.FollowerParams]
 CONSTANTS = {
     "kMaxBuckets": structs.MAX_BUCKETS, "kMaxEos": structs.MAX_EOS, "kMaxLogitBias": request.MAX_LOGIT_BIAS,
     "kTraceWords": structs.TRACE_WORDS, "kFlagPenalties": sampling_state.FLAG_PENALTIES,

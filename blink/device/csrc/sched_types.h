@@ -46,8 +46,6 @@ struct SchedConfig {
   int32_t bucket_tokens[kMaxBuckets];
   int32_t bucket_seqs[kMaxBuckets];
   int32_t eos_ids[kMaxEos];
-  int32_t relaunch_each_step;  // 1: pattern (a), F&F the forward then tail-relaunch (frees the SM meanwhile)
-  int32_t fail_bucket;  // self-test only: launches of this bucket report a launch error (-1: none)
   int64_t step_timeout_ns;  // a forward that never signals is an error, not a hang
   int32_t enable_prefix_caching;  // share cached prompt prefixes' KV blocks (sched_prefix.h)
   int32_t reserved;
@@ -138,6 +136,13 @@ struct FollowerParams {
   int64_t step_timeout_ns;
 };
 
+// The self-test's variants of the loop, kept out of the production config: LoopParams.hooks is nullptr
+// in production (tools/device_selftest/ asks for them through DeviceLoop).
+struct LoopHooks {
+  int32_t relaunch_each_step;  // 1: pattern (a), F&F the forward then tail-relaunch (frees the SM meanwhile)
+  int32_t fail_bucket;         // launches of this bucket report a launch error (-1: none)
+};
+
 struct LoopParams {
   SchedConfig cfg;
   SchedState* state;
@@ -147,6 +152,7 @@ struct LoopParams {
   void* graph_execs;  // cudaGraphExec_t[num_buckets][2]
   uint64_t* trace;    // [trace_capacity][kTraceWords]
   const PeerTable* peers;  // nullptr without tensor parallelism
+  const LoopHooks* hooks;  // nullptr in production
 };
 
 enum RequestStatus : int32_t { kFree = 0, kWaiting = 1, kRunning = 2, kStaging = 3 };  // kStaging: being copied in

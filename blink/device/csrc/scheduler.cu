@@ -62,7 +62,8 @@ __device__ void launch_and_wait(const LoopParams& p) {
   __threadfence();  // the step's inputs (written by the whole CTA, then __syncthreads) before the launch
   const uint64_t t0 = now_ns();
   // The self-test's injected failure goes through exactly the path a real launch error takes.
-  const cudaError_t err = s->plan_bucket == p.cfg.fail_bucket ? cudaErrorLaunchFailure
+  const bool injected = p.hooks != nullptr && s->plan_bucket == p.hooks->fail_bucket;
+  const cudaError_t err = injected ? cudaErrorLaunchFailure
                                                               : cudaGraphLaunch(exec, cudaStreamGraphFireAndForget);
   const uint64_t t1 = now_ns();
   if (err != cudaSuccess) {
@@ -80,7 +81,7 @@ __device__ void launch_and_wait(const LoopParams& p) {
   trace[7] = t1;
   publish(s, p.cfg, p.rings);  // the last step's records and counters, while this forward runs
   prefetch_host_words(p);      // a request arriving after this read waits one more step
-  if (p.cfg.relaunch_each_step) {
+  if (p.hooks != nullptr && p.hooks->relaunch_each_step) {
     s->pending_complete = 1;
     return;
   }
