@@ -105,7 +105,7 @@ class RequestDescriptor(C.Structure):
     The prompt is `prompt_len` int32 tokens at arena counter `arena_offset`, followed by
     `num_logit_bias` token ids and then `num_logit_bias` float32 biases (as int32 bits), then, under
     FLAG_CONSTRAINT, the constraint: its kind (index in CONSTRAINT_KINDS), its byte length, its UTF-8
-    text padded to whole int32 words (blink/transport/rings.py). The consumer
+    text padded to whole int32 words (blink/transport/ingress.py). The consumer
     advances the arena head by `arena_len` once it has copied them out.
     """
 
