@@ -7,7 +7,7 @@ from collections import defaultdict
 
 
 def _series(rows: list[dict]) -> dict[tuple[str, str], list[dict]]:
-    from blink.bench.interference_report import condition
+    from blink.bench.result_folder import condition
 
     series = defaultdict(list)
     for r in rows:

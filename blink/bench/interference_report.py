@@ -11,7 +11,15 @@ from __future__ import annotations
 import json
 import os
 
-from blink.bench.result_folder import ISOLATED, group_repeats, load_points, load_runs, point_key, request_samples
+from blink.bench.result_folder import (
+    ISOLATED,
+    condition,
+    group_repeats,
+    load_points,
+    load_runs,
+    point_key,
+    request_samples,
+)
 from blink.bench.stats import pooled_percentile, ratio_spread, spread
 
 # name -> how one repeat gives it
@@ -32,12 +40,6 @@ POOLED = ("ttft", "tpot")  # pooled P99 over the raw requests
 # The Blink paper's headline ratios as issue 19 quotes them: host-style baseline over Blink for P99 TTFT and
 # P99 TPOT, Blink over baseline for throughput, and Blink's energy per token relative to the baseline.
 PAPER_RATIOS = {"p99_ttft": 8.47, "p99_tpot": 3.40, "throughput": 2.1, "energy": -0.486}
-
-
-def condition(row: dict) -> str:
-    """The attack condition (and knob variant) of a point, as a legend label."""
-    base = "isolated" if row["attack_kind"] == ISOLATED else f"{row['attack_kind']} x{row['attack_level']:g}"
-    return f"{base} [{row['variant']}]" if row.get("variant") else base
 
 
 def summarize_point(repeats: list[dict]) -> dict:

@@ -28,6 +28,14 @@ import numpy as np
 from blink.bench.metrics import RequestResult, per_request_details
 
 ISOLATED = "none"
+
+
+def condition(row: dict) -> str:
+    """The attack condition (and knob variant) of a point, as a legend label."""
+    base = "isolated" if row["attack_kind"] == ISOLATED else f"{row['attack_kind']} x{row['attack_level']:g}"
+    return f"{base} [{row['variant']}]" if row.get("variant") else base
+
+
 KEY_FIELDS = ("mode", "layout", "attack_kind", "attack_level", "variant", "request_rate")
 
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ISOLATED = "none"
+from blink.bench.result_folder import ISOLATED
+
 ORDERS = ("shuffle", "round-robin")
 # Seconds per point (window + drain + attack settle, GPU side) and per server start, for the estimate.
 POINT_COST_S = 25.0
