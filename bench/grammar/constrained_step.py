@@ -15,9 +15,8 @@ import argparse
 import json
 
 import numpy as np
-import torch
 
-from blink.bench.step import decode_plan
+from blink.bench.step import decode_plan, graph_replay_ms
 from blink.config import EngineArgs
 
 
@@ -36,17 +35,7 @@ def synthetic_compiler(vocab: int, eos: int, max_states: int, max_cells: int):
 def time_graph(graph, iters: int) -> float:
     if graph is None:  # --device cpu: a dry run of the set-up (eager, wall clock)
         return 0.0
-    for _ in range(3):
-        graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return graph_replay_ms(graph, iters)
 
 
 def main() -> int:

@@ -42,6 +42,21 @@ def decode_plan(scheduler_cls, batches: int, context: int, block_size: int):
     return SchedulerOutput(chunks, [])
 
 
+def graph_replay_ms(graph, iters: int) -> float:
+    """Median milliseconds of one replay of `graph` (CUDA events; after 3 warm-up replays)."""
+    for _ in range(3):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
 def time_step(preset: str, batches: list[int], context: int, iters: int, layers: int | None) -> list[dict]:
     from blink.core.loaded_model import LoadedModel
     from blink.core.runner import ModelRunner
@@ -58,18 +73,7 @@ def time_step(preset: str, batches: list[int], context: int, iters: int, layers:
         plan = decode_plan(None, b, context, 16)
         bucket = runner.bucket_for(b, b)
         runner.prepare(plan, runner.buffers, bucket)
-        graph = runner.graphs[bucket]
-        for _ in range(3):
-            graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        times = []
-        for _ in range(iters):
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        ms = sorted(times)[len(times) // 2]
+        ms = graph_replay_ms(runner.graphs[bucket], iters)
         floor = shape.decode_floor_s(b, context) * 1e3
         rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "batch": b, "bucket": bucket[0],
                      "context": context, "ms": round(ms, 4), "floor_ms": round(floor, 4),
