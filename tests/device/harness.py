@@ -23,7 +23,7 @@ from blink.device import structs
 from blink.device.build import load_host_library
 from blink.kernels.sampling_state import SamplingState
 from blink.request import MAX_TOP_LOGPROBS, FinishReason, SamplingParams, TokenEvent
-from blink.transport.layout import SegmentLayout
+from blink.transport.layout import GRAMMAR_SLOTS, SegmentLayout, grammar_staging_words
 from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
 
@@ -67,6 +67,7 @@ class Config:
     defer_publish: bool = False  # publish a step's records only after the next launch (or idle), as the GPU loop
     peers: int = 0  # tensor-parallel ranks besides rank 0, whose buffers the scheduler writes too
     prefix_caching: bool = False  # share cached prefixes' blocks (csrc/sched_prefix.h)
+    grammar_arena_bytes: int = 0  # structured outputs: the sampling state's grammar arena and the staging section
 
 
 def _buffers(tmax: int, smax: int, mb: int) -> dict[str, np.ndarray]:
@@ -75,12 +76,14 @@ def _buffers(tmax: int, smax: int, mb: int) -> dict[str, np.ndarray]:
     return {name: getattr(buffers, name).numpy() for name in structs.STEP_BUFFER_FIELDS}
 
 
-def _sampling(slots: int, vocab: int) -> dict[str, np.ndarray]:
+def _sampling(slots: int, vocab: int, grammar_arena_bytes: int = 0) -> tuple[SamplingState, dict[str, np.ndarray]]:
     """The sampling state as the runtime allocates it, with stale rows (admissions must overwrite them)."""
-    state = SamplingState(slots, vocab, "cpu")
+    state = SamplingState(slots, vocab, "cpu", grammar_arena_bytes)
     out = {name: getattr(state, name).numpy() for name in structs.SAMPLING_FIELDS}
     out["output_counts"][:], out["prompt_mask"][:], out["num_logprobs"][:] = 7, 9, 5
-    return out
+    out["grammar_state"][:], out["grammar_id"][:], out["grammar_classes"][:] = 5, 3, 1
+    out["grammar_row_base"][:], out["grammar_cells"][:] = 2, 4
+    return state, out
 
 
 def _ptr(a: np.ndarray) -> int:
@@ -94,7 +97,8 @@ class HostScheduler:
             c.buckets = [(t, min(t, c.max_num_seqs)) for t in (1, 2, 4, 8)
                          if t < c.max_num_batched_tokens] + [(c.max_num_batched_tokens, c.max_num_seqs)]
         self.lib = load_host_library()
-        layout = SegmentLayout(c.ingress_capacity, c.arena_capacity, c.egress_capacity)
+        staging = (GRAMMAR_SLOTS, grammar_staging_words(c.grammar_arena_bytes)) if c.grammar_arena_bytes else (0, 0)
+        layout = SegmentLayout(c.ingress_capacity, c.arena_capacity, c.egress_capacity, *staging)
         self.seg = Segment.create(f"blink-test-{os.getpid()}-{next(_names)}", layout)
         self.producer, self.consumer = IngressProducer(self.seg), EgressConsumer(self.seg)
         self.mb = -(-c.max_model_len // c.block_size)
@@ -104,6 +108,8 @@ class HostScheduler:
             max_blocks_per_seq=self.mb, max_requests=c.max_requests, vocab_size=c.vocab_size,
             num_buckets=len(c.buckets), num_eos=len(c.eos), trace_capacity=1, launches_per_kernel=119,
             step_timeout_ns=10**9, enable_prefix_caching=int(c.prefix_caching))
+        self.sampling_state, self.sampling = _sampling(c.max_num_seqs + 1, c.vocab_size, c.grammar_arena_bytes)
+        structs.grammar_config(sc, self.sampling_state)
         for i, (t, s) in enumerate(c.buckets):
             sc.bucket_tokens[i], sc.bucket_seqs[i] = t, s
         for i, e in enumerate(c.eos):
@@ -115,7 +121,6 @@ class HostScheduler:
         self.lib.blink_sched_init(self.state, C.byref(sc), 0, 0, 0)
         tmax, smax = c.buckets[-1][0], max(s for _, s in c.buckets)
         self.buffers = [_buffers(tmax, smax, self.mb) for _ in range(2)]
-        self.sampling = _sampling(c.max_num_seqs + 1, c.vocab_size)
         p = structs.LoopParams(cfg=sc, state=self.state,
                                rings=structs.ring_pointers(self.seg.address, layout))
         for k in range(2):
