@@ -21,9 +21,10 @@ from blink.core.step_buffers import StepBuffers
 from blink.core.stops import check_stop
 from blink.device import structs
 from blink.device.build import load_host_library
-from blink.kernels.sampling_state import SamplingState
+from blink.grammar.tables import CLASS_EOS
+from blink.kernels.sampling_state import FLAG_GRAMMAR, SamplingState
 from blink.request import MAX_TOP_LOGPROBS, FinishReason, SamplingParams, TokenEvent
-from blink.transport.layout import GRAMMAR_SLOTS, SegmentLayout, grammar_staging_words
+from blink.transport.layout import ENGINE_MODE_DEVICE, GRAMMAR_SLOTS, SegmentLayout, grammar_staging_words
 from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
 
@@ -39,11 +40,24 @@ def next_token(history: np.ndarray, vocab: int) -> int:
     return int((np.sum((history.astype(np.int64) + 3) * weights) * 7 + len(history)) % vocab)
 
 
+def constrained_choice(token: int, allowed: np.ndarray) -> int:
+    """The fake sampler under a grammar: the first allowed token at or after the fake model's choice."""
+    order = (token + np.arange(len(allowed))) % len(allowed)
+    return int(order[np.argmax(allowed[order])])
+
+
 def reference(prompt: list[int], params: SamplingParams, vocab: int, eos: tuple[int, ...],
-              max_model_len: int) -> tuple[list[int], FinishReason]:
+              max_model_len: int, tables=None) -> tuple[list[int], FinishReason]:
+    """tables: the constraint's GrammarTables (the fake sampler then picks allowed tokens only)."""
     out: list[int] = []
+    state = 0
     while True:
-        out.append(next_token(np.array(prompt + out), vocab))
+        token = next_token(np.array(prompt + out), vocab)
+        if tables is not None:
+            allowed = tables.allowed(state) if state >= 0 else np.isin(np.arange(vocab), eos)
+            token = constrained_choice(token, allowed)
+            state = tables.walk([token], state)
+        out.append(token)
         reason = check_stop(params, out, len(prompt) + len(out), eos, max_model_len)
         if reason != FinishReason.NONE:
             return out, reason
@@ -140,6 +154,9 @@ class HostScheduler:
                     setattr(self.peer_table.peers[j].buffers[k], name, _ptr(sets[k][name]))
         if c.peers:
             p.peers = C.addressof(self.peer_table)
+        if c.grammar_arena_bytes:
+            self.seg.control.engine_mode = ENGINE_MODE_DEVICE  # as the GPU loop sets it: grammars get staged
+            self.seg.control.vocab_size = c.vocab_size
         self.after_prepare = None  # test hook: called with (parity, bucket) after each prepared step
         self.params = p
         self.kv_tok = np.full(c.num_blocks * c.block_size, -1, np.int64)
@@ -149,8 +166,17 @@ class HostScheduler:
         self.fail_next = False
 
     # -- driving -----------------------------------------------------------------------------------
-    def submit(self, req_id: int, prompt: list[int], params: SamplingParams) -> None:
-        assert self.producer.submit(req_id, prompt, params, timeout=0), "ingress full"
+    def submit(self, req_id: int, prompt: list[int], params: SamplingParams, tables=None) -> None:
+        """tables: a constrained request's GrammarTables, staged first as the front end does (then released:
+        the submitted request holds its slot until its last record)."""
+        staging = self.producer.staging
+        if tables is not None:
+            staging.reserve(params.constraint, tables.token_class, tables.next_state)
+        try:
+            assert self.producer.submit(req_id, prompt, params, timeout=0), "ingress full"
+        finally:
+            if tables is not None:
+                staging.unreserve(params.constraint)
 
     def abort(self, req_id: int) -> None:
         assert self.producer.abort(req_id, timeout=0)
@@ -215,9 +241,11 @@ class HostScheduler:
             kv_slots = b["block_tables"][s][pos // bs].astype(np.int64) * bs + pos % bs
             assert (self.kv_pos[kv_slots] == pos).all(), "KV history corrupted (block table or slot mapping)"
             token = next_token(self.kv_tok[kv_slots], c.vocab_size)
+            slot = int(b["sample_slots"][s])
+            if slot != c.max_num_seqs and self.sampling["flags"][slot] & FLAG_GRAMMAR:
+                token = self._grammar_sample(slot, token)
             b["sampled_ids"][s] = token
             b["logprobs"][s] = -0.25 * (s + 1)
-            slot = int(b["sample_slots"][s])
             if self.sampling["num_logprobs"][slot] > 0:  # as the sampler: tops only for slots asking
                 b["top_ids"][s] = (token + np.arange(MAX_TOP_LOGPROBS)) % c.vocab_size
                 b["top_logprobs"][s] = -np.arange(MAX_TOP_LOGPROBS, dtype=np.float32)
@@ -227,6 +255,20 @@ class HostScheduler:
                 assert b["sample_positions"][s] == seq_len
                 if self.sampling["flags"][slot] & 1:  # what SamplingState.record_tokens does in the graph
                     self.sampling["output_counts"][slot, token] += 1
+
+    def _grammar_sample(self, slot: int, token: int) -> int:
+        """The sampler's grammar part over the arena the scheduler wrote: mask, choose, advance
+        (sampling_grammar.py's grammar_mask_ref and advance_grammar_ref, on these numpy views)."""
+        sp, vocab = self.sampling, self.cfg.vocab_size
+        gstate, classes = int(sp["grammar_state"][slot]), sp["grammar_classes"][sp["grammar_id"][slot]]
+        if gstate >= 0:
+            nxt = sp["grammar_cells"][sp["grammar_row_base"][gstate] + classes]
+            token = constrained_choice(token, nxt >= 0)
+            sp["grammar_state"][slot] = nxt[token]
+        else:
+            token = constrained_choice(token, classes == CLASS_EOS)
+        assert 0 <= token < vocab
+        return token
 
     # -- inspection ---------------------------------------------------------------------------------
     def info(self) -> dict[str, int]:
