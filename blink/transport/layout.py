@@ -218,7 +218,9 @@ class SegmentLayout:
         return _align(self.grammar_staging + self.grammar_slots * self.grammar_slot_words * 4, PAGE)
 
 
-def grammar_staging_words(grammar_arena_bytes: int) -> int:
-    """Words per staging slot for an arena of that size: one partition's bytes (blink/grammar/arena.py),
-    which bound a grammar's class row plus its next-state cells."""
-    return grammar_arena_bytes // GRAMMAR_SLOTS // 4
+def grammar_staging(grammar_arena_bytes: int) -> tuple[int, int]:
+    """SegmentLayout's (grammar_slots, grammar_slot_words) for an engine's grammar arena of that size: a slot
+    per partition, as many words as a partition's bytes (blink/grammar/arena.py), which bound a grammar's
+    class row plus its next-state cells. (0, 0) when structured outputs are off."""
+    words = grammar_arena_bytes // GRAMMAR_SLOTS // 4
+    return (GRAMMAR_SLOTS, words) if words > 0 else (0, 0)

@@ -24,7 +24,7 @@ from blink.device.build import load_host_library
 from blink.grammar.tables import CLASS_EOS
 from blink.kernels.sampling_state import FLAG_GRAMMAR, SamplingState
 from blink.request import MAX_TOP_LOGPROBS, FinishReason, SamplingParams, TokenEvent
-from blink.transport.layout import ENGINE_MODE_DEVICE, GRAMMAR_SLOTS, SegmentLayout, grammar_staging_words
+from blink.transport.layout import ENGINE_MODE_DEVICE, SegmentLayout, grammar_staging
 from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
 
@@ -111,8 +111,8 @@ class HostScheduler:
             c.buckets = [(t, min(t, c.max_num_seqs)) for t in (1, 2, 4, 8)
                          if t < c.max_num_batched_tokens] + [(c.max_num_batched_tokens, c.max_num_seqs)]
         self.lib = load_host_library()
-        staging = (GRAMMAR_SLOTS, grammar_staging_words(c.grammar_arena_bytes)) if c.grammar_arena_bytes else (0, 0)
-        layout = SegmentLayout(c.ingress_capacity, c.arena_capacity, c.egress_capacity, *staging)
+        layout = SegmentLayout(c.ingress_capacity, c.arena_capacity, c.egress_capacity,
+                               *grammar_staging(c.grammar_arena_bytes))
         self.seg = Segment.create(f"blink-test-{os.getpid()}-{next(_names)}", layout)
         self.producer, self.consumer = IngressProducer(self.seg), EgressConsumer(self.seg)
         self.mb = -(-c.max_model_len // c.block_size)
