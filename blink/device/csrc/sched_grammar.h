@@ -24,11 +24,12 @@ BLINK_HD inline bool grammar_fields_ok(const RequestDescriptor& d, const SchedCo
 
 // Team: copy the staged tables of this step's admissions whose partition does not hold their generation
 // yet (n > 1, identical constraints and re-admissions after preemption: no copy). As GrammarArena._load:
-// the class row as is, local next states + partition * states per slot, each state's first cell. A value
-// out of range becomes "never" / "disallowed", so a torn slot (one the front end rewrote after aborting its
-// request) can only spoil that aborted request, never index outside its partition.
+// the class row as is, local next states + partition * states per slot, each state's first cell. The
+// staged words come from another process: a value out of range becomes "never" / "disallowed", so no
+// table can ever index outside its partition. Nothing to do (and no barrier) in a step without admissions.
 BLINK_HD inline void grammar_copy(const Team& t, SchedState* s, const SchedConfig& c, const RingPtrs& rp,
                                   const SamplingPtrs& sp) {
+  if (load_volatile(&s->num_jobs) == 0) return;  // every rank reads the plan's count after its barrier
   if (t.leader()) {
     s->num_grammar_copies = 0;
     for (int j = 0; j < s->num_jobs; ++j) {
