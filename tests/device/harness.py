@@ -21,12 +21,12 @@ from blink.core.step_buffers import StepBuffers
 from blink.core.stops import check_stop
 from blink.device import structs
 from blink.device.build import load_host_library
-from blink.grammar.tables import CLASS_EOS
 from blink.kernels.sampling_state import FLAG_GRAMMAR, SamplingState
 from blink.request import MAX_TOP_LOGPROBS, FinishReason, SamplingParams, TokenEvent
 from blink.transport.layout import ENGINE_MODE_DEVICE, SegmentLayout, grammar_staging
 from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
+from tests.device.fake_grammar import constrained_choice, grammar_sample
 
 INFO = ("running", "waiting", "free_blocks", "free_slots", "free_entries", "plan_rows", "plan_tokens",
         "plan_bucket", "parity", "preemptions", "steps", "tokens", "error_code", "fast_plans", "cached_free_blocks",
@@ -38,12 +38,6 @@ def next_token(history: np.ndarray, vocab: int) -> int:
     """The fake model: a deterministic function of the whole token history."""
     weights = np.arange(1, len(history) + 1, dtype=np.int64)
     return int((np.sum((history.astype(np.int64) + 3) * weights) * 7 + len(history)) % vocab)
-
-
-def constrained_choice(token: int, allowed: np.ndarray) -> int:
-    """The fake sampler under a grammar: the first allowed token at or after the fake model's choice."""
-    order = (token + np.arange(len(allowed))) % len(allowed)
-    return int(order[np.argmax(allowed[order])])
 
 
 def reference(prompt: list[int], params: SamplingParams, vocab: int, eos: tuple[int, ...],
@@ -243,7 +237,7 @@ class HostScheduler:
             token = next_token(self.kv_tok[kv_slots], c.vocab_size)
             slot = int(b["sample_slots"][s])
             if slot != c.max_num_seqs and self.sampling["flags"][slot] & FLAG_GRAMMAR:
-                token = self._grammar_sample(slot, token)
+                token = grammar_sample(self.sampling, slot, token)
             b["sampled_ids"][s] = token
             b["logprobs"][s] = -0.25 * (s + 1)
             if self.sampling["num_logprobs"][slot] > 0:  # as the sampler: tops only for slots asking
@@ -255,20 +249,6 @@ class HostScheduler:
                 assert b["sample_positions"][s] == seq_len
                 if self.sampling["flags"][slot] & 1:  # what SamplingState.record_tokens does in the graph
                     self.sampling["output_counts"][slot, token] += 1
-
-    def _grammar_sample(self, slot: int, token: int) -> int:
-        """The sampler's grammar part over the arena the scheduler wrote: mask, choose, advance
-        (sampling_grammar.py's grammar_mask_ref and advance_grammar_ref, on these numpy views)."""
-        sp, vocab = self.sampling, self.cfg.vocab_size
-        gstate, classes = int(sp["grammar_state"][slot]), sp["grammar_classes"][sp["grammar_id"][slot]]
-        if gstate >= 0:
-            nxt = sp["grammar_cells"][sp["grammar_row_base"][gstate] + classes]
-            token = constrained_choice(token, nxt >= 0)
-            sp["grammar_state"][slot] = nxt[token]
-        else:
-            token = constrained_choice(token, classes == CLASS_EOS)
-        assert 0 <= token < vocab
-        return token
 
     # -- inspection ---------------------------------------------------------------------------------
     def info(self) -> dict[str, int]:
