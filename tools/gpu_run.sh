@@ -40,6 +40,9 @@ for stage in "$@"; do
     env) nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv; nproc;
          python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.device_count())';;
     tests) python3 -m pytest -q -s -m gpu --timeout 300 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40;;
+    grammar-device)  # issue 15 in device mode: seeded constrained sampling host == device, the API suite on a device server
+      python3 -m pytest -q -s -m gpu --timeout 900 tests/device/test_grammar_device_gpu.py \
+        tests/grammar/test_api_structured_device_gpu.py 2>&1 | tee "$OUT/grammar_device.log" | tail -30;;
     grammar-step)  # issue 15: a constrained decode step (typical schema) vs unconstrained, llama3-8b, batch 1/8/32
       python3 -m bench.grammar.constrained_step --preset llama3-8b --batches 1,8,32 --context 1024 \
         --result-json "$OUT/grammar_step.json" 2>&1 | tee "$OUT/grammar_step.log" | tail -20;;

@@ -23,11 +23,12 @@ from blink.config import EngineArgs
 from blink.core.interface import Engine, EngineStats, StepTime
 from blink.core.loaded_model import LoadedModel
 from blink.device import structs
+from blink.device.constraints import DeviceConstraints
 from blink.device.poll_watchdog import PollWatchdog
 from blink.device.runtime import DeviceLoop
-from blink.request import SamplingParams, TokenEvent
+from blink.request import FinishReason, SamplingParams, TokenEvent
 from blink.transport.commands import request_prefix_cache_reset
-from blink.transport.layout import SegmentLayout
+from blink.transport.layout import SegmentLayout, grammar_staging
 from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
 
@@ -39,9 +40,8 @@ IDLE_GAP_NS = 200_000  # a finish-to-ingest phase this long means the loop idled
 _segment_ids = itertools.count()
 
 
-def default_layout(loaded: LoadedModel) -> SegmentLayout:
-    return SegmentLayout(ingress_capacity=1024, arena_capacity=max(1 << 20, 4 * loaded.max_model_len),
-                         egress_capacity=1 << 14)
+def default_layout(loaded: LoadedModel, grammar_arena_bytes: int = 0) -> SegmentLayout:
+    return SegmentLayout(1024, max(1 << 20, 4 * loaded.max_model_len), 1 << 14, *grammar_staging(grammar_arena_bytes))
 
 
 class DeviceEngine(Engine):
@@ -54,12 +54,13 @@ class DeviceEngine(Engine):
         self.m = rank0_model(args, loaded, tp)
         self.limits = self.m.limits
         name = f"blink-device-{os.getpid()}-{next(_segment_ids)}"
-        self.segment = Segment.create(name, default_layout(self.m))
+        self.segment = Segment.create(name, default_layout(self.m, args.grammar_arena_mb << 20))
         self.producer = IngressProducer(self.segment, base_seed=args.seed)
         self.consumer = EgressConsumer(self.segment)
         self.live: set[int] = set()
         self._pending: list[TokenEvent] = []  # drained while add_request waited for ingress room
         self.watchdog = None
+        self.constraints = DeviceConstraints(args, self.m, self.segment)
         try:
             self.loop = DeviceLoop(self.m, args, self.segment, peers=self.tp.peers if self.tp else None,
                                    **loop_kwargs)
@@ -76,16 +77,24 @@ class DeviceEngine(Engine):
         if req_id in self.live:
             raise ValueError(f"request id {req_id} is already in use")
         self.m.validate_prompt(prompt_ids, params)
-        if params.constraint is not None:  # the GPU scheduler would refuse it too (kFlagConstraint)
-            raise ValueError("structured outputs (response_format, structured_outputs, guided_*) are not "
-                             "supported in device mode yet; run with --engine host")
         self.watchdog.poked()
-        # While the ingress ring is full, keep draining egress: a GPU blocked on a full egress ring
-        # stops reading ingress, and waiting on it alone would deadlock.
-        while not self.producer.submit(req_id, list(prompt_ids), params, timeout=SUBMIT_WAIT_S):
-            self._check_alive()
-            self._pending += self.consumer.poll()
-            self.watchdog.poked()
+        c = params.constraint
+        if c is not None:  # compiled here, per request; staged for the GPU's admission copy
+            try:
+                tables = self.constraints.tables(c)
+            except ValueError:  # refused, as in host mode: the request ends with ERROR
+                self.live.add(req_id)
+                self._pending.append(TokenEvent(req_id, -1, 0, FinishReason.ERROR))
+                return
+            self.constraints.reserve(c, tables, self._drain_a_little)
+        try:
+            # While the ingress ring is full, keep draining egress: a GPU blocked on a full egress ring
+            # stops reading ingress, and waiting on it alone would deadlock.
+            while not self.producer.submit(req_id, list(prompt_ids), params, timeout=SUBMIT_WAIT_S):
+                self._drain_a_little()
+        finally:
+            if c is not None:
+                self.constraints.unreserve(c)
         self.live.add(req_id)
 
     def abort_request(self, req_id: int) -> None:
@@ -129,6 +138,8 @@ class DeviceEngine(Engine):
         if getattr(self, "watchdog", None) is not None:
             self.watchdog.stop()
             self.watchdog = None
+        if getattr(self, "constraints", None) is not None:
+            self.constraints.shutdown()
         stopped = True
         if getattr(self, "loop", None) is not None:
             try:
@@ -148,6 +159,13 @@ class DeviceEngine(Engine):
         self._release_segment()
 
     # -- helpers -------------------------------------------------------------------------------------------
+    def _drain_a_little(self) -> bool:
+        """Wait for ring room or a free grammar slot: read egress meanwhile. False if nothing is in flight."""
+        self._check_alive()
+        self._pending += self.consumer.wait(SUBMIT_WAIT_S)
+        self.watchdog.poked()
+        return bool(self.live)
+
     def _check_alive(self) -> None:
         if not self.loop.alive():
             raise RuntimeError(f"the device loop has stopped: {self.loop.error()}")

@@ -84,6 +84,7 @@ class DeviceLoop:
             num_buckets=len(buckets), num_eos=len(m.eos_token_ids), trace_capacity=trace_capacity,
             launches_per_kernel=structs.LAUNCHES_PER_KERNEL, step_timeout_ns=int(STEP_TIMEOUT_S * 1e9),
             enable_prefix_caching=int(lim.enable_prefix_caching))
+        structs.grammar_config(cfg, m.sampling_state)  # structured outputs: the arena its admission copies into
         for i, (t, s) in enumerate(buckets):
             cfg.bucket_tokens[i], cfg.bucket_seqs[i] = t, s
         for i, e in enumerate(m.eos_token_ids):

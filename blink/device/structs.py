@@ -81,13 +81,19 @@ class SchedConfig(C.Structure):
         ("step_timeout_ns", C.c_int64),
         ("enable_prefix_caching", C.c_int32),  # share cached prompt prefixes' KV blocks (csrc/sched_prefix.h)
         ("reserved", C.c_int32),
+        # structured outputs (csrc/sched_grammar.h): the grammar arena's geometry (blink/grammar/arena.py)
+        ("grammar_slots", C.c_int32),
+        ("grammar_states_per_slot", C.c_int32),
+        ("grammar_cells_per_slot", C.c_int32),
+        ("grammar_reserved", C.c_int32),
     ]
 
 
 CTYPE_OF = {torch.int64: C.c_int64, torch.int32: C.c_int32, torch.float32: C.c_float, torch.uint8: C.c_uint8}
 # The shapes do not matter here, only the names, their order and the element dtypes.
 STEP_BUFFER_DTYPES = {name: dtype for name, _, dtype in StepBuffers.layout(1, 1, 1)}
-SAMPLING_DTYPES = {name: dtype for name, _, dtype, _ in SamplingState.layout(1, 1)}
+SAMPLING_DTYPES = ({name: dtype for name, _, dtype, _ in SamplingState.layout(1, 1)}
+                   | dict(SamplingState.GRAMMAR_TENSORS))
 STEP_BUFFER_FIELDS = tuple(STEP_BUFFER_DTYPES)
 SAMPLING_FIELDS = tuple(SAMPLING_DTYPES)
 
@@ -114,9 +120,12 @@ class RingPtrs(C.Structure):
         ("ingress_capacity", C.c_uint64),
         ("arena_capacity", C.c_uint64),
         ("egress_capacity", C.c_uint64),
+        ("grammar_staging", C.c_void_p),  # structured outputs in device mode (None: no staging section)
+        ("grammar_slot_words", C.c_uint64),
     ]
     _pointees_ = {"control": ControlBlock, "ingress_header": RingHeader, "ingress": RequestDescriptor,
-                  "arena_header": RingHeader, "arena": C.c_int32, "egress_header": RingHeader, "egress": TokenRecord}
+                  "arena_header": RingHeader, "arena": C.c_int32, "egress_header": RingHeader, "egress": TokenRecord,
+                  "grammar_staging": C.c_int32}
 
 
 class PeerPtrs(C.Structure):
@@ -181,4 +190,13 @@ def ring_pointers(address: int, layout) -> RingPtrs:
         ingress=address + layout.ingress_records, arena_header=address + layout.arena_header,
         arena=address + layout.arena_data, egress_header=address + layout.egress_header,
         egress=address + layout.egress_records, ingress_capacity=layout.ingress_capacity,
-        arena_capacity=layout.arena_capacity, egress_capacity=layout.egress_capacity)
+        arena_capacity=layout.arena_capacity, egress_capacity=layout.egress_capacity,
+        grammar_staging=address + layout.grammar_staging if layout.grammar_slots else None,
+        grammar_slot_words=layout.grammar_slot_words)
+
+
+def grammar_config(cfg: SchedConfig, state: SamplingState) -> None:
+    """The grammar arena's geometry into the scheduler's config (what its admission copy writes into)."""
+    cfg.grammar_slots = state.grammar_slots
+    cfg.grammar_states_per_slot = state.grammar_states_per_slot
+    cfg.grammar_cells_per_slot = state.grammar_cells_per_slot

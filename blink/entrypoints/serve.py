@@ -22,7 +22,7 @@ from blink.config import EngineArgs
 from blink.entrypoints.children import Child, http_ok
 from blink.entrypoints.drain import StopRequest, drain
 from blink.frontend.app import DEFAULT_MAX_BODY_BYTES
-from blink.transport.layout import SegmentLayout
+from blink.transport.layout import SegmentLayout, grammar_staging
 from blink.transport.shm import Segment
 from blink.util.cpus import parse_cpu_list
 
@@ -73,7 +73,8 @@ def serve_main(args: argparse.Namespace) -> int:
         return _fail(str(e))
     name = f"blink-{os.getpid()}-{secrets.token_hex(4)}"
     arena = max(MIN_ARENA_TOKENS, 4 * (engine_args.max_model_len or 0))
-    segment = Segment.create(name, SegmentLayout(INGRESS_CAPACITY, arena, EGRESS_CAPACITY))
+    segment = Segment.create(name, SegmentLayout(INGRESS_CAPACITY, arena, EGRESS_CAPACITY,  # + device-mode grammars
+                                                 *grammar_staging(engine_args.grammar_arena_mb << 20)))
     stop = StopRequest()
     previous = {sig: signal.signal(sig, stop.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
     children: list[Child] = []

@@ -1,11 +1,15 @@
 """Structured outputs at the API: OpenAI's response_format, vLLM's structured_outputs and guided_* fields.
 
 Each request's constraint is parsed here (400 naming the field for anything unknown or unsupported),
-compiled once (a worker thread, cached: the same compiler the engine uses, so a 400 here means the
+compiled once (a worker process, cached: the same compiler the engine uses, so a 400 here means the
 engine would refuse too), and counted against the engine's grammar arena: the arena has a fixed
-number of partitions (blink/grammar/arena.py), the front end mirrors which constraints are in flight
-and answers 503 when every partition is taken. The engine acquires after, and releases before, the
-front end does (ring order), so its count never exceeds the mirror's.
+number of partitions (blink/grammar/arena.py) and the front end answers 503 when every one is taken.
+- Host mode: the front end mirrors which constraints are in flight; the engine compiles again and loads
+  its arena itself, acquiring after and releasing before the front end does (ring order).
+- Device mode: the front end is the allocator. Its compile returns the tables, which it writes into the
+  segment's grammar staging slot of the chosen partition (blink/transport/grammar_staging.py); the GPU
+  scheduler copies them into its arena at admission. A slot is held from the reservation here until the
+  stream ends and, once submitted, until the request's last egress record.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from blink.grammar.arena import GRAMMAR_SLOTS
 from blink.grammar.compiler import GrammarTooLarge
 from blink.grammar.schema import GrammarError
 from blink.request import Constraint, SamplingParams
+from blink.transport.grammar_staging import GrammarStaging, StagingFull
 from blink.transport.layout import ENGINE_MODE_DEVICE
 
 _JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
@@ -154,9 +159,11 @@ class StructuredOutputs:
         self._tokenizer, self._model, self._arena_bytes = tokenizer, model, arena_bytes
         self._tokenizer_dir = tokenizer_dir
         self._pool = None  # blink/text/grammar_worker.py: compiles off this process's GIL
-        self._in_flight: dict[Constraint, int] = {}
+        self._in_flight: dict[Constraint, int] = {}  # host mode's mirror
+        self._staging: GrammarStaging | None = None  # device mode's allocator (the engine's segment)
 
-    async def check(self, c: Constraint, param: str) -> None:
+    async def check(self, c: Constraint, param: str, want_tables: bool = False):
+        """Compile `c` (400 naming `param` if it cannot be); the tables when want_tables (device mode)."""
         if self._arena_bytes <= 0:
             raise APIError(400, f"{param}: structured outputs are off on this server (--grammar-arena-mb 0)", param)
         if self._pool is None:
@@ -171,8 +178,8 @@ class StructuredOutputs:
 
         try:
             try:
-                await asyncio.wait_for(asyncio.wrap_future(self._pool.submit(c, want_tables=False)),
-                                       COMPILE_TIMEOUT_S)
+                return await asyncio.wait_for(asyncio.wrap_future(self._pool.submit(c, want_tables=want_tables)),
+                                              COMPILE_TIMEOUT_S)
             except (TimeoutError, BrokenProcessPool, MemoryError):
                 self._pool.kill()
                 raise too_complex(COMPILE_TIMEOUT_S) from None
@@ -185,13 +192,26 @@ class StructuredOutputs:
         if self._pool is not None:
             self._pool.shutdown()
 
-    def reserve(self, c: Constraint) -> None:
+    def reserve(self, c: Constraint, staging: GrammarStaging | None = None, tables=None) -> None:
+        """Count one choice of `c` against the arena (503 when full); device mode: stage its tables."""
+        if staging is not None:
+            self._staging = staging
+            try:
+                staging.reserve(c, tables.token_class, tables.next_state)
+            except StagingFull as e:
+                raise APIError(503, str(e)) from None
+            except ValueError as e:  # tables the engine's staging cannot carry (another vocabulary)
+                raise APIError(400, str(e)) from None
+            return
         if c not in self._in_flight and len(self._in_flight) >= GRAMMAR_SLOTS:
             raise APIError(503, f"all {GRAMMAR_SLOTS} grammar arena partitions are in use by other "
                                 "constrained requests; retry shortly")
         self._in_flight[c] = self._in_flight.get(c, 0) + 1
 
     def release(self, c: Constraint) -> None:
+        if self._staging is not None:  # a submitted request keeps holding the slot until its last record
+            self._staging.unreserve(c)
+            return
         left = self._in_flight[c] - 1
         if left:
             self._in_flight[c] = left
@@ -236,18 +256,25 @@ async def constrain(state, body: StructuredFields, params: list[SamplingParams],
     structured = state.structured
     if structured is None:
         raise APIError(400, f"{param}: structured outputs are not available on this server", param)
-    if int(state.client.control.engine_mode) == ENGINE_MODE_DEVICE:
-        raise APIError(400, f"{param}: structured outputs are not supported in device mode yet "
-                            "(start the server with --engine host)", param)
-    await structured.check(c, param)
+    staging = None
+    if int(state.client.control.engine_mode) == ENGINE_MODE_DEVICE:  # the GPU gets compiled tables
+        staging = GrammarStaging.of(state.client.segment)
+        if staging is None:
+            raise APIError(400, f"{param}: structured outputs are off on this server (no grammar staging)", param)
+    tables = await structured.check(c, param, want_tables=staging is not None)
     for p in params:
         p.constraint = c
         try:
             p.validate()
         except ValueError as e:
             raise APIError(400, str(e), param) from None
-    for _ in params:
-        structured.reserve(c)
+    for k in range(len(params)):
+        try:
+            structured.reserve(c, staging, tables)
+        except APIError:
+            for _ in range(k):  # all choices or none
+                structured.release(c)
+            raise
     return c
 
 

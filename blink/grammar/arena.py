@@ -5,7 +5,8 @@ cut into GRAMMAR_SLOTS equal partitions, one grammar each: no fragmentation, so 
 count of distinct resident grammars, which the front end mirrors exactly (it answers 503 when all
 partitions are taken, 400 when a grammar exceeds one partition). Loading is a few copies at
 admission, never in the step. Identical constraints share a partition by reference count (n > 1, a
-popular schema); a grammar leaves with its last request.
+popular schema); a grammar leaves with its last request. This is host mode's; in device mode the
+front end chooses the partition (blink/transport/grammar_staging.py) and the GPU scheduler loads it.
 """
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from dataclasses import dataclass
 
 from blink.grammar.tables import GrammarTables
 from blink.request import Constraint
+from blink.transport.layout import GRAMMAR_SLOTS  # partitions (one staging slot each in device mode)
 
-GRAMMAR_SLOTS = 16  # partitions: resident grammars at most
 MIN_ROW_CELLS = 32  # cells per state row assumed when splitting a partition between rows and cells
 
 

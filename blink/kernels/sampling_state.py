@@ -57,6 +57,11 @@ def _as_int64(seed: int) -> int:
 
 
 class SamplingState:
+    # The grammar tensors (shapes from the arena's geometry, not layout()'s): the device scheduler writes
+    # them at admission too (csrc/sched_grammar.h), so structs.SamplingPtrs carries them after layout()'s.
+    GRAMMAR_TENSORS = (("grammar_state", torch.int32), ("grammar_id", torch.int32), ("grammar_classes", torch.int32),
+                       ("grammar_row_base", torch.int32), ("grammar_cells", torch.int32))
+
     @staticmethod
     def layout(max_slots: int, vocab_size: int) -> list[tuple[str, tuple, torch.dtype, float]]:
         """(tensor, shape, dtype, initial fill) in the table's order: the one definition of these tensors,
@@ -76,8 +81,7 @@ class SamplingState:
         self.device = torch.device(device)
         for name, shape, dtype, fill in self.layout(max_slots, vocab_size):
             setattr(self, name, torch.full(shape, fill, dtype=dtype, device=self.device))
-        # Structured outputs (host mode; the GPU scheduler does not write these yet, so they are not in the
-        # layout csrc/sched_types.h mirrors): each slot's automaton state and table, then the table arena.
+        # Structured outputs (GRAMMAR_TENSORS): each slot's automaton state and table, then the table arena.
         self.grammar_state = torch.full((max_slots,), -1, dtype=torch.int32, device=self.device)
         self.grammar_id = torch.zeros(max_slots, dtype=torch.int32, device=self.device)
         self._allocate_grammar_arena(grammar_arena_bytes)

@@ -7,6 +7,7 @@ import time
 import numpy as np
 
 from blink.request import MAX_TOP_LOGPROBS, TokenEvent
+from blink.transport.grammar_staging import GrammarStaging
 from blink.transport.ring import (
     FINISH_REASONS,
     HEAD_INDEX,
@@ -69,6 +70,7 @@ class EgressConsumer:
 
     def __init__(self, seg: Segment):
         self.ring = _egress_ring(seg)
+        self.staging = GrammarStaging.of(seg)  # a request's last record frees its grammar staging slot
 
     def poll(self, max_items: int = 1 << 30) -> list[TokenEvent]:
         """Take up to `max_items` events without waiting (possibly none)."""
@@ -91,6 +93,10 @@ class EgressConsumer:
             if num_top:
                 events[i].top_ids = records["top_ids"][i, :num_top].tolist()
                 events[i].top_logprobs = records["top_logprobs"][i, :num_top].tolist()
+        if self.staging is not None:
+            for event in events:
+                if event.finish_reason:
+                    self.staging.finished(event.req_id)
         return events
 
     def wait(self, timeout: float | None, max_items: int = 1 << 30) -> list[TokenEvent]:

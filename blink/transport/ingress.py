@@ -1,5 +1,6 @@
 """The ingress ring: request descriptors and aborts from the front end to the engine, prompts (and logit_bias,
-a constraint's text) in the token arena. The protocol is blink/transport/ring.py's."""
+a constraint's text for host mode) in the token arena. The protocol is blink/transport/ring.py's. A device-mode
+engine gets a constraint as compiled tables in grammar staging instead (grammar_staging.py)."""
 from __future__ import annotations
 
 import random
@@ -15,7 +16,8 @@ from blink.request import (
     SamplingParams,
     request_seed,
 )
-from blink.transport.layout import FLAG_CONSTRAINT, FLAG_IGNORE_EOS, KIND_ABORT, KIND_REQUEST
+from blink.transport.grammar_staging import GrammarStaging
+from blink.transport.layout import ENGINE_MODE_DEVICE, FLAG_CONSTRAINT, FLAG_IGNORE_EOS, KIND_ABORT, KIND_REQUEST
 from blink.transport.ring import DESCRIPTOR_DTYPE, HEAD_INDEX, TAIL_INDEX, _checked, _Ring, wait_for
 from blink.transport.shm import Segment
 
@@ -42,6 +44,7 @@ class IngressProducer:
         """base_seed: what seeds of requests without one derive from (blink.request.request_seed); None = one
         drawn now (the server: unseeded requests are random), the engine's --seed for reproducible runs."""
         self.descriptors, self.arena = _ingress_rings(seg)
+        self.control, self.staging = seg.control, GrammarStaging.of(seg)
         self.base_seed = random.SystemRandom().getrandbits(SEED_BITS) if base_seed is None else base_seed
 
     def submit(self, req_id: int, prompt_ids: list[int], params: SamplingParams,
@@ -51,7 +54,11 @@ class IngressProducer:
         Raises ValueError for what can never be sent (too long for the arena, values out of range).
         """
         params.validate()  # the fields may have changed since construction; the engine gets only valid ones
-        payload = self._payload(prompt_ids, params)
+        # A device-mode engine cannot compile: it reads the constraint's tables, staged by the caller.
+        staged = params.constraint is not None and int(self.control.engine_mode) == ENGINE_MODE_DEVICE
+        if staged and (self.staging is None or self.staging.slot_of(params.constraint) is None):
+            raise ValueError("a constrained request to a device-mode engine needs its grammar staged first")
+        payload = self._payload(prompt_ids, params, with_text=not staged)
         if len(payload) > self.arena.capacity:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens (+{len(params.logit_bias)} logit_bias "
                              f"entries) does not fit the ingress arena ({self.arena.capacity} int32 slots)")
@@ -62,6 +69,9 @@ class IngressProducer:
 
         if not wait_for(has_room, timeout):
             return False
+        if staged:  # from here it holds its slot until its last record (EgressConsumer)
+            (record["grammar_slot"], record["grammar_states"], record["grammar_classes"],
+             record["grammar_gen"]) = self.staging.bind(req_id, params.constraint)
         arena_tail = self.arena.tail
         self.arena.write(arena_tail, payload)
         self.arena.words[TAIL_INDEX] = arena_tail + len(payload)
@@ -85,13 +95,14 @@ class IngressProducer:
         self.descriptors.words[TAIL_INDEX] = tail + 1  # after the payload: this store publishes it
 
     @staticmethod
-    def _payload(prompt_ids: list[int], params: SamplingParams) -> np.ndarray:
-        """prompt ids, then logit_bias token ids, then logit_bias values as float32 bits."""
+    def _payload(prompt_ids: list[int], params: SamplingParams, with_text: bool = True) -> np.ndarray:
+        """prompt ids, then logit_bias token ids, then logit_bias values as float32 bits (then, for host mode,
+        the constraint's text)."""
         prompt = _checked(prompt_ids, np.int32, "prompt token id")
         bias_ids = _checked(list(params.logit_bias.keys()), np.int32, "logit_bias token id")
         bias_values = np.asarray(list(params.logit_bias.values()), np.float32).view(np.int32)
         parts = [prompt, bias_ids, bias_values]
-        if params.constraint is not None:
+        if params.constraint is not None and with_text:
             parts.append(_constraint_words(params.constraint))
         return np.concatenate(parts).astype(np.int32, copy=False)
 
@@ -111,6 +122,7 @@ class IngressProducer:
             "frequency_penalty": params.frequency_penalty, "repetition_penalty": params.repetition_penalty,
             "num_logprobs": -1 if params.logprobs is None else params.logprobs,
             "seed": seed % (1 << 64),  # the engine keys its RNG on these 64 bits
+            "grammar_slot": -1,  # set at submit for a staged grammar
         }
         stop_ids = np.zeros(MAX_STOP_TOKEN_IDS, np.int32)
         stop_ids[:len(params.stop_token_ids)] = _checked(params.stop_token_ids, np.int32, "stop token id")
@@ -165,6 +177,8 @@ def _decode_request(record: dict, payload: np.ndarray) -> IngressItem:
     bias_ids = payload[prompt_len:prompt_len + num_bias].tolist()
     bias_values = payload[prompt_len + num_bias:prompt_len + 2 * num_bias].view(np.float32).tolist()
     constraint = None
+    if record["flags"] & FLAG_CONSTRAINT and record["grammar_slot"] >= 0:
+        raise ValueError("a descriptor for a device-mode engine (staged grammar) reached a host-mode consumer")
     if record["flags"] & FLAG_CONSTRAINT:
         constraint = _decode_constraint(payload[prompt_len + 2 * num_bias:])
     params = SamplingParams(

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from blink.request import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
 
 MAGIC = 0x4B4E494C42  # "BLINK"
-VERSION = 3  # 2: the control block publishes the engine's limits; 3: prefix caching
+VERSION = 4  # 2: the control block publishes the engine's limits; 3: prefix caching; 4: grammar staging
 MAX_PUBLISHED_BUCKETS = 16
 CACHE_LINE = 64
 PAGE = 4096
@@ -23,7 +23,10 @@ PAGE = 4096
 KIND_REQUEST = 1
 KIND_ABORT = 2
 FLAG_IGNORE_EOS = 1
-FLAG_CONSTRAINT = 2  # a structured-output constraint follows logit_bias in the arena (host mode only)
+FLAG_CONSTRAINT = 2  # structured output: host mode reads the constraint's text after logit_bias in the
+# arena; device mode reads its compiled tables in the grammar staging slot the descriptor names
+# Structured outputs in device mode: one grammar staging slot per arena partition (blink/grammar/arena.py)
+GRAMMAR_SLOTS = 16
 
 ENGINE_MODE_NONE = 0  # ControlBlock.engine_mode
 ENGINE_MODE_HOST = 1
@@ -42,7 +45,10 @@ class ControlBlock(C.Structure):
         ("ingress_capacity", C.c_uint64),  # sizes, written by the creator (front end)
         ("arena_capacity", C.c_uint64),
         ("egress_capacity", C.c_uint64),
-        ("_pad0", C.c_uint8 * 24),
+        # grammar staging (structured outputs in device mode), written by the creator: slots, int32 words each
+        ("grammar_slots", C.c_uint32),
+        ("grammar_slot_words", C.c_uint32),
+        ("_pad0", C.c_uint8 * 16),
         # line 1: commands from the host / front end
         ("stop_flag", C.c_uint32),  # set to 1 by the parent: finish the step and exit
         ("drain_flag", C.c_uint32),  # set to 1 by the parent: the front end takes no new requests
@@ -104,9 +110,11 @@ class RequestDescriptor(C.Structure):
 
     The prompt is `prompt_len` int32 tokens at arena counter `arena_offset`, followed by
     `num_logit_bias` token ids and then `num_logit_bias` float32 biases (as int32 bits), then, under
-    FLAG_CONSTRAINT, the constraint: its kind (index in CONSTRAINT_KINDS), its byte length, its UTF-8
-    text padded to whole int32 words (blink/transport/ingress.py). The consumer
-    advances the arena head by `arena_len` once it has copied them out.
+    FLAG_CONSTRAINT with grammar_slot < 0 (host mode), the constraint: its kind (index in CONSTRAINT_KINDS),
+    its byte length, its UTF-8 text padded to whole int32 words (blink/transport/ingress.py). With
+    grammar_slot >= 0 (device mode) the text is not sent: the compiled tables are in that staging slot
+    (blink/transport/grammar_staging.py). The consumer advances the arena head by `arena_len` once it has
+    copied them out.
     """
 
     _fields_ = [
@@ -130,6 +138,12 @@ class RequestDescriptor(C.Structure):
         ("num_logprobs", C.c_int32),  # -1 = no logprobs, 0 = chosen token only, k = top-k too
         ("seed", C.c_uint64),
         ("stop_token_ids", C.c_int32 * MAX_STOP_TOKEN_IDS),
+        # structured outputs in device mode (grammar staging): the slot holding the tables (-1: none), their
+        # state and class counts, and the slot's write generation (the GPU copies when it differs from its own)
+        ("grammar_slot", C.c_int32),
+        ("grammar_states", C.c_int32),
+        ("grammar_classes", C.c_int32),
+        ("grammar_gen", C.c_uint32),
     ]
 
 
@@ -164,6 +178,8 @@ class SegmentLayout:
     ingress_capacity: int
     arena_capacity: int
     egress_capacity: int
+    grammar_slots: int = 0  # grammar staging: 0 (no section) or GRAMMAR_SLOTS
+    grammar_slot_words: int = 0  # int32 words per slot: a partition's class row plus its cells fit
 
     @property
     def control(self) -> int:
@@ -194,5 +210,17 @@ class SegmentLayout:
         return self.egress_header + C.sizeof(RingHeader)
 
     @property
-    def size(self) -> int:
+    def grammar_staging(self) -> int:
         return _align(self.egress_records + self.egress_capacity * C.sizeof(TokenRecord), PAGE)
+
+    @property
+    def size(self) -> int:
+        return _align(self.grammar_staging + self.grammar_slots * self.grammar_slot_words * 4, PAGE)
+
+
+def grammar_staging(grammar_arena_bytes: int) -> tuple[int, int]:
+    """SegmentLayout's (grammar_slots, grammar_slot_words) for an engine's grammar arena of that size: a slot
+    per partition, as many words as a partition's bytes (blink/grammar/arena.py), which bound a grammar's
+    class row plus its next-state cells. (0, 0) when structured outputs are off."""
+    words = grammar_arena_bytes // GRAMMAR_SLOTS // 4
+    return (GRAMMAR_SLOTS, words) if words > 0 else (0, 0)

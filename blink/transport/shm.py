@@ -15,7 +15,7 @@ import os
 
 import numpy as np
 
-from blink.transport.layout import MAGIC, VERSION, ControlBlock, RingHeader, SegmentLayout
+from blink.transport.layout import GRAMMAR_SLOTS, MAGIC, VERSION, ControlBlock, RingHeader, SegmentLayout
 
 SHM_DIR = "/dev/shm"
 TAIL_INDEX = RingHeader.tail.offset // 8  # positions of the counters among a RingHeader's uint64 words
@@ -49,6 +49,8 @@ class Segment:
         for capacity in (layout.ingress_capacity, layout.arena_capacity, layout.egress_capacity):
             if capacity < 1:
                 raise ValueError("ring and arena capacities must be at least 1")
+        if layout.grammar_slots not in (0, GRAMMAR_SLOTS) or (layout.grammar_slots and layout.grammar_slot_words < 1):
+            raise ValueError(f"grammar staging has 0 or {GRAMMAR_SLOTS} slots of at least one word")
         path = _shm_path(name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -65,6 +67,8 @@ class Segment:
         ctl.ingress_capacity = layout.ingress_capacity
         ctl.arena_capacity = layout.arena_capacity
         ctl.egress_capacity = layout.egress_capacity
+        ctl.grammar_slots = layout.grammar_slots
+        ctl.grammar_slot_words = layout.grammar_slot_words
         ctl.magic = MAGIC  # last, so an attacher that sees the magic sees the capacities too
         return seg
 
@@ -86,8 +90,10 @@ class Segment:
         elif ctl.version != VERSION:
             problem = f"layout version {ctl.version}, this build speaks {VERSION}"
         else:
-            layout = SegmentLayout(ctl.ingress_capacity, ctl.arena_capacity, ctl.egress_capacity)
-            if min(ctl.ingress_capacity, ctl.arena_capacity, ctl.egress_capacity) < 1 or layout.size > size:
+            layout = SegmentLayout(ctl.ingress_capacity, ctl.arena_capacity, ctl.egress_capacity, ctl.grammar_slots,
+                                   ctl.grammar_slot_words)
+            if (min(ctl.ingress_capacity, ctl.arena_capacity, ctl.egress_capacity) < 1 or layout.size > size
+                    or ctl.grammar_slots not in (0, GRAMMAR_SLOTS)):
                 problem = f"capacities {layout} need {layout.size} bytes, the segment has {size}"
         if problem:
             mapping.close()

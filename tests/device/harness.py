@@ -21,11 +21,12 @@ from blink.core.step_buffers import StepBuffers
 from blink.core.stops import check_stop
 from blink.device import structs
 from blink.device.build import load_host_library
-from blink.kernels.sampling_state import SamplingState
+from blink.kernels.sampling_state import FLAG_GRAMMAR, SamplingState
 from blink.request import MAX_TOP_LOGPROBS, FinishReason, SamplingParams, TokenEvent
-from blink.transport.layout import SegmentLayout
+from blink.transport.layout import ENGINE_MODE_DEVICE, SegmentLayout, grammar_staging
 from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
+from tests.device.fake_grammar import constrained_choice, grammar_sample
 
 INFO = ("running", "waiting", "free_blocks", "free_slots", "free_entries", "plan_rows", "plan_tokens",
         "plan_bucket", "parity", "preemptions", "steps", "tokens", "error_code", "fast_plans", "cached_free_blocks",
@@ -40,10 +41,17 @@ def next_token(history: np.ndarray, vocab: int) -> int:
 
 
 def reference(prompt: list[int], params: SamplingParams, vocab: int, eos: tuple[int, ...],
-              max_model_len: int) -> tuple[list[int], FinishReason]:
+              max_model_len: int, tables=None) -> tuple[list[int], FinishReason]:
+    """tables: the constraint's GrammarTables (the fake sampler then picks allowed tokens only)."""
     out: list[int] = []
+    state = 0
     while True:
-        out.append(next_token(np.array(prompt + out), vocab))
+        token = next_token(np.array(prompt + out), vocab)
+        if tables is not None:
+            allowed = tables.allowed(state) if state >= 0 else np.isin(np.arange(vocab), eos)
+            token = constrained_choice(token, allowed)
+            state = tables.walk([token], state)
+        out.append(token)
         reason = check_stop(params, out, len(prompt) + len(out), eos, max_model_len)
         if reason != FinishReason.NONE:
             return out, reason
@@ -67,6 +75,7 @@ class Config:
     defer_publish: bool = False  # publish a step's records only after the next launch (or idle), as the GPU loop
     peers: int = 0  # tensor-parallel ranks besides rank 0, whose buffers the scheduler writes too
     prefix_caching: bool = False  # share cached prefixes' blocks (csrc/sched_prefix.h)
+    grammar_arena_bytes: int = 0  # structured outputs: the sampling state's grammar arena and the staging section
 
 
 def _buffers(tmax: int, smax: int, mb: int) -> dict[str, np.ndarray]:
@@ -75,12 +84,14 @@ def _buffers(tmax: int, smax: int, mb: int) -> dict[str, np.ndarray]:
     return {name: getattr(buffers, name).numpy() for name in structs.STEP_BUFFER_FIELDS}
 
 
-def _sampling(slots: int, vocab: int) -> dict[str, np.ndarray]:
+def _sampling(slots: int, vocab: int, grammar_arena_bytes: int = 0) -> tuple[SamplingState, dict[str, np.ndarray]]:
     """The sampling state as the runtime allocates it, with stale rows (admissions must overwrite them)."""
-    state = SamplingState(slots, vocab, "cpu")
+    state = SamplingState(slots, vocab, "cpu", grammar_arena_bytes)
     out = {name: getattr(state, name).numpy() for name in structs.SAMPLING_FIELDS}
     out["output_counts"][:], out["prompt_mask"][:], out["num_logprobs"][:] = 7, 9, 5
-    return out
+    out["grammar_state"][:], out["grammar_id"][:], out["grammar_classes"][:] = 5, 3, 1
+    out["grammar_row_base"][:], out["grammar_cells"][:] = 2, 4
+    return state, out
 
 
 def _ptr(a: np.ndarray) -> int:
@@ -94,7 +105,8 @@ class HostScheduler:
             c.buckets = [(t, min(t, c.max_num_seqs)) for t in (1, 2, 4, 8)
                          if t < c.max_num_batched_tokens] + [(c.max_num_batched_tokens, c.max_num_seqs)]
         self.lib = load_host_library()
-        layout = SegmentLayout(c.ingress_capacity, c.arena_capacity, c.egress_capacity)
+        layout = SegmentLayout(c.ingress_capacity, c.arena_capacity, c.egress_capacity,
+                               *grammar_staging(c.grammar_arena_bytes))
         self.seg = Segment.create(f"blink-test-{os.getpid()}-{next(_names)}", layout)
         self.producer, self.consumer = IngressProducer(self.seg), EgressConsumer(self.seg)
         self.mb = -(-c.max_model_len // c.block_size)
@@ -104,6 +116,8 @@ class HostScheduler:
             max_blocks_per_seq=self.mb, max_requests=c.max_requests, vocab_size=c.vocab_size,
             num_buckets=len(c.buckets), num_eos=len(c.eos), trace_capacity=1, launches_per_kernel=119,
             step_timeout_ns=10**9, enable_prefix_caching=int(c.prefix_caching))
+        self.sampling_state, self.sampling = _sampling(c.max_num_seqs + 1, c.vocab_size, c.grammar_arena_bytes)
+        structs.grammar_config(sc, self.sampling_state)
         for i, (t, s) in enumerate(c.buckets):
             sc.bucket_tokens[i], sc.bucket_seqs[i] = t, s
         for i, e in enumerate(c.eos):
@@ -115,7 +129,6 @@ class HostScheduler:
         self.lib.blink_sched_init(self.state, C.byref(sc), 0, 0, 0)
         tmax, smax = c.buckets[-1][0], max(s for _, s in c.buckets)
         self.buffers = [_buffers(tmax, smax, self.mb) for _ in range(2)]
-        self.sampling = _sampling(c.max_num_seqs + 1, c.vocab_size)
         p = structs.LoopParams(cfg=sc, state=self.state,
                                rings=structs.ring_pointers(self.seg.address, layout))
         for k in range(2):
@@ -135,6 +148,9 @@ class HostScheduler:
                     setattr(self.peer_table.peers[j].buffers[k], name, _ptr(sets[k][name]))
         if c.peers:
             p.peers = C.addressof(self.peer_table)
+        if c.grammar_arena_bytes:
+            self.seg.control.engine_mode = ENGINE_MODE_DEVICE  # as the GPU loop sets it: grammars get staged
+            self.seg.control.vocab_size = c.vocab_size
         self.after_prepare = None  # test hook: called with (parity, bucket) after each prepared step
         self.params = p
         self.kv_tok = np.full(c.num_blocks * c.block_size, -1, np.int64)
@@ -144,8 +160,17 @@ class HostScheduler:
         self.fail_next = False
 
     # -- driving -----------------------------------------------------------------------------------
-    def submit(self, req_id: int, prompt: list[int], params: SamplingParams) -> None:
-        assert self.producer.submit(req_id, prompt, params, timeout=0), "ingress full"
+    def submit(self, req_id: int, prompt: list[int], params: SamplingParams, tables=None) -> None:
+        """tables: a constrained request's GrammarTables, staged first as the front end does (then released:
+        the submitted request holds its slot until its last record)."""
+        staging = self.producer.staging
+        if tables is not None:
+            staging.reserve(params.constraint, tables.token_class, tables.next_state)
+        try:
+            assert self.producer.submit(req_id, prompt, params, timeout=0), "ingress full"
+        finally:
+            if tables is not None:
+                staging.unreserve(params.constraint)
 
     def abort(self, req_id: int) -> None:
         assert self.producer.abort(req_id, timeout=0)
@@ -210,9 +235,11 @@ class HostScheduler:
             kv_slots = b["block_tables"][s][pos // bs].astype(np.int64) * bs + pos % bs
             assert (self.kv_pos[kv_slots] == pos).all(), "KV history corrupted (block table or slot mapping)"
             token = next_token(self.kv_tok[kv_slots], c.vocab_size)
+            slot = int(b["sample_slots"][s])
+            if slot != c.max_num_seqs and self.sampling["flags"][slot] & FLAG_GRAMMAR:
+                token = grammar_sample(self.sampling, slot, token)
             b["sampled_ids"][s] = token
             b["logprobs"][s] = -0.25 * (s + 1)
-            slot = int(b["sample_slots"][s])
             if self.sampling["num_logprobs"][slot] > 0:  # as the sampler: tops only for slots asking
                 b["top_ids"][s] = (token + np.arange(MAX_TOP_LOGPROBS)) % c.vocab_size
                 b["top_logprobs"][s] = -np.arange(MAX_TOP_LOGPROBS, dtype=np.float32)

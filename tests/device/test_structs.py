@@ -23,7 +23,8 @@ STRUCTS = [structs.SchedConfig, structs.StepBufferPtrs, structs.SamplingPtrs, st
 CONSTANTS = {
     "kMaxBuckets": structs.MAX_BUCKETS, "kMaxEos": structs.MAX_EOS, "kMaxLogitBias": request.MAX_LOGIT_BIAS,
     "kTraceWords": structs.TRACE_WORDS, "kFlagPenalties": sampling_state.FLAG_PENALTIES,
-    "kFlagLogitBias": sampling_state.FLAG_LOGIT_BIAS, "kErrInvalidDescriptor": structs.ERR_INVALID_DESCRIPTOR,
+    "kFlagLogitBias": sampling_state.FLAG_LOGIT_BIAS,
+    "kFlagGrammar": sampling_state.FLAG_GRAMMAR, "kErrInvalidDescriptor": structs.ERR_INVALID_DESCRIPTOR,
     "kErrStepTimeout": structs.ERR_STEP_TIMEOUT, "kErrNoBucket": structs.ERR_NO_BUCKET,
     "kErrLaunchBase": structs.ERR_LAUNCH_BASE, "kErrTailLaunchBase": structs.ERR_TAIL_LAUNCH_BASE,
     "kMaxPeers": structs.MAX_PEERS, "kPeerStop": structs.PEER_STOP,

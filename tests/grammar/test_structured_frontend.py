@@ -1,4 +1,4 @@
-"""The front end's side without a server: the arena mirror (503), releases, device-mode refusal."""
+"""The front end's side without a server: the arena mirror (503), releases, device mode's staging."""
 import asyncio
 import gc
 import json
@@ -11,7 +11,7 @@ from blink.frontend.protocol import CompletionRequest
 from blink.frontend.structured import StructuredOutputs, constrain, constraint_of
 from blink.grammar.arena import GRAMMAR_SLOTS
 from blink.request import Constraint, SamplingParams
-from blink.transport.layout import ENGINE_MODE_DEVICE, ENGINE_MODE_HOST
+from blink.transport.layout import ENGINE_MODE_DEVICE
 
 
 def mirror() -> StructuredOutputs:
@@ -49,15 +49,49 @@ def test_streams_give_their_reservation_back():
     assert not so._in_flight  # a stream dropped before it ran releases too
 
 
-def test_device_mode_refuses_constraints():
-    body = CompletionRequest(prompt="x", guided_regex="a+")
-    state = SimpleNamespace(structured=mirror(), client=SimpleNamespace(control=SimpleNamespace(
-        engine_mode=ENGINE_MODE_DEVICE)))
-    with pytest.raises(APIError) as e:
-        asyncio.run(constrain(state, body, [SamplingParams()]))
-    assert e.value.status == 400 and "device mode" in e.value.message and e.value.param == "guided_regex"
-    state.client.control.engine_mode = ENGINE_MODE_HOST  # text: no constraint, nothing to refuse
-    assert asyncio.run(constrain(state, CompletionRequest(prompt="x", response_format={"type": "text"}), [])) is None
+def test_device_mode_stages_the_tables_for_the_gpu(tmp_path):
+    """Device mode: the front end compiles with tables, writes them into a staging slot (once for n choices)
+    and holds it per choice until the stream ends; a submitted request holds it until its last record."""
+    import os
+
+    import numpy as np
+
+    from blink.grammar.tables import GrammarTables
+    from blink.transport.grammar_staging import GrammarStaging
+    from blink.transport.layout import SegmentLayout
+    from blink.transport.shm import Segment
+
+    seg = Segment.create(f"blink-so-{os.getpid()}", SegmentLayout(8, 1024, 8, GRAMMAR_SLOTS, 64))
+    try:
+        seg.control.engine_mode, seg.control.vocab_size = ENGINE_MODE_DEVICE, 10
+        so = mirror()
+        t = GrammarTables(np.arange(10, dtype=np.int32) % 3, np.array([[-1, 0, 1], [-1, 1, -1]], np.int32))
+
+        async def check(c, param, want_tables=False):
+            assert want_tables
+            return t
+
+        so.check = check
+        state = SimpleNamespace(structured=so, client=SimpleNamespace(control=seg.control, segment=seg))
+        params = [SamplingParams(), SamplingParams()]
+        c = asyncio.run(constrain(state, CompletionRequest(prompt="x", guided_regex="a+"), params))
+        staging = GrammarStaging.of(seg)
+        slot = staging.slot_of(c)
+        assert all(p.constraint == c for p in params) and slot is not None
+        assert (staging.words[slot, :10] == t.token_class).all()
+        assert (staging.words[slot, 10:16] == t.next_state.ravel()).all()
+        assert staging.held_keys() == {c}
+        so.release(c)
+        so.release(c)  # both choices' streams ended (never submitted): nothing holds the slot
+        assert staging.held_keys() == set()
+        for i in range(GRAMMAR_SLOTS):  # every slot held by others: a 503
+            staging.reserve(Constraint("regex", f"o{i}"), t.token_class, t.next_state)
+        with pytest.raises(APIError) as e:
+            asyncio.run(constrain(state, CompletionRequest(prompt="x", guided_regex="b+"), [SamplingParams()]))
+        assert e.value.status == 503
+    finally:
+        seg.close()
+        seg.unlink()
 
 
 def test_field_spellings_agree():

@@ -11,7 +11,8 @@ from blink.transport import layout
 from tests.abi_dump import AbiDump, padding_holes
 
 STRUCTS = [layout.ControlBlock, layout.RingHeader, layout.RequestDescriptor, layout.TokenRecord]
-CAPACITIES = [(1, 1, 1), (64, 4096, 256), (1000, 123457, 999), (4096, 1 << 20, 8192)]
+CAPACITIES = [(1, 1, 1), (64, 4096, 256), (1000, 123457, 999), (4096, 1 << 20, 8192),
+              (64, 4096, 256, layout.GRAMMAR_SLOTS, 1), (8, 1000, 9, layout.GRAMMAR_SLOTS, (64 << 20) // 64)]
 CONSTANTS = {
     "kMagic": layout.MAGIC, "kVersion": layout.VERSION, "kCacheLine": layout.CACHE_LINE, "kPage": layout.PAGE,
     "kMaxStopIds": request.MAX_STOP_TOKEN_IDS, "kMaxTopLogprobs": request.MAX_TOP_LOGPROBS,
@@ -19,11 +20,11 @@ CONSTANTS = {
     "kMaxPublishedBuckets": layout.MAX_PUBLISHED_BUCKETS,
     "kFlagIgnoreEos": layout.FLAG_IGNORE_EOS, "kFlagConstraint": layout.FLAG_CONSTRAINT,
     "kEngineModeNone": layout.ENGINE_MODE_NONE, "kEngineModeHost": layout.ENGINE_MODE_HOST,
-    "kEngineModeDevice": layout.ENGINE_MODE_DEVICE,
+    "kEngineModeDevice": layout.ENGINE_MODE_DEVICE, "kGrammarSlots": layout.GRAMMAR_SLOTS,
     **{f"kFinish{reason.name.title()}": int(reason) for reason in FinishReason},
 }
 SECTIONS = ["control", "ingress_header", "ingress_records", "arena_header", "arena_data", "egress_header",
-            "egress_records", "size"]
+            "egress_records", "grammar_staging", "size"]
 
 
 def section_dump() -> tuple[list[str], list[str]]:
@@ -31,7 +32,7 @@ def section_dump() -> tuple[list[str], list[str]]:
     code, lines = [], []
     for caps in CAPACITIES:
         seg = layout.SegmentLayout(*caps)
-        code.append(f"{{ constexpr blink::SegmentLayout s{{{caps[0]}, {caps[1]}, {caps[2]}}};")
+        code.append(f"{{ constexpr blink::SegmentLayout s{{{', '.join(map(str, caps))}}};")
         code += [f'  std::printf("layout {caps} {name} %llu\\n", (unsigned long long)s.{name}());' for name in SECTIONS]
         code.append("}")
         lines += [f"layout {caps} {name} {getattr(seg, name)}" for name in SECTIONS]

@@ -11,6 +11,9 @@
 // num_logit_bias float32 biases (as int32 bits) sit at arena counters [arena_offset, arena_offset +
 // arena_len), wrapping at arena_capacity. Requests fill the arena in ring order, so after copying a
 // request out the consumer sets the arena head to arena_offset + arena_len.
+// Grammar staging (after egress): kGrammarSlots slots of grammar_slot_words int32 each; a slot holds one
+// compiled constraint, token -> class [vocab] then next local state [states][classes] (-1: disallowed),
+// written by the front end only while no request in flight uses the slot (blink/transport/grammar_staging.py).
 #pragma once
 
 #include <cstddef>
@@ -25,7 +28,8 @@
 namespace blink {
 
 constexpr uint64_t kMagic = 0x4B4E494C42ull;  // "BLINK"
-constexpr uint32_t kVersion = 3;  // 2: the control block publishes the engine's limits; 3: prefix caching
+constexpr uint32_t kVersion = 4;  // 2: the control block publishes the engine's limits; 3: prefix caching;
+                                  // 4: grammar staging
 constexpr int kMaxPublishedBuckets = 16;
 constexpr uint64_t kCacheLine = 64;
 constexpr uint64_t kPage = 4096;
@@ -35,7 +39,9 @@ constexpr int kMaxTopLogprobs = 20;
 constexpr uint32_t kKindRequest = 1;
 constexpr uint32_t kKindAbort = 2;
 constexpr uint32_t kFlagIgnoreEos = 1;
-constexpr uint32_t kFlagConstraint = 2;  // structured output: host mode only, refused here
+constexpr uint32_t kFlagConstraint = 2;  // structured output: its tables are in descriptor.grammar_slot
+// Structured outputs in device mode: one grammar staging slot per grammar arena partition.
+constexpr int kGrammarSlots = 16;
 
 constexpr uint32_t kEngineModeNone = 0;
 constexpr uint32_t kEngineModeHost = 1;
@@ -62,7 +68,10 @@ struct ControlBlock {
   uint64_t ingress_capacity;  // sizes, written by the creator (front end)
   uint64_t arena_capacity;
   uint64_t egress_capacity;
-  uint8_t _pad0[24];
+  // grammar staging (structured outputs in device mode), written by the creator: slots, int32 words each
+  uint32_t grammar_slots;
+  uint32_t grammar_slot_words;
+  uint8_t _pad0[16];
   // line 1: commands from the host / front end
   uint32_t stop_flag;  // set to 1 by the parent: finish the step and exit
   uint32_t drain_flag;  // set to 1 by the parent: the front end takes no new requests
@@ -137,6 +146,12 @@ struct RequestDescriptor {
   int32_t num_logprobs;  // -1 = no logprobs, 0 = chosen token only, k = top-k too
   uint64_t seed;  // always set: the front end picks a random one when the client gave none
   int32_t stop_token_ids[kMaxStopIds];
+  // structured outputs in device mode (grammar staging): the slot holding the tables (-1: none), their
+  // state and class counts, and the slot's write generation (copied when it differs from the loaded one)
+  int32_t grammar_slot;
+  int32_t grammar_states;
+  int32_t grammar_classes;
+  uint32_t grammar_gen;
 };
 
 // One egress record: a generated token, or the end of a request (finish_reason != 0).
@@ -161,7 +176,7 @@ static_assert(offsetof(ControlBlock, stop_flag) == 64, "stop_flag starts cache l
 static_assert(offsetof(ControlBlock, ready) == 128, "engine counters start cache line 2");
 static_assert(sizeof(RingHeader) == 128, "RingHeader must match layout.py");
 static_assert(offsetof(RingHeader, head) == kCacheLine, "head and tail on separate cache lines");
-static_assert(sizeof(RequestDescriptor) == 152, "RequestDescriptor must match layout.py");
+static_assert(sizeof(RequestDescriptor) == 168, "RequestDescriptor must match layout.py");
 static_assert(offsetof(RequestDescriptor, seed) == 80, "RequestDescriptor must match layout.py");
 static_assert(sizeof(TokenRecord) == 192, "TokenRecord must match layout.py");
 static_assert(offsetof(TokenRecord, top_logprobs) == 112, "TokenRecord must match layout.py");
@@ -173,6 +188,8 @@ struct SegmentLayout {
   uint64_t ingress_capacity;
   uint64_t arena_capacity;
   uint64_t egress_capacity;
+  uint64_t grammar_slots = 0;       // grammar staging: 0 (no section) or kGrammarSlots
+  uint64_t grammar_slot_words = 0;  // int32 words per slot
 
   BLINK_HD constexpr uint64_t control() const { return 0; }
   BLINK_HD constexpr uint64_t ingress_header() const { return kPage; }
@@ -185,8 +202,11 @@ struct SegmentLayout {
     return align_up(arena_data() + arena_capacity * sizeof(int32_t), kPage);
   }
   BLINK_HD constexpr uint64_t egress_records() const { return egress_header() + sizeof(RingHeader); }
-  BLINK_HD constexpr uint64_t size() const {
+  BLINK_HD constexpr uint64_t grammar_staging() const {
     return align_up(egress_records() + egress_capacity * sizeof(TokenRecord), kPage);
+  }
+  BLINK_HD constexpr uint64_t size() const {
+    return align_up(grammar_staging() + grammar_slots * grammar_slot_words * sizeof(int32_t), kPage);
   }
 };
 

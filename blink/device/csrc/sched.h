@@ -34,7 +34,7 @@ BLINK_HD inline int sched_prepare(const Team& t, const LoopParams& p) {
   t.sync();
   const int rows = load_volatile(&s->plan_rows);
   if (rows == 0) return 0;
-  write_admissions(t, s, c, p.sampling);
+  write_admissions(t, s, c, p.sampling, p.rings);
   if (t.leader()) s->t_plan = now_ns();
   write_inputs(t, s, c, p.buffers[s->launched & 1]);
   if (p.peers != nullptr) {  // the other TP ranks' copies, straight into their memory

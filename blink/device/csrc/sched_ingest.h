@@ -3,7 +3,7 @@
 // engine stays up. A full request table stops the round (the ring then backs up: backpressure).
 #pragma once
 
-#include "sched_egress.h"
+#include "sched_grammar.h"
 
 namespace blink {
 
@@ -13,7 +13,7 @@ constexpr int kDescriptorWords = sizeof(RequestDescriptor) / 4;
 BLINK_HD inline int descriptor_problem(const RequestDescriptor& d, const SchedConfig& c, const RingPtrs& rp) {
   if (d.prompt_len == 0 || d.prompt_len >= (uint32_t)c.max_model_len) return 1;
   if (d.num_stop_ids > (uint32_t)kMaxStopIds || d.num_logit_bias > (uint32_t)kMaxLogitBias) return 2;
-  if (d.flags & kFlagConstraint) return 6;  // the grammar tables do not reach the device engine (yet)
+  if (is_constrained(d) && !grammar_fields_ok(d, c, rp)) return 6;  // its tables are not (validly) staged
   if (d.arena_len != d.prompt_len + 2 * d.num_logit_bias || d.arena_len > rp.arena_capacity) return 3;
   if (d.max_tokens < 1 || d.min_tokens > d.max_tokens) return 4;
   uint64_t longest = (uint64_t)d.prompt_len + d.max_tokens;

@@ -2,6 +2,7 @@
 // for rule, so both modes batch alike), then the step's inputs in the StepBuffers of its parity.
 #pragma once
 
+#include "sched_grammar.h"
 #include "sched_prefix.h"
 
 namespace blink {
@@ -161,9 +162,12 @@ BLINK_HD inline int num_top_for(const RequestDescriptor& d) {
   return d.num_logprobs < 0 ? 0 : d.num_logprobs > kMaxTopLogprobs ? kMaxTopLogprobs : d.num_logprobs;
 }
 
-// Team: write each admitted request's sampling parameters into its slot (SamplingState.set_slot).
-BLINK_HD inline void write_admissions(const Team& t, SchedState* s, const SchedConfig& c, const SamplingPtrs& sp) {
+// Team: write each admitted request's sampling parameters into its slot (SamplingState.set_slot), a
+// constrained one's grammar after its tables are in the arena (sched_grammar.h).
+BLINK_HD inline void write_admissions(const Team& t, SchedState* s, const SchedConfig& c, const SamplingPtrs& sp,
+                                      const RingPtrs& rp) {
   const int64_t V = c.vocab_size;
+  grammar_copy(t, s, c, rp, sp);
   for (int j = 0; j < s->num_jobs; ++j) {
     const int e = s->job_entry[j];
     const RequestEntry& r = s->entries[e];
@@ -179,8 +183,11 @@ BLINK_HD inline void write_admissions(const Team& t, SchedState* s, const SchedC
       sp.frequency_penalty[slot] = d.frequency_penalty;
       sp.repetition_penalty[slot] = d.repetition_penalty;
       sp.seed[slot] = (int64_t)d.seed;
-      sp.flags[slot] = (penalties ? kFlagPenalties : 0) | (nb > 0 ? kFlagLogitBias : 0);
+      sp.flags[slot] = (penalties ? kFlagPenalties : 0) | (nb > 0 ? kFlagLogitBias : 0) |
+                       (is_constrained(d) ? kFlagGrammar : 0);
       sp.num_logprobs[slot] = num_top_for(d);
+      sp.grammar_id[slot] = is_constrained(d) ? d.grammar_slot : 0;
+      sp.grammar_state[slot] = is_constrained(d) ? grammar_walk(s, c, sp, e) : -1;
     }
     for (int k = t.rank; k < kMaxLogitBias; k += t.size) {
       sp.bias_ids[(int64_t)slot * kMaxLogitBias + k] = k < nb ? s->bias_ids[(int64_t)e * kMaxLogitBias + k] : -1;

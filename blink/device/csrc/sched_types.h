@@ -22,6 +22,7 @@ constexpr int kTraceWords = 8;
 
 constexpr int32_t kFlagPenalties = 1;  // sampling_state.FLAG_PENALTIES
 constexpr int32_t kFlagLogitBias = 2;  // sampling_state.FLAG_LOGIT_BIAS
+constexpr int32_t kFlagGrammar = 4;    // sampling_state.FLAG_GRAMMAR
 
 // error_code values (ControlBlock.error_code and SchedState.error_code)
 constexpr int32_t kErrInvalidDescriptor = 1;
@@ -49,6 +50,11 @@ struct SchedConfig {
   int64_t step_timeout_ns;  // a forward that never signals is an error, not a hang
   int32_t enable_prefix_caching;  // share cached prompt prefixes' KV blocks (sched_prefix.h)
   int32_t reserved;
+  // Structured outputs (sched_grammar.h): the grammar arena's geometry (blink/grammar/arena.py), 0 slots = none
+  int32_t grammar_slots;
+  int32_t grammar_states_per_slot;
+  int32_t grammar_cells_per_slot;
+  int32_t grammar_reserved;
 };
 
 struct StepBufferPtrs {  // blink.core.step_buffers.StepBuffers, field order
@@ -82,6 +88,12 @@ struct SamplingPtrs {  // blink.kernels.sampling_state.SamplingState tensors
   uint8_t* prompt_mask;
   int32_t* flags;
   int32_t* num_logprobs;  // the sampler computes top logprobs only for slots asking for them
+  // structured outputs: each slot's automaton state and grammar, then the arena (sampling_state.py)
+  int32_t* grammar_state;
+  int32_t* grammar_id;
+  int32_t* grammar_classes;
+  int32_t* grammar_row_base;
+  int32_t* grammar_cells;
 };
 
 struct RingPtrs {  // sections of the shared-memory segment (device pointer == host pointer)
@@ -95,6 +107,9 @@ struct RingPtrs {  // sections of the shared-memory segment (device pointer == h
   uint64_t ingress_capacity;
   uint64_t arena_capacity;
   uint64_t egress_capacity;
+  // structured outputs in device mode: the grammar staging section (nullptr: none), int32 words per slot
+  const int32_t* grammar_staging;
+  uint64_t grammar_slot_words;
 };
 
 struct SchedState;
@@ -199,6 +214,11 @@ struct SchedState {
   int32_t lru_head, lru_tail, lru_count, hash_mask;
   uint64_t prefix_queries, prefix_hits;  // prompt tokens looked up at admissions / found cached
   uint32_t resets_seen, resets_done;  // ControlBlock.reset_prefix_cache, as prefetched / as applied
+  // Structured outputs (sched_grammar.h): the staging generation each arena partition holds (0: none), and
+  // this step's copies (at most one per partition)
+  uint32_t grammar_loaded_gen[kGrammarSlots];
+  int32_t grammar_copy_entry[kGrammarSlots];
+  int32_t num_grammar_copies, grammar_pad;
   // arrays, carved from the same buffer
   RequestEntry* entries;  // [max_requests]
   int32_t* free_entries;  // [max_requests] stack
