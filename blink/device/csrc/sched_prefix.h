@@ -1,57 +1,176 @@
 // Prefix caching on the GPU: blink/core/prefix_cache.py, rule for rule (its docstring has the why).
-// A full block's key is block_hash(parent's key, its tokens); admission walks a request's full blocks
-// and shares each that is indexed under its key AND holds the same tokens AND records the block matched
-// just before as its parent, by (block, gen): a match is the exact token prefix, whatever the hash.
-// After a step, each row's newly filled blocks are hashed by the row's thread and indexed by the leader
-// in row order. Reset is a command word in the control block, applied between steps.
+// A full block's key is block_key(chain state), the state = block_hash(parent's state, its tokens);
+// admission walks a request's full blocks and shares each that is indexed under its key AND holds the
+// same tokens AND records the block matched just before as its parent, by (block, gen): a match is the
+// exact token prefix, whatever the hash. The team does the O(tokens) work (content hashes, token
+// compares) in parallel; the leader keeps only O(1) per block (chain mixes, sharing, indexing). After a
+// step, rows' newly filled blocks are hashed by the team and indexed by the leader in row order. Reset
+// is a command word in the control block, applied between steps.
 #pragma once
 
 #include "sched_egress.h"
 
 namespace blink {
 
-// 64-bit FNV-1a over the token ids, seeded with the parent's key, then splitmix64's finalizer.
+constexpr uint64_t kFnvOffset = 0xCBF29CE484222325ull, kFnvPrime = 0x100000001B3ull;
+constexpr uint64_t kChainMul = 0x9E3779B97F4A7C15ull;  // odd: the chain step is a bijection of its parent
+
+// A block's content hash, 64-bit FNV-1a over its token ids alone: every block hashes in parallel.
+BLINK_HD inline uint64_t content_hash(const int32_t* tokens, int n) {
+  uint64_t h = kFnvOffset;
+  for (int i = 0; i < n; ++i) h = (h ^ (uint32_t)tokens[i]) * kFnvPrime;
+  return h;
+}
+// The chain state after a block: one xor-multiply per block is all that stays sequential.
+BLINK_HD inline uint64_t chain_state(uint64_t parent, uint64_t content) { return (parent ^ content) * kChainMul; }
 BLINK_HD inline uint64_t block_hash(uint64_t parent, const int32_t* tokens, int n) {
-  uint64_t h = parent ^ 0xCBF29CE484222325ull;
-  for (int i = 0; i < n; ++i) h = (h ^ (uint32_t)tokens[i]) * 0x100000001B3ull;
+  return chain_state(parent, content_hash(tokens, n));
+}
+// The index key of a state: splitmix64's finalizer (a bijection; the table's low bits must be spread).
+BLINK_HD inline uint64_t block_key(uint64_t h) {
   h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
   h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
   return h ^ (h >> 31);
 }
 
-BLINK_HD inline bool block_equal(const SchedState* s, const SchedConfig& c, int b, const int32_t* tokens,
-                                 int32_t parent, uint32_t parent_gen) {
-  if (s->block_parent[b] != parent || s->block_parent_gen[b] != parent_gen) return false;
+BLINK_HD inline int32_t prefix_fetch_add(int32_t* p, int32_t v) {
+#if defined(__CUDA_ARCH__)
+  return atomicAdd(p, v);
+#else
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+#endif
+}
+BLINK_HD inline void prefix_atomic_min(int32_t* p, int32_t v) {
+#if defined(__CUDA_ARCH__)
+  atomicMin(p, v);
+#else
+  int32_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (v < cur && !__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+#endif
+}
+
+BLINK_HD inline bool block_tokens_equal(const SchedState* s, const SchedConfig& c, int b, const int32_t* tokens) {
   const int32_t* own = s->block_tokens + (int64_t)b * c.block_size;
   for (int i = 0; i < c.block_size; ++i)
     if (own[i] != tokens[i]) return false;
   return true;
 }
 
+BLINK_HD inline bool block_equal(const SchedState* s, const SchedConfig& c, int b, const int32_t* tokens,
+                                 int32_t parent, uint32_t parent_gen) {
+  return s->block_parent[b] == parent && s->block_parent_gen[b] == parent_gen && block_tokens_equal(s, c, b, tokens);
+}
+
 struct PrefixMatch {
-  int num_blocks;  // in s->match_blocks
+  int num_blocks;  // in `blocks`
   int num_in_lru;  // of those, held by nobody now
   uint64_t chain_hash;
   int32_t parent;
   uint32_t parent_gen;
+  const int32_t* blocks;
 };
 
-// Leader: the longest cached prefix of entry e's full blocks, leaving its last token to compute.
+BLINK_HD inline int match_limit(const SchedState* s, const SchedConfig& c, int e) {
+  return (entry_num_tokens(s->entries[e]) - 1) / c.block_size;  // the last token is always computed
+}
+
+// Leader, one block at a time: the longest cached prefix of entry e's full blocks, into s->match_blocks.
+// The fallback when the team's match (below) is stale or the request is past the first kMatchAhead.
 BLINK_HD inline PrefixMatch prefix_match(SchedState* s, const SchedConfig& c, int e) {
-  PrefixMatch m{0, 0, 0, -1, 0};
+  PrefixMatch m{0, 0, 0, -1, 0, s->match_blocks};
   if (!c.enable_prefix_caching) return m;
   const int32_t* tokens = entry_tokens(s, c, e);
-  const int limit = (entry_num_tokens(s->entries[e]) - 1) / c.block_size;
+  const int limit = match_limit(s, c, e);
   for (int j = 0; j < limit; ++j) {
     const int32_t* block = tokens + (int64_t)j * c.block_size;
-    const uint64_t key = block_hash(m.chain_hash, block, c.block_size);
-    const int b = table_find(s, key);
+    const uint64_t state = block_hash(m.chain_hash, block, c.block_size);
+    const int b = table_find(s, block_key(state));
     if (b < 0 || !block_equal(s, c, b, block, m.parent, m.parent_gen)) break;
     s->match_blocks[m.num_blocks++] = b;
     m.num_in_lru += s->block_ref[b] == 0;
-    m.chain_hash = key;
+    m.chain_hash = state;
     m.parent = b;
     m.parent_gen = s->block_gen[b];
+  }
+  return m;
+}
+
+// Team, before the leader admits: the hits of the first waiting requests (at most kMatchAhead, only
+// those that could be admitted), computed flat over (request, block): content hashes, then each
+// request's chain (one thread per request, one mix per block), then lookups and token compares, then
+// parent links and the hit length (the first block that breaks the chain), then the hit's LRU count.
+// The leader set s->plan_budget; everything here reads state the leader does not change until it admits.
+BLINK_HD inline void prefix_match_ahead(const Team& t, SchedState* s, const SchedConfig& c) {
+  if (!c.enable_prefix_caching) return;
+  if (t.leader()) {
+    int n = s->waiting_count < kMatchAhead ? s->waiting_count : kMatchAhead;
+    if (n > c.max_num_seqs - s->running_count) n = c.max_num_seqs - s->running_count;
+    if (s->plan_budget <= 0 || free_block_count(s) == 0) n = 0;
+    s->ahead_count = n;
+    s->ahead_evictions = s->evictions;
+  }
+  t.sync();
+  const int n = load_volatile(&s->ahead_count), mb = c.max_blocks_per_seq, bs = c.block_size;
+  if (n == 0) return;
+  for (int i = 0; i < n; ++i) {
+    const int e = s->waiting[(s->waiting_head + i) % c.max_requests], limit = match_limit(s, c, e);
+    const int32_t* tokens = entry_tokens(s, c, e);
+    for (int j = t.rank; j < limit; j += t.size) s->ahead_state[i * mb + j] = content_hash(tokens + (int64_t)j * bs, bs);
+  }
+  t.sync();
+  for (int i = t.rank; i < n; i += t.size) {
+    const int limit = match_limit(s, c, s->waiting[(s->waiting_head + i) % c.max_requests]);
+    uint64_t h = 0;
+    for (int j = 0; j < limit; ++j) s->ahead_state[i * mb + j] = h = chain_state(h, s->ahead_state[i * mb + j]);
+    s->ahead_len[i] = limit;
+    s->ahead_in_lru[i] = 0;
+  }
+  t.sync();
+  for (int i = 0; i < n; ++i) {
+    const int e = s->waiting[(s->waiting_head + i) % c.max_requests], limit = match_limit(s, c, e);
+    const int32_t* tokens = entry_tokens(s, c, e);
+    for (int j = t.rank; j < limit; j += t.size) {
+      const int b = table_find(s, block_key(s->ahead_state[i * mb + j]));
+      s->ahead_blocks[i * mb + j] = b >= 0 && block_tokens_equal(s, c, b, tokens + (int64_t)j * bs) ? b : -1;
+    }
+  }
+  t.sync();
+  for (int i = 0; i < n; ++i) {
+    const int limit = load_volatile(&s->ahead_len[i]);
+    const int32_t* found = s->ahead_blocks + i * mb;
+    for (int j = t.rank; j < limit; j += t.size) {
+      const int b = found[j], parent = j > 0 ? found[j - 1] : -1;
+      const bool linked = b >= 0 && (j == 0 || parent >= 0) && s->block_parent[b] == parent &&
+                          s->block_parent_gen[b] == (parent >= 0 ? s->block_gen[parent] : 0u);
+      if (!linked) prefix_atomic_min(&s->ahead_len[i], j);
+    }
+  }
+  t.sync();
+  for (int i = 0; i < n; ++i) {
+    const int len = load_volatile(&s->ahead_len[i]);
+    for (int j = t.rank; j < len; j += t.size)
+      if (s->block_ref[s->ahead_blocks[i * mb + j]] == 0) atomic_add(&s->ahead_in_lru[i], 1);
+  }
+  t.sync();
+}
+
+// Leader: the hit of the k-th request admitted in this step (the waiting queue's front now). The team's
+// is still exact unless an eviction erased index entries since; an earlier admission of this step may
+// have taken some of its LRU blocks (then recount them).
+BLINK_HD inline PrefixMatch prefix_match_admit(SchedState* s, const SchedConfig& c, int e, int k) {
+  if (!c.enable_prefix_caching || k >= s->ahead_count || s->evictions != s->ahead_evictions) return prefix_match(s, c, e);
+  const int mb = c.max_blocks_per_seq, len = s->ahead_len[k];
+  PrefixMatch m{len, s->ahead_in_lru[k], 0, -1, 0, s->ahead_blocks + k * mb};
+  s->team_matches++;
+  if (len > 0) {
+    m.chain_hash = s->ahead_state[k * mb + len - 1];
+    m.parent = m.blocks[len - 1];
+    m.parent_gen = s->block_gen[m.parent];
+  }
+  if (k > 0 && m.num_in_lru > 0) {
+    m.num_in_lru = 0;
+    for (int j = 0; j < len; ++j) m.num_in_lru += s->block_ref[m.blocks[j]] == 0;
   }
   return m;
 }
@@ -61,8 +180,8 @@ BLINK_HD inline void prefix_admit(SchedState* s, const SchedConfig& c, int e, co
   RequestEntry& r = s->entries[e];
   int32_t* table = slot_blocks(s, c, r.slot);
   for (int j = 0; j < m.num_blocks; ++j) {
-    share_block(s, s->match_blocks[j]);
-    table[j] = s->match_blocks[j];
+    share_block(s, m.blocks[j]);
+    table[j] = m.blocks[j];
   }
   r.num_blocks = r.num_hashed = m.num_blocks;
   r.num_computed = m.num_blocks * c.block_size;
@@ -76,27 +195,50 @@ BLINK_HD inline void prefix_admit(SchedState* s, const SchedConfig& c, int e, co
   if (r.num_cached_tokens < 0) r.num_cached_tokens = r.num_computed;  // usage: the first admission's
 }
 
-// Row thread, after the row's num_computed advanced: key and tokens of each block it filled, into the
-// block's own slots (the block is the row's alone until the leader indexes it). Returns whether there
-// was any (the leader then indexes them: it scans one flag per row, not every row's entry).
-BLINK_HD inline int prefix_hash_row(SchedState* s, const SchedConfig& c, int e) {
+// Row thread, after the row's num_computed advanced: did it fill blocks that are not indexed yet? Such
+// rows are listed (any order) for the team to hash, and counted: with none the leader skips its scan.
+BLINK_HD inline int prefix_note_row(SchedState* s, const SchedConfig& c, int e, int row) {
   if (!c.enable_prefix_caching) return 0;
   const RequestEntry& r = s->entries[e];
   if (r.num_computed / c.block_size <= r.num_hashed) return 0;
-  const int32_t* tokens = entry_tokens(s, c, e);
-  const int32_t* table = slot_blocks(s, c, r.slot);
-  uint64_t key = r.chain_hash;
-  for (int j = r.num_hashed; j < r.num_computed / c.block_size; ++j) {
-    const int b = table[j];
-    const int32_t* block = tokens + (int64_t)j * c.block_size;
-    key = block_hash(key, block, c.block_size);
-    s->block_key[b] = key;
-    for (int i = 0; i < c.block_size; ++i) s->block_tokens[(int64_t)b * c.block_size + i] = block[i];
-  }
+  s->filled_rows[prefix_fetch_add(&s->num_filled, 1)] = row;
   return 1;
 }
 
-// Leader, rows in order: index the blocks prefix_hash_row keyed (PrefixCache.register).
+// Team, after finish_rows and a sync: the listed rows' filled blocks, into the blocks' own slots (each is
+// its row's alone until the leader indexes it): content hashes and token copies flat over (row, block),
+// then each row's chain on one thread (one mix per block), which also advances the entry's chain state.
+BLINK_HD inline void prefix_hash_filled(const Team& t, SchedState* s, const SchedConfig& c) {
+  const int n = c.enable_prefix_caching ? load_volatile(&s->num_filled) : 0, bs = c.block_size;
+  if (n == 0) return;
+  for (int i = 0; i < n; ++i) {
+    const int e = s->row_entry[s->filled_rows[i]];
+    const RequestEntry& r = s->entries[e];
+    const int32_t* tokens = entry_tokens(s, c, e);
+    const int32_t* table = slot_blocks(s, c, r.slot);
+    const int first = r.num_hashed, count = r.num_computed / bs - first;
+    for (int k = t.rank; k < count * bs; k += t.size) {  // token copies, one token per thread
+      const int j = first + k / bs;
+      s->block_tokens[(int64_t)table[j] * bs + k % bs] = tokens[(int64_t)j * bs + k % bs];
+    }
+    for (int j = first + t.rank; j < first + count; j += t.size)
+      s->block_key[table[j]] = content_hash(tokens + (int64_t)j * bs, bs);
+  }
+  t.sync();
+  for (int i = t.rank; i < n; i += t.size) {
+    RequestEntry& r = s->entries[s->row_entry[s->filled_rows[i]]];
+    const int32_t* table = slot_blocks(s, c, r.slot);
+    uint64_t h = r.chain_hash;
+    for (int j = r.num_hashed; j < r.num_computed / bs; ++j) {
+      h = chain_state(h, s->block_key[table[j]]);
+      s->block_key[table[j]] = block_key(h);
+    }
+    r.chain_hash = h;
+  }
+  t.sync();
+}
+
+// Leader, rows in order: index the blocks prefix_hash_filled keyed (PrefixCache.register).
 BLINK_HD inline void prefix_register(SchedState* s, const SchedConfig& c, int e) {
   if (!c.enable_prefix_caching) return;
   RequestEntry& r = s->entries[e];
@@ -117,7 +259,6 @@ BLINK_HD inline void prefix_register(SchedState* s, const SchedConfig& c, int e)
     }  // else a true collision: b stays private
     r.chain_parent = parent;
     r.chain_parent_gen = s->block_gen[parent];
-    r.chain_hash = s->block_key[b];
   }
   if (full > r.num_hashed) r.num_hashed = full;
 }

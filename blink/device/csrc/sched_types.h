@@ -19,6 +19,7 @@ constexpr int kIngestBatch = 64;    // descriptors staged per ingest round
 // [3] this step's finish done, [4] ingest done, [5] plan done, [6] inputs written, [7] launch call returned.
 // The gap before launch L splits into finish (L-1: [3]-[1]), ingest (L[4] - L-1[3]), plan, inputs, launch.
 constexpr int kTraceWords = 8;
+constexpr int kMatchAhead = 8;  // waiting requests whose prefix hits the team finds at once (sched_prefix.h)
 
 constexpr int32_t kFlagPenalties = 1;  // sampling_state.FLAG_PENALTIES
 constexpr int32_t kFlagLogitBias = 2;  // sampling_state.FLAG_LOGIT_BIAS
@@ -235,6 +236,16 @@ struct SchedState {
   int32_t* hash_table;        // [hash_mask + 1] open addressing (linear probing): a block, or -1
   int32_t* match_blocks;      // [max_blocks_per_seq] scratch: the admission's prefix hit
   int32_t* row_register;      // [max_num_seqs] the row filled blocks the leader must index
+  // Issue 16, the prefix match off the leader (sched_prefix.h): the team's hits for the first waiting
+  // requests (chain states, blocks found, hit lengths, LRU counts), valid while `evictions` is unchanged;
+  // after a step, the rows that filled blocks (listed in any order, counted: none = no leader scan).
+  int32_t plan_budget, ahead_count, num_filled, reserved_prefix;
+  uint64_t evictions, ahead_evictions;  // LRU evictions so far (each erases an index entry) / at the match
+  uint64_t team_matches;                // admissions that took the team's match (tests: it is used)
+  int32_t ahead_len[kMatchAhead], ahead_in_lru[kMatchAhead];
+  uint64_t* ahead_state;   // [kMatchAhead][max_blocks_per_seq]
+  int32_t* ahead_blocks;   // [kMatchAhead][max_blocks_per_seq] the indexed block with the same tokens, or -1
+  int32_t* filled_rows;    // [max_num_seqs]
 };
 
 static_assert(offsetof(SchedState, launched) == 8, "runtime.py reads `launched` at structs.SCHED_STATE_LAUNCHED");
