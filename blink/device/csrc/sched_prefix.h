@@ -9,46 +9,9 @@
 #pragma once
 
 #include "sched_egress.h"
+#include "sched_prefix_hash.h"
 
 namespace blink {
-
-constexpr uint64_t kFnvOffset = 0xCBF29CE484222325ull, kFnvPrime = 0x100000001B3ull;
-constexpr uint64_t kChainMul = 0x9E3779B97F4A7C15ull;  // odd: the chain step is a bijection of its parent
-
-// A block's content hash, 64-bit FNV-1a over its token ids alone: every block hashes in parallel.
-BLINK_HD inline uint64_t content_hash(const int32_t* tokens, int n) {
-  uint64_t h = kFnvOffset;
-  for (int i = 0; i < n; ++i) h = (h ^ (uint32_t)tokens[i]) * kFnvPrime;
-  return h;
-}
-// The chain state after a block: one xor-multiply per block is all that stays sequential.
-BLINK_HD inline uint64_t chain_state(uint64_t parent, uint64_t content) { return (parent ^ content) * kChainMul; }
-BLINK_HD inline uint64_t block_hash(uint64_t parent, const int32_t* tokens, int n) {
-  return chain_state(parent, content_hash(tokens, n));
-}
-// The index key of a state: splitmix64's finalizer (a bijection; the table's low bits must be spread).
-BLINK_HD inline uint64_t block_key(uint64_t h) {
-  h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
-  h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
-  return h ^ (h >> 31);
-}
-
-BLINK_HD inline int32_t prefix_fetch_add(int32_t* p, int32_t v) {
-#if defined(__CUDA_ARCH__)
-  return atomicAdd(p, v);
-#else
-  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
-#endif
-}
-BLINK_HD inline void prefix_atomic_min(int32_t* p, int32_t v) {
-#if defined(__CUDA_ARCH__)
-  atomicMin(p, v);
-#else
-  int32_t cur = __atomic_load_n(p, __ATOMIC_RELAXED);
-  while (v < cur && !__atomic_compare_exchange_n(p, &cur, v, true, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
-  }
-#endif
-}
 
 BLINK_HD inline bool block_tokens_equal(const SchedState* s, const SchedConfig& c, int b, const int32_t* tokens) {
   const int32_t* own = s->block_tokens + (int64_t)b * c.block_size;
@@ -69,6 +32,7 @@ struct PrefixMatch {
   int32_t parent;
   uint32_t parent_gen;
   const int32_t* blocks;
+  int ahead;  // the team's match k (its blocks stay put until the next step), or -1: s->match_blocks
 };
 
 BLINK_HD inline int match_limit(const SchedState* s, const SchedConfig& c, int e) {
@@ -78,7 +42,7 @@ BLINK_HD inline int match_limit(const SchedState* s, const SchedConfig& c, int e
 // Leader, one block at a time: the longest cached prefix of entry e's full blocks, into s->match_blocks.
 // The fallback when the team's match (below) is stale or the request is past the first kMatchAhead.
 BLINK_HD inline PrefixMatch prefix_match(SchedState* s, const SchedConfig& c, int e) {
-  PrefixMatch m{0, 0, 0, -1, 0, s->match_blocks};
+  PrefixMatch m{0, 0, 0, -1, 0, s->match_blocks, -1};
   if (!c.enable_prefix_caching) return m;
   const int32_t* tokens = entry_tokens(s, c, e);
   const int limit = match_limit(s, c, e);
@@ -161,7 +125,7 @@ BLINK_HD inline void prefix_match_ahead(const Team& t, SchedState* s, const Sche
 BLINK_HD inline PrefixMatch prefix_match_admit(SchedState* s, const SchedConfig& c, int e, int k) {
   if (!c.enable_prefix_caching || k >= s->ahead_count || s->evictions != s->ahead_evictions) return prefix_match(s, c, e);
   const int mb = c.max_blocks_per_seq, len = s->ahead_len[k];
-  PrefixMatch m{len, s->ahead_in_lru[k], 0, -1, 0, s->ahead_blocks + k * mb};
+  PrefixMatch m{len, s->ahead_in_lru[k], 0, -1, 0, s->ahead_blocks + k * mb, k};
   s->team_matches++;
   if (len > 0) {
     m.chain_hash = s->ahead_state[k * mb + len - 1];
@@ -176,12 +140,22 @@ BLINK_HD inline PrefixMatch prefix_match_admit(SchedState* s, const SchedConfig&
 }
 
 // Leader: entry e (admitted, holding no block yet) shares the match's blocks and skips their tokens.
+// A team match none of whose blocks is in the LRU (the steady state: running requests hold the shared
+// prefix) changes no list, only holder counts that stay > 0: the team applies it after the plan.
 BLINK_HD inline void prefix_admit(SchedState* s, const SchedConfig& c, int e, const PrefixMatch& m) {
   RequestEntry& r = s->entries[e];
   int32_t* table = slot_blocks(s, c, r.slot);
-  for (int j = 0; j < m.num_blocks; ++j) {
-    share_block(s, m.blocks[j]);
-    table[j] = m.blocks[j];
+  if (m.ahead >= 0 && m.num_in_lru == 0 && m.num_blocks > 0) {
+    const int i = s->num_shares++;
+    s->team_shares++;
+    s->share_entry[i] = e;
+    s->share_ahead[i] = m.ahead;
+    s->share_len[i] = m.num_blocks;
+  } else {
+    for (int j = 0; j < m.num_blocks; ++j) {
+      share_block(s, m.blocks[j]);
+      table[j] = m.blocks[j];
+    }
   }
   r.num_blocks = r.num_hashed = m.num_blocks;
   r.num_computed = m.num_blocks * c.block_size;
@@ -193,6 +167,23 @@ BLINK_HD inline void prefix_admit(SchedState* s, const SchedConfig& c, int e, co
     s->prefix_hits += (uint64_t)r.num_computed;
   }
   if (r.num_cached_tokens < 0) r.num_cached_tokens = r.num_computed;  // usage: the first admission's
+}
+
+// Team, after schedule() and a sync: the shares prefix_admit left to it (holder counts + 1, block tables).
+// Before anything reads either: fail_step's frees, the inputs, the next step.
+BLINK_HD inline void prefix_apply_shares(const Team& t, SchedState* s, const SchedConfig& c) {
+  const int n = load_volatile(&s->num_shares), mb = c.max_blocks_per_seq;
+  if (n == 0) return;
+  for (int i = 0; i < n; ++i) {
+    const int32_t* blocks = s->ahead_blocks + s->share_ahead[i] * mb;
+    int32_t* table = slot_blocks(s, c, s->entries[s->share_entry[i]].slot);
+    for (int j = t.rank; j < s->share_len[i]; j += t.size) {
+      atomic_add(&s->block_ref[blocks[j]], 1);
+      table[j] = blocks[j];
+    }
+  }
+  t.sync();
+  if (t.leader()) s->num_shares = 0;
 }
 
 // Row thread, after the row's num_computed advanced: did it fill blocks that are not indexed yet? Such

@@ -239,10 +239,11 @@ struct SchedState {
   // Issue 16, the prefix match off the leader (sched_prefix.h): the team's hits for the first waiting
   // requests (chain states, blocks found, hit lengths, LRU counts), valid while `evictions` is unchanged;
   // after a step, the rows that filled blocks (listed in any order, counted: none = no leader scan).
-  int32_t plan_budget, ahead_count, num_filled, reserved_prefix;
+  int32_t plan_budget, ahead_count, num_filled, reserved_prefix;  // reserved: 8-byte alignment
   uint64_t evictions, ahead_evictions;  // LRU evictions so far (each erases an index entry) / at the match
-  uint64_t team_matches;                // admissions that took the team's match (tests: it is used)
+  uint64_t team_matches, team_shares;   // admissions that took the team's match / left it the shares
   int32_t ahead_len[kMatchAhead], ahead_in_lru[kMatchAhead];
+  int32_t num_shares, share_entry[kMatchAhead], share_ahead[kMatchAhead], share_len[kMatchAhead];  // deferred
   uint64_t* ahead_state;   // [kMatchAhead][max_blocks_per_seq]
   int32_t* ahead_blocks;   // [kMatchAhead][max_blocks_per_seq] the indexed block with the same tokens, or -1
   int32_t* filled_rows;    // [max_num_seqs]
