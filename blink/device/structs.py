@@ -81,6 +81,11 @@ class SchedConfig(C.Structure):
         ("step_timeout_ns", C.c_int64),
         ("enable_prefix_caching", C.c_int32),  # share cached prompt prefixes' KV blocks (csrc/sched_prefix.h)
         ("reserved", C.c_int32),
+        # issue 19, idle energy (csrc/scheduler.cu, device/idle.py): backoff caps, deep-idle and park thresholds
+        ("idle_max_ns", C.c_int32),
+        ("idle_deep_max_ns", C.c_int32),
+        ("idle_deep_after_ns", C.c_int64),
+        ("idle_park_after_ns", C.c_int64),  # 0: never park
     ]
 
 

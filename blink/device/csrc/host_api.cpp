@@ -3,7 +3,7 @@
 #include <thread>
 #include <vector>
 
-#include "sched.h"
+#include "sched_idle.h"
 
 using namespace blink;
 
@@ -116,6 +116,18 @@ void blink_sched_fail(const LoopParams* p, int32_t code) { fail_step(p->state, p
 // blink/core/prefix_cache.py.
 uint64_t blink_block_hash(uint64_t parent, const int32_t* tokens, int n) { return block_hash(parent, tokens, n); }
 uint64_t blink_block_key(uint64_t state) { return block_key(state); }
+
+// One idle turn of the GPU loop (sched_idle.h) when the plan was empty: 0 slept, 1 drained (the loop
+// exits), 2 parked (the kernel ends; the host relaunches it). *idle_ns: the next backoff.
+int blink_sched_idle_turn(const LoopParams* p, int32_t* idle_ns) {
+  SchedState* s = p->state;
+  if (s->idle_ns == 0) s->idle_ns = kIdleMinNs;
+  idle_turn(*p);
+  const int code = s->stopping ? 1 : s->parking ? 2 : 0;
+  if (s->parking) park_done(s);
+  *idle_ns = s->idle_ns;
+  return code;
+}
 
 // The GPU loop's exit test on an idle turn: 1 once the front end closed ingress and all it sent finished.
 int blink_sched_drain_done(const LoopParams* p) { return drain_done(p->state, p->rings) ? 1 : 0; }

@@ -50,6 +50,13 @@ struct SchedConfig {
   int64_t step_timeout_ns;  // a forward that never signals is an error, not a hang
   int32_t enable_prefix_caching;  // share cached prompt prefixes' KV blocks (sched_prefix.h)
   int32_t reserved;
+  // Issue 19, idle energy (scheduler.cu; blink/device/idle.py): the idle backoff doubles up to idle_max_ns,
+  // and up to idle_deep_max_ns once idle for idle_deep_after_ns; after idle_park_after_ns (0: never) the
+  // loop parks: it exits without `exited`, and the host relaunches it when work or a command arrives.
+  int32_t idle_max_ns;
+  int32_t idle_deep_max_ns;  // <= 1 ms (__nanosleep's longest)
+  int64_t idle_deep_after_ns;
+  int64_t idle_park_after_ns;
 };
 
 struct StepBufferPtrs {  // blink.core.step_buffers.StepBuffers, field order
@@ -242,6 +249,9 @@ struct SchedState {
   int32_t plan_budget, ahead_count, num_filled, reserved_prefix;  // reserved: 8-byte alignment
   uint64_t evictions, ahead_evictions;  // LRU evictions so far (each erases an index entry) / at the match
   uint64_t team_matches, team_shares;   // admissions that took the team's match / left it the shares
+  // Issue 19: when the current idle period began (0: not idle), and how often the loop parked.
+  uint64_t idle_since_ns, parks;
+  int32_t parking, reserved_idle;
   int32_t ahead_len[kMatchAhead], ahead_in_lru[kMatchAhead];
   int32_t num_shares, share_entry[kMatchAhead], share_ahead[kMatchAhead], share_len[kMatchAhead];  // deferred
   uint64_t* ahead_state;   // [kMatchAhead][max_blocks_per_seq]
