@@ -64,6 +64,10 @@ class ParkWatcher:
         """The kernel is parked right now (so an idle stream is not a dead loop)."""
         return self._parked.is_set()
 
+    def watching(self) -> bool:
+        """Still on duty: an idle stream without `exited` is a parked loop, not a dead one."""
+        return self._thread.is_alive() and self.error is None and not self._stop.is_set()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():

@@ -175,7 +175,7 @@ class DeviceLoop:
             self.fault = f"{self.lib.blink_cuda_error_string(code).decode()} ({code})"
         if self.watcher is not None and self.watcher.error:
             self.fault = self.watcher.error
-        parked = code == 0 and self.watcher is not None and self.watcher.parked()
+        parked = code == 0 and self.watcher is not None and self.watcher.watching()  # parked, or parking
         return (code == CUDA_ERROR_NOT_READY or parked) and not self.segment.control.exited
 
     def error(self) -> str:

@@ -40,11 +40,12 @@ def test_park_is_refused_under_tensor_parallelism_and_spin_keeps_todays_cap():
     assert (cfg.idle_deep_max_ns, cfg.idle_deep_after_ns, cfg.idle_park_after_ns) == (100_000, 10**7, 5 * 10**7)
 
 
-def idle_turns(h, seconds: float) -> tuple[list[int], list[int], float | None]:
-    """Idle turns for `seconds`: the backoff after each, the codes, and when (s) the first park came."""
+def idle_turns(h, seconds: float, min_turns: int = 0) -> tuple[list[int], list[int], float | None]:
+    """Idle turns for `seconds` (and at least min_turns): the backoff after each, the codes, and when (s)
+    the first park came."""
     out, codes, parked_at, t0 = [], [], None, time.monotonic()
     backoff = C.c_int32()
-    while time.monotonic() - t0 < seconds:
+    while time.monotonic() - t0 < seconds or len(codes) < min_turns:
         code = h.lib.blink_sched_idle_turn(C.byref(h.params), C.byref(backoff))
         out.append(backoff.value)
         codes.append(code)
@@ -59,8 +60,8 @@ def set_idle(h, spec: str) -> None:
 
 def test_the_backoff_deepens_after_the_idle_threshold_and_never_beyond_its_cap(make):
     h = make()
-    set_idle(h, "deep:3:64")
-    backoffs, codes, _ = idle_turns(h, 0.03)
+    set_idle(h, "deep:10:64")
+    backoffs, codes, _ = idle_turns(h, 0.04)
     assert set(codes) == {0}
     early = backoffs[:6]
     assert early == [512, 1024, 2048, 4096, 8192, 8192], "first: doubling up to 8 us"
@@ -95,7 +96,7 @@ def test_a_drained_loop_stops_instead_of_parking(make):
     h = make()
     set_idle(h, "park:12")
     h.seg.control.ingress_closed = 1
-    _, codes, _ = idle_turns(h, 0.005)
+    _, codes, _ = idle_turns(h, 0, min_turns=12)
     assert codes[-1] == 1 and 2 not in codes
 
 
@@ -142,6 +143,7 @@ def test_the_watcher_relaunches_a_parked_loop_on_a_request_and_a_command(segment
     cuda = FakeCuda()
     w = idle.ParkWatcher(cuda, None, None, segment, torch.device("cpu")).start()
     try:
+        assert w.watching() and not w.parked()
         cuda.park()
         wait_for(w.parked)
         beat = int(segment.control.heartbeat)
@@ -165,4 +167,4 @@ def test_the_watcher_relaunches_a_parked_loop_on_a_request_and_a_command(segment
         assert np.median(latencies) < 0.05, "anti-stall bound only"
     finally:
         w.stop()
-    assert w.parks == 21 and w.error is None
+    assert w.parks == 21 and w.error is None and not w.watching()
