@@ -121,6 +121,39 @@ def test_a_burst_on_a_long_shared_prefix_takes_the_teams_match(make, team):
     assert i["team_shares"] == 15
 
 
+@pytest.mark.parametrize("team", [1, 4])
+def test_an_eviction_earlier_in_the_plan_shortens_the_teams_match(make, team):
+    """The team matched 4 cached blocks for the second request of a plan, but the first request's blocks
+    evict the last of them (the LRU's oldest): the hit must end before it, as the Python walk does."""
+    h = make(max_num_seqs=4, max_num_batched_tokens=64, block_size=4, max_model_len=64, num_blocks=16,
+             max_requests=8, eos=(), team=team, prefix_caching=True)
+    host = Scheduler(16, 4, 4, 64, max_model_len=64, eos_token_ids=(), enable_prefix_caching=True)
+    seqs = {}
+
+    def submit(rid, prompt):
+        seqs[rid] = Sequence(rid, prompt, greedy(1), 0, rid)
+        h.submit(rid, prompt, greedy(1))
+        host.add(seqs[rid])
+
+    def run():
+        while h.busy():
+            lockstep(h, host, seqs)
+            assert_same_pool(h, host)
+
+    p = list(range(10, 26))  # 4 blocks
+    submit(1, p)
+    run()
+    submit(2, list(range(30, 38)))  # 2 blocks, cached after the prefix's: newer in the LRU
+    run()
+    assert h.info()["cached_free_blocks"] == 6
+    submit(3, [(30 + i) % 48 + 2 for i in range(44)])  # 11 blocks: the 10 on the stack, then the LRU's oldest
+    submit(4, p + [5])
+    run()
+    assert h.events[3][-1].cached_tokens == 0 and h.events[4][-1].cached_tokens == 12
+    assert seqs[4].num_cached_tokens == 12
+    assert h.info()["team_matches"] == 4
+
+
 def test_cached_tokens_and_reset_command(make):
     h = make(num_blocks=32, block_size=4, prefix_caching=True)
     host = Scheduler(32, 4, 4, 16, max_model_len=64, eos_token_ids=(1,), enable_prefix_caching=True)

@@ -40,7 +40,7 @@ BLINK_HD inline int match_limit(const SchedState* s, const SchedConfig& c, int e
 }
 
 // Leader, one block at a time: the longest cached prefix of entry e's full blocks, into s->match_blocks.
-// The fallback when the team's match (below) is stale or the request is past the first kMatchAhead.
+// For requests past the first kMatchAhead of a plan, which the team's match (below) did not cover.
 BLINK_HD inline PrefixMatch prefix_match(SchedState* s, const SchedConfig& c, int e) {
   PrefixMatch m{0, 0, 0, -1, 0, s->match_blocks, -1};
   if (!c.enable_prefix_caching) return m;
@@ -64,7 +64,8 @@ BLINK_HD inline PrefixMatch prefix_match(SchedState* s, const SchedConfig& c, in
 // those that could be admitted), computed flat over (request, block): content hashes, then each
 // request's chain (one thread per request, one mix per block), then lookups and token compares, then
 // parent links and the hit length (the first block that breaks the chain), then the hit's LRU count.
-// The leader set s->plan_budget; everything here reads state the leader does not change until it admits.
+// The leader set s->plan_budget; everything here reads state the leader does not change until it admits
+// (prefix_match_admit then corrects for what its admissions change: evictions, LRU counts).
 BLINK_HD inline void prefix_match_ahead(const Team& t, SchedState* s, const SchedConfig& c) {
   if (!c.enable_prefix_caching) return;
   if (t.leader()) {
@@ -120,22 +121,27 @@ BLINK_HD inline void prefix_match_ahead(const Team& t, SchedState* s, const Sche
 }
 
 // Leader: the hit of the k-th request admitted in this step (the waiting queue's front now). The team's
-// is still exact unless an eviction erased index entries since; an earlier admission of this step may
-// have taken some of its LRU blocks (then recount them).
+// is exact unless this plan changed the pool since: an eviction erased the hit's block j (the hit then ends
+// before j, as a fresh walk would stop there; evicted blocks are the only ones no longer cached), or an
+// earlier admission took some of its LRU blocks. Then one pass over the hit's blocks, no tokens, fixes both.
 BLINK_HD inline PrefixMatch prefix_match_admit(SchedState* s, const SchedConfig& c, int e, int k) {
-  if (!c.enable_prefix_caching || k >= s->ahead_count || s->evictions != s->ahead_evictions) return prefix_match(s, c, e);
-  const int mb = c.max_blocks_per_seq, len = s->ahead_len[k];
-  PrefixMatch m{len, s->ahead_in_lru[k], 0, -1, 0, s->ahead_blocks + k * mb, k};
-  s->team_matches++;
-  if (len > 0) {
-    m.chain_hash = s->ahead_state[k * mb + len - 1];
-    m.parent = m.blocks[len - 1];
+  if (!c.enable_prefix_caching || k >= s->ahead_count) return prefix_match(s, c, e);
+  const int mb = c.max_blocks_per_seq;
+  PrefixMatch m{s->ahead_len[k], s->ahead_in_lru[k], 0, -1, 0, s->ahead_blocks + k * mb, k};
+  const bool evicted = s->evictions != s->ahead_evictions;
+  if (evicted || (k > 0 && m.num_in_lru > 0)) {
+    int len = 0, in_lru = 0;
+    for (; len < m.num_blocks && (!evicted || s->block_cached[m.blocks[len]]); ++len)
+      in_lru += s->block_ref[m.blocks[len]] == 0;
+    m.num_blocks = len;
+    m.num_in_lru = in_lru;
+  }
+  if (m.num_blocks > 0) {
+    m.chain_hash = s->ahead_state[k * mb + m.num_blocks - 1];
+    m.parent = m.blocks[m.num_blocks - 1];
     m.parent_gen = s->block_gen[m.parent];
   }
-  if (k > 0 && m.num_in_lru > 0) {
-    m.num_in_lru = 0;
-    for (int j = 0; j < len; ++j) m.num_in_lru += s->block_ref[m.blocks[j]] == 0;
-  }
+  s->team_matches++;
   return m;
 }
 
