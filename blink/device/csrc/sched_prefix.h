@@ -81,7 +81,8 @@ BLINK_HD inline void prefix_match_ahead(const Team& t, SchedState* s, const Sche
   for (int i = 0; i < n; ++i) {
     const int e = s->waiting[(s->waiting_head + i) % c.max_requests], limit = match_limit(s, c, e);
     const int32_t* tokens = entry_tokens(s, c, e);
-    for (int j = t.rank; j < limit; j += t.size) s->ahead_state[i * mb + j] = content_hash(tokens + (int64_t)j * bs, bs);
+    for (int j = t.rank; j < limit; j += t.size)
+      s->ahead_state[i * mb + j] = content_hash(tokens + (int64_t)j * bs, bs);
   }
   t.sync();
   for (int i = t.rank; i < n; i += t.size) {
