@@ -69,9 +69,13 @@ BLINK_HD inline PrefixMatch prefix_match(SchedState* s, const SchedConfig& c, in
 BLINK_HD inline void prefix_match_ahead(const Team& t, SchedState* s, const SchedConfig& c) {
   if (!c.enable_prefix_caching) return;
   if (t.leader()) {
+    // Each admission takes a seat, a token of budget and a fresh block at least (its last token is never
+    // cached): no more can be admitted than the least of those, so under memory pressure the team
+    // matches only the few that might fit.
     int n = s->waiting_count < kMatchAhead ? s->waiting_count : kMatchAhead;
-    if (n > c.max_num_seqs - s->running_count) n = c.max_num_seqs - s->running_count;
-    if (s->plan_budget <= 0 || free_block_count(s) == 0) n = 0;
+    const int bounds[3] = {c.max_num_seqs - s->running_count, s->plan_budget, free_block_count(s)};
+    for (int b : bounds) n = b < n ? b : n;
+    if (n < 0) n = 0;
     s->ahead_count = n;
     s->ahead_evictions = s->evictions;
   }
