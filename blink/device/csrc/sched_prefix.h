@@ -197,19 +197,31 @@ BLINK_HD inline void prefix_apply_shares(const Team& t, SchedState* s, const Sch
   if (t.leader()) s->num_shares = 0;
 }
 
-// Row thread, after the row's num_computed advanced: did it fill blocks that are not indexed yet? Such
-// rows are listed (any order) for the team to hash, and counted: with none the leader skips its scan.
+// Row thread, after the row's num_computed advanced: did it fill blocks that are not indexed yet? Counted
+// (none: the leader skips its scan); a single block (a decode's, a short chunk's) is keyed and copied right
+// here, into the block's own slots (it is the row's alone until the leader indexes it); rows that filled
+// more are listed (any order) for the team.
 BLINK_HD inline int prefix_note_row(SchedState* s, const SchedConfig& c, int e, int row) {
   if (!c.enable_prefix_caching) return 0;
-  const RequestEntry& r = s->entries[e];
-  if (r.num_computed / c.block_size <= r.num_hashed) return 0;
-  s->filled_rows[prefix_fetch_add(&s->num_filled, 1)] = row;
+  RequestEntry& r = s->entries[e];
+  const int bs = c.block_size, j = r.num_hashed;
+  if (r.num_computed / bs <= j) return 0;
+  atomic_add(&s->num_register, 1);
+  if (r.num_computed / bs > j + 1) {
+    s->filled_rows[prefix_fetch_add(&s->num_filled, 1)] = row;
+    return 1;
+  }
+  const int b = slot_blocks(s, c, r.slot)[j];
+  const int32_t* block = entry_tokens(s, c, e) + (int64_t)j * bs;
+  for (int i = 0; i < bs; ++i) s->block_tokens[(int64_t)b * bs + i] = block[i];
+  r.chain_hash = block_hash(r.chain_hash, block, bs);
+  s->block_key[b] = block_key(r.chain_hash);
   return 1;
 }
 
-// Team, after finish_rows and a sync: the listed rows' filled blocks, into the blocks' own slots (each is
-// its row's alone until the leader indexes it): content hashes and token copies flat over (row, block),
-// then each row's chain on one thread (one mix per block), which also advances the entry's chain state.
+// Team, after finish_rows and a sync: the listed rows' filled blocks, into the blocks' own slots: content
+// hashes and token copies flat over (row, block), then each row's chain on one thread (one mix per
+// block), which also advances the entry's chain state. No listed row (decode steps): no barrier.
 BLINK_HD inline void prefix_hash_filled(const Team& t, SchedState* s, const SchedConfig& c) {
   const int n = c.enable_prefix_caching ? load_volatile(&s->num_filled) : 0, bs = c.block_size;
   if (n == 0) return;

@@ -246,7 +246,7 @@ struct SchedState {
   // Issue 16, the prefix match off the leader (sched_prefix.h): the team's hits for the first waiting
   // requests (chain states, blocks found, hit lengths, LRU counts), valid while `evictions` is unchanged;
   // after a step, the rows that filled blocks (listed in any order, counted: none = no leader scan).
-  int32_t plan_budget, ahead_count, num_filled, reserved_prefix;  // reserved: 8-byte alignment
+  int32_t plan_budget, ahead_count, num_filled, num_register;  // filled: rows listed; register: rows to index
   uint64_t evictions, ahead_evictions;  // LRU evictions so far (each erases an index entry) / at the match
   uint64_t team_matches, team_shares;   // admissions that took the team's match / left it the shares
   // Issue 19: when the current idle period began (0: not idle), and how often the loop parked.
