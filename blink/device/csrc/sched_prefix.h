@@ -3,9 +3,11 @@
 // admission walks a request's full blocks and shares each that is indexed under its key AND holds the
 // same tokens AND records the block matched just before as its parent, by (block, gen): a match is the
 // exact token prefix, whatever the hash. The team does the O(tokens) work (content hashes, token
-// compares) in parallel; the leader keeps only O(1) per block (chain mixes, sharing, indexing). After a
-// step, rows' newly filled blocks are hashed by the team and indexed by the leader in row order. Reset
-// is a command word in the control block, applied between steps.
+// compares) one block per thread; one thread per request mixes the chain (one word per block); the
+// leader admits at O(1) per request when the hit's blocks are all held, else O(blocks), never O(tokens)
+// for the first kMatchAhead of a plan. After a step, a row's newly filled block is keyed by its thread
+// (several: by the team) and indexed by the leader in row order. Reset is a command word in the control
+// block, applied between steps.
 #pragma once
 
 #include "sched_egress.h"
