@@ -1,5 +1,5 @@
 """Idle power and the first request after idle (issue 19), side by side: host mode, and device mode under
-each `--device-idle` policy (spin = the old 8 us backoff; deep; park). For each: start `blink serve`,
+each `--device-idle` policy (spin = the old 8 us backoff; deep; park, polling the ring every 1 ms or 100 us). For each: start `blink serve`,
 warm it up, let it idle, read NVML's power and utilisation for --idle-seconds, the engine process's CPU
 time over that window, then the client TTFT of one streamed request after each of --probes idle
 periods of --idle-before-s (and, for reference, back to back). The GPU with no server is measured first.
@@ -21,7 +21,7 @@ from blink.bench.host_cpu import process_cpu_seconds
 from blink.bench.server_process import BlinkServer, ServeSpec
 
 CONFIGS = {"host": ("host", None), "device-spin": ("device", "spin"), "device-deep": ("device", "deep"),
-           "device-park": ("device", "park")}
+           "device-park": ("device", "park"), "device-park-100us": ("device", "park:100:100")}
 
 
 def first_token_s(http: httpx.Client, base_url: str, model: str) -> float:

@@ -154,7 +154,8 @@ class DeviceLoop:
         cuda_check(self.lib, self.lib.blink_loop_launch(self.loop_exec, self.stream), "launching the scheduler")
         self.running = True
         if self.idle.mode == "park":
-            self.watcher = ParkWatcher(self.lib, self.loop_exec, self.stream, self.segment, self.device).start()
+            self.watcher = ParkWatcher(self.lib, self.loop_exec, self.stream, self.segment, self.device,
+                                       poll_s=self.idle.park_poll_us * 1e-6).start()
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         ctl, deadline = self.segment.control, time.monotonic() + timeout

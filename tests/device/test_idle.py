@@ -19,12 +19,12 @@ from blink.transport.shm import HEAD_INDEX, TAIL_INDEX, Segment
 
 
 def test_the_flag_parses_or_names_itself():
-    assert parse_device_idle("spin") == ("spin", 0.0, 8, 0.0)
-    assert parse_device_idle("deep") == ("deep", 10.0, 100, 0.0)
-    assert parse_device_idle("deep:2:500") == ("deep", 2.0, 500, 0.0)
-    assert parse_device_idle("park") == ("park", 10.0, 100, 100.0)
-    assert parse_device_idle("park:1000").park_after_ms == 1000.0
-    for bad in ("nap", "deep:1:2000", "deep:x", "spin:3", "park:5", "park:1:2"):
+    assert parse_device_idle("spin") == ("spin", 0.0, 8, 0.0, 0)
+    assert parse_device_idle("deep") == ("deep", 10.0, 100, 0.0, 0)
+    assert parse_device_idle("deep:2:500") == ("deep", 2.0, 500, 0.0, 0)
+    assert parse_device_idle("park") == ("park", 10.0, 100, 100.0, 1000)
+    assert parse_device_idle("park:1000:100")[3:] == (1000.0, 100)
+    for bad in ("nap", "deep:1:2000", "deep:x", "spin:3", "park:5", "park:50:2", "park:50:100:1"):
         with pytest.raises(ValueError, match="--device-idle"):
             parse_device_idle(bad)
     assert EngineArgs(device_idle="park:200").to_cli()[-2:] == ["--device-idle", "park:200"]
@@ -141,7 +141,7 @@ def test_the_watcher_relaunches_a_parked_loop_on_a_request_and_a_command(segment
     import torch
 
     cuda = FakeCuda()
-    w = idle.ParkWatcher(cuda, None, None, segment, torch.device("cpu")).start()
+    w = idle.ParkWatcher(cuda, None, None, segment, torch.device("cpu"), poll_s=100e-6).start()
     try:
         assert w.watching() and not w.parked()
         cuda.park()
