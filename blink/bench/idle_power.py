@@ -1,8 +1,9 @@
 """Idle power and the first request after idle (issue 19), side by side: host mode, and device mode under
-each `--device-idle` policy (spin = the old 8 us backoff; deep; park, polling the ring every 1 ms or 100 us). For each: start `blink serve`,
-warm it up, let it idle, read NVML's power and utilisation for --idle-seconds, the engine process's CPU
-time over that window, then the client TTFT of one streamed request after each of --probes idle
-periods of --idle-before-s (and, for reference, back to back). The GPU with no server is measured first.
+each `--device-idle` policy (spin = the old 8 us backoff; deep; park, polling the ring every 1 ms or
+100 us). For each: start `blink serve`, warm it up, let it idle, read NVML's power and utilisation for
+--idle-seconds, the engine process's CPU time over that window, then the client TTFT of one streamed
+request after each of --probes idle periods of --idle-before-s (and, for reference, back to back). The GPU
+with no server is measured first.
 
 `python -m blink.bench.idle_power --model llama3.2-1b --result-json idle_power.json` (tools/gpu_run.sh
 idle-power).
