@@ -4,12 +4,62 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class DeviceIdle(NamedTuple):
+    """`--device-idle`, parsed: how device mode's resident loop idles (blink/device/idle.py applies it)."""
+    mode: str  # spin | deep | park
+    deep_after_ms: float  # backoff cap rises from 8 us to deep_max_us once idle this long (deep, park)
+    deep_max_us: int
+    park_after_ms: float  # park: the kernel exits once idle this long; the host relaunches it on work
+    park_poll_us: int  # park: how often the host reads the ring while parked (its CPU cost vs the wake-up)
+
+
+DEVICE_IDLE_HELP = ("device mode's idle loop: spin (sleeps of at most 8 us), deep[:AFTER_MS[:MAX_US]] (sleeps "
+                    "grow to MAX_US, at most 1000, once idle AFTER_MS; default deep:10:100) or park[:AFTER_MS] "
+                    "(as deep, then the GPU kernel exits once idle AFTER_MS, default 100, and a host thread "
+                    "relaunches it when a request or command arrives, reading the ring every POLL_US, default 1000: "
+                    "park[:AFTER_MS[:POLL_US]]; not with tensor parallelism)")
+
+
+def parse_device_idle(spec: str) -> DeviceIdle:
+    """'spin' | 'deep[:AFTER_MS[:MAX_US]]' | 'park[:AFTER_MS[:POLL_US]]'; ValueError naming the flag otherwise."""
+    mode, *nums = spec.split(":")
+    limits = {"spin": 0, "deep": 2, "park": 2}
+    try:
+        if mode not in limits or len(nums) > limits[mode]:
+            raise ValueError
+        values = [float(n) for n in nums]
+    except ValueError:
+        raise ValueError(f"--device-idle: {spec!r} is not spin, deep[:AFTER_MS[:MAX_US]] or "
+                         "park[:AFTER_MS[:POLL_US]]") from None
+    if mode == "spin":
+        return DeviceIdle("spin", 0.0, 8, 0.0, 0)
+    if mode == "park":
+        after, poll = (values + [100.0, 1000.0][len(values):])[:2]
+        if after <= 10.0 or not 20 <= poll <= 100_000:
+            raise ValueError("--device-idle park:AFTER_MS:POLL_US: AFTER_MS > 10 (the deep backoff's) and "
+                             "20 <= POLL_US <= 100000")
+        return DeviceIdle("park", 10.0, 100, after, int(poll))
+    after, top = (values + [10.0, 100.0][len(values):])[:2]
+    if after < 0 or not 8 <= top <= 1000:
+        raise ValueError("--device-idle deep:AFTER_MS:MAX_US: AFTER_MS >= 0 and 8 <= MAX_US <= 1000 (__nanosleep)")
+    return DeviceIdle("deep", after, int(top), 0.0, 0)
+
+
+def _device_idle_arg(spec: str) -> str:
+    try:
+        parse_device_idle(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return spec
 
 
 @dataclass(frozen=True)
@@ -35,6 +85,7 @@ class EngineArgs:
     num_layers: int | None = None  # cut a preset to this many layers (short benchmarks of real shapes)
     grammar_arena_mb: int = 64  # GPU memory for structured-output automata (blink/grammar/arena.py); 0 = off
     enable_prefix_caching: bool = True  # as vLLM: reuse the KV blocks of cached prompt prefixes
+    device_idle: str = "deep"  # device mode's idle loop (parse_device_idle; issue 19)
 
     @property
     def resolved_device(self) -> str:
@@ -93,6 +144,7 @@ class EngineArgs:
                        default=d.enable_prefix_caching,
                        help="share the KV blocks of cached prompt prefixes (on by default, as in vLLM; "
                             "--no-enable-prefix-caching turns it off)")
+        p.add_argument("--device-idle", type=_device_idle_arg, default=d.device_idle, help=DEVICE_IDLE_HELP + D)
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:

@@ -57,6 +57,12 @@ for stage in "$@"; do
     step) python3 -m blink.bench.step step --result-json "$OUT/step.json" 2>&1 | tee "$OUT/step.log";;
     offline) python3 -m blink.bench.offline offline --result-json "$OUT/offline.json" 2>&1 | tee "$OUT/offline.log";;
     device) python3 -m tools.device_selftest.gpu_selftest 2>&1 | tee "$OUT/device.log" | tail -60;;
+    device-prefix)  # issue 16: control gap and plan phase behind a 2,000-token shared prefix, cache off vs on
+      python3 -m tools.device_selftest.gpu_selftest --prefix --skip-checks 2>&1 | tee "$OUT/device_prefix.log" | tail -30;;
+    idle-power)  # issue 19: idle W / NVML utilisation / engine CPU, TTFT after 1 s idle: host | device spin, deep, park
+      python3 -m blink.bench.idle_power --model "${IDLE_MODEL:-llama3.2-1b}" --log-dir /tmp/idle_power \
+        --result-json "$OUT/idle_power.json" 2>&1 | grep --line-buffered -v "it/s" | tee "$OUT/idle_power.log" | tail -12
+      tar czf "$OUT/idle_power_logs.tgz" -C /tmp idle_power;;
     device8b) python3 -m tools.device_selftest.gpu_selftest --offline-8b --skip-checks 2>&1 | tee "$OUT/device8b.log" | tail -40;;
     device8b-load) python3 -m tools.device_selftest.gpu_selftest --llama3-8b --interference --skip-checks 2>&1 | tee "$OUT/device8b_load.log" | tail -60;;
     frontend-overhead)  # TTFT of a 1-token prompt and ITL at low load through the front end, vs the engine step

@@ -75,20 +75,26 @@ class GpuMonitor:
                 self._power_mw.append(power)
 
     def idle_power(self, seconds: float) -> dict:
-        """Mean and max power (W) and, where the counter exists, energy-derived mean power over `seconds`
-        of sampling with nothing else measured; all None without NVML."""
+        """Mean and max power (W), mean utilisation (%) and, where the counter exists, energy-derived mean
+        power over `seconds` of sampling with nothing else measured; all None without NVML."""
         if not self.available:
-            return {"mean_w": None, "max_w": None, "energy_mean_w": None, "seconds": seconds}
-        readings, start_mj, start = [], self._energy(), time.monotonic()
+            return {"mean_w": None, "max_w": None, "energy_mean_w": None, "seconds": seconds,
+                    "mean_utilization_pct": None}
+        readings, utilization, start_mj, start = [], [], self._energy(), time.monotonic()
         while time.monotonic() - start < seconds:
             power = self._power()
             if power is not None:
                 readings.append(power / 1000.0)
+            try:  # a resident kernel reads 100% here however little it does (issue 19)
+                utilization.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+            except Exception:
+                pass
             time.sleep(self.sample_interval_s)
         elapsed, end_mj = time.monotonic() - start, self._energy()
         energy_w = (end_mj - start_mj) / 1000.0 / elapsed if None not in (start_mj, end_mj) else None
         return {"mean_w": sum(readings) / len(readings) if readings else None,
-                "max_w": max(readings, default=None), "energy_mean_w": energy_w, "seconds": elapsed}
+                "max_w": max(readings, default=None), "energy_mean_w": energy_w, "seconds": elapsed,
+                "mean_utilization_pct": sum(utilization) / len(utilization) if utilization else None}
 
     def start(self) -> None:
         if not self.available:

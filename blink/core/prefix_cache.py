@@ -1,10 +1,12 @@
 """Automatic prefix caching, host side: an index of full KV blocks by the chained hash of their tokens.
 
-A block is indexed once all its tokens' K/V are computed (after the step that filled it). Its key is
-h_j = block_hash(h_{j-1}, tokens of block j), h_{-1} = 0: a 64-bit FNV-1a over the token ids seeded with
-the parent's key, then the splitmix64 finalizer (open addressing in the GPU's table needs spread low
-bits). Admission walks a sequence's full blocks from the first, looking each key up, and stops at the
-first miss.
+A block is indexed once all its tokens' K/V are computed (after the step that filled it). The chain
+state is h_j = block_hash(h_{j-1}, tokens of block j) = (h_{j-1} ^ content_hash(block j)) * odd, h_{-1} = 0,
+with content_hash a 64-bit FNV-1a over the block's token ids alone: so the GPU hashes every block's
+contents in parallel (one block per thread) and only the chain, one xor-multiply per block, is
+sequential. The index key is block_key(h_j), the splitmix64 finalizer (a bijection: open addressing in
+the GPU's table needs spread low bits). Admission walks a sequence's full blocks from the first, looking
+each key up, and stops at the first miss.
 
 Collisions never give wrong output: the hash only finds a candidate. A candidate matches only if its
 stored token ids equal the block's and its stored parent is the block matched one step before, named by
@@ -23,14 +25,26 @@ from blink.core.kv_cache import BlockAllocator
 MASK64 = (1 << 64) - 1
 FNV_OFFSET = 0xCBF29CE484222325
 FNV_PRIME = 0x100000001B3
+CHAIN_MUL = 0x9E3779B97F4A7C15  # odd: the chain step is a bijection of the parent's state
 NO_PARENT = (-1, 0)  # the first block's parent
 
 
-def block_hash(parent: int, tokens) -> int:
-    h = (parent ^ FNV_OFFSET) & MASK64
+def content_hash(tokens) -> int:
+    """64-bit FNV-1a over one block's token ids (their low 32 bits), independent of its parent."""
+    h = FNV_OFFSET
     for t in tokens:
         h = ((h ^ (t & 0xFFFFFFFF)) * FNV_PRIME) & MASK64
-    h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    return h
+
+
+def block_hash(parent: int, tokens) -> int:
+    """The chain state after this block: the parent's state mixed with the block's content hash."""
+    return ((parent ^ content_hash(tokens)) * CHAIN_MUL) & MASK64
+
+
+def block_key(state: int) -> int:
+    """The index key of a chain state: splitmix64's finalizer (a bijection, so keys collide iff states do)."""
+    h = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
     h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & MASK64
     return h ^ (h >> 31)
 
@@ -38,7 +52,7 @@ def block_hash(parent: int, tokens) -> int:
 @dataclass
 class PrefixHit:
     blocks: list[int]  # cached blocks holding the prefix, in order
-    chain_hash: int  # key of the last of them (0: none)
+    chain_hash: int  # chain state after the last of them (0: none)
     chain_parent: tuple[int, int]  # (block, gen) the next block of this sequence records as its parent
     num_in_lru: int  # of `blocks`, how many nobody uses now (taking them shrinks the free count)
 
@@ -68,13 +82,13 @@ class PrefixCache:
         h, parent, in_lru = 0, NO_PARENT, 0
         for j in range((seq.num_tokens - 1) // bs):
             toks = seq.tokens(j * bs, (j + 1) * bs)
-            key = block_hash(h, toks)
-            b = self.index.get(key)
+            state = block_hash(h, toks)
+            b = self.index.get(block_key(state))
             if b is None or not self._equal(b, toks, parent):
                 break
             out.append(b)
             in_lru += self.blocks.ref[b] == 0
-            h, parent = key, (b, self.blocks.gen[b])
+            h, parent = state, (b, self.blocks.gen[b])
         return PrefixHit(out, h, parent, in_lru)
 
     def admit(self, seq, hit: PrefixHit) -> None:
@@ -94,7 +108,8 @@ class PrefixCache:
         bs = self.block_size
         for j in range(seq.num_hashed, seq.num_computed // bs):
             b, toks = seq.block_ids[j], seq.tokens(j * bs, (j + 1) * bs)
-            key = block_hash(seq.chain_hash, toks)
+            state = block_hash(seq.chain_hash, toks)
+            key = block_key(state)
             other = self.index.get(key)
             if other is None:
                 self.index[key] = b
@@ -105,7 +120,7 @@ class PrefixCache:
                 seq.chain_parent = (other, self.blocks.gen[other])  # the same content: children may hang there
             else:
                 seq.chain_parent = (b, self.blocks.gen[b])  # a true collision: b stays private
-            seq.chain_hash = key
+            seq.chain_hash = state
         seq.num_hashed = max(seq.num_hashed, seq.num_computed // bs)
 
     def reset(self) -> None:

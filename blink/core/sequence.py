@@ -27,8 +27,8 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     arrived_at: float = 0.0  # perf_counter at add_request
     queue_us: int = -1  # microseconds from arrival to first admission; -1 until admitted (metrics)
-    # Prefix caching (blink/core/prefix_cache.py): blocks indexed or matched so far, the key of the last of
-    # them and the (block, gen) its next block records as parent; the first admission's hit, in tokens.
+    # Prefix caching (blink/core/prefix_cache.py): blocks indexed or matched so far, the chain state after
+    # the last of them and the (block, gen) its next block records as parent; the first admission's hit, in tokens.
     num_hashed: int = 0
     chain_hash: int = 0
     chain_parent: tuple[int, int] = (-1, 0)

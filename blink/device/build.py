@@ -119,6 +119,8 @@ def load_host_library() -> C.CDLL:
         "blink_sched_info": (None, _P, C.POINTER(C.c_int64)),
         "blink_sched_plan": (None, _P, C.POINTER(C.c_int64)),
         "blink_block_hash": (_U64, _U64, _P, _I),
+        "blink_block_key": (_U64, _U64),
+        "blink_sched_idle_turn": (_I, _P, _P),
     })
 
 

@@ -29,6 +29,7 @@ from blink.device.device_graphs import (
     exec_table,
     struct_on_device,
 )
+from blink.device.idle import ParkWatcher, apply_device_idle
 from blink.transport.shm import HEAD_INDEX, TAIL_INDEX
 
 DEFAULT_TRACE_CAPACITY = 1 << 16
@@ -63,6 +64,7 @@ class DeviceLoop:
             raise ValueError(f"device mode supports {structs.MAX_BUCKETS} buckets and {structs.MAX_EOS} EOS ids")
         self.stream, self.loop_exec, self.execs, self.graphs = C.c_void_p(), C.c_void_p(), [], {}
         self.registered = self.running = False
+        self.watcher: ParkWatcher | None = None  # --device-idle park: relaunches the parked loop
         self.peer_maps = []  # keep the followers' IPC mappings open while the loop may write them
         self.fault: str | None = None  # a CUDA error seen on the loop's stream
         cuda_check(lib, lib.blink_stream_create(C.byref(self.stream)), "cudaStreamCreate")
@@ -85,6 +87,7 @@ class DeviceLoop:
             launches_per_kernel=structs.LAUNCHES_PER_KERNEL, step_timeout_ns=int(STEP_TIMEOUT_S * 1e9),
             enable_prefix_caching=int(lim.enable_prefix_caching))
         structs.grammar_config(cfg, m.sampling_state)  # structured outputs: the arena its admission copies into
+        self.idle = apply_device_idle(cfg, args.device_idle, peers is not None or args.tensor_parallel_size > 1)
         for i, (t, s) in enumerate(buckets):
             cfg.bucket_tokens[i], cfg.bucket_seqs[i] = t, s
         for i, e in enumerate(m.eos_token_ids):
@@ -151,6 +154,9 @@ class DeviceLoop:
         publish_limits(self.loaded.limits, ctl)  # before the GPU sets `ready`
         cuda_check(self.lib, self.lib.blink_loop_launch(self.loop_exec, self.stream), "launching the scheduler")
         self.running = True
+        if self.idle.mode == "park":
+            self.watcher = ParkWatcher(self.lib, self.loop_exec, self.stream, self.segment, self.device,
+                                       poll_s=self.idle.park_poll_us * 1e-6).start()
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         ctl, deadline = self.segment.control, time.monotonic() + timeout
@@ -169,7 +175,10 @@ class DeviceLoop:
         code = self.lib.blink_stream_query(self.stream)
         if code not in (0, CUDA_ERROR_NOT_READY):
             self.fault = f"{self.lib.blink_cuda_error_string(code).decode()} ({code})"
-        return code == CUDA_ERROR_NOT_READY and not self.segment.control.exited
+        if self.watcher is not None and self.watcher.error:
+            self.fault = self.watcher.error
+        parked = code == 0 and self.watcher is not None and self.watcher.watching()  # parked, or parking
+        return (code == CUDA_ERROR_NOT_READY or parked) and not self.segment.control.exited
 
     def error(self) -> str:
         text = structs.describe_error(int(self.segment.control.error_code))
@@ -179,6 +188,8 @@ class DeviceLoop:
         """Raise stop_flag; the loop finishes its step and exits; then join the stream."""
         if not self.running:
             return
+        if self.watcher is not None:  # no relaunch after this; a parked loop has nothing left to finish
+            self.watcher.stop()
         ctl = self.segment.control
         ctl.stop_flag = 1
         deadline = time.monotonic() + timeout

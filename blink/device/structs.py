@@ -86,6 +86,11 @@ class SchedConfig(C.Structure):
         ("grammar_states_per_slot", C.c_int32),
         ("grammar_cells_per_slot", C.c_int32),
         ("grammar_reserved", C.c_int32),
+        # issue 19, idle energy (csrc/scheduler.cu, device/idle.py): backoff caps, deep-idle and park thresholds
+        ("idle_max_ns", C.c_int32),
+        ("idle_deep_max_ns", C.c_int32),
+        ("idle_deep_after_ns", C.c_int64),
+        ("idle_park_after_ns", C.c_int64),  # 0: never park
     ]
 
 

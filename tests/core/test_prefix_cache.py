@@ -115,7 +115,7 @@ def test_a_parent_evicted_and_reused_never_matches_its_old_children(monkeypatch)
     a = next(iter(reversed(s.blocks.lru)))
     s.blocks.lru.move_to_end(a, last=False)  # make A the oldest, so it alone is evicted next
     run(s, seq(2, [7, 7], max_tokens=1))  # A's block, reused, now holds [7,7] and is indexed again
-    assert s.prefix_cache.index[hash((7, 7))] == a
+    assert s.prefix_cache.index[prefix_cache.block_key(hash((7, 7)))] == a
     d = seq(3, [7, 7, 3, 4, 5])
     run(s, d)
     assert d.num_cached_tokens == 2, "B's K/V follow [1,2], not [7,7]: B must not match"

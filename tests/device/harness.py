@@ -30,7 +30,8 @@ from tests.device.fake_grammar import constrained_choice, grammar_sample
 
 INFO = ("running", "waiting", "free_blocks", "free_slots", "free_entries", "plan_rows", "plan_tokens",
         "plan_bucket", "parity", "preemptions", "steps", "tokens", "error_code", "fast_plans", "cached_free_blocks",
-        "prefix_queries", "prefix_hits", "resets_done")
+        "prefix_queries", "prefix_hits", "resets_done", "team_matches",
+        "team_shares")
 _names = itertools.count()
 
 

@@ -89,6 +89,71 @@ def test_shared_prefixes_with_aborts_preemption_and_eviction_match_the_host_sche
     assert host.blocks.ref == [0] * c.num_blocks
 
 
+@pytest.mark.parametrize("team", [1, 4])
+def test_a_burst_on_a_long_shared_prefix_takes_the_teams_match(make, team):
+    """Waves of requests on one 40-token prefix (10 blocks), several admitted per step: the team's match
+    (issue 16) decides them, step for step as the Python scheduler, including the LRU recount when an
+    earlier admission of the same step already took the cached blocks out of the LRU."""
+    h = make(max_num_seqs=8, max_num_batched_tokens=64, block_size=4, max_model_len=64, num_blocks=160,
+             max_requests=16, eos=(), team=team, prefix_caching=True, ingress_capacity=32)
+    host = Scheduler(160, 4, 8, 64, max_model_len=64, eos_token_ids=(), enable_prefix_caching=True)
+    rng = random.Random(11)
+    prefix = [rng.randrange(2, 50) for _ in range(40)]
+    seqs, rid = {}, 0
+    for wave in range(4):
+        for _ in range(6 if wave else 1):  # the first wave fills the cache, then bursts hit it (LRU, in use)
+            rid += 1
+            prompt = prefix + [rng.randrange(2, 50) for _ in range(rng.randrange(1, 9))]
+            params = greedy(rng.randrange(1, 8))
+            h.submit(rid, prompt, params)
+            seqs[rid] = Sequence(rid, prompt, params, 0, rid)
+            host.add(seqs[rid])
+        while h.busy():
+            lockstep(h, host, seqs)
+            assert_same_pool(h, host)
+    c = h.cfg
+    for r, seq in seqs.items():
+        assert h.outputs(r) == reference(seq.prompt_ids, seq.params, c.vocab_size, c.eos, c.max_model_len), r
+        assert h.events[r][-1].cached_tokens == (40 if r > 1 else 0), r
+    i = h.info()
+    assert i["team_matches"] == 19, "every admission takes the team's match (no eviction in this pool)"
+    # Per burst of 6: the first takes the 10 blocks out of the LRU itself, the other 5 find them held.
+    assert i["team_shares"] == 15
+
+
+@pytest.mark.parametrize("team", [1, 4])
+def test_an_eviction_earlier_in_the_plan_shortens_the_teams_match(make, team):
+    """The team matched 4 cached blocks for the second request of a plan, but the first request's blocks
+    evict the last of them (the LRU's oldest): the hit must end before it, as the Python walk does."""
+    h = make(max_num_seqs=4, max_num_batched_tokens=64, block_size=4, max_model_len=64, num_blocks=16,
+             max_requests=8, eos=(), team=team, prefix_caching=True)
+    host = Scheduler(16, 4, 4, 64, max_model_len=64, eos_token_ids=(), enable_prefix_caching=True)
+    seqs = {}
+
+    def submit(rid, prompt):
+        seqs[rid] = Sequence(rid, prompt, greedy(1), 0, rid)
+        h.submit(rid, prompt, greedy(1))
+        host.add(seqs[rid])
+
+    def run():
+        while h.busy():
+            lockstep(h, host, seqs)
+            assert_same_pool(h, host)
+
+    p = list(range(10, 26))  # 4 blocks
+    submit(1, p)
+    run()
+    submit(2, list(range(30, 38)))  # 2 blocks, cached after the prefix's: newer in the LRU
+    run()
+    assert h.info()["cached_free_blocks"] == 6
+    submit(3, [(30 + i) % 48 + 2 for i in range(44)])  # 11 blocks: the 10 on the stack, then the LRU's oldest
+    submit(4, p + [5])
+    run()
+    assert h.events[3][-1].cached_tokens == 0 and h.events[4][-1].cached_tokens == 12
+    assert seqs[4].num_cached_tokens == 12
+    assert h.info()["team_matches"] == 4
+
+
 def test_cached_tokens_and_reset_command(make):
     h = make(num_blocks=32, block_size=4, prefix_caching=True)
     host = Scheduler(32, 4, 4, 16, max_model_len=64, eos_token_ids=(1,), enable_prefix_caching=True)
@@ -132,7 +197,7 @@ def test_the_block_key_is_the_python_one():
     """One key function in both modes, so even a true collision is decided alike."""
     import numpy as np
 
-    from blink.core.prefix_cache import block_hash
+    from blink.core.prefix_cache import block_hash, block_key, content_hash
     from blink.device.build import load_host_library
 
     lib = load_host_library()
@@ -142,5 +207,10 @@ def test_the_block_key_is_the_python_one():
         tokens = rng.integers(0, 2**31 - 1, size=n, dtype=np.int32)
         want = block_hash(parent, tokens.tolist())
         assert lib.blink_block_hash(parent, tokens.ctypes.data, n) == want
+        assert lib.blink_block_key(want) == block_key(want)
         parent = want
-    assert len({block_hash(0, [t]) for t in range(1000)}) == 1000
+    assert len({block_key(block_hash(0, [t])) for t in range(1000)}) == 1000
+    # The chain is order-sensitive: the same two blocks swapped give another state.
+    a, b = content_hash([1, 2]), content_hash([3, 4])
+    assert block_hash(block_hash(0, [1, 2]), [3, 4]) != block_hash(block_hash(0, [3, 4]), [1, 2])
+    assert a != b

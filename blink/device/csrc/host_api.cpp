@@ -3,7 +3,7 @@
 #include <thread>
 #include <vector>
 
-#include "sched.h"
+#include "sched_idle.h"
 
 using namespace blink;
 
@@ -112,8 +112,22 @@ void blink_post_to_peers(const LoopParams* p, uint64_t seq, uint32_t command) { 
 // The step could not run (as after a failed launch): its requests end with ERROR.
 void blink_sched_fail(const LoopParams* p, int32_t code) { fail_step(p->state, p->cfg, p->rings, code); }
 
-// The prefix cache's block key (sched_prefix.h), for the test that pins it to blink/core/prefix_cache.py.
+// The prefix cache's chain state and key (sched_prefix.h), for the test that pins them to
+// blink/core/prefix_cache.py.
 uint64_t blink_block_hash(uint64_t parent, const int32_t* tokens, int n) { return block_hash(parent, tokens, n); }
+uint64_t blink_block_key(uint64_t state) { return block_key(state); }
+
+// One idle turn of the GPU loop (sched_idle.h) when the plan was empty: 0 slept, 1 drained (the loop
+// exits), 2 parked (the kernel ends; the host relaunches it). *idle_ns: the next backoff.
+int blink_sched_idle_turn(const LoopParams* p, int32_t* idle_ns) {
+  SchedState* s = p->state;
+  if (s->idle_ns == 0) s->idle_ns = kIdleMinNs;
+  idle_turn(*p);
+  const int code = s->stopping ? 1 : s->parking ? 2 : 0;
+  if (s->parking) park_done(s);
+  *idle_ns = s->idle_ns;
+  return code;
+}
 
 // The GPU loop's exit test on an idle turn: 1 once the front end closed ingress and all it sent finished.
 int blink_sched_drain_done(const LoopParams* p) { return drain_done(p->state, p->rings) ? 1 : 0; }
@@ -124,14 +138,15 @@ int blink_sched_check(const void* state, const SchedConfig* c) {
 
 // [running, waiting, free_blocks, free_slots, free_entries, plan_rows, plan_tokens, plan_bucket,
 //  parity, preemptions, steps, tokens, error_code, fast_plans, cached_free_blocks, prefix_queries,
-//  prefix_hits, resets_done]; free_blocks counts the cached ones nobody holds
+//  prefix_hits, resets_done, team_matches, team_shares]; free_blocks counts the cached ones nobody holds
 void blink_sched_info(const void* state, int64_t* out) {
   const SchedState* s = static_cast<const SchedState*>(state);
   const int64_t v[] = {s->running_count, s->waiting_count, free_block_count(s), s->free_slot_top,
                        s->free_entry_top, s->plan_rows, s->plan_tokens, s->plan_bucket,
                        (int64_t)(s->launched & 1), (int64_t)s->preemptions, (int64_t)s->steps,
                        (int64_t)s->tokens, s->error_code, (int64_t)s->fast_plans, s->lru_count,
-                       (int64_t)s->prefix_queries, (int64_t)s->prefix_hits, (int64_t)s->resets_done};
+                       (int64_t)s->prefix_queries, (int64_t)s->prefix_hits, (int64_t)s->resets_done,
+                       (int64_t)s->team_matches, (int64_t)s->team_shares};
   for (unsigned i = 0; i < sizeof(v) / sizeof(v[0]); ++i) out[i] = v[i];
 }
 

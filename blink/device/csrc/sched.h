@@ -30,8 +30,12 @@ BLINK_HD inline int sched_prepare(const Team& t, const LoopParams& p) {
   }
   if (t.leader()) s->t_ingest = now_ns();
   schedule(t, s, c);
-  if (t.leader() && s->plan_rows > 0 && s->plan_bucket < 0) fail_step(s, c, p.rings, kErrNoBucket);
   t.sync();
+  prefix_apply_shares(t, s, c);  // the team's part of the admissions (issue 16); before any frees
+  if (load_volatile(&s->plan_rows) > 0 && load_volatile(&s->plan_bucket) < 0) {  // the same on every rank
+    if (t.leader()) fail_step(s, c, p.rings, kErrNoBucket);
+    t.sync();
+  }
   const int rows = load_volatile(&s->plan_rows);
   if (rows == 0) return 0;
   write_admissions(t, s, c, p.sampling, p.rings);

@@ -71,6 +71,7 @@ BLINK_HD inline int take_block(SchedState* s) {
     lru_remove(s, b);
     s->block_cached[b] = 0;
     table_erase(s, b);
+    s->evictions++;  // the team's prefix match (sched_prefix.h) may name an erased block now
   }
   s->block_ref[b] = 1;
   s->block_gen[b]++;

@@ -36,7 +36,7 @@ BLINK_HD inline void finish_rows(const Team& t, SchedState* s, const SchedConfig
       r.num_generated++;
       reason = check_stop(c, r, token);
     }
-    s->row_register[row] = prefix_hash_row(s, c, e);
+    s->row_register[row] = prefix_note_row(s, c, e, row);
     s->row_record[row] = samples;
     s->row_reason[row] = (int32_t)reason;
   }
@@ -79,14 +79,16 @@ BLINK_HD inline void update_from_output(const Team& t, SchedState* s, const Sche
                                        const StepBufferPtrs& b, bool publish_now) {
   finish_rows(t, s, c, b);
   t.sync();
+  prefix_hash_filled(t, s, c);  // team: keys of the rows that filled several blocks (none: no sync)
   if (t.leader()) {  // record indices (a prefix count over contiguous flags), then the frees
     int n = 0;
     for (int row = 0; row < s->plan_rows; ++row) s->row_record[row] = s->row_record[row] ? n++ : -1;
     s->num_records = n;
     s->tokens += n;
-    if (c.enable_prefix_caching)  // before the frees: a finished row's blocks go to the LRU cached
+    if (s->num_register > 0)  // before the frees: a finished row's blocks go to the LRU cached
       for (int row = 0; row < s->plan_rows; ++row)
         if (s->row_register[row]) prefix_register(s, c, s->row_entry[row]);
+    s->num_filled = s->num_register = 0;
     for (int row = 0; row < s->plan_rows; ++row)
       if (s->row_reason[row] != (int32_t)kFinishNone) finish_entry(s, c, s->row_entry[row]);
   }

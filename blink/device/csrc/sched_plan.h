@@ -114,8 +114,10 @@ BLINK_HD inline void schedule(const Team& t, SchedState* s, const SchedConfig& c
   }
   t.sync();
   const bool fast = plan_decodes_fast(t, s, c);
+  if (t.leader()) s->plan_budget = fast ? c.max_num_batched_tokens - s->plan_tokens : plan_running(s, c);
+  prefix_match_ahead(t, s, c);  // team: the waiting front's prefix hits, in parallel (issue 16)
   if (!t.leader()) return;
-  int budget = fast ? c.max_num_batched_tokens - s->plan_tokens : plan_running(s, c);
+  int budget = s->plan_budget;
   const int first_new = s->plan_rows;
   while (s->waiting_count > 0 && budget > 0 && s->running_count < c.max_num_seqs) {
     const int e = waiting_front(s);
@@ -123,7 +125,7 @@ BLINK_HD inline void schedule(const Team& t, SchedState* s, const SchedConfig& c
     // Any admission needs a fresh block (for its last token, at least): skip the match while the pool is
     // exhausted, the common case of a waiting queue under memory pressure.
     if (free_block_count(s) == 0) break;
-    const PrefixMatch m = prefix_match(s, c, e);  // the cached prefix, in s->match_blocks
+    const PrefixMatch m = prefix_match_admit(s, c, e, s->num_jobs);  // the cached prefix (issue 16)
     const int cached = m.num_blocks * c.block_size, rest = entry_num_tokens(r) - cached;
     int n = rest < budget ? rest : budget;
     const int need = (cached + n + c.block_size - 1) / c.block_size - m.num_blocks;

@@ -19,6 +19,7 @@ constexpr int kIngestBatch = 64;    // descriptors staged per ingest round
 // [3] this step's finish done, [4] ingest done, [5] plan done, [6] inputs written, [7] launch call returned.
 // The gap before launch L splits into finish (L-1: [3]-[1]), ingest (L[4] - L-1[3]), plan, inputs, launch.
 constexpr int kTraceWords = 8;
+constexpr int kMatchAhead = 8;  // waiting requests whose prefix hits the team finds at once (sched_prefix.h)
 
 constexpr int32_t kFlagPenalties = 1;  // sampling_state.FLAG_PENALTIES
 constexpr int32_t kFlagLogitBias = 2;  // sampling_state.FLAG_LOGIT_BIAS
@@ -55,6 +56,13 @@ struct SchedConfig {
   int32_t grammar_states_per_slot;
   int32_t grammar_cells_per_slot;
   int32_t grammar_reserved;
+  // Issue 19, idle energy (scheduler.cu; blink/device/idle.py): the idle backoff doubles up to idle_max_ns,
+  // and up to idle_deep_max_ns once idle for idle_deep_after_ns; after idle_park_after_ns (0: never) the
+  // loop parks: it exits without `exited`, and the host relaunches it when work or a command arrives.
+  int32_t idle_max_ns;
+  int32_t idle_deep_max_ns;  // <= 1 ms (__nanosleep's longest)
+  int64_t idle_deep_after_ns;
+  int64_t idle_park_after_ns;
 };
 
 struct StepBufferPtrs {  // blink.core.step_buffers.StepBuffers, field order
@@ -255,6 +263,20 @@ struct SchedState {
   int32_t* hash_table;        // [hash_mask + 1] open addressing (linear probing): a block, or -1
   int32_t* match_blocks;      // [max_blocks_per_seq] scratch: the admission's prefix hit
   int32_t* row_register;      // [max_num_seqs] the row filled blocks the leader must index
+  // Issue 16, the prefix match off the leader (sched_prefix.h): the team's hits for the first waiting
+  // requests (chain states, blocks found, hit lengths, LRU counts), valid while `evictions` is unchanged;
+  // after a step, the rows that filled blocks (listed in any order, counted: none = no leader scan).
+  int32_t plan_budget, ahead_count, num_filled, num_register;  // filled: rows listed; register: rows to index
+  uint64_t evictions, ahead_evictions;  // LRU evictions so far (each erases an index entry) / at the match
+  uint64_t team_matches, team_shares;   // admissions that took the team's match / left it the shares
+  // Issue 19: when the current idle period began (0: not idle), and how often the loop parked.
+  uint64_t idle_since_ns, parks;
+  int32_t parking, reserved_idle;
+  int32_t ahead_len[kMatchAhead], ahead_in_lru[kMatchAhead];
+  int32_t num_shares, share_entry[kMatchAhead], share_ahead[kMatchAhead], share_len[kMatchAhead];  // deferred
+  uint64_t* ahead_state;   // [kMatchAhead][max_blocks_per_seq]
+  int32_t* ahead_blocks;   // [kMatchAhead][max_blocks_per_seq] the indexed block with the same tokens, or -1
+  int32_t* filled_rows;    // [max_num_seqs]
 };
 
 static_assert(offsetof(SchedState, launched) == 8, "runtime.py reads `launched` at structs.SCHED_STATE_LAUNCHED");

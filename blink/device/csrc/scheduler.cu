@@ -8,15 +8,13 @@
 #include <cstring>
 
 #include "follower.cuh"
-#include "sched.h"
+#include "sched_idle.h"
 
 using namespace blink;
 
 namespace {
 
 constexpr int kThreads = 256;
-constexpr uint32_t kIdleMinNs = 256;
-constexpr uint32_t kIdleMaxNs = 8192;  // worst-case added latency for a request arriving at an idle engine
 
 __device__ __forceinline__ uint32_t load_acquire_gpu(const uint32_t* p) {
   uint32_t v;
@@ -125,23 +123,19 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
     t.sync();
     if (load_volatile(&s->stopping)) break;
     if (sched_prepare(t, p) == 0) {
-      if (t.leader()) {  // idle: back off, but keep the heartbeat going
-        publish(s, p.cfg, p.rings);
-        // Only once the backoff is at its longest: the first idle turns, where the next request's
-        // latency is decided, read no extra host word.
-        if (s->idle_ns >= (int)kIdleMaxNs && drain_done(s, p.rings)) {
-          s->stopping = 1;  // drained: every request the front end sent has finished
-        } else {
-          pause_ns((uint32_t)s->idle_ns);
-          s->idle_ns = s->idle_ns * 2 > (int)kIdleMaxNs ? (int)kIdleMaxNs : s->idle_ns * 2;
-        }
-      }
+      if (t.leader()) idle_turn(p);
       t.sync();
       if (load_volatile(&s->stopping)) break;
+      if (load_volatile(&s->parking)) {
+        t.sync();  // every rank has read the flag before the leader clears it
+        if (t.leader()) park_done(s);
+        return;  // parked: no `exited`; the host relaunches this graph (blink/device/idle.py)
+      }
       continue;
     }
     if (t.leader()) {
       s->idle_ns = kIdleMinNs;
+      s->idle_since_ns = 0;
       launch_and_wait(p);
     }
     t.sync();
