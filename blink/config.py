@@ -35,6 +35,8 @@ class EngineArgs:
     num_layers: int | None = None  # cut a preset to this many layers (short benchmarks of real shapes)
     grammar_arena_mb: int = 64  # GPU memory for structured-output automata (blink/grammar/arena.py); 0 = off
     enable_prefix_caching: bool = True  # as vLLM: reuse the KV blocks of cached prompt prefixes
+    # Prompt logprobs (echo + logprobs, prompt_logprobs): logits rows per step for prompt positions; 0 = off.
+    max_prompt_logprob_rows: int = 256
 
     @property
     def resolved_device(self) -> str:
@@ -93,6 +95,10 @@ class EngineArgs:
                        default=d.enable_prefix_caching,
                        help="share the KV blocks of cached prompt prefixes (on by default, as in vLLM; "
                             "--no-enable-prefix-caching turns it off)")
+        p.add_argument("--max-prompt-logprob-rows", type=int, default=d.max_prompt_logprob_rows,
+                       help="prompt positions per step whose logprobs are computed (prompt_logprobs, echo with "
+                            "logprobs); longer prompts take more prefill steps. 0 refuses them. Host mode with "
+                            "one rank only for now" + D)
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:

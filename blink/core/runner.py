@@ -12,8 +12,9 @@ from collections.abc import Callable
 import torch
 
 from blink.core.limits import EngineLimits
-from blink.core.outputs import SampledToken, SchedulerOutput
-from blink.core.step_buffers import StepBuffers
+from blink.core.outputs import PromptLogprob, SampledToken, SchedulerOutput
+from blink.core.step_buffers import PromptRowBuffers, StepBuffers
+from blink.kernels.prompt_logprobs import prompt_logprobs
 from blink.kernels.sampling import sample
 from blink.kernels.sampling_grammar import advance_grammar
 from blink.request import MAX_TOP_LOGPROBS
@@ -35,6 +36,8 @@ class ModelRunner:
         self.buckets = list(limits.buckets)
         self.max_tokens, self.max_seqs = self.buckets[-1][0], max(s for _, s in self.buckets)
         self.buffers = self.new_buffers()
+        self.num_prompt_rows = limits.prompt_logprob_rows  # host mode only (limits.prompt_logprob_rows)
+        self.prompt_buffers = PromptRowBuffers.allocate(self.num_prompt_rows, self.device)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         # One memory pool for every capture (host mode's and device mode's).
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
@@ -57,7 +60,16 @@ class ModelRunner:
     def forward(self, buf: StepBuffers, num_tokens: int, num_seqs: int) -> None:
         attn = buf.attention(num_tokens, num_seqs)
         hidden = self.model(buf.input_ids[:num_tokens], buf.positions[:num_tokens], attn, self.kv_layers)
-        logits = self.model.compute_logits(hidden[buf.logits_indices[:num_seqs]])  # all-gathered under TP
+        rows = buf.logits_indices[:num_seqs]
+        p = min(self.num_prompt_rows, num_tokens)  # a step has at most num_tokens prompt rows
+        if p:  # one LM-head GEMM for both: its weight is read once
+            rows = torch.cat([rows, self.prompt_buffers.rows[:p]])
+        logits = self.model.compute_logits(hidden[rows])  # all-gathered under TP
+        if p:
+            pb = self.prompt_buffers
+            prompt_logprobs(logits[num_seqs:], pb.targets[:p], pb.num_top[:p], pb.logprob[:p], pb.rank[:p],
+                            pb.top_ids[:p], pb.top_logprobs[:p])
+            logits = logits[:num_seqs]
         if not self.samples:
             return
         slots = buf.sample_slots[:num_seqs]
@@ -77,6 +89,7 @@ class ModelRunner:
         buf.seq_lens.zero_()
         buf.slot_mapping.fill_(-1)
         buf.sample_slots.fill_(self.scratch_slot)
+        self.prompt_buffers.targets.fill_(-1)  # padding: the prompt-logprob kernel skips every row
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -104,6 +117,24 @@ class ModelRunner:
 
     def prepare(self, plan: SchedulerOutput, buf: StepBuffers, bucket: tuple[int, int]) -> None:
         self.fill(buf, self.step_inputs(plan, bucket))
+        if self.num_prompt_rows:
+            self.fill(self.prompt_buffers, self.prompt_inputs(plan, bucket))
+
+    def prompt_inputs(self, plan: SchedulerOutput, bucket: tuple[int, int]) -> dict[str, torch.Tensor]:
+        """The prompt-logprob rows (PromptRowBuffers), padded to the min(P, T) rows the bucket's graph reads."""
+        rows, targets, num_top, row0 = [], [], [], 0
+        for c in plan.chunks:
+            for j in range(c.num_prompt_rows):
+                rows.append(row0 + j)
+                targets.append(c.seq.prompt_ids[c.start + j + 1])
+                num_top.append(c.seq.params.prompt_logprobs)
+            row0 += c.num_tokens
+        pad = min(self.num_prompt_rows, bucket[0]) - len(rows)
+        if pad < 0:
+            raise ValueError(f"{len(rows)} prompt-logprob rows exceed the step's {len(rows) + pad}")
+        return {"rows": torch.tensor(rows + [0] * pad, dtype=torch.int64),
+                "targets": torch.tensor(targets + [-1] * pad, dtype=torch.int64),
+                "num_top": torch.tensor(num_top + [0] * pad, dtype=torch.int32)}
 
     def step_inputs(self, plan: SchedulerOutput, bucket: tuple[int, int]) -> dict[str, torch.Tensor]:
         """The step's inputs as CPU tensors padded to the bucket, keyed by StepBuffers field name
@@ -168,5 +199,29 @@ class ModelRunner:
         k = min(plan.max_top_logprobs, MAX_TOP_LOGPROBS)
         tops = buf.top_ids[:s, :k].tolist() if k else [[]] * s
         top_lps = buf.top_logprobs[:s, :k].tolist() if k else [[]] * s
+        if self.num_prompt_rows:
+            plan.prompt_logprobs = self.read_prompt_logprobs(plan)
         return [SampledToken(ids[i], lps[i], tops[i], top_lps[i]) if c.samples else None
                 for i, c in enumerate(plan.chunks)]
+
+    def read_prompt_logprobs(self, plan: SchedulerOutput) -> list[list[PromptLogprob]]:
+        """Per chunk, the prompt logprobs its rows computed (the rows in prompt_inputs' order)."""
+        counts = [c.num_prompt_rows for c in plan.chunks]
+        n = sum(counts)
+        if n == 0:
+            return []
+        pb = self.prompt_buffers
+        k = max(c.seq.params.prompt_logprobs for c, r in zip(plan.chunks, counts, strict=True) if r)
+        lps, ranks = pb.logprob[:n].tolist(), pb.rank[:n].tolist()
+        tops, top_lps = pb.top_ids[:n, :k].tolist(), pb.top_logprobs[:n, :k].tolist()
+        out, r = [], 0
+        for c, count in zip(plan.chunks, counts, strict=True):
+            want = c.seq.params.prompt_logprobs or 0
+            entries = []
+            for j in range(count):
+                index = c.start + j + 1
+                entries.append(PromptLogprob(index, c.seq.prompt_ids[index], lps[r], ranks[r], tops[r][:want],
+                                             top_lps[r][:want]))
+                r += 1
+            out.append(entries)
+        return out

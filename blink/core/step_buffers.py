@@ -89,3 +89,28 @@ def _size(shape: tuple, dtype: torch.dtype) -> int:
 
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
+
+
+@dataclass
+class PromptRowBuffers:
+    """Prompt logprobs (host mode): a fixed number P of rows per step, each a token row of the step whose
+    logits give the logprob of the next prompt token. A graph for bucket (T, S) reads the first min(P, T).
+    Padding rows have target -1 (the kernel skips them)."""
+
+    rows: torch.Tensor  # [P] int64: token row in the step
+    targets: torch.Tensor  # [P] int64: the prompt token at the next position, -1 = padding
+    num_top: torch.Tensor  # [P] int32: top logprobs wanted
+    logprob: torch.Tensor  # [P] float32 (output)
+    rank: torch.Tensor  # [P] int32 (output)
+    top_ids: torch.Tensor  # [P, MAX_TOP_LOGPROBS] int64 (output)
+    top_logprobs: torch.Tensor  # [P, MAX_TOP_LOGPROBS] float32 (output)
+
+    @classmethod
+    def allocate(cls, rows: int, device) -> PromptRowBuffers:
+        def new(shape, dtype, value=0):
+            return torch.full(shape, value, dtype=dtype, device=device)
+
+        k = MAX_TOP_LOGPROBS
+        return cls(new((rows,), torch.int64), new((rows,), torch.int64, -1), new((rows,), torch.int32),
+                   new((rows,), torch.float32), new((rows,), torch.int32), new((rows, k), torch.int64, -1),
+                   new((rows, k), torch.float32))

@@ -24,6 +24,12 @@ KIND_REQUEST = 1
 KIND_ABORT = 2
 FLAG_IGNORE_EOS = 1
 FLAG_CONSTRAINT = 2  # a structured-output constraint follows logit_bias in the arena (host mode only)
+# Prompt logprobs (host mode only): flags bits 8-15 hold prompt_logprobs + 1 (0 = none). The engine answers
+# with one prompt record per prompt token after the first, before the first token's record: a TokenRecord
+# with position = -(prompt index), token_id the prompt token, its logprob and top logprobs, and its rank in
+# queue_us.
+PROMPT_LOGPROBS_SHIFT = 8
+PROMPT_LOGPROBS_MASK = 0xFF << PROMPT_LOGPROBS_SHIFT
 
 ENGINE_MODE_NONE = 0  # ControlBlock.engine_mode
 ENGINE_MODE_HOST = 1
@@ -73,7 +79,9 @@ class ControlBlock(C.Structure):
         ("num_buckets", C.c_uint32),  # captured graph buckets: their token counts follow
         ("dtype", C.c_uint32),  # for the start-up banner: an index into DTYPE_NAMES
         ("graphs_captured", C.c_uint32),  # 1 when the buckets are CUDA graphs, 0 when the model runs eagerly
-        ("_pad3", C.c_uint8 * 28),
+        # prompt logprobs: rows per step (0 = the engine refuses prompt logprobs)
+        ("prompt_logprob_rows", C.c_uint32),
+        ("_pad3", C.c_uint8 * 24),
         ("bucket_tokens", C.c_uint32 * MAX_PUBLISHED_BUCKETS),
         # line 5: tokens per engine step (vLLM's iteration_tokens_total): a count per ITERATION_TOKEN_BOUNDS
         # bucket (tokens <= bound, the last one unbounded) and their sum; written once per step
