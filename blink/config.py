@@ -97,8 +97,8 @@ class EngineArgs:
                             "--no-enable-prefix-caching turns it off)")
         p.add_argument("--max-prompt-logprob-rows", type=int, default=d.max_prompt_logprob_rows,
                        help="prompt positions per step whose logprobs are computed (prompt_logprobs, echo with "
-                            "logprobs); longer prompts take more prefill steps. 0 refuses them. Host mode with "
-                            "one rank only for now" + D)
+                            "logprobs); longer prompts take more prefill steps. 0 refuses them, as does tensor "
+                            "parallelism for now" + D)
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:

@@ -57,12 +57,11 @@ class EngineLimits:
 
 
 def prompt_logprob_rows(args, budget: int) -> int:
-    """Rows per step for prompt logprobs. Only host mode with one rank fills them for now: device mode's
-    C++ scheduler does not plan them yet, and under tensor parallelism the rows' logits would be all-gathered
-    whole (docs/roadmap.md), so both get 0 and the front end refuses such requests."""
+    """Rows per step for prompt logprobs. Not under tensor parallelism for now: the rows' logits would be
+    all-gathered whole (docs/roadmap.md), so it gets 0 and the front end refuses such requests."""
     if args.max_prompt_logprob_rows < 0:
         raise ValueError("--max-prompt-logprob-rows must be >= 0")
-    if args.resolved_engine != "host" or args.tensor_parallel_size > 1:
+    if args.tensor_parallel_size > 1:
         return 0
     return min(args.max_prompt_logprob_rows, budget)
 

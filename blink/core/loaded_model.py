@@ -94,7 +94,7 @@ class LoadedModel:
         if bad:
             raise ValueError(f"token id {bad[0]} is out of range [0, {self.vocab_size})")
         if params.prompt_logprobs is not None and self.limits.prompt_logprob_rows == 0:
-            raise ValueError("prompt logprobs are off in this engine (device mode, tensor parallelism or "
+            raise ValueError("prompt logprobs are off in this engine (tensor parallelism or "
                              "--max-prompt-logprob-rows 0)")
         longest = min(n + params.max_tokens, self.max_model_len)
         need = -(-longest // self.kv_cache.block_size)

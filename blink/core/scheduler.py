@@ -187,12 +187,12 @@ class Scheduler:
     def update_from_output(self, output: SchedulerOutput, sampled: list[SampledToken | None]) -> list[TokenEvent]:
         """After the step ran: its tokens' K/V are in the cache; append each sampled token (one per chunk,
         None for a chunk mid-prefill), check the stops and finish what stopped."""
-        events = []
-        prompt = output.prompt_logprobs or [[]] * len(output.chunks)
-        for c, tok, plps in zip(output.chunks, sampled, prompt, strict=True):
+        # The step's prompt events come first, in row order (the device's record order, csrc/sched_finish.h).
+        events = [TokenEvent(c.seq.req_id, p.token_id, -p.index, FinishReason.NONE, p.logprob, p.top_ids,
+                             p.top_logprobs, rank=p.rank)
+                  for c, plps in zip(output.chunks, output.prompt_logprobs, strict=False) for p in plps]
+        for c, tok in zip(output.chunks, sampled, strict=True):
             seq = c.seq
-            events += [TokenEvent(seq.req_id, p.token_id, -p.index, FinishReason.NONE, p.logprob, p.top_ids,
-                                  p.top_logprobs, rank=p.rank) for p in plps]
             seq.num_computed = c.start + c.num_tokens
             if self.prefix_cache:
                 self.prefix_cache.register(seq)

@@ -83,7 +83,7 @@ class DeviceLoop:
             max_requests=max_requests or max_requests_for(lim.max_num_seqs, lim.max_model_len),
             num_buckets=len(buckets), num_eos=len(m.eos_token_ids), trace_capacity=trace_capacity,
             launches_per_kernel=structs.LAUNCHES_PER_KERNEL, step_timeout_ns=int(STEP_TIMEOUT_S * 1e9),
-            enable_prefix_caching=int(lim.enable_prefix_caching))
+            enable_prefix_caching=int(lim.enable_prefix_caching), prompt_logprob_rows=lim.prompt_logprob_rows)
         for i, (t, s) in enumerate(buckets):
             cfg.bucket_tokens[i], cfg.bucket_seqs[i] = t, s
         for i, e in enumerate(m.eos_token_ids):

@@ -28,9 +28,8 @@ def check_prompt_logprobs(state, value: int, param: str) -> None:
     except Exception:  # noqa: BLE001 - the engine is not up: its check_engine answers 503 later
         return
     if rows == 0:
-        raise APIError(400, f"{param}: prompt logprobs are not computed by this engine (device mode and tensor "
-                            "parallelism do not compute them yet; host mode needs --max-prompt-logprob-rows > 0)",
-                       param)
+        raise APIError(400, f"{param}: prompt logprobs are not computed by this engine (tensor parallelism does "
+                            "not compute them yet; otherwise it needs --max-prompt-logprob-rows > 0)", param)
 
 
 def vllm_prompt_logprobs(state, entries: list[PromptLogprobEntry], k: int, as_ids: bool = False) -> list:

@@ -24,7 +24,7 @@ KIND_REQUEST = 1
 KIND_ABORT = 2
 FLAG_IGNORE_EOS = 1
 FLAG_CONSTRAINT = 2  # a structured-output constraint follows logit_bias in the arena (host mode only)
-# Prompt logprobs (host mode only): flags bits 8-15 hold prompt_logprobs + 1 (0 = none). The engine answers
+# Prompt logprobs: flags bits 8-15 hold prompt_logprobs + 1 (0 = none). The engine answers
 # with one prompt record per prompt token after the first, before the first token's record: a TokenRecord
 # with position = -(prompt index), token_id the prompt token, its logprob and top logprobs, and its rank in
 # queue_us.

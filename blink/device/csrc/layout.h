@@ -36,7 +36,7 @@ constexpr uint32_t kKindRequest = 1;
 constexpr uint32_t kKindAbort = 2;
 constexpr uint32_t kFlagIgnoreEos = 1;
 constexpr uint32_t kFlagConstraint = 2;  // structured output: host mode only, refused here
-constexpr uint32_t kPromptLogprobsMask = 0xFFu << 8;  // prompt logprobs: host mode only, refused here
+constexpr uint32_t kPromptLogprobsMask = 0xFFu << 8;  // prompt logprobs: N + 1 (0 = none), layout.py
 
 constexpr uint32_t kEngineModeNone = 0;
 constexpr uint32_t kEngineModeHost = 1;
