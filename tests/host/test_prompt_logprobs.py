@@ -112,3 +112,21 @@ def test_engines_without_rows_refuse_prompt_logprobs(tiny_dirs):
     eng = engine(tiny_dirs["llama"], max_prompt_logprob_rows=0)
     with pytest.raises(ValueError, match="prompt logprobs are off"):
         eng.add_request(1, PROMPT, SamplingParams(prompt_logprobs=1))
+
+
+def test_offline_llm_returns_vllm_shaped_prompt_logprobs(tiny_dirs):
+    from blink.entrypoints.llm import LLM
+
+    path = tiny_dirs["qwen3"]
+    llm = LLM(str(path), device="cpu", dtype="float32", num_kv_blocks=48, block_size=4)
+    out, plain = llm.generate([PROMPT, OTHER], [SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2),
+                                                SamplingParams(temperature=0.0, max_tokens=2)])
+    want = hf_prompt_logprobs(path, PROMPT, 2)
+    assert plain.prompt_logprobs is None and out.prompt_logprobs[0] is None
+    assert len(out.prompt_logprobs) == len(PROMPT)
+    for i in range(1, len(PROMPT)):
+        t, lp, _, top, top_lps = want[i]
+        entry = out.prompt_logprobs[i]
+        assert set(entry) == {t, *top}
+        assert entry[t] == pytest.approx(lp, abs=1e-4)
+        assert [entry[x] for x in top] == pytest.approx(top_lps, abs=1e-4)

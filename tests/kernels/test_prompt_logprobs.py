@@ -37,3 +37,23 @@ def test_kernel_matches_reference_and_log_softmax(vocab):
     assert got[1][2].item() == 1  # token 11 ties with 10 at the top: none is strictly above it
     for out_got, out_want in zip(got, want, strict=True):
         torch.testing.assert_close(out_got, out_want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+def test_kernel_on_the_gpu_at_a_real_vocabulary():
+    torch.manual_seed(0)
+    rows, vocab, k = 64, 128256, 20
+    logits = (torch.randn(rows, vocab, device="cuda") * 4).float()
+    logits[5, 100:110] = logits[5].max() + 2  # ten-way tie at the top
+    targets = torch.randint(0, vocab, (rows,), device="cuda")
+    targets[40:] = -1  # padding rows
+    num_top = torch.randint(0, k + 1, (rows,), device="cuda", dtype=torch.int32)
+    num_top[5] = k
+    want = [t.cuda() for t in _outputs(rows, k)]
+    got = [t.cuda() for t in _outputs(rows, k)]
+    prompt_logprobs_ref(logits, targets, num_top, *want)
+    prompt_logprobs_triton(logits, targets, num_top, *got)
+    torch.cuda.synchronize()
+    for out_got, out_want in zip(got, want, strict=True):
+        torch.testing.assert_close(out_got, out_want, atol=2e-5, rtol=0)
+    assert got[2][5, :10].tolist() == list(range(100, 110))
