@@ -16,12 +16,6 @@ BLINK_HD inline void plan_add_row(SchedState* s, int e, int start, int len) {
   s->plan_prompt_rows += entry_prompt_rows(s->entries[e], start, len);
 }
 
-// Prompt logprobs: n cut so the chunk's prompt rows fit in what the step has left (0: it waits).
-BLINK_HD inline int prompt_cap(const SchedState* s, const SchedConfig& c, const RequestEntry& r, int start, int n) {
-  const int left = c.prompt_logprob_rows - s->plan_prompt_rows;
-  return entry_prompt_rows(r, start, n) <= left ? n : left;
-}
-
 // Take a preemption victim's row back out of the step; returns the tokens it gives back.
 BLINK_HD inline int plan_drop_row(SchedState* s, int e) {
   int row = s->entries[e].planned_row;

@@ -22,6 +22,11 @@ BLINK_HD inline int entry_prompt_rows(const RequestEntry& r, int start, int n) {
   const int k = (int)r.desc.prompt_len - 1 - start;
   return k < 0 ? 0 : k < n ? k : n;
 }
+// n cut so the chunk's prompt rows fit in what the step being planned has left (0: it waits).
+BLINK_HD inline int prompt_cap(const SchedState* s, const SchedConfig& c, const RequestEntry& r, int start, int n) {
+  const int left = c.prompt_logprob_rows - s->plan_prompt_rows;
+  return entry_prompt_rows(r, start, n) <= left ? n : left;
+}
 BLINK_HD inline bool entry_is_decode(const RequestEntry& r) {
   return entry_remaining(r) == 1 && r.num_generated > 0;
 }
