@@ -108,8 +108,8 @@ class SamplingParams:
 class TokenEvent:
     """One generated token, or the end of a request (the egress record as a Python object).
 
-    A prompt event (position < 0, only for requests with prompt_logprobs, before their first token) carries
-    prompt token -position: its id, logprob, rank and top logprobs.
+    A prompt event (position < 0 with no finish, only for requests with prompt_logprobs, before their first
+    token) carries prompt token -position: its id, logprob, rank and top logprobs.
     """
 
     req_id: int
@@ -129,7 +129,8 @@ class TokenEvent:
 
     @property
     def is_prompt(self) -> bool:
-        return self.position < 0
+        """A prompt event (position < 0 and no finish: the front end's own ERROR events use position -1)."""
+        return self.position < 0 and self.finish_reason == FinishReason.NONE
 
 
 SEED_BITS = 63

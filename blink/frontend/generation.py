@@ -71,8 +71,9 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
         while not done:
             event: TokenEvent = await queue.get()
             if event.is_prompt:  # before the first token; a recomputed prefill may send one again
-                tops = list(zip(event.top_ids, event.top_logprobs, strict=True))
-                prompt[-event.position] = PromptLogprobEntry(event.token_id, event.logprob, event.rank, tops)
+                if prompt is not None:
+                    tops = list(zip(event.top_ids, event.top_logprobs, strict=True))
+                    prompt[-event.position] = PromptLogprobEntry(event.token_id, event.logprob, event.rank, tops)
                 continue
             reason = event.finish_reason
             cached = max(cached, event.cached_tokens)

@@ -87,7 +87,8 @@ class EgressConsumer:
                 records["finish_reason"].tolist(), records["logprob"].tolist(), records["queue_us"].tolist(),
                 records["cached_tokens"].tolist(), strict=True)
         ]
-        for i in np.flatnonzero(records["position"] < 0).tolist():  # prompt records: rank in queue_us (layout.py)
+        prompt = (records["position"] < 0) & (records["finish_reason"] == 0)  # prompt records (layout.py)
+        for i in np.flatnonzero(prompt).tolist():  # their rank travels in queue_us
             events[i].rank, events[i].queue_us = events[i].queue_us, 0
         for i, num_top in enumerate(records["num_top"].tolist()):
             if num_top:
