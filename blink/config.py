@@ -86,6 +86,8 @@ class EngineArgs:
     grammar_arena_mb: int = 64  # GPU memory for structured-output automata (blink/grammar/arena.py); 0 = off
     enable_prefix_caching: bool = True  # as vLLM: reuse the KV blocks of cached prompt prefixes
     device_idle: str = "deep"  # device mode's idle loop (parse_device_idle; issue 19)
+    # Prompt logprobs (echo + logprobs, prompt_logprobs): logits rows per step for prompt positions; 0 = off.
+    max_prompt_logprob_rows: int = 256
 
     @property
     def resolved_device(self) -> str:
@@ -145,6 +147,10 @@ class EngineArgs:
                        help="share the KV blocks of cached prompt prefixes (on by default, as in vLLM; "
                             "--no-enable-prefix-caching turns it off)")
         p.add_argument("--device-idle", type=_device_idle_arg, default=d.device_idle, help=DEVICE_IDLE_HELP + D)
+        p.add_argument("--max-prompt-logprob-rows", type=int, default=d.max_prompt_logprob_rows,
+                       help="prompt positions per step whose logprobs are computed (prompt_logprobs, echo with "
+                            "logprobs); longer prompts take more prefill steps. 0 refuses them, as does tensor "
+                            "parallelism for now" + D)
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:

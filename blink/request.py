@@ -62,6 +62,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs per token (0 = only the chosen token's)
     constraint: Constraint | None = None  # structured output: the grammar masks every sampled token
+    prompt_logprobs: int | None = None  # vLLM's: logprob, rank and this many top logprobs per prompt token
 
     def __post_init__(self):
         if self.top_k is None or self.top_k < 0:
@@ -86,6 +87,8 @@ class SamplingParams:
             (len(self.logit_bias) <= MAX_LOGIT_BIAS, f"at most {MAX_LOGIT_BIAS} logit_bias entries"),
             (self.logprobs is None or 0 <= self.logprobs <= MAX_TOP_LOGPROBS,
              f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS,
+             f"prompt_logprobs must be in [0, {MAX_TOP_LOGPROBS}]"),
             (all(-100 <= v <= 100 for v in self.logit_bias.values()), "logit_bias values must be in [-100, 100]"),
             (self.constraint is None or not self.ignore_eos,
              "ignore_eos cannot be combined with a structured output constraint (it ends at its EOS)"),
@@ -103,21 +106,31 @@ class SamplingParams:
 
 @dataclass
 class TokenEvent:
-    """One generated token, or the end of a request (the egress record as a Python object)."""
+    """One generated token, or the end of a request (the egress record as a Python object).
+
+    A prompt event (position < 0 with no finish, only for requests with prompt_logprobs, before their first
+    token) carries prompt token -position: its id, logprob, rank and top logprobs.
+    """
 
     req_id: int
     token_id: int  # -1 when the event only carries a finish (abort/error with no new token)
-    position: int  # index of this output token: 0, 1, 2, ...
+    position: int  # index of this output token: 0, 1, 2, ...; a prompt event: minus its prompt index
     finish_reason: FinishReason = FinishReason.NONE
     logprob: float = 0.0
     top_ids: list[int] = field(default_factory=list)
     top_logprobs: list[float] = field(default_factory=list)
     queue_us: int = 0  # the first token's event: microseconds the engine queued the request (metrics)
     cached_tokens: int = 0  # prompt tokens the request found in the prefix cache at its first admission
+    rank: int = 0  # a prompt event: the token's rank in the vocabulary (1 = the most likely)
 
     @property
     def finished(self) -> bool:
         return self.finish_reason != FinishReason.NONE
+
+    @property
+    def is_prompt(self) -> bool:
+        """A prompt event (position < 0 and no finish: the front end's own ERROR events use position -1)."""
+        return self.position < 0 and self.finish_reason == FinishReason.NONE
 
 
 SEED_BITS = 63

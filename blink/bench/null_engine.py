@@ -7,6 +7,7 @@ own cost plus the client's, with no model in the way.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -26,7 +27,8 @@ def model_limits(args) -> EngineLimits:
         raw = json.loads((Path(args.model) / "config.json").read_text())
         raw = raw.get("text_config", raw)
         positions, vocab = raw["max_position_embeddings"], raw["vocab_size"]
-    return EngineLimits.resolve(args, positions, vocab, num_kv_blocks=0)
+    # It computes no logits, so no prompt logprobs: the front end refuses them (400) rather than wait for none.
+    return dataclasses.replace(EngineLimits.resolve(args, positions, vocab, num_kv_blocks=0), prompt_logprob_rows=0)
 
 
 def serve(segment, args, should_stop) -> None:

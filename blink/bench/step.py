@@ -20,6 +20,9 @@ def add_parser(sub) -> None:
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--num-layers", type=int, default=None, help="override layers (quick checks)")
+    p.add_argument("--max-prompt-logprob-rows", type=int, default=EngineArgs.max_prompt_logprob_rows,
+                   help="prompt-logprob rows in the graphs (0: none; compare to see their cost, default: "
+                        "%(default)s as the engine)")
     p.add_argument("--result-json", default=None)
     p.set_defaults(handler=run)
 
@@ -57,14 +60,16 @@ def graph_replay_ms(graph, iters: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def time_step(preset: str, batches: list[int], context: int, iters: int, layers: int | None) -> list[dict]:
+def time_step(preset: str, batches: list[int], context: int, iters: int, layers: int | None,
+              prompt_rows: int = EngineArgs.max_prompt_logprob_rows) -> list[dict]:
     from blink.core.loaded_model import LoadedModel
     from blink.core.runner import ModelRunner
 
     max_b = max(batches)
     blocks = max_b * (-(-(context + 1) // 16))
     args = EngineArgs(model=preset, dtype="bfloat16", device="cuda", max_num_seqs=max_b,
-                      max_num_batched_tokens=max_b, num_kv_blocks=blocks, max_model_len=context + 16)
+                      max_num_batched_tokens=max_b, num_kv_blocks=blocks, max_model_len=context + 16,
+                      max_prompt_logprob_rows=prompt_rows)
     m = LoadedModel.load(args, num_layers=layers)
     runner = ModelRunner.for_model(m, use_graphs=True)
     shape = ModelShape.of(m.cfg)
@@ -76,7 +81,8 @@ def time_step(preset: str, batches: list[int], context: int, iters: int, layers:
         ms = graph_replay_ms(runner.graphs[bucket], iters)
         floor = shape.decode_floor_s(b, context) * 1e3
         rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "batch": b, "bucket": bucket[0],
-                     "context": context, "ms": round(ms, 4), "floor_ms": round(floor, 4),
+                     "context": context, "prompt_logprob_rows": prompt_rows, "ms": round(ms, 4),
+                     "floor_ms": round(floor, 4),
                      "ratio": round(ms / floor, 3), "experts_read_per_layer": round(shape.touched_experts(b), 1)})
         print(f"{preset:12s} layers={m.cfg.num_hidden_layers:3d} batch={b:4d} (bucket {bucket[0]:4d}) "
               f"ctx={context}: {ms:8.3f} ms  floor {floor:8.3f} ms  ratio {ms / floor:5.2f}", flush=True)
@@ -91,7 +97,7 @@ def run(ns: argparse.Namespace) -> int:
     batches = [int(b) for b in ns.batches.split(",")]
     rows = []
     for preset in ns.presets.split(","):
-        rows += time_step(preset, batches, ns.context, ns.iters, ns.num_layers)
+        rows += time_step(preset, batches, ns.context, ns.iters, ns.num_layers, ns.max_prompt_logprob_rows)
     if ns.result_json:
         with open(ns.result_json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -30,6 +30,7 @@ class EngineLimits:
     num_kv_blocks: int  # the KV pool (the smallest any tensor-parallel rank holds)
     vocab_size: int  # valid token ids are [0, vocab_size)
     enable_prefix_caching: bool = False  # share the KV blocks of cached prompt prefixes (prefix_cache.py)
+    prompt_logprob_rows: int = 0  # prompt positions per step whose logprobs are computed; 0 = refused
 
     @classmethod
     def resolve(cls, args, max_position_embeddings: int, vocab_size: int, num_kv_blocks: int) -> EngineLimits:
@@ -40,7 +41,7 @@ class EngineLimits:
         # A step must hold at least one token per running sequence.
         budget = max(args.max_num_batched_tokens, args.max_num_seqs)
         return cls(max_len, args.max_num_seqs, budget, args.block_size, num_kv_blocks, vocab_size,
-                   args.enable_prefix_caching)
+                   args.enable_prefix_caching, prompt_logprob_rows(args, budget))
 
     @property
     def max_blocks_per_seq(self) -> int:
@@ -55,6 +56,16 @@ class EngineLimits:
         return self.num_kv_blocks * self.block_size
 
 
+def prompt_logprob_rows(args, budget: int) -> int:
+    """Rows per step for prompt logprobs. Not under tensor parallelism for now: the rows' logits would be
+    all-gathered whole (docs/roadmap.md), so it gets 0 and the front end refuses such requests."""
+    if args.max_prompt_logprob_rows < 0:
+        raise ValueError("--max-prompt-logprob-rows must be >= 0")
+    if args.tensor_parallel_size > 1:
+        return 0
+    return min(args.max_prompt_logprob_rows, budget)
+
+
 def publish_limits(limits: EngineLimits, control) -> None:
     """Write the limits into the segment's control block (blink/transport/layout.py), before `ready`: the
     front end reads them there instead of re-deriving them."""
@@ -63,6 +74,7 @@ def publish_limits(limits: EngineLimits, control) -> None:
     control.max_num_batched_tokens, control.block_size = limits.max_num_batched_tokens, limits.block_size
     control.num_kv_blocks, control.vocab_size = limits.num_kv_blocks, limits.vocab_size
     control.prefix_caching = int(limits.enable_prefix_caching)
+    control.prompt_logprob_rows = limits.prompt_logprob_rows
     control.num_buckets = min(len(buckets), len(control.bucket_tokens))
     for i, (tokens, _) in enumerate(buckets[: control.num_buckets]):
         control.bucket_tokens[i] = tokens

@@ -93,6 +93,9 @@ class LoadedModel:
         bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"token id {bad[0]} is out of range [0, {self.vocab_size})")
+        if params.prompt_logprobs is not None and self.limits.prompt_logprob_rows == 0:
+            raise ValueError("prompt logprobs are off in this engine (tensor parallelism or "
+                             "--max-prompt-logprob-rows 0)")
         longest = min(n + params.max_tokens, self.max_model_len)
         need = -(-longest // self.kv_cache.block_size)
         if need > self.kv_cache.num_blocks:

@@ -12,8 +12,9 @@ from collections.abc import Callable
 import torch
 
 from blink.core.limits import EngineLimits
-from blink.core.outputs import SampledToken, SchedulerOutput
+from blink.core.outputs import PromptLogprob, SampledToken, SchedulerOutput
 from blink.core.step_buffers import StepBuffers
+from blink.kernels.prompt_logprobs import prompt_logprobs
 from blink.kernels.sampling import sample
 from blink.kernels.sampling_grammar import advance_grammar
 from blink.request import MAX_TOP_LOGPROBS
@@ -34,6 +35,7 @@ class ModelRunner:
         self.max_blocks_per_seq = limits.max_blocks_per_seq
         self.buckets = list(limits.buckets)
         self.max_tokens, self.max_seqs = self.buckets[-1][0], max(s for _, s in self.buckets)
+        self.num_prompt_rows = limits.prompt_logprob_rows  # prompt-logprob rows per step (0 under TP)
         self.buffers = self.new_buffers()
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         # One memory pool for every capture (host mode's and device mode's).
@@ -51,13 +53,22 @@ class ModelRunner:
                    use_graphs=use_graphs, samples=samples)
 
     def new_buffers(self) -> StepBuffers:
-        return StepBuffers.allocate(self.max_tokens, self.max_seqs, self.max_blocks_per_seq, self.device)
+        return StepBuffers.allocate(self.max_tokens, self.max_seqs, self.max_blocks_per_seq, self.device,
+                                    prompt_rows=self.num_prompt_rows)
 
     # -- the step itself (graph body) -----------------------------------------------------------------
     def forward(self, buf: StepBuffers, num_tokens: int, num_seqs: int) -> None:
         attn = buf.attention(num_tokens, num_seqs)
         hidden = self.model(buf.input_ids[:num_tokens], buf.positions[:num_tokens], attn, self.kv_layers)
-        logits = self.model.compute_logits(hidden[buf.logits_indices[:num_seqs]])  # all-gathered under TP
+        rows = buf.logits_indices[:num_seqs]
+        p = min(self.num_prompt_rows, num_tokens)  # a step has at most num_tokens prompt rows
+        if p:  # one LM-head GEMM for both: its weight is read once
+            rows = torch.cat([rows, buf.prompt_rows[:p]])
+        logits = self.model.compute_logits(hidden[rows])  # all-gathered under TP
+        if p:
+            prompt_logprobs(logits[num_seqs:], buf.prompt_targets[:p], buf.prompt_num_top[:p], buf.prompt_logprob[:p],
+                            buf.prompt_rank[:p], buf.prompt_top_ids[:p], buf.prompt_top_logprobs[:p])
+            logits = logits[:num_seqs]
         if not self.samples:
             return
         slots = buf.sample_slots[:num_seqs]
@@ -77,6 +88,7 @@ class ModelRunner:
         buf.seq_lens.zero_()
         buf.slot_mapping.fill_(-1)
         buf.sample_slots.fill_(self.scratch_slot)
+        buf.prompt_targets.fill_(-1)  # padding: the prompt-logprob kernel skips every row
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
@@ -104,6 +116,25 @@ class ModelRunner:
 
     def prepare(self, plan: SchedulerOutput, buf: StepBuffers, bucket: tuple[int, int]) -> None:
         self.fill(buf, self.step_inputs(plan, bucket))
+        if self.num_prompt_rows:
+            self.fill(buf, self.prompt_inputs(plan, bucket))
+
+    def prompt_inputs(self, plan: SchedulerOutput, bucket: tuple[int, int]) -> dict[str, torch.Tensor]:
+        """The prompt-logprob rows (StepBuffers.prompt_*), padded to the min(P, T) rows the bucket's graph reads;
+        csrc/sched_plan.h write_inputs writes the same in device mode."""
+        rows, targets, num_top, row0 = [], [], [], 0
+        for c in plan.chunks:
+            for j in range(c.num_prompt_rows):
+                rows.append(row0 + j)
+                targets.append(c.seq.prompt_ids[c.start + j + 1])
+                num_top.append(c.seq.params.prompt_logprobs)
+            row0 += c.num_tokens
+        pad = min(self.num_prompt_rows, bucket[0]) - len(rows)
+        if pad < 0:
+            raise ValueError(f"{len(rows)} prompt-logprob rows exceed the step's {len(rows) + pad}")
+        return {"prompt_rows": torch.tensor(rows + [0] * pad, dtype=torch.int64),
+                "prompt_targets": torch.tensor(targets + [-1] * pad, dtype=torch.int64),
+                "prompt_num_top": torch.tensor(num_top + [0] * pad, dtype=torch.int32)}
 
     def step_inputs(self, plan: SchedulerOutput, bucket: tuple[int, int]) -> dict[str, torch.Tensor]:
         """The step's inputs as CPU tensors padded to the bucket, keyed by StepBuffers field name
@@ -168,5 +199,29 @@ class ModelRunner:
         k = min(plan.max_top_logprobs, MAX_TOP_LOGPROBS)
         tops = buf.top_ids[:s, :k].tolist() if k else [[]] * s
         top_lps = buf.top_logprobs[:s, :k].tolist() if k else [[]] * s
+        if self.num_prompt_rows:
+            plan.prompt_logprobs = self.read_prompt_logprobs(plan)
         return [SampledToken(ids[i], lps[i], tops[i], top_lps[i]) if c.samples else None
                 for i, c in enumerate(plan.chunks)]
+
+    def read_prompt_logprobs(self, plan: SchedulerOutput) -> list[list[PromptLogprob]]:
+        """Per chunk, the prompt logprobs its rows computed (the rows in prompt_inputs' order)."""
+        counts = [c.num_prompt_rows for c in plan.chunks]
+        n = sum(counts)
+        if n == 0:
+            return []
+        b = self.buffers
+        k = max(c.seq.params.prompt_logprobs for c, r in zip(plan.chunks, counts, strict=True) if r)
+        lps, ranks = b.prompt_logprob[:n].tolist(), b.prompt_rank[:n].tolist()
+        tops, top_lps = b.prompt_top_ids[:n, :k].tolist(), b.prompt_top_logprobs[:n, :k].tolist()
+        out, r = [], 0
+        for c, count in zip(plan.chunks, counts, strict=True):
+            want = c.seq.params.prompt_logprobs or 0
+            entries = []
+            for j in range(count):
+                index = c.start + j + 1
+                entries.append(PromptLogprob(index, c.seq.prompt_ids[index], lps[r], ranks[r], tops[r][:want],
+                                             top_lps[r][:want]))
+                r += 1
+            out.append(entries)
+        return out

@@ -15,6 +15,10 @@ With prefix caching (blink/core/prefix_cache.py), an admission first takes the l
 full blocks (shared, reference-counted) and prefills only the rest; blocks a step fills are indexed after
 it; finished, aborted and preempted sequences drop their references, and cached blocks nobody holds wait
 in an LRU until a fresh block is needed.
+
+Prompt logprobs: a step has at most `prompt_logprob_rows` logits rows for prompt positions (fixed graph
+shapes), so a chunk of a request that asks for them is cut to fit the rows left, and waits when none are.
+Such a request skips the prefix cache (its cached positions would have no logits) until its first token.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ from collections import deque
 
 from blink.core.kv_cache import BlockAllocator
 from blink.core.outputs import SampledToken, ScheduledChunk, SchedulerOutput
-from blink.core.prefix_cache import PrefixCache
+from blink.core.prefix_cache import NO_PARENT, PrefixCache
 from blink.core.sequence import SeqStatus, Sequence
 from blink.core.stops import check_stop
 from blink.request import FinishReason, TokenEvent
@@ -32,13 +36,14 @@ from blink.request import FinishReason, TokenEvent
 class Scheduler:
     def __init__(self, num_blocks: int, block_size: int, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int | None = None, eos_token_ids: tuple[int, ...] = (),
-                 enable_prefix_caching: bool = False):
+                 enable_prefix_caching: bool = False, prompt_logprob_rows: int = 0):
         """max_model_len None: no context limit (scheduler unit tests)."""
         self.max_model_len = max_model_len or sys.maxsize
         self.eos_token_ids = tuple(eos_token_ids)
         self.block_size = block_size
         self.max_num_seqs = max_num_seqs
         self.token_budget = max_num_batched_tokens
+        self.prompt_logprob_rows = prompt_logprob_rows
         self.blocks = BlockAllocator(num_blocks)
         self.prefix_cache = PrefixCache(self.blocks, block_size) if enable_prefix_caching else None
         self.waiting: deque[Sequence] = deque()
@@ -51,7 +56,7 @@ class Scheduler:
     def from_limits(cls, limits, eos_token_ids: tuple[int, ...]) -> Scheduler:
         """limits: blink.core.limits.EngineLimits."""
         return cls(limits.num_kv_blocks, limits.block_size, limits.max_num_seqs, limits.max_num_batched_tokens,
-                   limits.max_model_len, eos_token_ids, limits.enable_prefix_caching)
+                   limits.max_model_len, eos_token_ids, limits.enable_prefix_caching, limits.prompt_logprob_rows)
 
     # -- queue management -------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -114,8 +119,14 @@ class Scheduler:
         seq.block_ids.extend(new)
         return True
 
+    @staticmethod
+    def _prompt_cap(seq: Sequence, start: int, n: int, rows_left: int) -> int:
+        """n cut so the chunk's prompt-logprob rows fit in rows_left (0: the chunk waits this step)."""
+        return n if seq.prompt_rows(start, n) <= rows_left else rows_left
+
     def schedule(self) -> SchedulerOutput:
         budget = self.token_budget
+        rows_left = self.prompt_logprob_rows
         chunks: list[ScheduledChunk] = []
         # Decodes first, then running prefill chunks; both in admission order.
         order = [s for s in self.running if s.is_decode] + [s for s in self.running if not s.is_decode]
@@ -124,7 +135,9 @@ class Scheduler:
                 break
             if seq.status != SeqStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            n = min(seq.remaining, budget)
+            n = self._prompt_cap(seq, seq.num_computed, min(seq.remaining, budget), rows_left)
+            if n == 0:
+                continue
             while not self._grow(seq, seq.num_computed + n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -132,27 +145,34 @@ class Scheduler:
                 for c in [c for c in chunks if c.seq is victim]:
                     chunks.remove(c)
                     budget += c.num_tokens
+                    rows_left += c.num_prompt_rows
                 if victim is seq:
                     break
             if seq.status == SeqStatus.RUNNING:
                 chunks.append(ScheduledChunk(seq, seq.num_computed, n))
                 budget -= n
+                rows_left -= chunks[-1].num_prompt_rows
         admitted = []
         cache = self.prefix_cache
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if self.blocks.num_free == 0:
                 break  # any admission needs a fresh block (for its last token at least): skip the match
-            hit = cache.match(seq) if cache else None
+            use_cache = cache is not None and not seq.wants_prompt_logprobs
+            hit = cache.match(seq) if use_cache else None
             cached = len(hit.blocks) * self.block_size if hit else 0
-            n = min(seq.num_tokens - cached, budget)
+            n = self._prompt_cap(seq, cached, min(seq.num_tokens - cached, budget), rows_left)
+            if n == 0:
+                break  # FCFS: it waits for a step with prompt-logprob rows left
             need = -(-(cached + n) // self.block_size) - (len(hit.blocks) if hit else 0)
             if need > self.blocks.num_free - (hit.num_in_lru if hit else 0):
                 break  # wait for blocks; never preempt running work to admit new work
-            if cache:
+            if use_cache:
                 cache.admit(seq, hit)  # before growing: the hit's blocks leave the LRU, never evicted here
-            elif seq.num_cached_tokens < 0:
-                seq.num_cached_tokens = 0
+            else:
+                if seq.num_cached_tokens < 0:
+                    seq.num_cached_tokens = 0
+                seq.num_hashed, seq.chain_hash, seq.chain_parent = 0, 0, NO_PARENT  # its blocks chain afresh
             self._grow(seq, cached + n)
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
@@ -161,12 +181,16 @@ class Scheduler:
             admitted.append(seq)
             chunks.append(ScheduledChunk(seq, seq.num_computed, n))
             budget -= n
+            rows_left -= chunks[-1].num_prompt_rows
         return SchedulerOutput(chunks, admitted)
 
     def update_from_output(self, output: SchedulerOutput, sampled: list[SampledToken | None]) -> list[TokenEvent]:
         """After the step ran: its tokens' K/V are in the cache; append each sampled token (one per chunk,
         None for a chunk mid-prefill), check the stops and finish what stopped."""
-        events = []
+        # The step's prompt events come first, in row order (the device's record order, csrc/sched_finish.h).
+        events = [TokenEvent(c.seq.req_id, p.token_id, -p.index, FinishReason.NONE, p.logprob, p.top_ids,
+                             p.top_logprobs, rank=p.rank)
+                  for c, plps in zip(output.chunks, output.prompt_logprobs, strict=False) for p in plps]
         for c, tok in zip(output.chunks, sampled, strict=True):
             seq = c.seq
             seq.num_computed = c.start + c.num_tokens

@@ -47,6 +47,18 @@ class Sequence:
     def is_decode(self) -> bool:
         return self.remaining == 1 and bool(self.output_ids)
 
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Its prompt positions need logits rows (prompt_logprobs) until its first token is out."""
+        return self.params.prompt_logprobs is not None and not self.output_ids
+
+    def prompt_rows(self, start: int, num_tokens: int) -> int:
+        """Prompt-logprob rows a chunk [start, start + num_tokens) needs: positions p with a prompt token
+        at p + 1 (the last prompt position predicts the first output token, not a prompt token)."""
+        if not self.wants_prompt_logprobs:
+            return 0
+        return max(0, min(num_tokens, len(self.prompt_ids) - 1 - start))
+
     def token_at(self, i: int) -> int:
         n = len(self.prompt_ids)
         return self.prompt_ids[i] if i < n else self.output_ids[i - n]

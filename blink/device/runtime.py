@@ -85,7 +85,7 @@ class DeviceLoop:
             max_requests=max_requests or max_requests_for(lim.max_num_seqs, lim.max_model_len),
             num_buckets=len(buckets), num_eos=len(m.eos_token_ids), trace_capacity=trace_capacity,
             launches_per_kernel=structs.LAUNCHES_PER_KERNEL, step_timeout_ns=int(STEP_TIMEOUT_S * 1e9),
-            enable_prefix_caching=int(lim.enable_prefix_caching))
+            enable_prefix_caching=int(lim.enable_prefix_caching), prompt_logprob_rows=lim.prompt_logprob_rows)
         structs.grammar_config(cfg, m.sampling_state)  # structured outputs: the arena its admission copies into
         self.idle = apply_device_idle(cfg, args.device_idle, peers is not None or args.tensor_parallel_size > 1)
         for i, (t, s) in enumerate(buckets):

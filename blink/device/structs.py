@@ -80,7 +80,7 @@ class SchedConfig(C.Structure):
         ("eos_ids", C.c_int32 * MAX_EOS),
         ("step_timeout_ns", C.c_int64),
         ("enable_prefix_caching", C.c_int32),  # share cached prompt prefixes' KV blocks (csrc/sched_prefix.h)
-        ("reserved", C.c_int32),
+        ("prompt_logprob_rows", C.c_int32),  # prompt logprobs: rows per step (StepBuffers.prompt_*), 0 = refused
         # structured outputs (csrc/sched_grammar.h): the grammar arena's geometry (blink/grammar/arena.py)
         ("grammar_slots", C.c_int32),
         ("grammar_states_per_slot", C.c_int32),

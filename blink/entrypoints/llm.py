@@ -20,6 +20,9 @@ class RequestOutput:
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (vLLM's RequestOutput field)
+    # SamplingParams.prompt_logprobs: None for the first prompt token, then {token id: logprob} of the
+    # prompt token and the top ones (vLLM's RequestOutput.prompt_logprobs, logprobs as floats)
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
 
 class _Request:
@@ -72,6 +75,8 @@ class LLM:
             req_id = next(self._ids)
             self.engine.add_request(req_id, ids, p)
             out = RequestOutput(prompt if isinstance(prompt, str) else None, ids)
+            if p.prompt_logprobs is not None:
+                out.prompt_logprobs = [None] * len(ids)
             requests[req_id] = _Request(out, p, self.tokenizer)
         live = set(requests)
         while live:
@@ -79,6 +84,10 @@ class LLM:
                 if ev.req_id not in live:
                     continue
                 r = requests[ev.req_id]
+                if ev.is_prompt:  # before its first token (a recomputed prefill may resend one)
+                    r.out.prompt_logprobs[-ev.position] = {ev.token_id: ev.logprob,
+                                                           **dict(zip(ev.top_ids, ev.top_logprobs, strict=True))}
+                    continue
                 reason = ev.finish_reason
                 r.out.num_cached_tokens = max(r.out.num_cached_tokens, ev.cached_tokens)
                 if ev.token_id >= 0:

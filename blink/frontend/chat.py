@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from blink.frontend.errors import APIError
 from blink.frontend.generation import TokenLogprob, collect, generate, merge
+from blink.frontend.prompt_logprobs import vllm_prompt_logprobs
 from blink.frontend.protocol import ChatCompletionRequest, ChatMessage
 from blink.frontend.serving import FrontendState, now, request_id, sse_stream, unless_disconnected, usage
 from blink.frontend.structured import constrain, hold
@@ -112,8 +113,12 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
         choices.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish,
                         "stop_reason": result.stop_reason})
     completion_tokens = sum(r.num_tokens for r in results)
-    return JSONResponse({**head, "object": "chat.completion", "choices": choices,
-                         "usage": usage(len(prompt_ids), completion_tokens, results[0].cached_tokens)})
+    out = {**head, "object": "chat.completion", "choices": choices,
+           "usage": usage(len(prompt_ids), completion_tokens, results[0].cached_tokens)}
+    if body.prompt_logprobs is not None:  # vLLM's: one list for the (templated) prompt, beside the choices
+        out["prompt_logprobs"] = vllm_prompt_logprobs(state, results[0].prompt_logprobs, body.prompt_logprobs,
+                                                      body.return_tokens_as_token_ids)
+    return JSONResponse(out)
 
 
 async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head: dict, streams,

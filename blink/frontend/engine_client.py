@@ -47,6 +47,7 @@ class PublishedLimits:
     num_kv_blocks: int
     vocab_size: int
     bucket_tokens: tuple[int, ...]
+    prompt_logprob_rows: int = 0  # 0: the engine refuses prompt logprobs
 
 
 class EngineClient:
@@ -96,7 +97,7 @@ class EngineClient:
                 raise EngineUnavailable("the engine is still starting")
             self._limits = PublishedLimits(
                 ctl.max_model_len, ctl.max_num_seqs, ctl.max_num_batched_tokens, ctl.block_size, ctl.num_kv_blocks,
-                ctl.vocab_size, tuple(ctl.bucket_tokens[: ctl.num_buckets]))
+                ctl.vocab_size, tuple(ctl.bucket_tokens[: ctl.num_buckets]), ctl.prompt_logprob_rows)
         return self._limits
 
     # health

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from blink.frontend.engine_client import EngineClient, EngineUnavailable
 from blink.frontend.errors import APIError
 from blink.frontend.metrics import FrontendMetrics, RequestTimer
+from blink.frontend.prompt_logprobs import PromptLogprobEntry
 from blink.request import FinishReason, SamplingParams, TokenEvent
 from blink.text.detokenizer import IncrementalDetokenizer, StopStringMatcher
 from blink.text.tokenizer import ModelTokenizer
@@ -35,6 +36,7 @@ class Delta:
     cached_tokens: int = 0  # prompt tokens found in the engine's prefix cache (usage.prompt_tokens_details)
     error: bool = False  # the engine refused or lost the request
     stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it
+    prompt_logprobs: list[PromptLogprobEntry] | None = None  # the first delta only: prompt tokens 1, 2, ...
 
 
 @dataclass
@@ -64,9 +66,15 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
     logprobs: list[TokenLogprob] = []
     done = False
     cached = 0
+    prompt: dict[int, PromptLogprobEntry] | None = {} if params.prompt_logprobs is not None else None
     try:
         while not done:
             event: TokenEvent = await queue.get()
+            if event.is_prompt:  # before the first token; a recomputed prefill may send one again
+                if prompt is not None:
+                    tops = list(zip(event.top_ids, event.top_logprobs, strict=True))
+                    prompt[-event.position] = PromptLogprobEntry(event.token_id, event.logprob, event.rank, tops)
+                continue
             reason = event.finish_reason
             cached = max(cached, event.cached_tokens)
             piece = ""
@@ -93,8 +101,11 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
                 raise APIError(503, "server shutting down: the request was cut before it finished")
             if text or done:
                 finish = reason.openai if done else None
-                yield Delta(text, logprobs, finish, num_tokens, cached, reason == FinishReason.ERROR,
-                            stop_reason if done else None)
+                delta = Delta(text, logprobs, finish, num_tokens, cached, reason == FinishReason.ERROR,
+                              stop_reason if done else None)
+                if prompt is not None:
+                    delta.prompt_logprobs, prompt = [prompt[i] for i in sorted(prompt)], None
+                yield delta
                 logprobs = []
             if done:
                 timer.finish(finish)
@@ -140,10 +151,11 @@ async def merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int,
 
 async def collect(stream: AsyncIterator[Delta]) -> Delta:
     """The whole output of one choice as a single delta (non-streaming responses)."""
-    texts, logprobs, last = [], [], Delta("")
+    texts, logprobs, last, prompt = [], [], Delta(""), None
     async for delta in stream:
         texts.append(delta.text)
         logprobs.extend(delta.logprobs)
+        prompt = prompt if delta.prompt_logprobs is None else delta.prompt_logprobs
         last = delta
     return Delta("".join(texts), logprobs, last.finish_reason, last.num_tokens, last.cached_tokens, last.error,
-                 last.stop_reason)
+                 last.stop_reason, prompt)

@@ -49,13 +49,14 @@ class SamplingFields(Strict, StructuredFields):
     user: str | None = None  # written to the access log
     include_stop_str_in_output: bool = False
     return_tokens_as_token_ids: bool = False
-    prompt_logprobs: int | None = None  # refused: prompt logprobs are not computed yet
+    prompt_logprobs: int | None = None  # vLLM's: logprob, rank and top-N of every prompt token (not streamed)
     # SGLang's, which vllm-router forwards on every request: no_stop_trim keeps the stop string or token
     # (as include_stop_str_in_output); return_hidden_states is accepted only false.
     no_stop_trim: bool = False
     return_hidden_states: bool = False
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, choice_index: int) -> SamplingParams:
+    def sampling_params(self, max_tokens: int, logprobs: int | None, choice_index: int,
+                        prompt_logprobs: int | None = None) -> SamplingParams:
         """Raises ValueError (one line) for values out of range; the API answers 400 with it."""
         defaults = SamplingParams.__dataclass_fields__
         seed = None if self.seed is None else self.seed + choice_index  # n choices must differ
@@ -75,6 +76,7 @@ class SamplingFields(Strict, StructuredFields):
             repetition_penalty=pick("repetition_penalty"), logit_bias=logit_bias, seed=seed,
             max_tokens=max_tokens, min_tokens=self.min_tokens, stop=stop,
             stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos, logprobs=logprobs,
+            prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs,
         )
 
     @property

@@ -15,6 +15,7 @@ from blink.frontend.engine_client import EngineClient, EngineUnavailable
 from blink.frontend.errors import APIError, error_body
 from blink.frontend.generation import GenerationContext
 from blink.frontend.metrics import FrontendMetrics
+from blink.frontend.prompt_logprobs import check_prompt_logprobs
 from blink.frontend.protocol import SamplingFields
 from blink.frontend.structured import StructuredOutputs
 from blink.frontend.text_workers import TextWorkers
@@ -57,7 +58,9 @@ class FrontendState:
     def check_fields(self, body: SamplingFields) -> None:
         """Field combinations the API refuses (each 400 names its field)."""
         if body.prompt_logprobs is not None:
-            raise APIError(400, "prompt_logprobs is not supported yet (no prompt logprobs)", "prompt_logprobs")
+            if body.stream:  # as vLLM: they come whole, with the response
+                raise APIError(400, "prompt_logprobs are not available when stream is true", "prompt_logprobs")
+            check_prompt_logprobs(self, body.prompt_logprobs, "prompt_logprobs")
         if body.return_hidden_states:
             raise APIError(400, "return_hidden_states is not supported", "return_hidden_states")
         if body.stream_options is not None and not body.stream:
@@ -110,10 +113,11 @@ class FrontendState:
         return requested
 
     def sampling_params(self, body: SamplingFields, prompt_ids: list[int], max_tokens: int | None,
-                        logprobs: int | None, choice_index: int) -> SamplingParams:
+                        logprobs: int | None, choice_index: int, prompt_logprobs: int | None = None) -> SamplingParams:
+        """prompt_logprobs: the prompt's top logprobs wanted (echo + logprobs); None: the body's field."""
         max_tokens = self.max_tokens_for(prompt_ids, max_tokens)
         try:
-            params = body.sampling_params(max_tokens, logprobs, choice_index)
+            params = body.sampling_params(max_tokens, logprobs, choice_index, prompt_logprobs)
         except ValueError as e:  # the message names the field: "top_p must be in (0, 1]"
             words = re.findall(r"[a-z_]+", str(e))
             raise APIError(400, str(e), next((w for w in words if w in type(body).model_fields), None)) from None

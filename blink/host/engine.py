@@ -118,7 +118,7 @@ class HostEngine(Engine):
         sampled = self.runner.execute(output)
         new = self.scheduler.update_from_output(output, sampled)
         self._steps += 1
-        self._tokens += len(new)
+        self._tokens += sum(not e.is_prompt for e in new)  # prompt events carry no generated token
         self._iteration_tokens[bisect.bisect_left(ITERATION_TOKEN_BOUNDS, output.num_tokens)] += 1
         self._iteration_tokens_sum += output.num_tokens
         for event in new:

@@ -51,8 +51,8 @@ class EgressProducer:
 def _encode_events(events: list[TokenEvent]) -> np.ndarray:
     records = np.zeros(len(events), TOKEN_DTYPE)
     names = ("req_id", "token_id", "position", "finish_reason", "logprob", "queue_us", "cached_tokens")
-    rows = [(e.req_id, e.token_id, e.position, int(e.finish_reason), e.logprob, e.queue_us, e.cached_tokens)
-            for e in events]
+    rows = [(e.req_id, e.token_id, e.position, int(e.finish_reason), e.logprob,
+             e.rank if e.is_prompt else e.queue_us, e.cached_tokens) for e in events]  # layout.py: prompt records
     for name, column in zip(names, zip(*rows, strict=True), strict=True):
         records[name] = _checked(column, TOKEN_DTYPE[name], name)
     for i, event in enumerate(events):
@@ -89,6 +89,9 @@ class EgressConsumer:
                 records["finish_reason"].tolist(), records["logprob"].tolist(), records["queue_us"].tolist(),
                 records["cached_tokens"].tolist(), strict=True)
         ]
+        prompt = (records["position"] < 0) & (records["finish_reason"] == 0)  # prompt records (layout.py)
+        for i in np.flatnonzero(prompt).tolist():  # their rank travels in queue_us
+            events[i].rank, events[i].queue_us = events[i].queue_us, 0
         for i, num_top in enumerate(records["num_top"].tolist()):
             if num_top:
                 events[i].top_ids = records["top_ids"][i, :num_top].tolist()

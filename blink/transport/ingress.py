@@ -17,7 +17,15 @@ from blink.request import (
     request_seed,
 )
 from blink.transport.grammar_staging import GrammarStaging
-from blink.transport.layout import ENGINE_MODE_DEVICE, FLAG_CONSTRAINT, FLAG_IGNORE_EOS, KIND_ABORT, KIND_REQUEST
+from blink.transport.layout import (
+    ENGINE_MODE_DEVICE,
+    FLAG_CONSTRAINT,
+    FLAG_IGNORE_EOS,
+    KIND_ABORT,
+    KIND_REQUEST,
+    PROMPT_LOGPROBS_MASK,
+    PROMPT_LOGPROBS_SHIFT,
+)
 from blink.transport.ring import DESCRIPTOR_DTYPE, HEAD_INDEX, TAIL_INDEX, _checked, _Ring, wait_for
 from blink.transport.shm import Segment
 
@@ -116,7 +124,9 @@ class IngressProducer:
             "prompt_len": len(prompt_ids), "num_logit_bias": len(params.logit_bias), "arena_len": arena_len,
             "max_tokens": params.max_tokens, "min_tokens": params.min_tokens,
             "flags": (FLAG_IGNORE_EOS if params.ignore_eos else 0)
-                     | (FLAG_CONSTRAINT if params.constraint is not None else 0),
+                     | (FLAG_CONSTRAINT if params.constraint is not None else 0)
+                     | ((params.prompt_logprobs + 1) << PROMPT_LOGPROBS_SHIFT if params.prompt_logprobs is not None
+                        else 0),
             "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
             "min_p": params.min_p, "presence_penalty": params.presence_penalty,
             "frequency_penalty": params.frequency_penalty, "repetition_penalty": params.repetition_penalty,
@@ -191,6 +201,8 @@ def _decode_request(record: dict, payload: np.ndarray) -> IngressItem:
         ignore_eos=bool(record["flags"] & FLAG_IGNORE_EOS),
         logprobs=None if record["num_logprobs"] < 0 else record["num_logprobs"],
         constraint=constraint,
+        prompt_logprobs=((record["flags"] & PROMPT_LOGPROBS_MASK) >> PROMPT_LOGPROBS_SHIFT) - 1
+        if record["flags"] & PROMPT_LOGPROBS_MASK else None,
     )
     return IngressItem("request", record["req_id"], payload[:prompt_len].tolist(), params)
 

@@ -27,6 +27,12 @@ FLAG_CONSTRAINT = 2  # structured output: host mode reads the constraint's text 
 # arena; device mode reads its compiled tables in the grammar staging slot the descriptor names
 # Structured outputs in device mode: one grammar staging slot per arena partition (blink/grammar/arena.py)
 GRAMMAR_SLOTS = 16
+# Prompt logprobs: flags bits 8-15 hold prompt_logprobs + 1 (0 = none). The engine answers
+# with one prompt record per prompt token after the first, before the first token's record: a TokenRecord
+# with position = -(prompt index), token_id the prompt token, its logprob and top logprobs, and its rank in
+# queue_us.
+PROMPT_LOGPROBS_SHIFT = 8
+PROMPT_LOGPROBS_MASK = 0xFF << PROMPT_LOGPROBS_SHIFT
 
 ENGINE_MODE_NONE = 0  # ControlBlock.engine_mode
 ENGINE_MODE_HOST = 1
@@ -79,7 +85,9 @@ class ControlBlock(C.Structure):
         ("num_buckets", C.c_uint32),  # captured graph buckets: their token counts follow
         ("dtype", C.c_uint32),  # for the start-up banner: an index into DTYPE_NAMES
         ("graphs_captured", C.c_uint32),  # 1 when the buckets are CUDA graphs, 0 when the model runs eagerly
-        ("_pad3", C.c_uint8 * 28),
+        # prompt logprobs: rows per step (0 = the engine refuses prompt logprobs)
+        ("prompt_logprob_rows", C.c_uint32),
+        ("_pad3", C.c_uint8 * 24),
         ("bucket_tokens", C.c_uint32 * MAX_PUBLISHED_BUCKETS),
         # line 5: tokens per engine step (vLLM's iteration_tokens_total): a count per ITERATION_TOKEN_BOUNDS
         # bucket (tokens <= bound, the last one unbounded) and their sum; written once per step

@@ -58,6 +58,12 @@ def reference(prompt: list[int], params: SamplingParams, vocab: int, eos: tuple[
             return out, reason
 
 
+def fake_prompt_entry(token: int, position: int, target: int, vocab: int) -> tuple[float, int, np.ndarray]:
+    """The harness's prompt logprob of `target` after `token` at `position`: (logprob, rank, top ids)."""
+    tops = (target + np.arange(MAX_TOP_LOGPROBS)) % vocab
+    return -0.5 - 0.01 * token - 0.001 * position, 1 + (token + target) % 7, tops
+
+
 @dataclass
 class Config:
     max_num_seqs: int = 4
@@ -77,11 +83,12 @@ class Config:
     peers: int = 0  # tensor-parallel ranks besides rank 0, whose buffers the scheduler writes too
     prefix_caching: bool = False  # share cached prefixes' blocks (csrc/sched_prefix.h)
     grammar_arena_bytes: int = 0  # structured outputs: the sampling state's grammar arena and the staging section
+    prompt_logprob_rows: int = 0  # prompt-logprob rows per step (StepBuffers.prompt_*)
 
 
-def _buffers(tmax: int, smax: int, mb: int) -> dict[str, np.ndarray]:
+def _buffers(tmax: int, smax: int, mb: int, prompt_rows: int = 0) -> dict[str, np.ndarray]:
     """A step-buffer set as the runtime allocates it (StepBuffers, on the CPU), as numpy views."""
-    buffers = StepBuffers.allocate(tmax, smax, mb, "cpu")
+    buffers = StepBuffers.allocate(tmax, smax, mb, "cpu", prompt_rows=prompt_rows)
     return {name: getattr(buffers, name).numpy() for name in structs.STEP_BUFFER_FIELDS}
 
 
@@ -116,7 +123,8 @@ class HostScheduler:
             max_model_len=c.max_model_len, block_size=c.block_size, num_blocks=c.num_blocks,
             max_blocks_per_seq=self.mb, max_requests=c.max_requests, vocab_size=c.vocab_size,
             num_buckets=len(c.buckets), num_eos=len(c.eos), trace_capacity=1, launches_per_kernel=119,
-            step_timeout_ns=10**9, enable_prefix_caching=int(c.prefix_caching))
+            step_timeout_ns=10**9, enable_prefix_caching=int(c.prefix_caching),
+            prompt_logprob_rows=c.prompt_logprob_rows)
         self.sampling_state, self.sampling = _sampling(c.max_num_seqs + 1, c.vocab_size, c.grammar_arena_bytes)
         structs.grammar_config(sc, self.sampling_state)
         for i, (t, s) in enumerate(c.buckets):
@@ -129,7 +137,7 @@ class HostScheduler:
         self.state = (_ptr(self._state_raw) + 255) // 256 * 256
         self.lib.blink_sched_init(self.state, C.byref(sc), 0, 0, 0)
         tmax, smax = c.buckets[-1][0], max(s for _, s in c.buckets)
-        self.buffers = [_buffers(tmax, smax, self.mb) for _ in range(2)]
+        self.buffers = [_buffers(tmax, smax, self.mb, c.prompt_logprob_rows) for _ in range(2)]
         p = structs.LoopParams(cfg=sc, state=self.state,
                                rings=structs.ring_pointers(self.seg.address, layout))
         for k in range(2):
@@ -250,6 +258,22 @@ class HostScheduler:
                 assert b["sample_positions"][s] == seq_len
                 if self.sampling["flags"][slot] & 1:  # what SamplingState.record_tokens does in the graph
                     self.sampling["output_counts"][slot, token] += 1
+        self.fake_prompt_logprobs(b, min(c.prompt_logprob_rows, t_pad), n)
+
+    def fake_prompt_logprobs(self, b: dict[str, np.ndarray], p: int, n: int) -> None:
+        """The prompt-logprob kernel's outputs as a function of the row's token, position and target
+        (fake_prompt_entry), so the records show whether the rows and targets were right."""
+        for k in range(p):
+            target = int(b["prompt_targets"][k])
+            if target < 0:
+                assert (b["prompt_targets"][k:p] == -1).all(), "padding rows come last"
+                return
+            q = int(b["prompt_rows"][k])
+            assert 0 <= q < n
+            lp, rank, tops = fake_prompt_entry(int(b["input_ids"][q]), int(b["positions"][q]), target,
+                                               self.cfg.vocab_size)
+            b["prompt_logprob"][k], b["prompt_rank"][k] = lp, rank
+            b["prompt_top_ids"][k], b["prompt_top_logprobs"][k] = tops, -np.arange(MAX_TOP_LOGPROBS) - 0.5
 
     # -- inspection ---------------------------------------------------------------------------------
     def info(self) -> dict[str, int]:

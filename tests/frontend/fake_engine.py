@@ -50,7 +50,8 @@ def step(running: dict, item_of: dict) -> list[TokenEvent]:
 def fake_limits(args) -> EngineLimits:
     """What a real engine would publish for the model dir's config.json (no model is loaded)."""
     config = json.loads((Path(args.model) / "config.json").read_text()) if args.model else {}
-    engine_args = EngineArgs(model=args.model, max_model_len=args.max_model_len)
+    # It computes no logits: no prompt-logprob rows, so the front end refuses prompt logprobs (400).
+    engine_args = EngineArgs(model=args.model, max_model_len=args.max_model_len, max_prompt_logprob_rows=0)
     return EngineLimits.resolve(engine_args, config.get("max_position_embeddings", 256),
                                 config.get("vocab_size", 256), num_kv_blocks=100)
 

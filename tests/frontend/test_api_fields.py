@@ -125,8 +125,10 @@ def test_request_id_header(client, http):
 REFUSED = [
     ("best_of > n", {"prompt": PROMPT, "best_of": 3, "n": 1}, "best_of"),
     ("best_of < n", {"prompt": PROMPT, "best_of": 1, "n": 2}, "best_of"),
-    ("prompt_logprobs", {"prompt": PROMPT, "prompt_logprobs": 1}, "prompt_logprobs"),
-    ("echo with logprobs", {"prompt": PROMPT, "echo": True, "logprobs": 1}, "echo"),
+    ("prompt_logprobs (no prompt-logprob rows)", {"prompt": PROMPT, "prompt_logprobs": 1}, "prompt_logprobs"),
+    ("echo with logprobs (no prompt-logprob rows)", {"prompt": PROMPT, "echo": True, "logprobs": 1}, "logprobs"),
+    ("prompt_logprobs > 20", {"prompt": PROMPT, "prompt_logprobs": 21}, "prompt_logprobs"),
+    ("prompt_logprobs with stream", {"prompt": PROMPT, "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
     ("stop_token_ids out of vocab", {"prompt": PROMPT, "stop_token_ids": [10**6]}, "stop_token_ids"),
     ("stream_options without stream", {"prompt": PROMPT, "stream_options": {"include_usage": True}},
      "stream_options"),

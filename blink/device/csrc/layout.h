@@ -42,6 +42,7 @@ constexpr uint32_t kFlagIgnoreEos = 1;
 constexpr uint32_t kFlagConstraint = 2;  // structured output: its tables are in descriptor.grammar_slot
 // Structured outputs in device mode: one grammar staging slot per grammar arena partition.
 constexpr int kGrammarSlots = 16;
+constexpr uint32_t kPromptLogprobsMask = 0xFFu << 8;  // prompt logprobs: N + 1 (0 = none), layout.py
 
 constexpr uint32_t kEngineModeNone = 0;
 constexpr uint32_t kEngineModeHost = 1;
@@ -102,7 +103,9 @@ struct ControlBlock {
   uint32_t num_buckets;  // captured graph buckets: their token counts follow
   uint32_t dtype;  // for the start-up banner: an index into layout.py's DTYPE_NAMES
   uint32_t graphs_captured;  // 1 when the buckets are CUDA graphs, 0 when the model runs eagerly
-  uint8_t _pad3[28];
+  // prompt logprobs: rows per step (0 = the engine refuses prompt logprobs)
+  uint32_t prompt_logprob_rows;
+  uint8_t _pad3[24];
   uint32_t bucket_tokens[kMaxPublishedBuckets];
   // line 5: tokens per engine step (vLLM's iteration_tokens_total): a count per bucket of iteration_bucket()
   // (tokens <= bound, the last one unbounded) and their sum; written once per step

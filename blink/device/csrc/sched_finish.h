@@ -42,18 +42,34 @@ BLINK_HD inline void finish_rows(const Team& t, SchedState* s, const SchedConfig
   }
 }
 
-// Team: the sampling rows' records, in row order, in as few chunks as the ring's room allows (one in
-// steady state). Entries of finished rows may already be freed: their desc and num_generated remain.
+// Prompt logprobs: record k of the step's prompt rows (StepBuffers.prompt_*): prompt token `index` of its
+// row's request, position -index, its rank where a token record has queue_us (transport/layout.py).
+BLINK_HD inline void write_prompt_record(const SchedState* s, const RingPtrs& rp, const StepBufferPtrs& b, int k,
+                                         uint64_t index_in_ring) {
+  const int q = (int)b.prompt_rows[k], row = row_of_query(s, q);
+  const RequestEntry& r = s->entries[s->row_entry[row]];
+  const int index = s->row_start[row] + q - s->row_qstart[row] + 1;
+  write_record(rp, index_in_ring, r.desc.req_id, (int32_t)b.prompt_targets[k], -index, kFinishNone,
+               load_volatile(b.prompt_logprob + k), 0, b.prompt_num_top[k], b.prompt_top_ids + (int64_t)k * kMaxTopLogprobs,
+               b.prompt_top_logprobs + (int64_t)k * kMaxTopLogprobs, (uint32_t)load_volatile(b.prompt_rank + k));
+}
+
+// Team: the step's prompt records (prompt logprobs), then the sampling rows' records, in row order, in as
+// few chunks as the ring's room allows (one in steady state). Entries of finished rows may already be
+// freed: their desc and num_generated remain.
 BLINK_HD inline void write_step_records(const Team& t, SchedState* s, const RingPtrs& rp, const StepBufferPtrs& b) {
-  const int rows = load_volatile(&s->plan_rows), n = load_volatile(&s->num_records);
+  const int rows = load_volatile(&s->plan_rows), np = load_volatile(&s->plan_prompt_rows);
+  const int n = np + load_volatile(&s->num_records);
   for (int done = 0; done < n;) {
     if (t.leader()) s->chunk = (int32_t)egress_reserve(s, rp, (uint64_t)(n - done));
     t.sync();
     const int chunk = load_volatile(&s->chunk);
     if (chunk == 0) return;  // stopping while the reader is gone: the records are dropped
+    for (int k = done + t.rank; k < np && k < done + chunk; k += t.size)
+      write_prompt_record(s, rp, b, k, s->egress_tail + (k - done));
     for (int row = t.rank; row < rows; row += t.size) {
-      const int k = s->row_record[row] - done;
-      if (k < 0 || k >= chunk) continue;
+      const int k = np + s->row_record[row] - done;
+      if (s->row_record[row] < 0 || k < 0 || k >= chunk) continue;
       const RequestEntry& r = s->entries[s->row_entry[row]];
       const int num_top = num_top_for(r.desc);
       write_record(rp, s->egress_tail + k, r.desc.req_id, (int32_t)load_volatile(b.sampled_ids + row),
@@ -98,7 +114,7 @@ BLINK_HD inline void update_from_output(const Team& t, SchedState* s, const Sche
     const int bucket = iteration_bucket(s->plan_tokens);  // two posted stores: /metrics' step-size histogram
     store_volatile(&rp.control->iteration_tokens[bucket], ++s->iteration_tokens[bucket]);
     store_volatile(&rp.control->iteration_tokens_sum, s->iteration_tokens_sum += s->plan_tokens);
-    s->plan_rows = s->plan_tokens = 0;
+    s->plan_rows = s->plan_tokens = s->plan_prompt_rows = 0;
     s->steps++;
     if (publish_now) publish(s, c, rp);
   }
@@ -116,7 +132,7 @@ BLINK_HD inline void fail_step(SchedState* s, const SchedConfig& c, const RingPt
     egress_write(s, rp, r.desc.req_id, -1, r.num_generated, kFinishError, r.num_cached_tokens);
     finish_entry(s, c, e);
   }
-  s->plan_rows = s->plan_tokens = 0;
+  s->plan_rows = s->plan_tokens = s->plan_prompt_rows = 0;
   publish(s, c, rp);
 }
 

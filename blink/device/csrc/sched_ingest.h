@@ -14,6 +14,7 @@ BLINK_HD inline int descriptor_problem(const RequestDescriptor& d, const SchedCo
   if (d.prompt_len == 0 || d.prompt_len >= (uint32_t)c.max_model_len) return 1;
   if (d.num_stop_ids > (uint32_t)kMaxStopIds || d.num_logit_bias > (uint32_t)kMaxLogitBias) return 2;
   if (is_constrained(d) && !grammar_fields_ok(d, c, rp)) return 6;  // its tables are not (validly) staged
+  if (prompt_top_for(d) > (c.prompt_logprob_rows > 0 ? kMaxTopLogprobs : -1)) return 7;  // prompt logprobs
   if (d.arena_len != d.prompt_len + 2 * d.num_logit_bias || d.arena_len > rp.arena_capacity) return 3;
   if (d.max_tokens < 1 || d.min_tokens > d.max_tokens) return 4;
   uint64_t longest = (uint64_t)d.prompt_len + d.max_tokens;

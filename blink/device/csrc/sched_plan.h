@@ -14,6 +14,7 @@ BLINK_HD inline void plan_add_row(SchedState* s, int e, int start, int len) {
   s->row_len[row] = len;
   s->entries[e].planned_row = row;
   s->plan_tokens += len;
+  s->plan_prompt_rows += entry_prompt_rows(s->entries[e], start, len);
 }
 
 // Take a preemption victim's row back out of the step; returns the tokens it gives back.
@@ -21,6 +22,7 @@ BLINK_HD inline int plan_drop_row(SchedState* s, int e) {
   int row = s->entries[e].planned_row;
   if (row < 0) return 0;
   int len = s->row_len[row];
+  s->plan_prompt_rows -= entry_prompt_rows(s->entries[e], s->row_start[row], len);
   for (int r = row; r + 1 < s->plan_rows; ++r) {
     s->row_entry[r] = s->row_entry[r + 1];
     s->row_start[r] = s->row_start[r + 1];
@@ -44,7 +46,8 @@ BLINK_HD inline int plan_running(SchedState* s, const SchedConfig& c) {
     const int e = s->order[i];
     RequestEntry& r = s->entries[e];
     if (r.status != kRunning) continue;  // preempted earlier in this loop
-    int n = entry_remaining(r) < budget ? entry_remaining(r) : budget;
+    int n = prompt_cap(s, c, r, r.num_computed, entry_remaining(r) < budget ? entry_remaining(r) : budget);
+    if (n == 0) continue;
     while (!grow_blocks(s, c, e, r.num_computed + n)) {
       const int victim = s->running[s->running_count - 1];
       budget += plan_drop_row(s, victim);
@@ -109,7 +112,7 @@ BLINK_HD inline bool plan_decodes_fast(const Team& t, SchedState* s, const Sched
 // row's first query index.
 BLINK_HD inline void schedule(const Team& t, SchedState* s, const SchedConfig& c) {
   if (t.leader()) {
-    s->plan_rows = s->plan_tokens = s->num_jobs = 0;
+    s->plan_rows = s->plan_tokens = s->num_jobs = s->plan_prompt_rows = 0;
     s->plan_bucket = -1;
   }
   t.sync();
@@ -125,9 +128,13 @@ BLINK_HD inline void schedule(const Team& t, SchedState* s, const SchedConfig& c
     // Any admission needs a fresh block (for its last token, at least): skip the match while the pool is
     // exhausted, the common case of a waiting queue under memory pressure.
     if (free_block_count(s) == 0) break;
-    const PrefixMatch m = prefix_match_admit(s, c, e, s->num_jobs);  // the cached prefix (issue 16)
+    // With prompt logprobs it skips the cache: cached positions would have no logits.
+    const bool plp = prompt_top_for(r.desc) >= 0 && r.num_generated == 0;  // Sequence.wants_prompt_logprobs
+    const PrefixMatch m = plp ? PrefixMatch{0, 0, 0, -1, 0, nullptr, -1}
+                              : prefix_match_admit(s, c, e, s->num_jobs);  // the cached prefix (issue 16)
     const int cached = m.num_blocks * c.block_size, rest = entry_num_tokens(r) - cached;
-    int n = rest < budget ? rest : budget;
+    const int n = prompt_cap(s, c, r, cached, rest < budget ? rest : budget);
+    if (n == 0) break;  // FCFS: it waits for a step with prompt-logprob rows left
     const int need = (cached + n + c.block_size - 1) / c.block_size - m.num_blocks;
     if (need > free_block_count(s) - m.num_in_lru) break;  // never preempt to admit
     waiting_pop_front(s, c);
@@ -140,7 +147,15 @@ BLINK_HD inline void schedule(const Team& t, SchedState* s, const SchedConfig& c
     r.slot = s->free_slots[--s->free_slot_top];
     r.num_blocks = 0;
     s->running[s->running_count++] = e;
-    prefix_admit(s, c, e, m);  // before growing: the hit's blocks leave the LRU, never evicted here
+    if (plp) {  // Scheduler.schedule's uncached admission: no lookup counted, its blocks chain afresh
+      r.num_computed = r.num_hashed = 0;
+      r.chain_hash = 0;
+      r.chain_parent = -1;
+      r.chain_parent_gen = 0;
+      if (r.num_cached_tokens < 0) r.num_cached_tokens = 0;
+    } else {
+      prefix_admit(s, c, e, m);  // before growing: the hit's blocks leave the LRU, never evicted here
+    }
     grow_blocks(s, c, e, cached + n);
     s->job_entry[s->num_jobs++] = e;
     plan_add_row(s, e, r.num_computed, n);
@@ -267,6 +282,27 @@ BLINK_HD inline void write_inputs(const Team& t, SchedState* s, const SchedConfi
     const int end = s->row_start[row] + s->row_len[row];
     if (j * bs >= end) continue;
     b.block_tables[(int64_t)row * mb + j] = slot_blocks(s, c, s->entries[s->row_entry[row]].slot)[j];
+  }
+  // Prompt logprobs (ModelRunner.prompt_inputs): each planned row's prompt positions, in row order, then
+  // padding (target -1) up to the min(P, T) rows the bucket's graph reads.
+  const int P = c.prompt_logprob_rows < T ? c.prompt_logprob_rows : T;
+  int k0 = 0;
+  for (int row = 0; row < rows && k0 < s->plan_prompt_rows; ++row) {
+    const int e = s->row_entry[row];
+    const RequestEntry& r = s->entries[e];
+    const int n = entry_prompt_rows(r, s->row_start[row], s->row_len[row]);
+    const int32_t* toks = entry_tokens(s, c, e);
+    for (int j = t.rank; j < n; j += t.size) {
+      b.prompt_rows[k0 + j] = s->row_qstart[row] + j;
+      b.prompt_targets[k0 + j] = toks[s->row_start[row] + j + 1];
+      b.prompt_num_top[k0 + j] = prompt_top_for(r.desc);
+    }
+    k0 += n;
+  }
+  for (int k = k0 + t.rank; k < P; k += t.size) {
+    b.prompt_rows[k] = 0;
+    b.prompt_targets[k] = -1;
+    b.prompt_num_top[k] = 0;
   }
 }
 

@@ -14,6 +14,19 @@ BLINK_HD inline int32_t* slot_blocks(SchedState* s, const SchedConfig& c, int sl
 }
 BLINK_HD inline int entry_num_tokens(const RequestEntry& r) { return (int)r.desc.prompt_len + r.num_generated; }
 BLINK_HD inline int entry_remaining(const RequestEntry& r) { return entry_num_tokens(r) - r.num_computed; }
+// Prompt logprobs (blink/core/sequence.py): the top-N a request asks for (-1: none, flags bits 8-15 hold N + 1),
+// and the rows a chunk [start, start + n) needs until the first token is out (Sequence.prompt_rows).
+BLINK_HD inline int prompt_top_for(const RequestDescriptor& d) { return (int)((d.flags & kPromptLogprobsMask) >> 8) - 1; }
+BLINK_HD inline int entry_prompt_rows(const RequestEntry& r, int start, int n) {
+  if (prompt_top_for(r.desc) < 0 || r.num_generated > 0) return 0;
+  const int k = (int)r.desc.prompt_len - 1 - start;
+  return k < 0 ? 0 : k < n ? k : n;
+}
+// n cut so the chunk's prompt rows fit in what the step being planned has left (0: it waits).
+BLINK_HD inline int prompt_cap(const SchedState* s, const SchedConfig& c, const RequestEntry& r, int start, int n) {
+  const int left = c.prompt_logprob_rows - s->plan_prompt_rows;
+  return entry_prompt_rows(r, start, n) <= left ? n : left;
+}
 BLINK_HD inline bool entry_is_decode(const RequestEntry& r) {
   return entry_remaining(r) == 1 && r.num_generated > 0;
 }

@@ -50,7 +50,7 @@ struct SchedConfig {
   int32_t eos_ids[kMaxEos];
   int64_t step_timeout_ns;  // a forward that never signals is an error, not a hang
   int32_t enable_prefix_caching;  // share cached prompt prefixes' KV blocks (sched_prefix.h)
-  int32_t reserved;
+  int32_t prompt_logprob_rows;  // prompt logprobs: rows per step (StepBuffers.prompt_*), 0 = refused
   // Structured outputs (sched_grammar.h): the grammar arena's geometry (blink/grammar/arena.py), 0 slots = none
   int32_t grammar_slots;
   int32_t grammar_states_per_slot;
@@ -79,6 +79,14 @@ struct StepBufferPtrs {  // blink.core.step_buffers.StepBuffers, field order
   float* logprobs;
   int64_t* top_ids;
   float* top_logprobs;
+  // prompt logprobs: [prompt_logprob_rows] (the last two [.][kMaxTopLogprobs])
+  int64_t* prompt_rows;
+  int64_t* prompt_targets;
+  int32_t* prompt_num_top;
+  float* prompt_logprob;
+  int32_t* prompt_rank;
+  int64_t* prompt_top_ids;
+  float* prompt_top_logprobs;
 };
 
 struct SamplingPtrs {  // blink.kernels.sampling_state.SamplingState tensors
@@ -217,6 +225,7 @@ struct SchedState {
   int32_t stopping, launches_this_kernel, idle_ns, num_staged, num_consumed, pending_complete;
   int32_t plan_rows, plan_tokens, plan_bucket, num_jobs;
   int32_t fast_plan, not_decode, num_records, chunk;  // team scratch: plan fast path, egress chunking
+  int32_t plan_prompt_rows, reserved_prompt;  // prompt logprobs: rows the step being built uses
   // Prefix caching: the evictable LRU (cached blocks nobody holds; a list through lru_prev/lru_next,
   // oldest at the head), the hash table's mask, counters, and reset commands seen / applied.
   int32_t lru_head, lru_tail, lru_count, hash_mask;
