@@ -6,6 +6,7 @@ import torch
 from blink import kernels
 from blink.kernels import gemv
 from blink.kernels.gemv import GemvConfig, GemvPlan, gemv_ref, gemv_triton
+from blink.model import fusion
 from blink.model.fusion import FusionPolicy, apply_fusion_policy
 from blink.model.weights import load_model
 from tests.model.paged import PagedDriver
@@ -94,6 +95,7 @@ def test_model_on_the_gemv_gives_the_reference_logits(monkeypatch, preset):
     real = gemv.gemv_triton
     monkeypatch.setattr(kernels, "gemv_triton", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
     monkeypatch.setattr(kernels, "_triton_device", lambda x: True)
+    monkeypatch.setattr(fusion, "default_config", lambda n, k: GemvConfig(block_n=32, block_k=32))  # fewer programs
     apply_fusion_policy(model, FusionPolicy.parse("all"))
     driver = PagedDriver(model)
     for step, c in enumerate(chunks):
