@@ -28,8 +28,8 @@ from blink.kernels.rmsnorm import rms_norm_triton
 from blink.model.fusion import PROJECTIONS, FusionPolicy, apply_fusion_policy
 
 PROLOGUE_OF = {"qkv": "add_norm", "o": "none", "gate_up": "add_norm", "down": "silu_mul", "lm_head": "none"}
-SWEEP = [GemvConfig(block_n=4, block_k=1024), GemvConfig(block_n=16, block_k=256),
-         GemvConfig(block_n=8, block_k=512, num_warps=8), GemvConfig(block_n=8, block_k=512, num_stages=3)]
+SWEEP = [GemvConfig(block_n=8, block_k=512), GemvConfig(block_n=16, block_k=256), GemvConfig(block_n=2, block_k=2048),
+         GemvConfig(block_n=8, block_k=512, num_warps=8), GemvConfig(block_n=4, block_k=1024, num_stages=3)]
 LEVERS = {"baseline": ("", False), "pdl": ("", True), "gemv": ("all", False), "gemv+pdl": ("all", True)}
 
 

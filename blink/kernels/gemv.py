@@ -33,6 +33,7 @@ from blink.kernels.rmsnorm import rms_norm_ref
 MAX_M = 8  # M multiply-adds per weight element on CUDA cores stay under the HBM stream up to about here
 PROLOGUES = {"none": 0, "norm": 1, "add_norm": 2, "silu_mul": 3}
 _NUM_SMS_H200 = 132
+_RESIDENT_PER_SM = 4  # programs of ~114 registers x 128 threads per SM (ptxas, sm_90)
 
 
 @dataclass(frozen=True)
@@ -45,19 +46,27 @@ class GemvConfig:
 
 @dataclass(frozen=True)
 class GemvPlan:
-    """What a linear layer decided at load time: take calls of up to max_m rows, with this config."""
+    """What a linear layer decided at load time: take calls of up to max_m rows, with this config (None:
+    default_config of the call's shape, which depends on M too)."""
 
-    config: GemvConfig
+    config: GemvConfig | None = None
     max_m: int = MAX_M
 
 
-def default_config(n: int, k: int) -> GemvConfig:
-    """8 KB W tiles (BLOCK_N x BLOCK_K bf16), narrowed until the grid has >= 4 programs per SM."""
-    block_k = min(512, triton.next_power_of_2(k))
-    block_n = 8
-    while block_n > 2 and triton.cdiv(n, block_n) < 4 * _NUM_SMS_H200:
-        block_n //= 2
-    return GemvConfig(block_n=block_n, block_k=block_k)
+def _last_wave_fill(programs: int) -> float:
+    slots = _RESIDENT_PER_SM * _NUM_SMS_H200
+    return programs / (triton.cdiv(programs, slots) * slots)
+
+
+def default_config(n: int, k: int, m: int = 1) -> GemvConfig:
+    """W tiles of 4096 elements (8 KB in bf16). One or two rows: 4 x 1024 first (one W row per warp, so the
+    reduction over K stays inside a warp: 64 registers, ptxas). Each program re-reads x from L2, M / BLOCK_N
+    of the weight traffic, so more rows want wider tiles. The first width whose programs fill the last wave
+    to >= 90% (a part-empty last wave leaves HBM idle), else the best-filling one."""
+    widths = (4, 8, 2) if m <= 2 else (16, 8)
+    full = [bn for bn in widths if _last_wave_fill(triton.cdiv(n, bn)) >= 0.9]
+    block_n = full[0] if full else max(widths, key=lambda bn: _last_wave_fill(triton.cdiv(n, bn)))
+    return GemvConfig(block_n=block_n, block_k=min(4096 // block_n, triton.next_power_of_2(k)))
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, prologue: str = "none") -> bool:
@@ -106,7 +115,7 @@ def _gemv_kernel(
     x_ptr, r_ptr, nw_ptr, w_ptr, bias_ptr, out_ptr, new_r_ptr,
     M, N, K, stride_xm, stride_rm, stride_wn, stride_om, eps,
     PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -120,8 +129,8 @@ def _gemv_kernel(
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:  # pass 1: each row's sum of squares (and program 0 stores x + r)
         sq = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            k = k0 + ks
+        for k0 in range(0, K, NORM_K):  # wide chunks: few L2 round trips before the weight stream
+            k = k0 + tl.arange(0, NORM_K)
             mask = (rows < M)[:, None] & (k < K)[None, :]
             x = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=mask, other=0.0)
             if PROLOGUE == 2:
@@ -167,7 +176,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     assert (prologue in ("norm", "add_norm")) == (norm_weight is not None)
     m = x.shape[0]
     n, k = weight.shape
-    config = config or default_config(n, k)
+    config = config or default_config(n, k, m)
+    block_m = triton.next_power_of_2(m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     new_residual = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else out
     if residual is not None:
@@ -179,7 +189,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         m, n, k, x.stride(0), residual.stride(0) if residual is not None else 0, weight.stride(0), out.stride(0),
         eps,
         PROLOGUE=PROLOGUES[prologue], HAS_BIAS=bias is not None, USE_PDL=use_pdl,
-        BLOCK_M=triton.next_power_of_2(m), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        NORM_K=min(triton.next_power_of_2(k), max(config.block_k, 4096 // block_m)),
         num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=use_pdl,
     )
     return (out, new_residual) if prologue == "add_norm" else out

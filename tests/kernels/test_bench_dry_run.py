@@ -32,7 +32,6 @@ def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     from bench.kernels import fusion
     from blink import kernels
     from blink.kernels import gemv
-    from blink.model import fusion as model_fusion
 
     monkeypatch.setattr(bench, "DEVICE", "cpu")
     monkeypatch.setattr(bench, "DTYPE", torch.float16)
@@ -40,9 +39,7 @@ def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     monkeypatch.setattr(bench, "copies_for", lambda nbytes: 1)
     monkeypatch.setattr(kernels, "_triton_device", lambda x: True)  # the model's GEMV path, interpreted
     # Wide tiles: the interpreter's time goes with the number of programs.
-    wide = lambda n, k: gemv.GemvConfig(block_n=64, block_k=64)
-    monkeypatch.setattr(gemv, "default_config", wide)
-    monkeypatch.setattr(model_fusion, "default_config", wide)
+    monkeypatch.setattr(gemv, "default_config", lambda n, k, m: gemv.GemvConfig(block_n=64, block_k=64))
     monkeypatch.setattr(fusion, "SWEEP", [gemv.GemvConfig(block_n=32, block_k=32)])
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
     monkeypatch.setattr(sys, "argv", ["fusion", "--model", "tiny-llama", "--context", "40", "--max-model-len", "64",

@@ -76,7 +76,8 @@ def _compile_all() -> None:
     for prologue, block_m, pdl in [(0, 1, False), (1, 1, True), (2, 8, True), (3, 4, False), (3, 2, True)]:
         for block_n, block_k, num_warps in [(8, 512, 4), (4, 1024, 8), (16, 256, 4)]:
             check(gemv._gemv_kernel, gemv_ptrs, dict(PROLOGUE=prologue, HAS_BIAS=prologue == 0, BLOCK_M=block_m,
-                  BLOCK_N=block_n, BLOCK_K=block_k), pdl=pdl, num_warps=num_warps, num_stages=1)
+                  BLOCK_N=block_n, BLOCK_K=block_k, NORM_K=max(block_k, 4096 // block_m)), pdl=pdl,
+                  num_warps=num_warps, num_stages=1)
 
 
 def test_kernels_compile_for_sm90():

@@ -2,11 +2,11 @@
 interpreter; the load-time policy (blink/model/fusion.py); the model with every projection on the GEMV."""
 import pytest
 import torch
+import triton
 
 from blink import kernels
 from blink.kernels import gemv
 from blink.kernels.gemv import GemvConfig, GemvPlan, gemv_ref, gemv_triton
-from blink.model import fusion
 from blink.model.fusion import FusionPolicy, apply_fusion_policy
 from blink.model.weights import load_model
 from tests.model.paged import PagedDriver
@@ -58,11 +58,22 @@ def test_supports_only_decode_shapes():
     assert not gemv.supports(torch.zeros(2, 60), torch.zeros(32, 60))  # K % 8: no 16-byte rows
 
 
-def test_default_config_covers_the_gpu_and_fits_k():
-    for n, k in [(6144, 4096), (4096, 14336), (128256, 4096), (64, 48)]:
-        config = gemv.default_config(n, k)
-        assert config.block_k <= max(512, k) and config.block_k & (config.block_k - 1) == 0
-        assert -(-n // config.block_n) >= 4 * 132 or config.block_n == 2
+def test_default_config_fills_the_last_wave_and_widens_with_m():
+    slots = 4 * 132
+
+    def fill(n, bn):
+        programs = triton.cdiv(n, bn)
+        return programs / (triton.cdiv(programs, slots) * slots)
+    for n, k in [(6144, 4096), (4096, 14336), (28672, 4096), (128256, 4096), (64, 48)]:
+        for m in (1, 2, 8):
+            config = gemv.default_config(n, k, m)
+            assert config.block_n * config.block_k == 4096 or config.block_k == triton.next_power_of_2(k)
+            widths = (4, 8, 2) if m <= 2 else (16, 8)
+            assert fill(n, config.block_n) >= min(0.9, max(fill(n, w) for w in widths))
+    for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:  # llama3-8b
+        assert gemv.default_config(n, k, 1) == GemvConfig(block_n=4, block_k=1024)
+    assert gemv.default_config(6144, 4096, 8).block_n == 16  # 384 programs of 16 rows fill 73% of a wave
+    assert gemv.default_config(4096, 4096, 8).block_n == 8  # 256 programs of 16 would fill 48%
 
 
 def test_policy_parsing_and_load_time_choice():
@@ -95,7 +106,7 @@ def test_model_on_the_gemv_gives_the_reference_logits(monkeypatch, preset):
     real = gemv.gemv_triton
     monkeypatch.setattr(kernels, "gemv_triton", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
     monkeypatch.setattr(kernels, "_triton_device", lambda x: True)
-    monkeypatch.setattr(fusion, "default_config", lambda n, k: GemvConfig(block_n=32, block_k=32))  # fewer programs
+    monkeypatch.setattr(gemv, "default_config", lambda n, k, m: GemvConfig(block_n=32, block_k=32))  # fewer programs
     apply_fusion_policy(model, FusionPolicy.parse("all"))
     driver = PagedDriver(model)
     for step, c in enumerate(chunks):
