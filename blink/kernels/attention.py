@@ -77,7 +77,6 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    pdl_wait(USE_PDL)
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
 
@@ -93,6 +92,9 @@ def _paged_attention_kernel(
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)  # issued with the loads above, not after the branch below
     q_first = (tile - (q_start // BLOCK_Q + seq)) * BLOCK_Q  # first query of this tile within the seq
+    # The step's metadata above predates the graph's kernels, so it is read before the wait (pdl.py);
+    # q and the new tokens' KV come from the kernel before. Every program waits before it may exit.
+    pdl_wait(USE_PDL)
     if q_first >= q_len:
         return
     context = seq_len - q_len
@@ -153,9 +155,10 @@ def _paged_attention_kernel(
 def _merge_splits_kernel(partial_ptr, max_ptr, sum_ptr, out_ptr, query_start_loc_ptr, num_seqs,
                          stride_ot, stride_oh, head_dim,
                          NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
-    pdl_wait(USE_PDL)
     token, head = tl.program_id(0), tl.program_id(1)
-    if token >= tl.load(query_start_loc_ptr + num_seqs):
+    num_tokens = tl.load(query_start_loc_ptr + num_seqs)  # a step input: before the wait (pdl.py)
+    pdl_wait(USE_PDL)
+    if token >= num_tokens:
         return  # padding token: its partials were never written
     row = token.to(tl.int64) * tl.num_programs(1) + head
     splits = tl.arange(0, NUM_SPLITS)

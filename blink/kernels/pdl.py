@@ -6,11 +6,15 @@ then block in `griddepcontrol.wait` until the previous kernel has finished and i
 That hides the launch latency and the ramp-up between kernels, which CUDA graphs alone do not. Stream
 capture turns the launch attribute into a programmatic edge of the graph, so captured steps keep it.
 
-Every kernel launched with PDL must call `pdl_wait` before touching activations (tests/kernels checks each
-one does). Kernels launched without it (cuBLAS) wait for their predecessor as usual, so a PDL kernel after
-a GEMM is correct too. Hopper and later only; `BLINK_PDL=1` turns it on (default off until the GPU bench,
-bench/kernels/fusion.py, says it wins). The switch is read at each launch on the host, i.e. when a graph is
-captured, never per replayed step.
+Every kernel launched with PDL must call `pdl_wait` in every program before it exits and before it
+touches what the kernel just before it may write (test_compile_sm90 checks that the PDL variants wait).
+pdl_wait waits first and only then lets the next kernel launch, so when a kernel starts, every kernel two
+or more places before it has finished: what they wrote, and the step's inputs written before the graph
+(positions, slots, block tables, seq lens), may be read before the wait. Kernels launched without PDL
+(cuBLAS) wait for their predecessor as usual, so a PDL kernel after a GEMM is correct too. Hopper and
+later only; `BLINK_PDL=1` turns it on (default off until the GPU bench, bench/kernels/fusion.py, says it
+wins). The switch is read at each launch on the host, i.e. when a graph is captured, never per replayed
+step.
 """
 from __future__ import annotations
 

@@ -122,7 +122,6 @@ def _rope_and_write_kv_kernel(
     HAS_NORM: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    pdl_wait(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token)
     slot = tl.load(slot_mapping_ptr + token)
@@ -130,6 +129,7 @@ def _rope_and_write_kv_kernel(
     cols = tl.arange(0, BLOCK_HALF)
     cos = tl.load(cos_sin_ptr + pos * 2 * half + cols, mask=cols < half, other=0.0)[None, :]
     sin = tl.load(cos_sin_ptr + pos * 2 * half + half + cols, mask=cols < half, other=0.0)[None, :]
+    pdl_wait(USE_PDL)  # positions, slots and the table predate the graph's kernels (pdl.py); q, k, v do not
     _norm_rotate_heads(q_ptr, q_norm_ptr, token, stride_qt, stride_qh, num_q_heads, cos, sin, half, eps,
                        HAS_NORM, BLOCK_QH, BLOCK_HALF)
     k1, k2 = _norm_rotate_heads(k_ptr, k_norm_ptr, token, stride_kt, stride_kh, num_kv_heads, cos, sin, half,
