@@ -29,7 +29,8 @@ from blink.model.fusion import PROJECTIONS, FusionPolicy, apply_fusion_policy
 
 PROLOGUE_OF = {"qkv": "add_norm", "o": "none", "gate_up": "add_norm", "down": "silu_mul", "lm_head": "none"}
 SWEEP = [GemvConfig(block_n=8, block_k=512), GemvConfig(block_n=16, block_k=256), GemvConfig(block_n=2, block_k=2048),
-         GemvConfig(block_n=8, block_k=512, num_warps=8), GemvConfig(block_n=4, block_k=1024, num_stages=3)]
+         GemvConfig(block_n=8, block_k=512, num_warps=8), GemvConfig(block_n=4, block_k=1024, num_stages=3),
+         GemvConfig(block_n=16, block_k=256, dot=True), GemvConfig(block_n=32, block_k=128, dot=True)]
 LEVERS = {"baseline": ("", False), "pdl": ("", True), "gemv": ("all", False), "gemv+pdl": ("all", True)}
 
 
@@ -62,7 +63,8 @@ def bench_projection(name: str, k: int, n: int, m: int, sweep: bool) -> dict[str
                 "gemv + pdl": (new(None), True)}
     if sweep:
         for config in SWEEP:
-            label = f"gemv n{config.block_n} k{config.block_k} w{config.num_warps} s{config.num_stages}"
+            label = (f"gemv n{config.block_n} k{config.block_k} w{config.num_warps} s{config.num_stages}"
+                     + (" dot" if config.dot else ""))
             variants[label] = (new(config), False)
     results = {}
     for label, (fn, pdl) in variants.items():

@@ -42,6 +42,8 @@ class GemvConfig:
     block_k: int = 512
     num_warps: int = 4
     num_stages: int = 1  # the double buffer is explicit; >1 lets Triton's pipeliner add its own
+    dot: bool = False  # tensor cores: acc^T = W x^T with W as the A operand, x padded to 16 rows (needs
+    #                    block_n >= 16); a variant for the bench to weigh against the CUDA-core FMAs at M > 2
 
 
 @dataclass(frozen=True)
@@ -111,11 +113,32 @@ def _x_row(x_ptr, r_ptr, nw_ptr, m, M, k, k_mask, stride_xm, stride_rm, rstd_m, 
 
 
 @triton.jit
+def _x_tile(x_ptr, r_ptr, nw_ptr, rows, M, k, k_mask, stride_xm, stride_rm, rstd, K, PROLOGUE: tl.constexpr):
+    """prologue(x) for all rows at once, in x's dtype (the tensor-core variant's B operand)."""
+    dtype = x_ptr.dtype.element_ty
+    mask = (rows < M)[:, None] & k_mask[None, :]
+    offs = rows[:, None] * stride_xm + k[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if PROLOGUE == 2:
+        r = tl.load(r_ptr + rows[:, None] * stride_rm + k[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        w = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        x = ((x.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32) * w).to(dtype)
+    if PROLOGUE == 3:
+        gate = x.to(tl.float32)
+        up = tl.load(x_ptr + offs + K, mask=mask, other=0.0).to(tl.float32)
+        x = (gate * tl.sigmoid(gate) * up).to(dtype)
+    return x
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, r_ptr, nw_ptr, w_ptr, bias_ptr, out_ptr, new_r_ptr,
     M, N, K, stride_xm, stride_rm, stride_wn, stride_om, eps,
     PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -144,13 +167,18 @@ def _gemv_kernel(
 
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # one row: reduce over K once, after the loop
+    acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # the tensor-core variant's W x^T
     for k0 in range(0, K, BLOCK_K):
-        w = w_next.to(tl.float32)
+        w_raw = w_next
+        w = w_raw.to(tl.float32)
         k_next = k0 + BLOCK_K + ks
         w_next = tl.load(w_rows + k_next[None, :], mask=col_mask[:, None] & (k_next < K)[None, :], other=0.0)
         k = k0 + ks
         k_mask = k < K
-        if BLOCK_M == 1:
+        if USE_DOT:
+            x_t = _x_tile(x_ptr, r_ptr, nw_ptr, rows, M, k, k_mask, stride_xm, stride_rm, rstd, K, PROLOGUE)
+            acc_t = tl.dot(w_raw, tl.trans(x_t), acc_t, input_precision="ieee")
+        elif BLOCK_M == 1:
             x = _x_row(x_ptr, r_ptr, nw_ptr, 0, M, k, k_mask, stride_xm, stride_rm, tl.sum(rstd, axis=0), K,
                        PROLOGUE)
             acc_1 += w * x[None, :]
@@ -160,7 +188,9 @@ def _gemv_kernel(
                 x = _x_row(x_ptr, r_ptr, nw_ptr, m, M, k, k_mask, stride_xm, stride_rm, rstd_m, K, PROLOGUE)
                 part = tl.sum(w * x[None, :], axis=1)
                 acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
-    if BLOCK_M == 1:
+    if USE_DOT:
+        acc = tl.trans(acc_t)
+    elif BLOCK_M == 1:
         acc = tl.sum(acc_1, axis=1)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
@@ -177,7 +207,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     m = x.shape[0]
     n, k = weight.shape
     config = config or default_config(n, k, m)
-    block_m = triton.next_power_of_2(m)
+    assert not config.dot or config.block_n >= 16, "tl.dot needs 16 rows of W"
+    block_m = max(16, triton.next_power_of_2(m)) if config.dot else triton.next_power_of_2(m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     new_residual = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else out
     if residual is not None:
@@ -190,7 +221,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         eps,
         PROLOGUE=PROLOGUES[prologue], HAS_BIAS=bias is not None, USE_PDL=use_pdl,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        NORM_K=min(triton.next_power_of_2(k), max(config.block_k, 4096 // block_m)),
+        NORM_K=min(triton.next_power_of_2(k), max(config.block_k, 4096 // block_m)), USE_DOT=config.dot,
         num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=use_pdl,
     )
     return (out, new_residual) if prologue == "add_norm" else out

@@ -18,6 +18,7 @@ step.
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -26,6 +27,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 _state = {"on": os.environ.get("BLINK_PDL", "0") == "1"}
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def set_pdl(on: bool) -> None:
@@ -35,9 +37,14 @@ def set_pdl(on: bool) -> None:
 
 def pdl_for(t: torch.Tensor) -> bool:
     """Whether to launch a kernel on t's device with PDL: on, CUDA, compute capability >= 9.0."""
-    if not (_state["on"] and t.is_cuda) or os.environ.get("TRITON_INTERPRET") == "1":
+    if not (_state["on"] and t.is_cuda) or _INTERPRETED:
         return False
-    return torch.cuda.get_device_capability(t.device)[0] >= 9
+    return _hopper_or_later(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _hopper_or_later(device: int) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 @triton.jit

@@ -73,10 +73,14 @@ def _compile_all() -> None:
         check(rope._rope_and_write_kv_kernel, fused_ptrs,
               dict(HAS_NORM=has_norm, BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64), pdl=has_norm)
     gemv_ptrs = bf16("x_ptr", "r_ptr", "nw_ptr", "w_ptr", "bias_ptr", "out_ptr", "new_r_ptr")
-    for prologue, block_m, pdl in [(0, 1, False), (1, 1, True), (2, 8, True), (3, 4, False), (3, 2, True)]:
-        for block_n, block_k, num_warps in [(8, 512, 4), (4, 1024, 8), (16, 256, 4)]:
+    gemv_configs = [(0, 1, False, False), (1, 1, True, False), (2, 8, True, False), (3, 4, False, False),
+                    (3, 2, True, False), (2, 16, True, True), (3, 16, False, True), (0, 16, False, True)]
+    for prologue, block_m, pdl, dot in gemv_configs:  # (prologue, BLOCK_M, PDL, tensor cores)
+        for block_n, block_k, num_warps in [(8, 512, 4), (4, 1024, 8), (16, 256, 4), (32, 128, 4)]:
+            if dot and block_n < 16:
+                continue
             check(gemv._gemv_kernel, gemv_ptrs, dict(PROLOGUE=prologue, HAS_BIAS=prologue == 0, BLOCK_M=block_m,
-                  BLOCK_N=block_n, BLOCK_K=block_k, NORM_K=max(block_k, 4096 // block_m)), pdl=pdl,
+                  BLOCK_N=block_n, BLOCK_K=block_k, NORM_K=max(block_k, 4096 // block_m), USE_DOT=dot), pdl=pdl,
                   num_warps=num_warps, num_stages=1)
 
 

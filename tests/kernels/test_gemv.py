@@ -41,6 +41,20 @@ def test_gemv_matches_the_composed_references(prologue, m, dtype):
         torch.testing.assert_close(got[1], (args["x"].float() + args["residual"].float()).to(dtype), **tol)
 
 
+@pytest.mark.parametrize("prologue", list(gemv.PROLOGUES))
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter's bf16 tl.dot is wrong
+def test_tensor_core_variant_matches_the_references(prologue, m, dtype):
+    args = _inputs(m, 40, 96, prologue, dtype, bias=True, seed=3)
+    got = gemv_triton(**args, config=GemvConfig(block_n=16, block_k=32, dot=True))
+    expected = gemv_ref(**args)
+    if prologue == "add_norm":
+        torch.testing.assert_close(got[1], expected[1], atol=1e-3, rtol=1e-3)
+        got, expected = got[0], expected[0]
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(got, expected, **tol)
+
+
 def test_gemv_reads_strided_rows():
     """x may be a row-strided view (a slice of a wider activation), as the model's inputs can be."""
     wide = torch.randn(4, 160)
@@ -122,3 +136,13 @@ def test_plan_max_m_sends_larger_calls_to_cublas(monkeypatch):
     x, weight = torch.randn(3, 64), torch.randn(16, 64)
     out = kernels.linear(x, weight, gemv=GemvPlan(GemvConfig(block_n=4, block_k=64), max_m=2))
     torch.testing.assert_close(out, x @ weight.T)
+
+
+def test_pdl_only_on_cuda_tensors_when_on():
+    from blink.kernels.pdl import pdl_for, set_pdl
+
+    set_pdl(True)
+    try:
+        assert not pdl_for(torch.zeros(1))  # CPU (and the interpreter): plain launches
+    finally:
+        set_pdl(False)
