@@ -72,21 +72,36 @@ def synthetic_text(seed: int, num_words: int) -> str:
     return "".join(words)
 
 
+MIN_CANDIDATES = 64
+ID_RANGE_SIZES = (4096, 512, 64)
+
+
 class ServerTokenCodec:
     """The server's POST /tokenize and /detokenize, for when no local tokenizer is at hand.
 
     The server's vocabulary size is not part of that API, so random ids are drawn from the ids the
-    server returns for a seeded synthetic text (a few thousand distinct tokens).
+    server returns for a seeded synthetic text and for the text of its first few thousand ids.
     """
 
     def __init__(self, base_url: str, model: str, seed: int = 0, timeout_s: float = 60.0):
         self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s)
         self._model = model
         self._prefix = self._special_prefix()
-        pool = self.encode(synthetic_text(seed, num_words=8000))
+        pool = self.encode(synthetic_text(seed, num_words=8000)) + self._id_range_pool()
         self._candidates = np.unique(np.asarray(pool, dtype=np.int64))
-        if self._candidates.size == 0:
-            raise RuntimeError("the server's /tokenize returned no tokens for the synthetic text")
+        if self._candidates.size < MIN_CANDIDATES:  # e.g. every prompt one repeated token: a prefix cache
+            raise RuntimeError(  # would then serve the "random" prompts from each other's blocks
+                f"the server's tokenizer gave only {self._candidates.size} distinct tokens for random prompts")
+
+    def _id_range_pool(self) -> list[int]:
+        """The low ids' text, tokenized again. A preset's word-level tokenizer ("w{i}") maps all of the
+        synthetic text to its unknown token, so the text alone would make every prompt the same."""
+        for count in ID_RANGE_SIZES:
+            try:
+                return self.encode(self.decode(list(range(count))))
+            except httpx.HTTPStatusError:  # a vocabulary smaller than count
+                continue
+        return []
 
     def _special_prefix(self) -> list[int]:
         """What the server still puts before any text (a BOS from a server that ignores

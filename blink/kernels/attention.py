@@ -75,7 +75,8 @@ def _paged_attention_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_ch, stride_bt,
     num_seqs, num_q_heads, block_size, head_dim,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, NUM_SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -128,7 +129,7 @@ def _paged_attention_kernel(
         kv_offs = block * stride_cb + (k_pos % block_size) * stride_co + kv_head * stride_ch
         kv_mask = k_valid[:, None] & dim_valid[None, :]
         k = tl.load(k_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k)) * scale_log2  # log2 domain: exp2 is cheaper than exp
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # log2 domain: exp2 is cheaper than exp
         visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
         scores = tl.where(visible, scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -136,7 +137,7 @@ def _paged_attention_kernel(
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
 
     out_mask = row_valid[:, None] & dim_valid[None, :]
@@ -237,8 +238,9 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         num_seqs, num_q_heads, block_size, head_dim,
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=plan.block_q, BLOCK_N=plan.block_n,
-        BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits, USE_PDL=use_pdl,
-        num_warps=tuning.num_warps, num_stages=tuning.num_stages, launch_pdl=use_pdl,
+        BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact: Triton's default is TF32
+        USE_PDL=use_pdl, num_warps=tuning.num_warps, num_stages=tuning.num_stages, launch_pdl=use_pdl,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](

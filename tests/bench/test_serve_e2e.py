@@ -3,6 +3,9 @@ import argparse
 import asyncio
 import json
 
+import httpx
+import pytest
+
 from blink.bench import serve
 from blink.bench.runner import LoadConfig, run_load
 from blink.bench.token_codec import ServerTokenCodec
@@ -80,3 +83,35 @@ def test_server_codec_strips_a_bos_the_server_adds(fake_server):
     assert codec.decode([104, 105]) == "hi"
     assert len(codec.candidate_ids()) > 50  # the characters of the synthetic text
     codec.close()
+
+
+class _WordLevelServerCodec(ServerTokenCodec):
+    """ServerTokenCodec whose /tokenize and /detokenize are a preset's word-level tokenizer ("w{i}")."""
+
+    def __init__(self, vocab_size: int):
+        from blink.text.tokenizer import synthetic_tokenizer
+
+        self._words = synthetic_tokenizer(vocab_size)
+        self._vocab_size = vocab_size
+        super().__init__("http://127.0.0.1:9", MODEL)
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self._words.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        if max(ids, default=0) >= self._vocab_size:
+            raise httpx.HTTPStatusError("400", request=None, response=None)
+        return self._words.decode([int(i) for i in ids])
+
+
+def test_server_codec_draws_varied_ids_from_a_word_level_preset_tokenizer():
+    # The synthetic text alone maps to the unknown word: every random prompt would be one repeated token,
+    # and a prefix cache would then serve the "random" prompts from each other's blocks.
+    codec = _WordLevelServerCodec(vocab_size=1000)
+    assert len(codec.candidate_ids()) == 512  # the ids 0..511 (4096 is past the vocabulary)
+    codec.close()
+
+
+def test_server_codec_refuses_a_degenerate_pool():
+    with pytest.raises(RuntimeError, match="distinct tokens"):
+        _WordLevelServerCodec(vocab_size=10)

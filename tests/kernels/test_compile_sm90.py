@@ -53,7 +53,7 @@ def _compile_all() -> None:
         for block_n, num_warps, num_stages in tunings:
             check(attention._paged_attention_kernel, attention_ptrs,
                   dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
-                       BLOCK_S=1 if splits == 16 else 64, NUM_SPLITS=splits), num_warps=num_warps,
+                       BLOCK_S=1 if splits == 16 else 64, NUM_SPLITS=splits, PRECISION="tf32"), num_warps=num_warps,
                   num_stages=num_stages, pdl=splits == 16)
     check(attention._merge_splits_kernel,
           {"partial_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32", "out_ptr": "*bf16",
