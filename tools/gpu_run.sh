@@ -47,6 +47,14 @@ for stage in "$@"; do
       python3 -m bench.grammar.constrained_step --preset llama3-8b --batches 1,8,32 --context 1024 \
         --result-json "$OUT/grammar_step.json" 2>&1 | tee "$OUT/grammar_step.log" | tail -20;;
     kernels) python3 bench/kernels/step_kernels.py 2>&1 | tee "$OUT/kernels.log" | tail -60;;
+    fusion)  # issue 17's per-layer levers: GEMV vs today's kernels per projection, the step with each lever on/off
+      python3 -m bench.kernels.fusion 2>&1 | tee "$OUT/fusion.log" | tail -70;;
+    fusion-tests) python3 -m pytest -q -s -m gpu tests/model/test_fusion_gpu.py tests/kernels/test_kernels_gpu.py \
+        2>&1 | tee "$OUT/fusion_tests.log" | tail -30;;
+    fusion-step)  # the official step bench (sampling included) with the levers off, then on (FUSION_ENV)
+      python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 | tee "$OUT/fusion_step_off.log"
+      env ${FUSION_ENV:-BLINK_GEMV=all BLINK_PDL=1} python3 -m blink.bench.step step --presets llama3-8b \
+        --batches 1,8,32 2>&1 | tee "$OUT/fusion_step_on.log";;
     diag) python3 tools/diag.py precision profile 2>&1 | tee "$OUT/diag.log";;
     fp32) python3 tools/diag.py fp32 2>&1 | grep -v Warn | tee "$OUT/fp32.log";;
     step8b) python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 | tee "$OUT/step8b.log";;

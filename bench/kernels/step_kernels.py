@@ -228,7 +228,12 @@ def _decode_step(model, cfg, batch: int, context: int, max_model_len: int):
         seq_lens=torch.full((batch,), context, dtype=torch.int32, device=DEVICE), block_tables=tables)
     input_ids = torch.randint(0, cfg.vocab_size, (batch,), device=DEVICE)
     positions = torch.full((batch,), last, dtype=torch.int64, device=DEVICE)
-    return lambda: model.compute_logits(model(input_ids, positions, attn, kv_caches))
+
+    def step():
+        return model.compute_logits(model(input_ids, positions, attn, kv_caches))
+
+    step.input_ids = input_ids  # tests replay a captured step on new tokens
+    return step
 
 
 def main() -> None:

@@ -6,6 +6,8 @@ import torch.nn.functional as F
 
 from blink.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.gemv import GemvPlan, gemv_triton
+from blink.kernels.gemv import supports as gemv_supports
 from blink.kernels.kv_write import write_kv_ref, write_kv_triton
 from blink.kernels.rmsnorm import rms_norm_ref, rms_norm_triton
 from blink.kernels.rope import (
@@ -16,7 +18,7 @@ from blink.kernels.rope import (
 )
 
 __all__ = ["write_kv", "paged_attention", "rms_norm", "apply_rope", "silu_and_mul", "rope_and_write_kv",
-           "linear"]
+           "linear", "norm_linear"]
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -56,9 +58,37 @@ def rope_and_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positio
     return impl(q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping, q_norm_weight, k_norm_weight, eps)
 
 
+def _triton_device(x: torch.Tensor) -> bool:
+    return x.is_cuda  # tests patch this to run the GEMV path under the interpreter
+
+
+def _gemv_takes(x: torch.Tensor, weight: torch.Tensor, gemv: GemvPlan | None, prologue: str) -> bool:
+    """Shapes only, so the same choice is made at every capture of a bucket."""
+    return (gemv is not None and _triton_device(x) and x.dim() == 2 and x.shape[0] <= gemv.max_m
+            and gemv_supports(x, weight, prologue))
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           silu_mul_input: bool = False) -> torch.Tensor:
-    """F.linear (cuBLAS). With silu_mul_input, x is a gate|up output and silu_and_mul is applied first."""
+           silu_mul_input: bool = False, gemv: GemvPlan | None = None) -> torch.Tensor:
+    """F.linear (cuBLAS). With silu_mul_input, x is a gate|up output and silu_and_mul is applied first.
+    With a GemvPlan (decided per layer at load time), decode-sized calls run the GEMV, silu_mul fused."""
+    if _gemv_takes(x, weight, gemv, "silu_mul" if silu_mul_input else "none"):
+        return gemv_triton(x, weight, bias, "silu_mul" if silu_mul_input else "none", config=gemv.config)
     if silu_mul_input:
         x = silu_and_mul(x)
     return F.linear(x, weight, bias)
+
+
+def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
+                bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                gemv: GemvPlan | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """linear(rms_norm(x [+ residual])): one GEMV kernel when the plan takes the call, else the norm kernel
+    and cuBLAS. Returns (y, the new residual x + residual, or None without a residual)."""
+    prologue = "norm" if residual is None else "add_norm"
+    if _gemv_takes(x, weight, gemv, prologue) and (residual is None or residual.stride(-1) == 1):
+        out = gemv_triton(x, weight, bias, prologue, norm_weight, eps, residual, gemv.config)
+        return out if residual is not None else (out, None)
+    if residual is None:
+        return F.linear(rms_norm(x, norm_weight, eps), weight, bias), None
+    normed, new_residual = rms_norm(x, norm_weight, eps, residual)
+    return F.linear(normed, weight, bias), new_residual

@@ -6,6 +6,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from blink.kernels.pdl import pdl_for, pdl_wait
+
 
 def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
     inter = x.shape[-1] // 2
@@ -13,7 +15,8 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, inter, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, stride_x, inter, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -28,5 +31,7 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     tokens, inter = x.shape[0], x.shape[1] // 2
     out = torch.empty((tokens, inter), dtype=x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(inter))
-    _silu_and_mul_kernel[(tokens, triton.cdiv(inter, block))](x, out, x.stride(0), inter, BLOCK=block)
+    use_pdl = pdl_for(x)
+    _silu_and_mul_kernel[(tokens, triton.cdiv(inter, block))](x, out, x.stride(0), inter, BLOCK=block,
+                                                              USE_PDL=use_pdl, launch_pdl=use_pdl)
     return out

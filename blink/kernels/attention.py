@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from blink.kernels.pdl import pdl_for, pdl_wait
+
 _NUM_SMS_H200 = 132  # target for split-KV; over-splitting a smaller GPU is harmless
 
 
@@ -74,6 +76,7 @@ def _paged_attention_kernel(
     num_seqs, num_q_heads, block_size, head_dim,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -90,6 +93,9 @@ def _paged_attention_kernel(
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)  # issued with the loads above, not after the branch below
     q_first = (tile - (q_start // BLOCK_Q + seq)) * BLOCK_Q  # first query of this tile within the seq
+    # The step's metadata above predates the graph's kernels, so it is read before the wait (pdl.py);
+    # q and the new tokens' KV come from the kernel before. Every program waits before it may exit.
+    pdl_wait(USE_PDL)
     if q_first >= q_len:
         return
     context = seq_len - q_len
@@ -149,9 +155,11 @@ def _paged_attention_kernel(
 @triton.jit
 def _merge_splits_kernel(partial_ptr, max_ptr, sum_ptr, out_ptr, query_start_loc_ptr, num_seqs,
                          stride_ot, stride_oh, head_dim,
-                         NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr):
+                         NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
     token, head = tl.program_id(0), tl.program_id(1)
-    if token >= tl.load(query_start_loc_ptr + num_seqs):
+    num_tokens = tl.load(query_start_loc_ptr + num_seqs)  # a step input: before the wait (pdl.py)
+    pdl_wait(USE_PDL)
+    if token >= num_tokens:
         return  # padding token: its partials were never written
     row = token.to(tl.int64) * tl.num_programs(1) + head
     splits = tl.arange(0, NUM_SPLITS)
@@ -222,6 +230,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         sums = torch.empty_like(maxes)
     else:
         partial = maxes = sums = out  # unused
+    use_pdl = pdl_for(q)
     _paged_attention_kernel[(plan.num_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, partial, maxes, sums,
         query_start_loc, seq_lens, block_tables, scale * 1.4426950408889634,
@@ -231,11 +240,11 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=plan.block_q, BLOCK_N=plan.block_n,
         BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact: Triton's default is TF32
-        num_warps=tuning.num_warps, num_stages=tuning.num_stages,
+        USE_PDL=use_pdl, num_warps=tuning.num_warps, num_stages=tuning.num_stages, launch_pdl=use_pdl,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
             partial, maxes, sums, out, query_start_loc, num_seqs, out.stride(0), out.stride(1), head_dim,
-            NUM_SPLITS=num_splits, BLOCK_D=block_d,
+            NUM_SPLITS=num_splits, BLOCK_D=block_d, USE_PDL=use_pdl, launch_pdl=use_pdl,
         )
     return out

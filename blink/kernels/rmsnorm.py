@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from blink.kernels.pdl import pdl_for, pdl_wait
+
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     if residual is not None:
@@ -23,8 +25,9 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: to
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, sum_ptr,
     num_rows, inner_rows, stride_x0, stride_x1, stride_r0, stride_r1, hidden, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_H: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     cols = tl.arange(0, BLOCK_H)
     row_mask = rows < num_rows
@@ -62,10 +65,11 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float, residual:
     block_h = triton.next_power_of_2(hidden)
     block_rows = max(1, min(16, 2048 // block_h))  # several short rows (q/k norm) per program
     grid = (triton.cdiv(num_rows, block_rows),)
+    use_pdl = pdl_for(x)
     _rms_norm_kernel[grid](
         x3, r3, weight, out, new_residual,
         num_rows, inner, x3.stride(0), x3.stride(1), r3.stride(0), r3.stride(1), hidden, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK_ROWS=block_rows, BLOCK_H=block_h,
-        num_warps=4 if block_h <= 2048 else 8,
+        HAS_RESIDUAL=residual is not None, BLOCK_ROWS=block_rows, BLOCK_H=block_h, USE_PDL=use_pdl,
+        num_warps=4 if block_h <= 2048 else 8, launch_pdl=use_pdl,
     )
     return out if residual is None else (out, new_residual)

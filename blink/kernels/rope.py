@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from blink.kernels.kv_write import write_kv_ref
+from blink.kernels.pdl import pdl_for, pdl_wait
 from blink.kernels.rmsnorm import rms_norm_ref
 
 
@@ -119,6 +120,7 @@ def _rope_and_write_kv_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cb, stride_co, stride_ch,
     num_q_heads, num_kv_heads, half, max_pos, block_size,
     HAS_NORM: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions_ptr + token)
@@ -127,6 +129,7 @@ def _rope_and_write_kv_kernel(
     cols = tl.arange(0, BLOCK_HALF)
     cos = tl.load(cos_sin_ptr + pos * 2 * half + cols, mask=cols < half, other=0.0)[None, :]
     sin = tl.load(cos_sin_ptr + pos * 2 * half + half + cols, mask=cols < half, other=0.0)[None, :]
+    pdl_wait(USE_PDL)  # positions, slots and the table predate the graph's kernels (pdl.py); q, k, v do not
     _norm_rotate_heads(q_ptr, q_norm_ptr, token, stride_qt, stride_qh, num_q_heads, cos, sin, half, eps,
                        HAS_NORM, BLOCK_QH, BLOCK_HALF)
     k1, k2 = _norm_rotate_heads(k_ptr, k_norm_ptr, token, stride_kt, stride_kh, num_kv_heads, cos, sin, half,
@@ -156,6 +159,7 @@ def rope_and_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     tokens, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     has_norm = q_norm_weight is not None
+    use_pdl = pdl_for(q)
     _rope_and_write_kv_kernel[(tokens,)](
         q, k, v, positions, cos_sin, k_cache, v_cache, slot_mapping,
         q_norm_weight if has_norm else q, k_norm_weight if has_norm else k, eps,
@@ -164,5 +168,6 @@ def rope_and_write_kv_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         num_q_heads, num_kv_heads, head_dim // 2, cos_sin.shape[0], k_cache.shape[1],
         HAS_NORM=has_norm, BLOCK_QH=triton.next_power_of_2(num_q_heads),
         BLOCK_KH=triton.next_power_of_2(num_kv_heads), BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
+        USE_PDL=use_pdl, launch_pdl=use_pdl,
     )
     return q, k

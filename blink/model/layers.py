@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from blink.kernels import linear, rms_norm
+from blink.kernels import linear, norm_linear, rms_norm
+from blink.kernels.gemv import GemvPlan
 
 
 def _empty_param(*shape: int, device, dtype) -> nn.Parameter:
@@ -75,6 +76,7 @@ class VocabParallelEmbedding(nn.Module):
         self.rows_per_rank = -(-vocab_size // self.tp_size)
         self.vocab_start = self.tp_rank * self.rows_per_rank
         self.weight = _empty_param(self.rows_per_rank, hidden_size, device=device, dtype=dtype)
+        self.gemv: GemvPlan | None = None  # set at load time by blink/model/fusion.py
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -86,7 +88,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] float32, the same on every rank."""
-        local = linear(hidden, self.weight, None).float()
+        local = linear(hidden, self.weight, None, gemv=self.gemv).float()
         if self.tp_size == 1:
             return local
         return self.tp.all_gather(local)[:, : self.vocab_size]
@@ -124,9 +126,15 @@ class ColumnParallelLinear(nn.Module):
         self.full_sizes = dict(part_sizes)
         self.weight = _empty_param(offset, in_features, device=device, dtype=dtype)
         self.bias = _empty_param(offset, device=device, dtype=dtype) if bias else None
+        self.gemv: GemvPlan | None = None  # set at load time by blink/model/fusion.py
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, gemv=self.gemv)
+
+    def normed(self, x: torch.Tensor, norm: RMSNorm, residual: torch.Tensor | None = None):
+        """self(norm(x [+ residual])), the norm fused into the GEMV where it runs. Returns (y, new residual
+        or None). Column-parallel inputs are replicated, so the norm is the same on every rank."""
+        return norm_linear(x, norm.weight, norm.eps, self.weight, self.bias, residual, self.gemv)
 
     def load_hf(self, param_name: str, hf_tensor, part: str | None) -> None:
         """Copy this rank's rows of one HF projection (`part`) into place. part None: the tensor holds every
@@ -159,12 +167,13 @@ class RowParallelLinear(nn.Module):
         local_in = _shard_size(in_features, self.tp_size, "input features")
         self.weight = _empty_param(out_features, local_in, device=device, dtype=dtype)
         self.bias = _empty_param(out_features, device=device, dtype=dtype) if bias else None
+        self.gemv: GemvPlan | None = None  # set at load time by blink/model/fusion.py
 
     def forward(self, x: torch.Tensor, silu_mul_input: bool = False) -> torch.Tensor:
         """With silu_mul_input, x is a gate|up output: computes down(silu(gate) * up), fused when it can."""
         if self.tp_size == 1:
-            return linear(x, self.weight, self.bias, silu_mul_input=silu_mul_input)
-        out = self.tp.all_reduce(linear(x, self.weight, None, silu_mul_input=silu_mul_input))
+            return linear(x, self.weight, self.bias, silu_mul_input=silu_mul_input, gemv=self.gemv)
+        out = self.tp.all_reduce(linear(x, self.weight, None, silu_mul_input=silu_mul_input, gemv=self.gemv))
         return out if self.bias is None else out + self.bias
 
     def load_hf(self, param_name: str, hf_tensor, part: str | None) -> None:

@@ -7,7 +7,10 @@ One forward step takes a flat batch of T tokens from any mix of prefills and dec
     embed -> [ norm(+residual) -> qkv -> (q/k norm) -> rope -> write_kv -> paged_attention -> o_proj
                -> norm(+residual) -> gate|up -> silu_and_mul -> down ] x layers -> norm
 
-(q/k norm, rope and write_kv run as one fused kernel; silu_and_mul is folded into the down projection.)
+(q/k norm, rope and write_kv run as one fused kernel.) Where a layer's linears take the GEMV (decode-sized
+steps, chosen at load time by blink/model/fusion.py), each norm(+residual) runs in the prologue of the
+GEMV after it and silu_and_mul in the down projection's, so a dense layer is six launches: qkv, rope+kv,
+attention (+ its split merge), o, gate|up, down. Otherwise they are their own kernels before cuBLAS.
 
 Every shape depends only on T and the config, and nothing reads tensor values on the host, so a step can
 be captured in a CUDA graph. Module and parameter names are HF's except for the fused projections
@@ -21,6 +24,7 @@ from torch import nn
 from blink.kernels import paged_attention, rope_and_write_kv
 from blink.model.attention_metadata import AttentionMetadata
 from blink.model.config import ModelConfig
+from blink.model.fusion import apply_fusion_policy, policy_from_env
 from blink.model.layers import ColumnParallelLinear, RMSNorm, RowParallelLinear, VocabParallelEmbedding
 from blink.model.moe import SparseMoeBlock
 from blink.model.rope import rope_cos_sin
@@ -48,10 +52,10 @@ class LlamaAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, attn: AttentionMetadata,
+    def forward(self, positions: torch.Tensor, qkv: torch.Tensor, attn: AttentionMetadata,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
-        tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)
+        """From the qkv projection's output (the layer runs it, with the input norm in front) to o_proj's."""
+        tokens = qkv.shape[0]
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         # Strided views into qkv: the kernels accept any token/head stride with a contiguous head_dim.
         q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
@@ -94,12 +98,12 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions, hidden, residual, attn, k_cache, v_cache, cos_sin):
         """Returns (hidden, residual): the residual add is fused into the next layer's first norm."""
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, attn, k_cache, v_cache, cos_sin)
+        qkv, new_residual = self.self_attn.qkv_proj.normed(hidden, self.input_layernorm, residual)
+        residual = hidden if residual is None else new_residual
+        hidden = self.self_attn(positions, qkv, attn, k_cache, v_cache, cos_sin)
+        if isinstance(self.mlp, LlamaMLP):
+            gate_up, residual = self.mlp.gate_up_proj.normed(hidden, self.post_attention_layernorm, residual)
+            return self.mlp.down_proj(gate_up, silu_mul_input=True), residual
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -140,6 +144,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, device, dtype, tp)
         max_positions = max_positions or cfg.max_position_embeddings
         self.register_buffer("cos_sin", rope_cos_sin(cfg, max_positions, device), persistent=False)
+        apply_fusion_policy(self, policy_from_env())  # per projection and shape, once
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_caches: KVCaches) -> torch.Tensor:

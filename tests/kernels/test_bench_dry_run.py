@@ -25,3 +25,32 @@ def test_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     words = out.split()
     errors = [float(word) for prev, word in zip(words, words[1:], strict=False) if prev == "err"]
     assert len(errors) >= 9 and max(errors) < 5e-3  # attention variants, small kernels, the cuBLAS GEMMs
+
+
+def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
+    """bench/kernels/fusion.py: every section, the GEMV under the interpreter, timing stubbed out."""
+    from bench.kernels import fusion
+    from blink import kernels
+    from blink.kernels import gemv
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "DTYPE", torch.float16)
+    monkeypatch.setattr(bench, "graph_time_us", lambda calls, replays=30: [call() for call in calls] and 1.0)
+    monkeypatch.setattr(bench, "copies_for", lambda nbytes: 1)
+    monkeypatch.setattr(kernels, "_triton_device", lambda x: True)  # the model's GEMV path, interpreted
+    # Wide tiles: the interpreter's time goes with the number of programs.
+    monkeypatch.setattr(gemv, "default_config", lambda n, k, m: gemv.GemvConfig(block_n=64, block_k=64))
+    monkeypatch.setattr(fusion, "SWEEP", [gemv.GemvConfig(block_n=32, block_k=32)])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
+    monkeypatch.setattr(sys, "argv", ["fusion", "--model", "tiny-llama", "--context", "40", "--max-model-len", "64",
+                                      "--batches", "2", "--ms", "3"])
+    fusion.main()
+    out = capsys.readouterr().out
+    assert "SUMMARY step" in out and "suggested BLINK_GEMV=" in out
+    for label in fusion.LEVERS:
+        assert f"b2    {label}" in out
+    words = out.split()
+    errors = [float(word) for prev, word in zip(words, words[1:], strict=False) if prev == "err"]
+    # 5 projections x (today, gemv, gemv+pdl, 1 sweep config) + 4 step rows; fp16 GEMV vs fp32 ref
+    assert len(errors) == 5 * 4 + 4 and max(errors) < 1e-2
+    assert "gemv layers 9" in out  # tiny-llama: 2 layers x 4 projections + the LM head took the plan

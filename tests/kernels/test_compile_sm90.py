@@ -21,9 +21,11 @@ def _compile_all() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from blink.kernels import activation, attention, kv_write, rmsnorm, rope
+    from blink.kernels import activation, attention, gemv, kv_write, rmsnorm, rope
 
-    def check(fn, pointers: dict, constexprs: dict, **options):
+    def check(fn, pointers: dict, constexprs: dict, pdl: bool = False, **options):
+        if "USE_PDL" in fn.arg_names:  # the PDL variant must wait on the previous kernel (pdl.py)
+            constexprs, options = {**constexprs, "USE_PDL": pdl}, {**options, "launch_pdl": pdl}
         scalar = lambda name: "fp32" if name in ("scale_log2", "eps") else "i32"
         signature = {name: "constexpr" if name in constexprs else pointers.get(name, scalar(name))
                      for name in fn.arg_names}
@@ -36,6 +38,7 @@ def _compile_all() -> None:
         kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
         # Shared memory is only checked at launch on a GPU; an H100/H200 block gets at most 227 KB.
         assert kernel.metadata.shared <= 232448, (fn.__name__, constexprs, options, kernel.metadata.shared)
+        assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl, (fn.__name__, pdl)
         if os.environ.get("BLINK_PRINT_SMEM"):
             print(fn.__name__, constexprs, options, kernel.metadata.shared, kernel.metadata.num_warps)
 
@@ -51,24 +54,34 @@ def _compile_all() -> None:
             check(attention._paged_attention_kernel, attention_ptrs,
                   dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
                        BLOCK_S=1 if splits == 16 else 64, NUM_SPLITS=splits, PRECISION="tf32"), num_warps=num_warps,
-                  num_stages=num_stages)
+                  num_stages=num_stages, pdl=splits == 16)
     check(attention._merge_splits_kernel,
           {"partial_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32", "out_ptr": "*bf16",
-           "query_start_loc_ptr": "*i32"}, dict(NUM_SPLITS=4, BLOCK_D=128))
+           "query_start_loc_ptr": "*i32"}, dict(NUM_SPLITS=4, BLOCK_D=128), pdl=True)
     check(kv_write._write_kv_kernel, {**bf16("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr"),
                                       "slot_mapping_ptr": "*i64"}, dict(BLOCK_HEADS=8, BLOCK_D=128))
     norm_ptrs = bf16("x_ptr", "residual_ptr", "weight_ptr", "out_ptr", "sum_ptr")
     for has_residual, rows, hidden in [(True, 1, 4096), (False, 1, 4096), (False, 16, 128)]:
         check(rmsnorm._rms_norm_kernel, norm_ptrs,
-              dict(HAS_RESIDUAL=has_residual, BLOCK_ROWS=rows, BLOCK_H=hidden))
+              dict(HAS_RESIDUAL=has_residual, BLOCK_ROWS=rows, BLOCK_H=hidden), pdl=has_residual)
     check(rope._rope_kernel, {**bf16("q_ptr", "k_ptr"), "positions_ptr": "*i64", "cos_sin_ptr": "*fp32"},
           dict(BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64))
-    check(activation._silu_and_mul_kernel, bf16("x_ptr", "out_ptr"), dict(BLOCK=1024))
+    check(activation._silu_and_mul_kernel, bf16("x_ptr", "out_ptr"), dict(BLOCK=1024), pdl=True)
     fused_ptrs = {**bf16("q_ptr", "k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr", "q_norm_ptr", "k_norm_ptr"),
                   "positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "slot_mapping_ptr": "*i64"}
     for has_norm in (False, True):
         check(rope._rope_and_write_kv_kernel, fused_ptrs,
-              dict(HAS_NORM=has_norm, BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64))
+              dict(HAS_NORM=has_norm, BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64), pdl=has_norm)
+    gemv_ptrs = bf16("x_ptr", "r_ptr", "nw_ptr", "w_ptr", "bias_ptr", "out_ptr", "new_r_ptr")
+    gemv_configs = [(0, 1, False, False), (1, 1, True, False), (2, 8, True, False), (3, 4, False, False),
+                    (3, 2, True, False), (2, 16, True, True), (3, 16, False, True), (0, 16, False, True)]
+    for prologue, block_m, pdl, dot in gemv_configs:  # (prologue, BLOCK_M, PDL, tensor cores)
+        for block_n, block_k, num_warps in [(8, 512, 4), (4, 1024, 8), (16, 256, 4), (32, 128, 4)]:
+            if dot and block_n < 16:
+                continue
+            check(gemv._gemv_kernel, gemv_ptrs, dict(PROLOGUE=prologue, HAS_BIAS=prologue == 0, BLOCK_M=block_m,
+                  BLOCK_N=block_n, BLOCK_K=block_k, NORM_K=max(block_k, 4096 // block_m), USE_DOT=dot), pdl=pdl,
+                  num_warps=num_warps, num_stages=1)
 
 
 def test_kernels_compile_for_sm90():

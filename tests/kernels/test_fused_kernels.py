@@ -1,4 +1,4 @@
-"""rope_and_write_kv (fused q/k norm + RoPE + KV write) and the small-M GEMM against their references."""
+"""rope_and_write_kv (fused q/k norm + RoPE + KV write) against the composed references, alone and in the model."""
 import pytest
 import torch
 

@@ -1,0 +1,185 @@
+"""Issue 17's per-layer levers on the GPU, old against new, in one run (stage `fusion` of tools/gpu_run.sh):
+
+    python -m bench.kernels.fusion [--model llama3-8b] [--context 1024] [--batches 1,8,32] [--ms 1,2,4,8]
+
+1. gemv: each projection of one layer (and the LM head) at M rows, what the model runs today (the norm or
+   SiLU-mul kernel, then cuBLAS) against the GEMV with that op in its prologue, PDL off and on, and a few
+   tile configs besides the default; err is the max relative error against the torch reference (bf16).
+2. step: the whole decode step (forward + logits, one CUDA graph, context tokens per sequence) at each
+   batch with each lever off and on: baseline, PDL, GEMV, GEMV + PDL; kernels per step from a profiled
+   eager step; the logits' agreement with the baseline (max relative error, argmax equal).
+The closing table gives what to set: the projections where the GEMV wins (BLINK_GEMV), up to which M
+(BLINK_GEMV_MAX_M), and whether PDL pays (BLINK_PDL). Times are medians of graph replays, inputs cycled
+beyond the L2 as in step_kernels.py.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from bench.kernels import step_kernels as sk
+from blink.kernels.activation import silu_and_mul_triton
+from blink.kernels.gemv import GemvConfig, gemv_ref, gemv_triton
+from blink.kernels.pdl import set_pdl
+from blink.kernels.rmsnorm import rms_norm_triton
+from blink.model.fusion import PROJECTIONS, FusionPolicy, apply_fusion_policy
+
+PROLOGUE_OF = {"qkv": "add_norm", "o": "none", "gate_up": "add_norm", "down": "silu_mul", "lm_head": "none"}
+SWEEP = [GemvConfig(block_n=8, block_k=512), GemvConfig(block_n=16, block_k=256), GemvConfig(block_n=2, block_k=2048),
+         GemvConfig(block_n=8, block_k=512, num_warps=8), GemvConfig(block_n=4, block_k=1024, num_stages=3),
+         GemvConfig(block_n=16, block_k=256, dot=True), GemvConfig(block_n=32, block_k=128, dot=True)]
+LEVERS = {"baseline": ("", False), "pdl": ("", True), "gemv": ("all", False), "gemv+pdl": ("all", True)}
+
+
+def bench_projection(name: str, k: int, n: int, m: int, sweep: bool) -> dict[str, float]:
+    """us per call: today's kernels vs the GEMV (default config, PDL off/on, the sweep)."""
+    prologue = PROLOGUE_OF[name]
+    dev, dt = sk.DEVICE, sk.DTYPE
+    weights = [torch.randn(n, k, device=dev, dtype=dt) / k**0.5 for _ in range(sk.copies_for(n * k * 2))]
+    x = torch.randn(m, 2 * k if prologue == "silu_mul" else k, device=dev, dtype=dt)
+    residual = torch.randn(m, k, device=dev, dtype=dt) if prologue == "add_norm" else None
+    norm_w = torch.rand(k, device=dev, dtype=dt) + 0.5 if prologue == "add_norm" else None
+    extra = dict(prologue=prologue, norm_weight=norm_w, eps=1e-5, residual=residual)
+    ref = gemv_ref(x.float(), weights[0].float(), None, prologue,
+                   None if norm_w is None else norm_w.float(), 1e-5, None if residual is None else residual.float())
+    ref = ref[0] if prologue == "add_norm" else ref
+    print(f"{name}: M={m} K={k} N={n} prologue {prologue} ({n * k * 2 / 1e6:.0f} MB, {len(weights)} copies)")
+
+    def today(w):
+        if prologue == "add_norm":
+            return F.linear(rms_norm_triton(x, norm_w, 1e-5, residual)[0], w)
+        return F.linear(silu_and_mul_triton(x) if prologue == "silu_mul" else x, w)
+
+    def new(config):
+        def call(w):
+            out = gemv_triton(x, w, None, config=config, **extra)
+            return out[0] if prologue == "add_norm" else out
+        return call
+
+    variants = {"today (kernel + cuBLAS)": (today, False), "gemv": (new(None), False),
+                "gemv + pdl": (new(None), True)}
+    if sweep:
+        for config in SWEEP:
+            label = (f"gemv n{config.block_n} k{config.block_k} w{config.num_warps} s{config.num_stages}"
+                     + (" dot" if config.dot else ""))
+            variants[label] = (new(config), False)
+    results = {}
+    for label, (fn, pdl) in variants.items():
+        set_pdl(pdl)
+        try:
+            err = sk.rel_err(fn(weights[0]), ref)
+            us = sk.graph_time_us([lambda w=w, fn=fn: fn(w) for w in weights])
+        except Exception as e:  # noqa: BLE001 - one failing variant must not cost the lead the whole run
+            print(f"  {label:<34} FAILED: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        finally:
+            set_pdl(False)
+        sk.row(label, us, n * k * 2, err)
+        results[label] = us
+    return results
+
+
+def count_kernels(step) -> int:
+    """CUDA kernels one eager run of `step` launches (the profiler's device-side events)."""
+    if not torch.cuda.is_available():
+        return 0
+    try:
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            step()
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - reported as -1, the timings still count
+        print(f"  (kernel count unavailable: {type(e).__name__}: {str(e)[:120]})")
+        return -1
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def bench_step(model_name: str, batches: list[int], context: int, max_model_len: int) -> list[tuple]:
+    from blink.model.weights import load_model
+
+    model, cfg = load_model(model_name, sk.DEVICE, sk.DTYPE, max_positions=max_model_len)
+    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
+    if cfg.tie_word_embeddings:
+        weight_bytes += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    rows = []
+    for batch in batches:
+        kv_bytes = 2 * batch * context * cfg.kv_size * 2 * cfg.num_hidden_layers
+        floor_us = (weight_bytes + kv_bytes) / 4.29e6
+        print(f"whole decode step: batch {batch}, context {context}, floor {floor_us:.0f} us")
+        step = sk._decode_step(model, cfg, batch, context, max_model_len)
+        baseline_logits = None
+        for label, (gemv, pdl) in LEVERS.items():
+            taken = apply_fusion_policy(model, FusionPolicy.parse(gemv))
+            set_pdl(pdl)
+            try:
+                with torch.inference_mode():
+                    logits = step().float()
+                    kernels = count_kernels(step)
+                    us = sk.graph_time_us([step], replays=20)
+            except Exception as e:  # noqa: BLE001 - e.g. a driver that cannot capture PDL edges
+                print(f"  {label:<34} FAILED: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                continue
+            finally:
+                set_pdl(False)
+            if baseline_logits is None:
+                baseline_logits = logits
+            err = sk.rel_err(logits, baseline_logits)
+            same = (logits.argmax(-1) == baseline_logits.argmax(-1)).float().mean().item()
+            sk.row(label, us, weight_bytes + kv_bytes, err,
+                   f"{us / floor_us:.3f} x floor  {kernels} kernels ({kernels / cfg.num_hidden_layers:.1f}/layer)  "
+                   f"argmax = baseline {same:.0%}  gemv layers {sum(taken.values())}")
+            rows.append((batch, label, us, us / floor_us, kernels))
+    apply_fusion_policy(model, FusionPolicy())
+    return rows
+
+
+def main() -> None:
+    from blink.model import presets
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="llama3-8b")
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--batches", default="1,8,32")
+    parser.add_argument("--ms", default="1,2,4,8", help="rows for the per-projection GEMV section")
+    parser.add_argument("--sections", default="gemv,step")
+    args = parser.parse_args()
+    cfg = presets.get(args.model)
+    sections = args.sections.split(",")
+    print(f"{torch.cuda.get_device_name()}  {args.model}  triton {triton.__version__}  torch {torch.__version__}")
+    wins: dict[str, list[int]] = {name: [] for name in PROJECTIONS}
+    summary = []
+    if "gemv" in sections:
+        ms = [int(m) for m in args.ms.split(",")]
+        for name, (k, n) in sk.gemm_shapes(cfg).items():
+            for m in ms:
+                res = bench_projection(name, k, n, m, sweep=m in (ms[0], ms[-1]))
+                if "today (kernel + cuBLAS)" not in res or "gemv" not in res:
+                    continue  # reported as FAILED above
+                new = min(v for label, v in res.items() if label.startswith("gemv"))
+                best = min(res, key=res.get)
+                old = res["today (kernel + cuBLAS)"]
+                summary.append((f"{name} M={m}", old, res["gemv"], new, best))
+                if new < old:
+                    wins[name].append(m)
+    step_rows = bench_step(args.model, [int(b) for b in args.batches.split(",")], args.context,
+                           args.max_model_len) if "step" in sections else []
+    print("\nSUMMARY per projection (us per call; 'default' = GEMV with default_config, PDL off)")
+    print(f"  {'what':<20} {'today':>9} {'default':>9} {'best':>9}  best variant")
+    for what, old, default, best, which in summary:
+        print(f"  {what:<20} {old:9.2f} {default:9.2f} {best:9.2f}  {which}")
+    print("\nSUMMARY step (ms, x floor, kernels per step)")
+    for batch, label, us, ratio, kernels in step_rows:
+        print(f"  b{batch:<4} {label:<10} {us / 1e3:8.3f} ms  {ratio:6.3f} x  {kernels:5d} kernels")
+    if summary:
+        chosen = [name for name, ms_won in wins.items() if ms_won and min(ms_won) == int(args.ms.split(",")[0])]
+        print(f"\nGEMV wins (projection: M where it wins): { {k: v for k, v in wins.items() if v} }")
+        print(f"suggested BLINK_GEMV={','.join(chosen)}  (then the step rows decide BLINK_GEMV_MAX_M and BLINK_PDL)")
+    if not (summary or step_rows):
+        raise SystemExit(f"nothing ran: unknown sections {sections}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""y = prologue(x) W^T (+ b) for decode-sized M (<= MAX_M rows), W [N, K] row-major as nn.Linear stores it.
+
+At decode batch sizes a linear layer is a stream over its weight: the time is the weight bytes over HBM
+bandwidth, and the job is to keep enough 16-byte loads in flight on every SM. Each program owns BLOCK_N
+rows of W for all M rows of x and walks K in BLOCK_K steps; the next W tile is loaded before the current
+one is used (a register double buffer), and the multiply-adds run on CUDA cores (a few rows of x do not
+feed a tensor core; the earlier tl.dot version, deleted in issue 14, ran at a third of cuBLAS's speed).
+x is a few KB and stays in L2 for all programs.
+
+The prologue folds the step's small kernels into the GEMV, with the rounding points of the kernels they
+replace (rmsnorm.py, activation.py), so a layer launches fewer kernels:
+    "none"      x as is
+    "norm"      rms_norm(x) * norm_weight
+    "add_norm"  s = x + residual, rms_norm(s) * norm_weight; program 0 stores s (the new residual)
+    "silu_mul"  x is gate|up [M, 2K]: silu(gate) * up
+A norm needs the row's full sum of squares first: each program reads its M rows of x once more for it
+(from L2). With PDL (pdl.py) the first W tile is loaded before waiting for the previous kernel: weights are
+never written during a step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from blink.kernels.activation import silu_and_mul_ref
+from blink.kernels.pdl import pdl_for, pdl_wait
+from blink.kernels.rmsnorm import rms_norm_ref
+
+MAX_M = 8  # M multiply-adds per weight element on CUDA cores stay under the HBM stream up to about here
+PROLOGUES = {"none": 0, "norm": 1, "add_norm": 2, "silu_mul": 3}
+_NUM_SMS_H200 = 132
+_RESIDENT_PER_SM = 4  # programs of ~114 registers x 128 threads per SM (ptxas, sm_90)
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int = 8
+    block_k: int = 512
+    num_warps: int = 4
+    num_stages: int = 1  # the double buffer is explicit; >1 lets Triton's pipeliner add its own
+    dot: bool = False  # tensor cores: acc^T = W x^T with W as the A operand, x padded to 16 rows (needs
+    #                    block_n >= 16); a variant for the bench to weigh against the CUDA-core FMAs at M > 2
+
+
+@dataclass(frozen=True)
+class GemvPlan:
+    """What a linear layer decided at load time: take calls of up to max_m rows, with this config (None:
+    default_config of the call's shape, which depends on M too)."""
+
+    config: GemvConfig | None = None
+    max_m: int = MAX_M
+
+
+def _last_wave_fill(programs: int) -> float:
+    slots = _RESIDENT_PER_SM * _NUM_SMS_H200
+    return programs / (triton.cdiv(programs, slots) * slots)
+
+
+def default_config(n: int, k: int, m: int = 1) -> GemvConfig:
+    """W tiles of 4096 elements (8 KB in bf16). One or two rows: 4 x 1024 first (one W row per warp, so the
+    reduction over K stays inside a warp: 64 registers, ptxas). Each program re-reads x from L2, M / BLOCK_N
+    of the weight traffic, so more rows want wider tiles. The first width whose programs fill the last wave
+    to >= 90% (a part-empty last wave leaves HBM idle), else the best-filling one."""
+    widths = (4, 8, 2) if m <= 2 else (16, 8)
+    full = [bn for bn in widths if _last_wave_fill(triton.cdiv(n, bn)) >= 0.9]
+    block_n = full[0] if full else max(widths, key=lambda bn: _last_wave_fill(triton.cdiv(n, bn)))
+    return GemvConfig(block_n=block_n, block_k=min(4096 // block_n, triton.next_power_of_2(k)))
+
+
+def supports(x: torch.Tensor, weight: torch.Tensor, prologue: str = "none") -> bool:
+    """Whether the GEMV takes this call (shapes and dtypes only, so graph-safe)."""
+    k = weight.shape[1]
+    return (x.dim() == 2 and 0 < x.shape[0] <= MAX_M and x.shape[1] == (2 * k if prologue == "silu_mul" else k)
+            and x.stride(-1) == 1 and weight.is_contiguous() and x.dtype == weight.dtype and k % 8 == 0)
+
+
+def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, prologue: str = "none",
+             norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None,
+             config: GemvConfig | None = None):
+    """The composition of the kernels the prologue replaces; returns (out, new residual) for add_norm."""
+    new_residual = None
+    if prologue == "norm":
+        x = rms_norm_ref(x, norm_weight, eps)
+    elif prologue == "add_norm":
+        x, new_residual = rms_norm_ref(x, norm_weight, eps, residual)
+    elif prologue == "silu_mul":
+        x = silu_and_mul_ref(x)
+    out = F.linear(x, weight, bias)
+    return (out, new_residual) if prologue == "add_norm" else out
+
+
+@triton.jit
+def _x_row(x_ptr, r_ptr, nw_ptr, m, M, k, k_mask, stride_xm, stride_rm, rstd_m, K,
+           PROLOGUE: tl.constexpr):
+    """Row m of prologue(x) over the columns k, in fp32 (zero where masked)."""
+    dtype = x_ptr.dtype.element_ty
+    mask = k_mask & (m < M)
+    x = tl.load(x_ptr + m * stride_xm + k, mask=mask, other=0.0)
+    if PROLOGUE == 2:
+        x = (x.to(tl.float32) + tl.load(r_ptr + m * stride_rm + k, mask=mask, other=0.0).to(tl.float32)).to(dtype)
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        w = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+        x = ((x.to(tl.float32) * rstd_m).to(dtype).to(tl.float32) * w).to(dtype)
+    if PROLOGUE == 3:
+        gate = x.to(tl.float32)
+        up = tl.load(x_ptr + m * stride_xm + K + k, mask=mask, other=0.0).to(tl.float32)
+        x = (gate * tl.sigmoid(gate) * up).to(dtype)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def _x_tile(x_ptr, r_ptr, nw_ptr, rows, M, k, k_mask, stride_xm, stride_rm, rstd, K, PROLOGUE: tl.constexpr):
+    """prologue(x) for all rows at once, in x's dtype (the tensor-core variant's B operand)."""
+    dtype = x_ptr.dtype.element_ty
+    mask = (rows < M)[:, None] & k_mask[None, :]
+    offs = rows[:, None] * stride_xm + k[None, :]
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    if PROLOGUE == 2:
+        r = tl.load(r_ptr + rows[:, None] * stride_rm + k[None, :], mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        w = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        x = ((x.to(tl.float32) * rstd[:, None]).to(dtype).to(tl.float32) * w).to(dtype)
+    if PROLOGUE == 3:
+        gate = x.to(tl.float32)
+        up = tl.load(x_ptr + offs + K, mask=mask, other=0.0).to(tl.float32)
+        x = (gate * tl.sigmoid(gate) * up).to(dtype)
+    return x
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, r_ptr, nw_ptr, w_ptr, bias_ptr, out_ptr, new_r_ptr,
+    M, N, K, stride_xm, stride_rm, stride_wn, stride_om, eps,
+    PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_K: tl.constexpr,
+    USE_DOT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    rows = tl.arange(0, BLOCK_M)
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
+    w_next = tl.load(w_rows + ks[None, :], mask=col_mask[:, None] & (ks < K)[None, :], other=0.0)
+    pdl_wait(USE_PDL)  # everything below may read the previous kernel's output
+
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PROLOGUE == 1 or PROLOGUE == 2:  # pass 1: each row's sum of squares (and program 0 stores x + r)
+        sq = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, NORM_K):  # wide chunks: few L2 round trips before the weight stream
+            k = k0 + tl.arange(0, NORM_K)
+            mask = (rows < M)[:, None] & (k < K)[None, :]
+            x = tl.load(x_ptr + rows[:, None] * stride_xm + k[None, :], mask=mask, other=0.0)
+            if PROLOGUE == 2:
+                r = tl.load(r_ptr + rows[:, None] * stride_rm + k[None, :], mask=mask, other=0.0)
+                x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
+                if pid == 0:
+                    tl.store(new_r_ptr + rows[:, None] * K + k[None, :], x, mask=mask)
+            xf = x.to(tl.float32)
+            sq += tl.sum(xf * xf, axis=1)
+        rstd = tl.rsqrt(sq / K + eps)
+
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # one row: reduce over K once, after the loop
+    acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # the tensor-core variant's W x^T
+    for k0 in range(0, K, BLOCK_K):
+        w_raw = w_next
+        w = w_raw.to(tl.float32)
+        k_next = k0 + BLOCK_K + ks
+        w_next = tl.load(w_rows + k_next[None, :], mask=col_mask[:, None] & (k_next < K)[None, :], other=0.0)
+        k = k0 + ks
+        k_mask = k < K
+        if USE_DOT:
+            x_t = _x_tile(x_ptr, r_ptr, nw_ptr, rows, M, k, k_mask, stride_xm, stride_rm, rstd, K, PROLOGUE)
+            acc_t = tl.dot(w_raw, tl.trans(x_t), acc_t, input_precision="ieee")
+        elif BLOCK_M == 1:
+            x = _x_row(x_ptr, r_ptr, nw_ptr, 0, M, k, k_mask, stride_xm, stride_rm, tl.sum(rstd, axis=0), K,
+                       PROLOGUE)
+            acc_1 += w * x[None, :]
+        else:
+            for m in tl.static_range(BLOCK_M):
+                rstd_m = tl.sum(tl.where(rows == m, rstd, 0.0), axis=0)
+                x = _x_row(x_ptr, r_ptr, nw_ptr, m, M, k, k_mask, stride_xm, stride_rm, rstd_m, K, PROLOGUE)
+                part = tl.sum(w * x[None, :], axis=1)
+                acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
+    if USE_DOT:
+        acc = tl.trans(acc_t)
+    elif BLOCK_M == 1:
+        acc = tl.sum(acc_1, axis=1)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    out_offs = rows[:, None] * stride_om + cols[None, :]
+    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & col_mask[None, :])
+
+
+def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, prologue: str = "none",
+                norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None,
+                config: GemvConfig | None = None):
+    assert supports(x, weight, prologue), "shape/dtype not handled by the GEMV"
+    assert (prologue == "add_norm") == (residual is not None)
+    assert (prologue in ("norm", "add_norm")) == (norm_weight is not None)
+    m = x.shape[0]
+    n, k = weight.shape
+    config = config or default_config(n, k, m)
+    assert not config.dot or config.block_n >= 16, "tl.dot needs 16 rows of W"
+    block_m = max(16, triton.next_power_of_2(m)) if config.dot else triton.next_power_of_2(m)
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    new_residual = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else out
+    if residual is not None:
+        assert residual.shape == x.shape and residual.stride(-1) == 1
+    use_pdl = pdl_for(x)
+    _gemv_kernel[(triton.cdiv(n, config.block_n),)](
+        x, residual if residual is not None else x, norm_weight if norm_weight is not None else weight, weight,
+        bias if bias is not None else weight, out, new_residual,
+        m, n, k, x.stride(0), residual.stride(0) if residual is not None else 0, weight.stride(0), out.stride(0),
+        eps,
+        PROLOGUE=PROLOGUES[prologue], HAS_BIAS=bias is not None, USE_PDL=use_pdl,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        NORM_K=min(triton.next_power_of_2(k), max(config.block_k, 4096 // block_m)), USE_DOT=config.dot,
+        num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=use_pdl,
+    )
+    return (out, new_residual) if prologue == "add_norm" else out

@@ -1,0 +1,55 @@
+"""Programmatic dependent launch (PDL) for the Triton kernels of a step.
+
+With PDL a kernel may be launched while the one before it in the stream still runs: its programs become
+resident, do their index arithmetic (and read what the previous kernel cannot have written: the weights),
+then block in `griddepcontrol.wait` until the previous kernel has finished and its writes are visible.
+That hides the launch latency and the ramp-up between kernels, which CUDA graphs alone do not. Stream
+capture turns the launch attribute into a programmatic edge of the graph, so captured steps keep it.
+
+Every kernel launched with PDL must call `pdl_wait` in every program before it exits and before it
+touches what the kernel just before it may write (test_compile_sm90 checks that the PDL variants wait).
+pdl_wait waits first and only then lets the next kernel launch, so when a kernel starts, every kernel two
+or more places before it has finished: what they wrote, and the step's inputs written before the graph
+(positions, slots, block tables, seq lens), may be read before the wait. Kernels launched without PDL
+(cuBLAS) wait for their predecessor as usual, so a PDL kernel after a GEMM is correct too. Hopper and
+later only; `BLINK_PDL=1` turns it on (default off until the GPU bench, bench/kernels/fusion.py, says it
+wins). The switch is read at each launch on the host, i.e. when a graph is captured, never per replayed
+step.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+_state = {"on": os.environ.get("BLINK_PDL", "0") == "1"}
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def set_pdl(on: bool) -> None:
+    """Switch PDL for launches from now on (benches and tests; graphs captured earlier keep theirs)."""
+    _state["on"] = on
+
+
+def pdl_for(t: torch.Tensor) -> bool:
+    """Whether to launch a kernel on t's device with PDL: on, CUDA, compute capability >= 9.0."""
+    if not (_state["on"] and t.is_cuda) or _INTERPRETED:
+        return False
+    return _hopper_or_later(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _hopper_or_later(device: int) -> bool:
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@triton.jit
+def pdl_wait(USE_PDL: tl.constexpr):
+    """Wait for the previous kernel's writes, then let the next kernel launch (no-ops without PDL)."""
+    if USE_PDL:
+        gdc_wait()
+        gdc_launch_dependents()

@@ -1,0 +1,69 @@
+"""Which linears of a model take the decode GEMV (blink/kernels/gemv.py), decided once, at load time.
+
+The choice is per projection and shape, never per step: each dense layer's qkv_proj, o_proj, gate_up_proj,
+down_proj and the LM head either hold a GemvPlan (calls with at most max_m rows run the GEMV, with the
+norm or SiLU-mul before it in its prologue) or None (cuBLAS, as before). Calls with more rows (prefill,
+large decode batches) always go to cuBLAS, so a bucket's graph is the same at every capture.
+
+BLINK_GEMV names the projections ("qkv,o,gate_up,down,lm_head", "all", or "" / unset: none, the default
+until the GPU bench bench/kernels/fusion.py shows where the GEMV beats cuBLAS); BLINK_GEMV_MAX_M caps the
+rows (default gemv.MAX_M). MoE blocks keep their own kernels.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from torch import nn
+
+from blink.kernels.gemv import MAX_M, GemvPlan
+
+PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
+_MODULE_ROLES = {"self_attn.qkv_proj": "qkv", "self_attn.o_proj": "o", "mlp.gate_up_proj": "gate_up",
+                 "mlp.down_proj": "down"}
+
+
+@dataclass(frozen=True)
+class FusionPolicy:
+    gemv: frozenset[str] = frozenset()  # projections that take the GEMV
+    max_m: int = MAX_M
+
+    @staticmethod
+    def parse(names: str, max_m: int = MAX_M) -> FusionPolicy:
+        """'all', '' or a comma list of PROJECTIONS; ValueError names an unknown one."""
+        chosen = set(PROJECTIONS) if names.strip() == "all" else {n.strip() for n in names.split(",") if n.strip()}
+        unknown = chosen - set(PROJECTIONS)
+        if unknown:
+            raise ValueError(f"BLINK_GEMV: unknown projection(s) {sorted(unknown)}; choose from {PROJECTIONS}")
+        if not 1 <= max_m <= MAX_M:
+            raise ValueError(f"BLINK_GEMV_MAX_M must be in [1, {MAX_M}], got {max_m}")
+        return FusionPolicy(frozenset(chosen), max_m)
+
+
+def policy_from_env() -> FusionPolicy:
+    return FusionPolicy.parse(os.environ.get("BLINK_GEMV", ""), int(os.environ.get("BLINK_GEMV_MAX_M", MAX_M)))
+
+
+def _roles(model: nn.Module):
+    """(role, linear) for every dense layer's projection and the LM head."""
+    from blink.model.llama import LlamaMLP
+
+    if hasattr(model, "lm_head"):  # tied: the embedding module itself, which named_modules lists once
+        yield "lm_head", model.lm_head
+    for name, module in model.named_modules():
+        for suffix, role in _MODULE_ROLES.items():
+            parent = name[: -len(suffix)].rstrip(".")
+            if name.endswith(suffix) and (role in ("qkv", "o") or isinstance(model.get_submodule(parent + ".mlp"),
+                                                                             LlamaMLP)):
+                yield role, module
+
+
+def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int]:
+    """Set every projection's GemvPlan from the policy (shapes only); returns how many took it, per role."""
+    taken = dict.fromkeys(PROJECTIONS, 0)
+    for role, module in _roles(model):
+        weight = module.weight
+        ok = role in policy.gemv and weight.dim() == 2 and weight.shape[1] % 8 == 0
+        module.gemv = GemvPlan(None, policy.max_m) if ok else None  # tiles: gemv.default_config per call shape
+        taken[role] += ok
+    return taken

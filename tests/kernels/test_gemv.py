@@ -1,0 +1,148 @@
+"""The decode GEMV (blink/kernels/gemv.py) and its prologues against the kernels they replace, under the
+interpreter; the load-time policy (blink/model/fusion.py); the model with every projection on the GEMV."""
+import pytest
+import torch
+import triton
+
+from blink import kernels
+from blink.kernels import gemv
+from blink.kernels.gemv import GemvConfig, GemvPlan, gemv_ref, gemv_triton
+from blink.model.fusion import FusionPolicy, apply_fusion_policy
+from blink.model.weights import load_model
+from tests.model.paged import PagedDriver
+
+
+def _inputs(m, n, k, prologue, dtype, bias, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    rand = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)
+    x = rand(m, 2 * k if prologue == "silu_mul" else k)
+    weight = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    return dict(x=x, weight=weight, bias=rand(n) if bias else None, prologue=prologue,
+                norm_weight=rand(k) if prologue in ("norm", "add_norm") else None, eps=1e-5,
+                residual=rand(m, k) if prologue == "add_norm" else None)
+
+
+@pytest.mark.parametrize("prologue", list(gemv.PROLOGUES))
+@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_matches_the_composed_references(prologue, m, dtype):
+    # N and K are not multiples of the tiles: the masks at both edges are exercised.
+    args = _inputs(m, 44, 104, prologue, dtype, bias=m != 3)
+    config = GemvConfig(block_n=8, block_k=32)
+    got, expected = gemv_triton(**args, config=config), gemv_ref(**args)
+    if prologue != "add_norm":
+        got, expected = (got,), (expected,)
+    # bf16: the interpreter truncates fp32 -> bf16 where torch rounds, at up to three points.
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=6e-2, rtol=2**-5)
+    for g, e in zip(got, expected, strict=True):
+        assert g.shape == e.shape and g.dtype == dtype
+        torch.testing.assert_close(g, e, **tol)
+    if prologue == "add_norm":
+        torch.testing.assert_close(got[1], (args["x"].float() + args["residual"].float()).to(dtype), **tol)
+
+
+@pytest.mark.parametrize("prologue", list(gemv.PROLOGUES))
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter's bf16 tl.dot is wrong
+def test_tensor_core_variant_matches_the_references(prologue, m, dtype):
+    args = _inputs(m, 40, 96, prologue, dtype, bias=True, seed=3)
+    got = gemv_triton(**args, config=GemvConfig(block_n=16, block_k=32, dot=True))
+    expected = gemv_ref(**args)
+    if prologue == "add_norm":
+        torch.testing.assert_close(got[1], expected[1], atol=1e-3, rtol=1e-3)
+        got, expected = got[0], expected[0]
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(got, expected, **tol)
+
+
+def test_gemv_reads_strided_rows():
+    """x may be a row-strided view (a slice of a wider activation), as the model's inputs can be."""
+    wide = torch.randn(4, 160)
+    weight = torch.randn(24, 96) / 10
+    got = gemv_triton(wide[:, :96], weight, config=GemvConfig(block_n=4, block_k=64))
+    torch.testing.assert_close(got, wide[:, :96] @ weight.T, atol=1e-5, rtol=1e-5)
+
+
+def test_supports_only_decode_shapes():
+    weight = torch.zeros(32, 64)
+    assert gemv.supports(torch.zeros(8, 64), weight)
+    assert not gemv.supports(torch.zeros(9, 64), weight)  # more rows: cuBLAS
+    assert not gemv.supports(torch.zeros(2, 64), weight, "silu_mul")  # silu_mul needs gate|up: 2K columns
+    assert gemv.supports(torch.zeros(2, 128), weight, "silu_mul")
+    assert not gemv.supports(torch.zeros(2, 60), torch.zeros(32, 60))  # K % 8: no 16-byte rows
+
+
+def test_default_config_fills_the_last_wave_and_widens_with_m():
+    slots = 4 * 132
+
+    def fill(n, bn):
+        programs = triton.cdiv(n, bn)
+        return programs / (triton.cdiv(programs, slots) * slots)
+    for n, k in [(6144, 4096), (4096, 14336), (28672, 4096), (128256, 4096), (64, 48)]:
+        for m in (1, 2, 8):
+            config = gemv.default_config(n, k, m)
+            assert config.block_n * config.block_k == 4096 or config.block_k == triton.next_power_of_2(k)
+            widths = (4, 8, 2) if m <= 2 else (16, 8)
+            assert fill(n, config.block_n) >= min(0.9, max(fill(n, w) for w in widths))
+    for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:  # llama3-8b
+        assert gemv.default_config(n, k, 1) == GemvConfig(block_n=4, block_k=1024)
+    assert gemv.default_config(6144, 4096, 8).block_n == 16  # 384 programs of 16 rows fill 73% of a wave
+    assert gemv.default_config(4096, 4096, 8).block_n == 8  # 256 programs of 16 would fill 48%
+
+
+def test_policy_parsing_and_load_time_choice():
+    assert FusionPolicy.parse("").gemv == frozenset()
+    assert FusionPolicy.parse("all").gemv == {"qkv", "o", "gate_up", "down", "lm_head"}
+    assert FusionPolicy.parse(" qkv, down ").gemv == {"qkv", "down"}
+    with pytest.raises(ValueError, match="unknown projection.*'up'"):
+        FusionPolicy.parse("qkv,up")
+    with pytest.raises(ValueError, match="BLINK_GEMV_MAX_M"):
+        FusionPolicy.parse("all", max_m=9)
+    model, cfg = load_model("tiny-qwen3-moe", "cpu", dtype=torch.float32)
+    dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    taken = apply_fusion_policy(model, FusionPolicy.parse("all", max_m=4))
+    layers = cfg.num_hidden_layers
+    assert taken == {"qkv": layers, "o": layers, "gate_up": dense, "down": dense, "lm_head": 1}
+    assert model.model.layers[0].self_attn.qkv_proj.gemv.max_m == 4
+    apply_fusion_policy(model, FusionPolicy())
+    assert all(getattr(m, "gemv", None) is None for m in model.modules())
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2", "tiny-qwen3-moe"])
+def test_model_on_the_gemv_gives_the_reference_logits(monkeypatch, preset):
+    """Every projection on the GEMV (norms and SiLU-mul in its prologues) vs the cuBLAS path, fp32; the
+    10-token prefill has more rows than max_m and must fall back to the unfused path in the same step."""
+    model, _ = load_model(preset, "cpu", dtype=torch.float32, seed=1)
+    chunks = [{0: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}, {0: [11], 1: [12, 13, 14]}, {0: [15], 1: [16]}]
+    reference = PagedDriver(model)
+    expected = [reference.step(c, pad_tokens=1, pad_seqs=1) for c in chunks]
+    calls = []
+    real = gemv.gemv_triton
+    monkeypatch.setattr(kernels, "gemv_triton", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+    monkeypatch.setattr(kernels, "_triton_device", lambda x: True)
+    monkeypatch.setattr(gemv, "default_config", lambda n, k, m: GemvConfig(block_n=32, block_k=32))  # fewer programs
+    apply_fusion_policy(model, FusionPolicy.parse("all"))
+    driver = PagedDriver(model)
+    for step, c in enumerate(chunks):
+        got = driver.step(c, pad_tokens=1, pad_seqs=1)
+        for seq in c:
+            torch.testing.assert_close(got[seq], expected[step][seq], rtol=1e-4, atol=1e-4)
+    assert calls and max(calls) <= gemv.MAX_M and 5 in calls  # the decode steps (4 + 1 pad rows) took it
+
+
+def test_plan_max_m_sends_larger_calls_to_cublas(monkeypatch):
+    monkeypatch.setattr(kernels, "_triton_device", lambda x: True)
+    monkeypatch.setattr(kernels, "gemv_triton", lambda *a, **k: pytest.fail("GEMV called above max_m"))
+    x, weight = torch.randn(3, 64), torch.randn(16, 64)
+    out = kernels.linear(x, weight, gemv=GemvPlan(GemvConfig(block_n=4, block_k=64), max_m=2))
+    torch.testing.assert_close(out, x @ weight.T)
+
+
+def test_pdl_only_on_cuda_tensors_when_on():
+    from blink.kernels.pdl import pdl_for, set_pdl
+
+    set_pdl(True)
+    try:
+        assert not pdl_for(torch.zeros(1))  # CPU (and the interpreter): plain launches
+    finally:
+        set_pdl(False)

@@ -1,0 +1,132 @@
+"""Issue 17's levers on the GPU (needs a CUDA GPU): the GEMV and its prologues on llama3-8b's shapes in bf16,
+PDL inside captured graphs, and graphs against eager with every lever on."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from bench.kernels.step_kernels import _decode_step
+from blink.config import EngineArgs
+from blink.core.loaded_model import LoadedModel
+from blink.host.engine import HostEngine
+from blink.kernels import gemv
+from blink.kernels.pdl import set_pdl
+from blink.model import presets
+from blink.model.fusion import FusionPolicy, apply_fusion_policy
+from blink.model.llama import LlamaForCausalLM
+from blink.model.weights import init_preset_weights
+from blink.request import SamplingParams
+from tests.host.test_host_engine import run_all
+
+pytestmark = pytest.mark.gpu
+# (K, N) of llama3-8b's projection each prologue stands in front of
+SHAPES = {"none": (4096, 128256), "norm": (4096, 6144), "add_norm": (4096, 28672), "silu_mul": (14336, 4096)}
+
+
+@pytest.fixture
+def pdl():
+    set_pdl(True)
+    yield
+    set_pdl(False)
+
+
+def _rel(got, ref):
+    return ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
+
+
+def _same_choice(got, ref, tol=2e-2):
+    """Each row's greedy token under ref is (up to a near-tie of tol x max|logit|) the best under got too."""
+    picked = got.gather(-1, ref.argmax(-1, keepdim=True)).squeeze(-1)
+    return bool((picked >= got.max(-1).values - tol * got.abs().max()).all())
+
+
+@pytest.mark.parametrize("prologue", list(gemv.PROLOGUES))
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+def test_gemv_real_shapes_bf16(prologue, m, pdl):
+    k, n = SHAPES[prologue]
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    rand = lambda *shape: torch.randn(*shape, device="cuda", generator=gen).bfloat16()
+    x = rand(m, 2 * k if prologue == "silu_mul" else k)
+    weight, bias = rand(n, k) / k**0.5, rand(n) if m == 5 else None
+    norm_w = rand(k) if prologue in ("norm", "add_norm") else None
+    residual = rand(m, k) if prologue == "add_norm" else None
+    poison = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    del poison  # the output reuses the NaN block: every element must be written
+    got = gemv.gemv_triton(x, weight, bias, prologue, norm_w, 1e-5, residual)
+    ref = gemv.gemv_ref(x, weight, bias, prologue, norm_w, 1e-5, residual)
+    if prologue == "add_norm":
+        assert torch.equal(got[1], ref[1])  # the new residual: one bf16 add, rounded the same
+        got, ref = got[0], ref[0]
+    assert torch.isfinite(got).all()
+    assert _rel(got, ref) < 1e-2
+
+
+def _short_llama(layers=4):
+    cfg = dataclasses.replace(presets.get("llama3-8b"), num_hidden_layers=layers)
+    model = LlamaForCausalLM(cfg, "cuda", torch.bfloat16, max_positions=2048)
+    init_preset_weights(model, seed=0)
+    return model, cfg
+
+
+@pytest.mark.parametrize("batch", [1, 8, 32])
+def test_step_graph_with_levers_matches_eager_and_the_baseline(batch):
+    """A decode step (GEMV where M <= 8, PDL) captured and replayed equals its eager run; and the logits stay
+    those of the unfused cuBLAS path up to bf16 accumulation order."""
+    model, cfg = _short_llama()
+    step = _decode_step(model, cfg, batch, 1000, 2048)
+    with torch.inference_mode():
+        baseline = step().float()
+        apply_fusion_policy(model, FusionPolicy.parse("all"))
+        set_pdl(True)
+        try:
+            eager = step().float()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                step()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = step()
+            # Replay on other tokens: a kernel that read its input before the previous kernel wrote it
+            # would see the capture's values, not these.
+            step.input_ids.copy_(torch.randint_like(step.input_ids, cfg.vocab_size))
+            graph.replay()
+            torch.cuda.synchronize()
+            replayed = captured.float()
+            eager_new = step().float()
+        finally:
+            set_pdl(False)
+    assert torch.isfinite(replayed).all()
+    assert _rel(replayed, eager_new) < 1e-2  # the same kernels; only cuBLAS may pick another algorithm in capture
+    assert _same_choice(replayed, eager_new)
+    assert _rel(eager, baseline) < 3e-2
+    assert _same_choice(eager, baseline)
+
+
+def test_host_engine_graphs_vs_eager_with_every_lever_on():
+    """As tests/host/test_host_engine_gpu.py's graphs-vs-eager check, with the GEMV on every projection and PDL."""
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 128000, int(n)).tolist() for n in rng.integers(1, 300, 24)]
+    p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    args = dict(model="llama3-8b", device="cuda", dtype="bfloat16", max_num_seqs=32, max_num_batched_tokens=512,
+                max_model_len=1024, num_kv_blocks=2048)
+    loaded = LoadedModel.load(EngineArgs(**args), num_layers=4)
+    requests = {i: (q, p) for i, q in enumerate(prompts)}
+    baseline, _, _ = run_all(HostEngine(EngineArgs(**args), loaded), requests)
+    taken = apply_fusion_policy(loaded.model, FusionPolicy.parse("all"))
+    assert taken == {"qkv": 4, "o": 4, "gate_up": 4, "down": 4, "lm_head": 1}
+    set_pdl(True)
+    try:
+        graphs, _, _ = run_all(HostEngine(EngineArgs(**args), loaded), requests)
+        eager, _, _ = run_all(HostEngine(EngineArgs(**args, enforce_eager=True), loaded), requests)
+    finally:
+        set_pdl(False)
+        apply_fusion_policy(loaded.model, FusionPolicy())
+    same = sum(graphs[i] == eager[i] for i in range(len(prompts)))
+    vs_base = sum(graphs[i] == baseline[i] for i in range(len(prompts)))
+    print(f"llama3-8b (4 layers) bf16, GEMV + PDL: {same}/{len(prompts)} requests identical between graphs and "
+          f"eager, {vs_base}/{len(prompts)} identical to the unfused graphs")
+    assert sum(graphs[i][0] == eager[i][0] for i in range(len(prompts))) >= len(prompts) * 0.75
+    assert sum(graphs[i][0] == baseline[i][0] for i in range(len(prompts))) >= len(prompts) * 0.75
