@@ -1,15 +1,19 @@
 """Token sampling over per-slot parameters (blink/kernels/sampling_state.py), CUDA-graph capturable.
 
 The semantics are sampling_ref's (order, exponential race, thresholds, raw logprobs); this is its Triton
-pipeline, equal to it token for token. Four launches, fixed grids, no host sync:
-  1. penalties: rows whose slot has penalties or logit_bias get processed logits in a side buffer; the
-     other rows return at once, so their logits are never copied.
-  2. keep thresholds (sampling_select): rows with temperature > 0 and some filter (top_k, top_p < 1,
-     min_p > 0) search their threshold by bisection; every other row writes -inf and returns.
-  3. choose: the vocabulary split in chunks over many programs; each runs the race (or the argmax of a
-     greedy row) and an online log-sum-exp of the raw logits over its chunk.
-  4. finish: one program per row merges the chunks: the token, its raw logprob and, for rows whose slot
-     asks (num_logprobs > 0), the top-K logprobs by a sort-free selection.
+pipeline, equal to it token for token. Fixed grids, no host sync; every kernel but the resolve and the
+finish splits the vocabulary in the same chunks (about 256 programs in all):
+  1. penalties: rows whose slot has penalties or logit_bias get processed logits in a side buffer (the
+     other rows are never copied); rows with a filter also write each chunk's maximum, and every row
+     zeroes its selection scratch.
+  2-4. keep thresholds (sampling_bucket): rows with temperature > 0 and some filter (top_k, top_p < 1,
+     min_p > 0) bucket their tokens, gather the candidates and resolve the threshold exactly; every other
+     row writes -inf.
+  5. choose: each program runs the race (or the argmax of a greedy row) and an online log-sum-exp of the
+     raw logits over its chunk, and certifies a floor for the top-K logprobs (sampling_topk).
+  6. top-K candidates (only when logprobs are asked for at all): tokens at or above the floor.
+  7. finish: one program per row merges the chunks: the token, its raw logprob and, for rows whose slot
+     asks (num_logprobs > 0), the top-K logprobs from the candidates.
 A row whose slot is -1 is padding: greedy, no penalties, no top logprobs. The kernels take the vocabulary
 size as a compile-time constant: one compile per model (and the interpreter cannot loop up to a runtime
 scalar). FMA contraction is off so that every product rounds as in the torch reference.
@@ -22,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _resolve_kernel, is_filtered
 from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
 from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the reference lives there)
     SampleOutput,
@@ -31,13 +36,21 @@ from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the referen
     sample_ref,
 )
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, race_uniform_ref, row_hash  # noqa: F401
-from blink.kernels.sampling_select import canonical, keep_threshold_kernel, sortable_key, write_top_logprobs
+from blink.kernels.sampling_select import canonical, sortable_key
+from blink.kernels.sampling_topk import (
+    _compact_top_kernel,
+    asks_for_logprobs,
+    chunk_certificate,
+    top_floor,
+    write_top_from_candidates,
+)
 
 if TYPE_CHECKING:
     from blink.kernels.sampling_state import SamplingState
 
 _NO_FUSION = {"enable_fp_fusion": False}
 _ROW_WARPS = 16  # one program per row: as many loads in flight as an SM takes
+CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
 _INT32_MAX = tl.constexpr(0x7FFFFFFF)
 
 
@@ -52,13 +65,16 @@ def _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presen
 @triton.jit
 def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr, frequency_ptr, presence_ptr,
                       counts_ptr, prompt_mask_ptr, bias_ids_ptr, bias_vals_ptr, gstate_ptr, gid_ptr, classes_ptr,
-                      row_base_ptr, cells_ptr, vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr,
-                      BIAS_BLOCK: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                      row_base_ptr, cells_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_max_ptr,
+                      hist_ptr, sums_ptr, counter_ptr, vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr,
+                      BIAS_BLOCK: tl.constexpr, PENALIZE: tl.constexpr, NB: tl.constexpr, P: tl.constexpr,
+                      ZERO: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """PENALIZE=0: the logits are already processed; only the chunk maxima and the zeroing."""
     row = tl.program_id(0)
     chunk_start = tl.program_id(1) * CHUNK
     slot = tl.load(slots_ptr + row)
     safe_slot = tl.maximum(slot, 0)
-    flags = tl.where(slot >= 0, tl.load(flags_ptr + safe_slot), 0)
+    flags = tl.where(slot >= 0, tl.load(flags_ptr + safe_slot), 0) * PENALIZE
     if flags != 0:
         has_penalties = (flags & 1) != 0
         has_grammar = (flags & _FLAG_GRAMMAR) != 0
@@ -103,13 +119,34 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                 x = tl.where(allowed, x, float("-inf"))
             tl.store(out_row + ids, x, mask=used)
 
+    # The selection's per-row scratch starts at zero (the histogram's slice of this program, the sums).
+    z = tl.program_id(1) * ZERO + tl.arange(0, ZERO)
+    tl.store(hist_ptr + row * NB + z, tl.zeros([ZERO], tl.int32), mask=z < NB)
+    if tl.program_id(1) == 0:
+        tl.store(sums_ptr + row, tl.zeros([], tl.int64))
+        tl.store(counter_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int32))
+    # Rows with a filter: this chunk's largest processed logit (the buckets are relative to the row's).
+    if is_filtered(slot, tl.load(temperature_ptr + safe_slot), tl.load(top_k_ptr + safe_slot),
+                   tl.load(top_p_ptr + safe_slot), tl.load(min_p_ptr + safe_slot)):
+        src = logits_ptr + row.to(tl.int64) * vocab_size
+        if flags != 0:
+            tl.debug_barrier()  # this program's stores to the processed row land before it reads them back
+            src = out_ptr + row.to(tl.int64) * vocab_size
+        largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)
+        for start in range(0, CHUNK, BLOCK):
+            offs = chunk_start + start + tl.arange(0, BLOCK)
+            x = tl.load(src + offs, mask=offs < vocab_size, other=float("-inf"))
+            largest = tl.maximum(largest, tl.where(offs < vocab_size, sortable_key(canonical(x)), -_INT32_MAX - 1))
+        tl.store(part_max_ptr + row * P + tl.program_id(1), tl.max(largest, 0))
 
-# ---- 3. choice and log-sum-exp, per chunk ---------------------------------------------------------
+
+# ---- 5. choice and log-sum-exp, per chunk ---------------------------------------------------------
 @triton.jit
 def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, positions_ptr, flags_ptr, temperature_ptr,
-                   seed_ptr, part_max_ptr, part_sum_ptr, part_best_ptr, part_token_ptr, part_smallest_ptr,
-                   part_largest_ptr, vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr, KEY_BYTES: tl.constexpr,
-                   CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                   seed_ptr, num_logprobs_ptr, part_max_ptr, part_sum_ptr, part_best_ptr, part_token_ptr,
+                   part_smallest_ptr, part_largest_ptr, part_kth_ptr, vocab_size: tl.constexpr,
+                   NUM_CHUNKS: tl.constexpr, KEY_BYTES: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
+                   BLOCK: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     slot = tl.load(slots_ptr + row)
@@ -161,14 +198,18 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
     tl.store(part_token_ptr + out, tl.min(tl.where(best == top, best_token, vocab_size), 0))
     tl.store(part_smallest_ptr + out, tl.min(smallest, 0))
     tl.store(part_largest_ptr + out, tl.max(largest, 0))
+    if K > 0:
+        if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
+            tl.store(part_kth_ptr + out, chunk_certificate(largest, K, BLOCK))
 
 
-# ---- 4. merge the chunks; logprobs ----------------------------------------------------------------
+# ---- 7. merge the chunks; logprobs ----------------------------------------------------------------
 @triton.jit
 def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_max_ptr, part_sum_ptr,
-                   part_best_ptr, part_token_ptr, part_smallest_ptr, part_largest_ptr, token_ptr, logprob_ptr,
-                   top_ids_ptr, top_logprobs_ptr, vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr,
-                   CHUNKS_PAD: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr, BLOCK: tl.constexpr):
+                   part_best_ptr, part_token_ptr, part_smallest_ptr, part_largest_ptr, part_kth_ptr, counter_ptr,
+                   cand_key_ptr, cand_id_ptr, token_ptr, logprob_ptr, top_ids_ptr, top_logprobs_ptr,
+                   vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr, K: tl.constexpr,
+                   K_PAD: tl.constexpr, CAND: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.arange(0, CHUNKS_PAD)
     part = row * NUM_CHUNKS + c
@@ -188,20 +229,15 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
     tl.store(logprob_ptr + row, tl.load(raw_row + token) - normalizer)
 
     if K > 0:
-        slot = tl.load(slots_ptr + row)
-        asks = (slot >= 0) & (tl.load(num_logprobs_ptr + tl.maximum(slot, 0)) > 0)
         ids_out = top_ids_ptr + row.to(tl.int64) * K
         logprobs_out = top_logprobs_ptr + row.to(tl.int64) * K
-        if asks:
-            chunk_largest = tl.load(part_largest_ptr + part, mask=in_range, other=-_INT32_MAX - 1)
-            if NUM_CHUNKS >= K:
-                # The K-th largest chunk maximum: K elements reach it, so the K-th largest element does too.
-                ordered = tl.sort(chunk_largest, 0, descending=True)
-                floor = tl.max(tl.where(c == K - 1, ordered, -_INT32_MAX - 1), 0)
-            else:
-                floor = tl.min(tl.load(part_smallest_ptr + part, mask=in_range, other=_INT32_MAX), 0)
-            write_top_logprobs(raw_row, scratch_ptr + row.to(tl.int64) * vocab_size, floor, tl.max(chunk_largest, 0),
-                               normalizer, ids_out, logprobs_out, vocab_size, K, K_PAD, BLOCK)
+        if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
+            largest = tl.max(tl.load(part_largest_ptr + part, mask=in_range, other=-_INT32_MAX - 1), 0)
+            write_top_from_candidates(
+                raw_row, scratch_ptr + row.to(tl.int64) * vocab_size, cand_key_ptr + row * CAND,
+                cand_id_ptr + row * CAND, tl.load(counter_ptr + row * 2 + 1),
+                top_floor(part_kth_ptr, part_smallest_ptr, row, NUM_CHUNKS, CHUNKS_PAD), largest, normalizer,
+                ids_out, logprobs_out, vocab_size, K, K_PAD, CAND, BLOCK)
         else:
             k = tl.arange(0, K_PAD)
             tl.store(ids_out + k, tl.full([K_PAD], -1, tl.int64), mask=k < K)
@@ -210,7 +246,7 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
 
 # ---- launches -------------------------------------------------------------------------------------
 def _chunk_size(num_rows: int, vocab_size: int) -> int:
-    """Vocabulary per choose/penalties program: about 256 programs in all, 2k..32k tokens each."""
+    """Vocabulary per multi-program kernel: about 256 programs in all, 2k..32k tokens each."""
     smallest = max(16, min(2048, triton.next_power_of_2(vocab_size) // 4))
     wanted = triton.next_power_of_2(triton.cdiv(vocab_size, max(1, 256 // num_rows)))
     return max(smallest, min(32768, wanted))
@@ -221,91 +257,129 @@ def _row_block(vocab_size: int) -> int:
     return max(16, min(4096, triton.next_power_of_2(vocab_size) // 4))
 
 
-def _penalized_rows(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState) -> torch.Tensor:
-    """[S, V] processed logits; only rows whose slot has flags != 0 are written."""
+class _Plan:
+    """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
+
+    def __init__(self, logits: torch.Tensor):
+        num_rows, vocab_size = logits.shape
+        device = logits.device
+        self.chunk = _chunk_size(num_rows, vocab_size)
+        self.num_chunks = triton.cdiv(vocab_size, self.chunk)
+        self.chunks_pad = triton.next_power_of_2(self.num_chunks)
+        self.block = min(self.chunk, 1024)
+        self.cand = min(CANDIDATES, triton.next_power_of_2(vocab_size))
+        self.grid = (num_rows, self.num_chunks)
+        self.scratch = torch.empty_like(logits)  # the one-program searches' gathers
+        self.part_f32 = torch.empty(3, num_rows, self.num_chunks, dtype=torch.float32, device=device)
+        self.part_i32 = torch.empty(6, num_rows, self.num_chunks, dtype=torch.int32, device=device)
+        self.part_total = torch.empty(num_rows, self.num_chunks, dtype=torch.int64, device=device)
+        self.hist = torch.empty(num_rows, NUM_BUCKETS, dtype=torch.int32, device=device)
+        self.sums = torch.empty(num_rows, dtype=torch.int64, device=device)
+        self.counters = torch.empty(num_rows, 2, dtype=torch.int32, device=device)
+        self.cand_i32 = torch.empty(3, num_rows, self.cand, dtype=torch.int32, device=device)
+
+    @property
+    def row_max(self) -> torch.Tensor:  # chunk maxima of the processed rows (keys)
+        return self.part_i32[4]
+
+    @property
+    def kept_min(self) -> torch.Tensor:  # chunk minima of the tokens min_p keeps (keys)
+        return self.part_i32[5]
+
+
+def _prologue(logits, out, slots, state, plan: _Plan, penalize: bool) -> None:
     num_rows, vocab_size = logits.shape
-    out = torch.empty_like(logits)
-    chunk = _chunk_size(num_rows, vocab_size)
     num_bias = state.bias_ids.shape[1]
-    _penalties_kernel[(num_rows, triton.cdiv(vocab_size, chunk))](
+    _penalties_kernel[plan.grid](
         logits, out, slots, state.flags, state.repetition_penalty, state.frequency_penalty,
         state.presence_penalty, state.output_counts, state.prompt_mask, state.bias_ids, state.bias_vals,
         state.grammar_state, state.grammar_id, state.grammar_classes, state.grammar_row_base, state.grammar_cells,
-        vocab_size, NUM_BIAS=num_bias, BIAS_BLOCK=triton.next_power_of_2(num_bias), CHUNK=chunk,
-        BLOCK=min(chunk, 1024), num_warps=4, **_NO_FUSION,
+        state.temperature, state.top_k, state.top_p, state.min_p, plan.row_max, plan.hist, plan.sums, plan.counters,
+        vocab_size, NUM_BIAS=num_bias, BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize),
+        NB=NUM_BUCKETS, P=plan.num_chunks, ZERO=triton.next_power_of_2(triton.cdiv(NUM_BUCKETS, plan.num_chunks)),
+        CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION,
     )
-    return out
 
 
-def _keep_thresholds_triton(logits, processed, scratch, slots, state) -> torch.Tensor:
+def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan) -> torch.Tensor:
     num_rows, vocab_size = logits.shape
+    params = (slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p)
+    sizes = dict(NB=NUM_BUCKETS, P=plan.num_chunks, P_PAD=plan.chunks_pad)
+    _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
+                              vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION)
+    _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
+                               plan.counters, plan.cand_i32[0], vocab_size, **sizes, CAND=plan.cand, CHUNK=plan.chunk,
+                               BLOCK=plan.block, num_warps=4, **_NO_FUSION)
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
-    keep_threshold_kernel[(num_rows,)](
-        logits, processed, scratch, out, slots, state.flags, state.temperature, state.top_k, state.top_p,
-        state.min_p, vocab_size, BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS, **_NO_FUSION,
-    )
+    _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, *params, plan.row_max, plan.kept_min,
+                                 plan.part_total, plan.hist, plan.sums, plan.cand_i32[0], vocab_size, **sizes,
+                                 CAND=plan.cand, BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS, **_NO_FUSION)
     return out
 
 
-def _choose_and_score(logits, processed, threshold, scratch, slots, positions, state,
-                      max_top_logprobs) -> SampleOutput:
+def _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs,
+                      plan: _Plan) -> SampleOutput:
     num_rows, vocab_size = logits.shape
     assert max_top_logprobs <= vocab_size
     device = logits.device
-    chunk = _chunk_size(num_rows, vocab_size)
-    num_chunks = triton.cdiv(vocab_size, chunk)
-    part_f32 = torch.empty(3, num_rows, num_chunks, dtype=torch.float32, device=device)
-    part_i32 = torch.empty(3, num_rows, num_chunks, dtype=torch.int32, device=device)
-    _choose_kernel[(num_rows, num_chunks)](
+    f32, i32 = plan.part_f32, plan.part_i32
+    _choose_kernel[plan.grid](
         logits, processed, threshold, slots, positions, state.flags, state.temperature, state.seed,
-        part_f32[0], part_f32[1], part_f32[2], part_i32[0], part_i32[1], part_i32[2], vocab_size,
-        NUM_CHUNKS=num_chunks, KEY_BYTES=KEY_BYTES, CHUNK=chunk, BLOCK=min(chunk, 1024), num_warps=4,
-        **_NO_FUSION,
+        state.num_logprobs, f32[0], f32[1], f32[2], i32[0], i32[1], i32[2], i32[3], vocab_size,
+        NUM_CHUNKS=plan.num_chunks, KEY_BYTES=KEY_BYTES, K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block,
+        num_warps=4, **_NO_FUSION,
     )
+    if max_top_logprobs > 0:
+        _compact_top_kernel[plan.grid](
+            logits, slots, state.num_logprobs, i32[3], i32[1], plan.counters, plan.cand_i32[1], plan.cand_i32[2],
+            vocab_size, P=plan.num_chunks, P_PAD=plan.chunks_pad, CAND=plan.cand, CHUNK=plan.chunk,
+            BLOCK=plan.block, num_warps=4, **_NO_FUSION,
+        )
     token_ids = torch.empty(num_rows, dtype=torch.int64, device=device)
     logprobs = torch.empty(num_rows, dtype=torch.float32, device=device)
     top_ids = torch.empty(num_rows, max_top_logprobs, dtype=torch.int64, device=device)
     top_logprobs = torch.empty(num_rows, max_top_logprobs, dtype=torch.float32, device=device)
     _finish_kernel[(num_rows,)](
-        logits, scratch, slots, state.num_logprobs, part_f32[0], part_f32[1], part_f32[2], part_i32[0],
-        part_i32[1], part_i32[2], token_ids, logprobs, top_ids, top_logprobs, vocab_size, NUM_CHUNKS=num_chunks,
-        CHUNKS_PAD=triton.next_power_of_2(num_chunks), K=max_top_logprobs,
-        K_PAD=triton.next_power_of_2(max(max_top_logprobs, 1)), BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS,
-        **_NO_FUSION,
+        logits, plan.scratch, slots, state.num_logprobs, f32[0], f32[1], f32[2], i32[0], i32[1], i32[2], i32[3],
+        plan.counters, plan.cand_i32[1], plan.cand_i32[2], token_ids, logprobs, top_ids, top_logprobs, vocab_size,
+        NUM_CHUNKS=plan.num_chunks, CHUNKS_PAD=plan.chunks_pad, K=max_top_logprobs,
+        K_PAD=triton.next_power_of_2(max(max_top_logprobs, 1)), CAND=plan.cand, BLOCK=_row_block(vocab_size),
+        num_warps=_ROW_WARPS, **_NO_FUSION,
     )
     return SampleOutput(token_ids, logprobs, top_ids, top_logprobs)
-
-
-def _scratch(logits: torch.Tensor) -> torch.Tensor:
-    """Where the searches gather their candidates: a row per row (written only by rows that search)."""
-    return torch.empty_like(logits)
 
 
 # ---- pieces on their own (tests, benchmark) and the whole step ------------------------------------
 def apply_penalties_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState) -> torch.Tensor:
     flagged = torch.where(slots >= 0, state.flags[slots.clamp(min=0).long()], 0) != 0
-    return torch.where(flagged[:, None], _penalized_rows(logits, slots, state), logits)
+    out = torch.empty_like(logits)
+    _prologue(logits, out, slots, state, _Plan(logits), penalize=True)
+    return torch.where(flagged[:, None], out, logits)
 
 
 def keep_thresholds_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState) -> torch.Tensor:
     """keep_thresholds on already processed logits."""
-    return _keep_thresholds_triton(logits, logits, _scratch(logits), slots, state)
+    plan = _Plan(logits)
+    _prologue(logits, logits, slots, state, plan, penalize=False)
+    return _keep_thresholds_triton(logits, logits, slots, state, plan)
 
 
 def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: torch.Tensor,
                          positions: torch.Tensor, state: SamplingState) -> torch.Tensor:
     """choose_tokens_ref on already processed logits."""
-    return _choose_and_score(logits, logits, threshold, _scratch(logits), slots, positions, state, 0).token_ids
+    plan = _Plan(logits)
+    return _choose_and_score(logits, logits, threshold, slots, positions, state, 0, plan).token_ids
 
 
 def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
                   max_top_logprobs: int) -> SampleOutput:
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
-    processed = _penalized_rows(logits, slots, state)
-    scratch = _scratch(logits)
-    threshold = _keep_thresholds_triton(logits, processed, scratch, slots, state)
-    return _choose_and_score(logits, processed, threshold, scratch, slots, positions, state, max_top_logprobs)
+    plan = _Plan(logits)
+    processed = torch.empty_like(logits)
+    _prologue(logits, processed, slots, state, plan, penalize=True)
+    threshold = _keep_thresholds_triton(logits, processed, slots, state, plan)
+    return _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs, plan)
 
 
 def sample(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
