@@ -26,8 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _resolve_kernel, is_filtered
-from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
+from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _resolve_kernel
+from blink.kernels.sampling_penalties import prologue
 from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the reference lives there)
     SampleOutput,
     apply_penalties_ref,
@@ -52,92 +52,6 @@ _NO_FUSION = {"enable_fp_fusion": False}
 _ROW_WARPS = 16  # one program per row: as many loads in flight as an SM takes
 CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
 _INT32_MAX = tl.constexpr(0x7FFFFFFF)
-
-
-# ---- 1. logit_bias and penalties, only for the rows that have them --------------------------------
-@triton.jit
-def _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presence):
-    seen = (count > 0) | (in_prompt != 0)
-    x = tl.where(seen, tl.where(x > 0, x * inv_repetition, x * repetition), x)
-    return x - frequency * count.to(tl.float32) - presence * (count > 0).to(tl.float32)
-
-
-@triton.jit
-def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr, frequency_ptr, presence_ptr,
-                      counts_ptr, prompt_mask_ptr, bias_ids_ptr, bias_vals_ptr, gstate_ptr, gid_ptr, classes_ptr,
-                      row_base_ptr, cells_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, part_max_ptr,
-                      hist_ptr, sums_ptr, counter_ptr, vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr,
-                      BIAS_BLOCK: tl.constexpr, PENALIZE: tl.constexpr, NB: tl.constexpr, P: tl.constexpr,
-                      ZERO: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    """PENALIZE=0: the logits are already processed; only the chunk maxima and the zeroing."""
-    row = tl.program_id(0)
-    chunk_start = tl.program_id(1) * CHUNK
-    slot = tl.load(slots_ptr + row)
-    safe_slot = tl.maximum(slot, 0)
-    flags = tl.where(slot >= 0, tl.load(flags_ptr + safe_slot), 0) * PENALIZE
-    if flags != 0:
-        has_penalties = (flags & 1) != 0
-        has_grammar = (flags & _FLAG_GRAMMAR) != 0
-        gstate = tl.load(gstate_ptr + safe_slot)
-        gid = tl.load(gid_ptr + safe_slot)
-        repetition = tl.load(repetition_ptr + safe_slot)
-        inv_repetition = tl.math.div_rn(1.0, repetition)
-        frequency = tl.load(frequency_ptr + safe_slot)
-        presence = tl.load(presence_ptr + safe_slot)
-        in_row = logits_ptr + row.to(tl.int64) * vocab_size
-        out_row = out_ptr + row.to(tl.int64) * vocab_size
-        history = safe_slot.to(tl.int64) * vocab_size  # row of output_counts / prompt_mask
-
-        # Dense pass over this chunk: a copy unless the slot has penalties (then read its history).
-        for start in range(0, CHUNK, BLOCK):
-            offs = chunk_start + start + tl.arange(0, BLOCK)
-            mask = offs < vocab_size
-            x = tl.load(in_row + offs, mask=mask)
-            if has_penalties:
-                count = tl.load(counts_ptr + history + offs, mask=mask, other=0)
-                in_prompt = tl.load(prompt_mask_ptr + history + offs, mask=mask, other=0)
-                x = _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presence)
-            if has_grammar:  # before temperature and the filters: they see only allowed tokens
-                allowed = grammar_allowed(offs, mask, gstate, gid, classes_ptr, row_base_ptr, cells_ptr, vocab_size)
-                x = tl.where(allowed, x, float("-inf"))
-            tl.store(out_row + offs, x, mask=mask)
-
-        # Biased tokens of this chunk: bias comes first, so redo them from the raw logit.
-        if (flags & 2) != 0:
-            tl.debug_barrier()  # the dense pass's stores to these tokens must land before ours
-            b = tl.arange(0, BIAS_BLOCK)
-            ids = tl.load(bias_ids_ptr + safe_slot.to(tl.int64) * NUM_BIAS + b, mask=b < NUM_BIAS, other=-1)
-            vals = tl.load(bias_vals_ptr + safe_slot.to(tl.int64) * NUM_BIAS + b, mask=b < NUM_BIAS, other=0.0)
-            used = (ids >= chunk_start) & (ids < chunk_start + CHUNK)
-            x = tl.load(in_row + ids, mask=used, other=0.0) + vals
-            if has_penalties:
-                count = tl.load(counts_ptr + history + ids, mask=used, other=0)
-                in_prompt = tl.load(prompt_mask_ptr + history + ids, mask=used, other=0)
-                x = _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presence)
-            if has_grammar:
-                allowed = grammar_allowed(ids, used, gstate, gid, classes_ptr, row_base_ptr, cells_ptr, vocab_size)
-                x = tl.where(allowed, x, float("-inf"))
-            tl.store(out_row + ids, x, mask=used)
-
-    # The selection's per-row scratch starts at zero (the histogram's slice of this program, the sums).
-    z = tl.program_id(1) * ZERO + tl.arange(0, ZERO)
-    tl.store(hist_ptr + row * NB + z, tl.zeros([ZERO], tl.int32), mask=z < NB)
-    if tl.program_id(1) == 0:
-        tl.store(sums_ptr + row, tl.zeros([], tl.int64))
-        tl.store(counter_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int32))
-    # Rows with a filter: this chunk's largest processed logit (the buckets are relative to the row's).
-    if is_filtered(slot, tl.load(temperature_ptr + safe_slot), tl.load(top_k_ptr + safe_slot),
-                   tl.load(top_p_ptr + safe_slot), tl.load(min_p_ptr + safe_slot)):
-        src = logits_ptr + row.to(tl.int64) * vocab_size
-        if flags != 0:
-            tl.debug_barrier()  # this program's stores to the processed row land before it reads them back
-            src = out_ptr + row.to(tl.int64) * vocab_size
-        largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)
-        for start in range(0, CHUNK, BLOCK):
-            offs = chunk_start + start + tl.arange(0, BLOCK)
-            x = tl.load(src + offs, mask=offs < vocab_size, other=float("-inf"))
-            largest = tl.maximum(largest, tl.where(offs < vocab_size, sortable_key(canonical(x)), -_INT32_MAX - 1))
-        tl.store(part_max_ptr + row * P + tl.program_id(1), tl.max(largest, 0))
 
 
 # ---- 5. choice and log-sum-exp, per chunk ---------------------------------------------------------
@@ -287,20 +201,6 @@ class _Plan:
         return self.part_i32[5]
 
 
-def _prologue(logits, out, slots, state, plan: _Plan, penalize: bool) -> None:
-    num_rows, vocab_size = logits.shape
-    num_bias = state.bias_ids.shape[1]
-    _penalties_kernel[plan.grid](
-        logits, out, slots, state.flags, state.repetition_penalty, state.frequency_penalty,
-        state.presence_penalty, state.output_counts, state.prompt_mask, state.bias_ids, state.bias_vals,
-        state.grammar_state, state.grammar_id, state.grammar_classes, state.grammar_row_base, state.grammar_cells,
-        state.temperature, state.top_k, state.top_p, state.min_p, plan.row_max, plan.hist, plan.sums, plan.counters,
-        vocab_size, NUM_BIAS=num_bias, BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize),
-        NB=NUM_BUCKETS, P=plan.num_chunks, ZERO=triton.next_power_of_2(triton.cdiv(NUM_BUCKETS, plan.num_chunks)),
-        CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION,
-    )
-
-
 def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan) -> torch.Tensor:
     num_rows, vocab_size = logits.shape
     params = (slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p)
@@ -353,14 +253,14 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
 def apply_penalties_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState) -> torch.Tensor:
     flagged = torch.where(slots >= 0, state.flags[slots.clamp(min=0).long()], 0) != 0
     out = torch.empty_like(logits)
-    _prologue(logits, out, slots, state, _Plan(logits), penalize=True)
+    prologue(logits, out, slots, state, _Plan(logits), penalize=True)
     return torch.where(flagged[:, None], out, logits)
 
 
 def keep_thresholds_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState) -> torch.Tensor:
     """keep_thresholds on already processed logits."""
     plan = _Plan(logits)
-    _prologue(logits, logits, slots, state, plan, penalize=False)
+    prologue(logits, logits, slots, state, plan, penalize=False)
     return _keep_thresholds_triton(logits, logits, slots, state, plan)
 
 
@@ -377,7 +277,7 @@ def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Te
     logits = logits.float().contiguous()
     plan = _Plan(logits)
     processed = torch.empty_like(logits)
-    _prologue(logits, processed, slots, state, plan, penalize=True)
+    prologue(logits, processed, slots, state, plan, penalize=True)
     threshold = _keep_thresholds_triton(logits, processed, slots, state, plan)
     return _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs, plan)
 

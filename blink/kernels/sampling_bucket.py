@@ -61,9 +61,9 @@ def row_params(row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
 
 
 @triton.jit
-def row_max(part_max_ptr, row, P: tl.constexpr, P_PAD: tl.constexpr):
+def row_max(key_max_ptr, row, P: tl.constexpr, P_PAD: tl.constexpr):
     c = tl.arange(0, P_PAD)
-    return tl.max(tl.load(part_max_ptr + row * P + c, mask=c < P, other=_INT32_MIN), 0)
+    return tl.max(tl.load(key_max_ptr + row * P + c, mask=c < P, other=_INT32_MIN), 0)
 
 
 @triton.jit
@@ -101,7 +101,7 @@ def _plan(hist_row, part_total_row, top_k, top_p, NB: tl.constexpr, P: tl.conste
 
 @triton.jit
 def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-                   part_max_ptr, part_min_ptr, part_total_ptr, hist_ptr, vocab_size: tl.constexpr,
+                   key_max_ptr, kept_min_ptr, part_total_ptr, hist_ptr, vocab_size: tl.constexpr,
                    NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -112,7 +112,7 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
         if processed:  # penalized or biased: the penalties kernel wrote this row
             src = processed_ptr + row.to(tl.int64) * vocab_size
         inv_temperature = tl.math.div_rn(1.0, temperature)  # rounded as torch's '/'
-        s_max = key_value(row_max(part_max_ptr, row, P, P_PAD)) * inv_temperature
+        s_max = key_value(row_max(key_max_ptr, row, P, P_PAD)) * inv_temperature
         cutoff = tl.where(min_p > 0.0, s_max + tl.log(min_p), float("-inf"))  # -inf: keeps all
         hist = tl.zeros([NB], tl.int32)
         total = tl.zeros([BLOCK], tl.int64)
@@ -127,19 +127,19 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
             smallest = tl.minimum(smallest, tl.where(kept, sortable_key(x), _INT32_MAX))
         tl.atomic_add(hist_ptr + row * NB + tl.arange(0, NB), hist, mask=hist != 0)
         tl.store(part_total_ptr + row * P + chunk, tl.sum(total, 0))
-        tl.store(part_min_ptr + row * P + chunk, tl.min(smallest, 0))
+        tl.store(kept_min_ptr + row * P + chunk, tl.min(smallest, 0))
 
 
 @triton.jit
 def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
-                    min_p_ptr, part_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, cand_ptr,
+                    min_p_ptr, key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, cand_ptr,
                     vocab_size: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
                     CAND: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
-    top = row_max(part_max_ptr, row, P, P_PAD)
+    top = row_max(key_max_ptr, row, P, P_PAD)
     finite = (top < _KEY_INF) & (top > _KEY_MINUS_INF)
     if filtered & finite:
         _, j_lo, j_hi, _, num_candidates, _, _ = _plan(hist_ptr + row * NB, part_total_ptr + row * P, top_k, top_p,
@@ -172,7 +172,7 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
 
 @triton.jit
 def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, slots_ptr, flags_ptr, temperature_ptr,
-                    top_k_ptr, top_p_ptr, min_p_ptr, part_max_ptr, part_min_ptr, part_total_ptr, hist_ptr, sums_ptr,
+                    top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, kept_min_ptr, part_total_ptr, hist_ptr, sums_ptr,
                     cand_ptr, vocab_size: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
                     CAND: tl.constexpr, BLOCK: tl.constexpr):
     """out[row] = sampling_ref.keep_thresholds; rows with no filter write -inf."""
@@ -181,12 +181,12 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, slots_ptr, 
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
     threshold = tl.full([], float("-inf"), tl.float32)
     if filtered:
-        top = row_max(part_max_ptr, row, P, P_PAD)
+        top = row_max(key_max_ptr, row, P, P_PAD)
         finite = (top < _KEY_INF) & (top > _KEY_MINUS_INF)
         top_k_active, j_lo, j_hi, num_above, num_candidates, total, budget = _plan(
             hist_ptr + row * NB, part_total_ptr + row * P, top_k, top_p, NB, P, P_PAD)
         c = tl.arange(0, P_PAD)
-        floor = tl.min(tl.load(part_min_ptr + row * P + c, mask=c < P, other=_INT32_MAX), 0)  # smallest kept
+        floor = tl.min(tl.load(kept_min_ptr + row * P + c, mask=c < P, other=_INT32_MAX), 0)  # smallest kept
         searched = (finite & (num_candidates <= CAND)).to(tl.int32)
         if searched & (j_lo <= j_hi):
             inv_temperature = tl.math.div_rn(1.0, temperature)
