@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 _NO_FUSION = {"enable_fp_fusion": False}
 _ROW_WARPS = 16  # one program per row: as many loads in flight as an SM takes
 CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
+SHORT_SORT = 256  # fewer candidates than this (the usual case) take a short sort
 _INT32_MAX = tl.constexpr(0x7FFFFFFF)
 
 
@@ -123,7 +124,7 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
                    part_best_ptr, part_token_ptr, part_smallest_ptr, part_largest_ptr, part_kth_ptr, counter_ptr,
                    cand_key_ptr, cand_id_ptr, token_ptr, logprob_ptr, top_ids_ptr, top_logprobs_ptr,
                    vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr, K: tl.constexpr,
-                   K_PAD: tl.constexpr, CAND: tl.constexpr, BLOCK: tl.constexpr):
+                   K_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.arange(0, CHUNKS_PAD)
     part = row * NUM_CHUNKS + c
@@ -151,7 +152,7 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
                 raw_row, scratch_ptr + row.to(tl.int64) * vocab_size, cand_key_ptr + row * CAND,
                 cand_id_ptr + row * CAND, tl.load(counter_ptr + row * 2 + 1),
                 top_floor(part_kth_ptr, part_smallest_ptr, row, NUM_CHUNKS, CHUNKS_PAD), largest, normalizer,
-                ids_out, logprobs_out, vocab_size, K, K_PAD, CAND, BLOCK)
+                ids_out, logprobs_out, vocab_size, K, K_PAD, CAND, SMALL, BLOCK)
         else:
             k = tl.arange(0, K_PAD)
             tl.store(ids_out + k, tl.full([K_PAD], -1, tl.int64), mask=k < K)
@@ -182,6 +183,7 @@ class _Plan:
         self.chunks_pad = triton.next_power_of_2(self.num_chunks)
         self.block = min(self.chunk, 1024)
         self.cand = min(CANDIDATES, triton.next_power_of_2(vocab_size))
+        self.small = min(SHORT_SORT, self.cand)
         self.grid = (num_rows, self.num_chunks)
         self.scratch = torch.empty_like(logits)  # the one-program searches' gathers
         self.part_f32 = torch.empty(3, num_rows, self.num_chunks, dtype=torch.float32, device=device)
@@ -209,11 +211,12 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan) -> tor
                               vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION)
     _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
                                plan.counters, plan.cand_i32[0], vocab_size, **sizes, CAND=plan.cand, CHUNK=plan.chunk,
-                               BLOCK=plan.block, num_warps=4, **_NO_FUSION)
+                               BLOCK=plan.block, num_warps=8, **_NO_FUSION)  # 8: the plan's NB-wide scans
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
     _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, *params, plan.row_max, plan.kept_min,
                                  plan.part_total, plan.hist, plan.sums, plan.cand_i32[0], vocab_size, **sizes,
-                                 CAND=plan.cand, BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS, **_NO_FUSION)
+                                 CAND=plan.cand, SMALL=plan.small, BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS,
+                                 **_NO_FUSION)
     return out
 
 
@@ -243,7 +246,8 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
         logits, plan.scratch, slots, state.num_logprobs, f32[0], f32[1], f32[2], i32[0], i32[1], i32[2], i32[3],
         plan.counters, plan.cand_i32[1], plan.cand_i32[2], token_ids, logprobs, top_ids, top_logprobs, vocab_size,
         NUM_CHUNKS=plan.num_chunks, CHUNKS_PAD=plan.chunks_pad, K=max_top_logprobs,
-        K_PAD=triton.next_power_of_2(max(max_top_logprobs, 1)), CAND=plan.cand, BLOCK=_row_block(vocab_size),
+        K_PAD=triton.next_power_of_2(max(max_top_logprobs, 1)), CAND=plan.cand, SMALL=plan.small,
+        BLOCK=_row_block(vocab_size),
         num_warps=_ROW_WARPS, **_NO_FUSION,
     )
     return SampleOutput(token_ids, logprobs, top_ids, top_logprobs)

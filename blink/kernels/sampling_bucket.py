@@ -3,7 +3,7 @@
 sampling_select's bisection runs one program per row and re-reads a 512 KB row several times from one
 SM. Here the row is split in chunks (the penalties kernel's grid, which also wrote each chunk's maximum):
   1. _bucket_kernel: every token kept by min_p falls in a bucket by its distance d = s_max - x / T (a
-     monotone function of x: bucket j holds d in [j, j+1) / 32, the last bucket everything beyond); a
+     monotone function of x: bucket j holds d in [j, j+1) / 128, the last bucket everything beyond); a
      per-row histogram of counts (atomics), and per chunk the exact top_p weight total and the smallest
      kept key.
   2. _compact_kernel: every program plans the same bucket range [j_lo, j_hi] that must hold the threshold
@@ -23,8 +23,7 @@ import triton.language as tl
 
 from blink.kernels.sampling_select import canonical, key_value, search_threshold, sortable_key
 
-NUM_BUCKETS = 1024
-BUCKETS_PER_UNIT = 32.0  # a power of two: d * 32 is exact, so each bucket's d range is exact
+NUM_BUCKETS = 4096  # over d in [0, 32): NB / 32 = 128 buckets per unit, a power of two, so d * 128 is exact
 _INT32_MIN = tl.constexpr(-0x7FFFFFFF - 1)
 _INT32_MAX = tl.constexpr(0x7FFFFFFF)
 _KEY_INF = tl.constexpr(0x7F800000)  # sortable_key(+inf)
@@ -44,7 +43,7 @@ def top_p_weight(x, inv_temperature, s_max):
 
 @triton.jit
 def bucket_of(x, inv_temperature, s_max, NB: tl.constexpr):
-    scaled = (s_max - x * inv_temperature) * 32.0  # >= 0; NaN (all -inf) and far tokens go to the last bucket
+    scaled = (s_max - x * inv_temperature) * (NB / 32.0)  # >= 0; NaN (all -inf) and far tokens go to the last bucket
     return tl.where(scaled < NB - 1, scaled, NB - 1).to(tl.int32)
 
 
@@ -81,9 +80,9 @@ def _plan(hist_row, part_total_row, top_k, top_p, NB: tl.constexpr, P: tl.conste
     budget = top_p.to(tl.float64) * total.to(tl.float64)
     # Each bucket's weight per token lies in [w_min, w_max] (1e-5: exp's error in f32, with room to spare).
     jf = j.to(tl.float64)
-    w_min = tl.where(j < NB - 1, tl.exp(-(jf + 1.0) / 32.0) * 4294967296.0 * (1.0 - 1e-5) - 1.0, 0.0)
+    w_min = tl.where(j < NB - 1, tl.exp(-(jf + 1.0) / (NB / 32.0)) * 4294967296.0 * (1.0 - 1e-5) - 1.0, 0.0)
     w_min = tl.maximum(w_min, 0.0)
-    w_max_prev = tl.exp(-(jf - 1.0) / 32.0) * 4294967296.0 * (1.0 + 1e-5) + 1.0
+    w_max_prev = tl.exp(-(jf - 1.0) / (NB / 32.0)) * 4294967296.0 * (1.0 + 1e-5) + 1.0
     counts_prev = tl.load(hist_row + j - 1, mask=j > 0, other=0)
     lower = tl.cumsum(counts.to(tl.float64) * w_min, 0) * (1.0 - 1e-9)  # weight of buckets <= j, at least
     upper_before = tl.cumsum(counts_prev.to(tl.float64) * w_max_prev, 0) * (1.0 + 1e-9)  # buckets < j, at most
@@ -171,10 +170,33 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
 
 
 @triton.jit
+def _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor, budget, top_k_active, top_k, top_p,
+                        inv_temperature, s_max, SIZE: tl.constexpr):
+    """sampling_ref's threshold over the sorted candidates (SIZE >= num_candidates), offset by the
+    num_above tokens of weight mass_above before them. Returns (key, 1), or (_, 0) if it fell outside."""
+    i = tl.arange(0, SIZE)
+    ordered = tl.sort(tl.load(cand_row + i, mask=i < num_candidates, other=_INT32_MIN), 0, descending=True)
+    searched = tl.full([], 1, tl.int32)
+    if top_k_active:  # the k-th largest (its ties stay too)
+        floor = tl.max(tl.where(i == top_k - 1 - num_above, ordered, _INT32_MIN), 0)
+    if top_p < 1.0:
+        in_set = (i < num_candidates) & (ordered >= floor)
+        weight = tl.where(in_set, top_p_weight(key_value(ordered), inv_temperature, s_max), 0)
+        if top_k_active:  # j_lo is 0: the whole top_k set is here
+            budget = top_p.to(tl.float64) * tl.sum(weight, 0).to(tl.float64)
+        mass_before = mass_above + tl.cumsum(weight, 0) - weight
+        kept = in_set & (mass_before.to(tl.float64) < budget)
+        position = tl.maximum(num_above + tl.sum(kept.to(tl.int32), 0), 1) - 1 - num_above
+        searched = ((position >= 0) & (position < num_candidates)).to(tl.int32)  # always: the plan is sound
+        floor = tl.max(tl.where(i == position, ordered, _INT32_MIN), 0)
+    return floor, searched
+
+
+@triton.jit
 def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, slots_ptr, flags_ptr, temperature_ptr,
                     top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, kept_min_ptr, part_total_ptr, hist_ptr, sums_ptr,
                     cand_ptr, vocab_size: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
-                    CAND: tl.constexpr, BLOCK: tl.constexpr):
+                    CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr):
     """out[row] = sampling_ref.keep_thresholds; rows with no filter write -inf."""
     row = tl.program_id(0)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
@@ -191,22 +213,14 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, slots_ptr, 
         if searched & (j_lo <= j_hi):
             inv_temperature = tl.math.div_rn(1.0, temperature)
             s_max = key_value(top) * inv_temperature
-            i = tl.arange(0, CAND)
-            ordered = tl.sort(tl.load(cand_ptr + row * CAND + i, mask=i < num_candidates, other=_INT32_MIN), 0,
-                              descending=True)
-            if top_k_active:  # the k-th largest (its ties stay too)
-                floor = tl.max(tl.where(i == top_k - 1 - num_above, ordered, _INT32_MIN), 0)
-            if top_p < 1.0:
-                mass_above = tl.load(sums_ptr + row)
-                in_set = (i < num_candidates) & (ordered >= floor)
-                weight = tl.where(in_set, top_p_weight(key_value(ordered), inv_temperature, s_max), 0)
-                if top_k_active:  # j_lo is 0: the whole top_k set is here
-                    budget = top_p.to(tl.float64) * tl.sum(weight, 0).to(tl.float64)
-                mass_before = mass_above + tl.cumsum(weight, 0) - weight
-                kept = in_set & (mass_before.to(tl.float64) < budget)
-                position = tl.maximum(num_above + tl.sum(kept.to(tl.int32), 0), 1) - 1 - num_above
-                searched = ((position >= 0) & (position < num_candidates)).to(tl.int32)  # always: the plan is sound
-                floor = tl.max(tl.where(i == position, ordered, _INT32_MIN), 0)
+            cand_row = cand_ptr + row * CAND
+            mass_above = tl.load(sums_ptr + row)
+            if num_candidates <= SMALL:  # the usual case: a short sort
+                floor, searched = _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor, budget,
+                                                      top_k_active, top_k, top_p, inv_temperature, s_max, SMALL)
+            else:
+                floor, searched = _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor, budget,
+                                                      top_k_active, top_k, top_p, inv_temperature, s_max, CAND)
         threshold = key_value(floor)
         if searched == 0:
             src = logits_ptr + row.to(tl.int64) * vocab_size

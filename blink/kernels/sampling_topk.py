@@ -65,26 +65,36 @@ def _compact_top_kernel(logits_ptr, slots_ptr, num_logprobs_ptr, part_kth_ptr, p
 
 
 @triton.jit
+def _write_sorted_candidates(cand_key_row, cand_id_row, count, normalizer, ids_out, logprobs_out,
+                             vocab_size: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr, SIZE: tl.constexpr):
+    i = tl.arange(0, SIZE)
+    key = tl.load(cand_key_row + i, mask=i < count, other=0)
+    ids = tl.load(cand_id_row + i, mask=i < count, other=0)
+    # One non-negative int64 per candidate: value descending, then id ascending.
+    order = (key.to(tl.int64) + 2147483647 + 1) * vocab_size + (vocab_size - 1 - ids)
+    order = tl.sort(tl.where(i < count, order, -1), 0, descending=True)
+    tl.debug_barrier()  # every candidate is read before the sorted ones overwrite them
+    tl.store(cand_key_row + i, (order // vocab_size - 2147483648).to(tl.int32), mask=i < count)
+    tl.store(cand_id_row + i, (vocab_size - 1 - order % vocab_size).to(tl.int32), mask=i < count)
+    tl.debug_barrier()  # the sorted candidates land before the first K are read back
+    k = tl.arange(0, K_PAD)
+    top_ids = tl.load(cand_id_row + k, mask=k < K, other=0)
+    values = key_value(tl.load(cand_key_row + k, mask=k < K, other=0))
+    tl.store(ids_out + k, top_ids.to(tl.int64), mask=k < K)
+    tl.store(logprobs_out + k, values - normalizer, mask=k < K)
+
+
+@triton.jit
 def write_top_from_candidates(raw_row, scratch_row, cand_key_row, cand_id_row, count, floor, largest, normalizer,
                               ids_out, logprobs_out, vocab_size: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr,
-                              CAND: tl.constexpr, BLOCK: tl.constexpr):
+                              CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr):
     """The K largest tokens of a row, as ids and x - normalizer, descending (one program per row)."""
-    if count <= CAND:
-        i = tl.arange(0, CAND)
-        key = tl.load(cand_key_row + i, mask=i < count, other=0)
-        ids = tl.load(cand_id_row + i, mask=i < count, other=0)
-        # One non-negative int64 per candidate: value descending, then id ascending.
-        order = (key.to(tl.int64) + 2147483647 + 1) * vocab_size + (vocab_size - 1 - ids)
-        order = tl.sort(tl.where(i < count, order, -1), 0, descending=True)
-        tl.debug_barrier()  # every candidate is read before the sorted ones overwrite them
-        tl.store(cand_key_row + i, (order // vocab_size - 2147483648).to(tl.int32), mask=i < count)
-        tl.store(cand_id_row + i, (vocab_size - 1 - order % vocab_size).to(tl.int32), mask=i < count)
-        tl.debug_barrier()  # the sorted candidates land before the first K are read back
-        k = tl.arange(0, K_PAD)
-        top_ids = tl.load(cand_id_row + k, mask=k < K, other=0)
-        values = key_value(tl.load(cand_key_row + k, mask=k < K, other=0))
-        tl.store(ids_out + k, top_ids.to(tl.int64), mask=k < K)
-        tl.store(logprobs_out + k, values - normalizer, mask=k < K)
+    if count <= SMALL:  # the usual case: a short sort
+        _write_sorted_candidates(cand_key_row, cand_id_row, count, normalizer, ids_out, logprobs_out, vocab_size, K,
+                                 K_PAD, SMALL)
+    elif count <= CAND:
+        _write_sorted_candidates(cand_key_row, cand_id_row, count, normalizer, ids_out, logprobs_out, vocab_size, K,
+                                 K_PAD, CAND)
     else:
         write_top_logprobs(raw_row, scratch_row, floor, largest, normalizer, ids_out, logprobs_out, vocab_size, K,
                            K_PAD, BLOCK)

@@ -41,6 +41,19 @@ def test_the_fallback_search_gives_the_same_thresholds_and_top_logprobs(monkeypa
     assert torch.equal(sample_triton(logits, zeros, positions, logprob_state, 5).top_ids, ref.top_ids)
 
 
+def test_the_long_sort_gives_the_same_thresholds_and_top_logprobs(monkeypatch):
+    """Short sorts hold 2 candidates: rows with more take the full-size sort, with the same result."""
+    monkeypatch.setattr(sampling, "SHORT_SORT", 2)
+    vocab = 200
+    state = filter_state(vocab, logprobs=True)
+    rows = len(FILTER_PARAMS)
+    logits = tricky_rows(rows, vocab, seed=9)
+    slots, positions = torch.arange(rows, dtype=torch.int32), torch.arange(rows)
+    assert torch.equal(keep_thresholds_triton(logits, slots, state), keep_thresholds(logits, slots, state))
+    assert torch.equal(sample_triton(logits, slots, positions, state, 20).top_ids,
+                       sample_ref(logits, slots, positions, state, 20).top_ids)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1), scale=st.sampled_from([0.5, 3.0, 12.0]),
        temperature=st.sampled_from([0.3, 0.8, 1.0, 2.5]), top_k=st.sampled_from([0, 1, 5, 60, 400]),
