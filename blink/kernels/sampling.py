@@ -4,16 +4,15 @@ The semantics are sampling_ref's (order, exponential race, thresholds, raw logpr
 pipeline, equal to it token for token. Fixed grids, no host sync; every kernel but the resolve and the
 finish splits the vocabulary in the same chunks (about 256 programs in all):
   1. penalties: rows whose slot has penalties or logit_bias get processed logits in a side buffer (the
-     other rows are never copied); rows with a filter also write each chunk's maximum, and every row
-     zeroes its selection scratch.
+     other rows are never copied); rows with a filter also write each chunk's maximum, rows that ask for
+     top-K logprobs each chunk's floor certificate (sampling_topk), and every row zeroes its scratch.
   2-4. keep thresholds (sampling_bucket): rows with temperature > 0 and some filter (top_k, top_p < 1,
-     min_p > 0) bucket their tokens, gather the candidates and resolve the threshold exactly; every other
-     row writes -inf.
+     min_p > 0) bucket their tokens, gather the candidates (step 3 also gathers the top-K logprobs'
+     candidates) and resolve the threshold exactly; every other row writes -inf.
   5. choose: each program runs the race (or the argmax of a greedy row) and an online log-sum-exp of the
-     raw logits over its chunk, and certifies a floor for the top-K logprobs (sampling_topk).
-  6. top-K candidates (only when logprobs are asked for at all): tokens at or above the floor.
-  7. finish: one program per row merges the chunks: the token, its raw logprob and, for rows whose slot
-     asks (num_logprobs > 0), the top-K logprobs from the candidates.
+     raw logits over its chunk.
+  6. finish: one program per row merges the chunks: the token, its raw logprob and, for rows whose slot
+     asks (num_logprobs > 0), the top-K logprobs from their candidates.
 A row whose slot is -1 is padding: greedy, no penalties, no top logprobs. The kernels take the vocabulary
 size as a compile-time constant: one compile per model (and the interpreter cannot loop up to a runtime
 scalar). FMA contraction is off so that every product rounds as in the torch reference.
@@ -38,9 +37,7 @@ from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the referen
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, race_uniform_ref, row_hash  # noqa: F401
 from blink.kernels.sampling_select import canonical, sortable_key
 from blink.kernels.sampling_topk import (
-    _compact_top_kernel,
     asks_for_logprobs,
-    chunk_certificate,
     top_floor,
     write_top_from_candidates,
 )
@@ -58,9 +55,8 @@ _INT32_MAX = tl.constexpr(0x7FFFFFFF)
 # ---- 5. choice and log-sum-exp, per chunk ---------------------------------------------------------
 @triton.jit
 def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, positions_ptr, flags_ptr, temperature_ptr,
-                   seed_ptr, num_logprobs_ptr, part_max_ptr, part_sum_ptr, part_best_ptr, part_token_ptr,
-                   part_smallest_ptr, part_largest_ptr, part_kth_ptr, vocab_size: tl.constexpr,
-                   NUM_CHUNKS: tl.constexpr, KEY_BYTES: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
+                   seed_ptr, part_max_ptr, part_sum_ptr, part_best_ptr, part_token_ptr, part_largest_ptr,
+                   vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr, KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr,
                    BLOCK: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -77,8 +73,7 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
 
     run_max = tl.full([BLOCK], float("-inf"), tl.float32)  # online log-sum-exp of the raw logits, per lane
     run_sum = tl.zeros([BLOCK], tl.float32)
-    smallest = tl.full([BLOCK], _INT32_MAX, tl.int32)  # key range of the raw row, for the top-K search
-    largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)
+    largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)  # of the raw row, for the top-K fallback search
     best = tl.full([BLOCK], float("-inf"), tl.float32)  # a lane keeps its first maximum
     best_token = tl.full([BLOCK], vocab_size, tl.int32)
     for start in range(0, CHUNK, BLOCK):
@@ -90,7 +85,6 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
         run_sum = run_sum * tl.exp(run_max - pivot) + tl.exp(x - pivot)
         run_max = new_max
         key = sortable_key(canonical(x))
-        smallest = tl.minimum(smallest, tl.where(valid, key, _INT32_MAX))
         largest = tl.maximum(largest, tl.where(valid, key, -_INT32_MAX - 1))
 
         score = x
@@ -111,14 +105,10 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
     tl.store(part_sum_ptr + out, tl.sum(run_sum * scale, 0))
     tl.store(part_best_ptr + out, top)
     tl.store(part_token_ptr + out, tl.min(tl.where(best == top, best_token, vocab_size), 0))
-    tl.store(part_smallest_ptr + out, tl.min(smallest, 0))
     tl.store(part_largest_ptr + out, tl.max(largest, 0))
-    if K > 0:
-        if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
-            tl.store(part_kth_ptr + out, chunk_certificate(largest, K, BLOCK))
 
 
-# ---- 7. merge the chunks; logprobs ----------------------------------------------------------------
+# ---- 6. merge the chunks; logprobs ----------------------------------------------------------------
 @triton.jit
 def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_max_ptr, part_sum_ptr,
                    part_best_ptr, part_token_ptr, part_smallest_ptr, part_largest_ptr, part_kth_ptr, counter_ptr,
@@ -203,15 +193,18 @@ class _Plan:
         return self.part_i32[5]
 
 
-def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan) -> torch.Tensor:
+def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_top_logprobs: int = 0) -> torch.Tensor:
+    """Steps 2-4; the compaction also gathers the top-K logprobs' candidates when max_top_logprobs > 0."""
     num_rows, vocab_size = logits.shape
     params = (slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p)
     sizes = dict(NB=NUM_BUCKETS, P=plan.num_chunks, P_PAD=plan.chunks_pad)
     _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
                               vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION)
     _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
-                               plan.counters, plan.cand_i32[0], vocab_size, **sizes, CAND=plan.cand, CHUNK=plan.chunk,
-                               BLOCK=plan.block, num_warps=8, **_NO_FUSION)  # 8: the plan's NB-wide scans
+                               plan.counters, plan.cand_i32[0], state.num_logprobs, plan.part_i32[3], plan.part_i32[1],
+                               plan.cand_i32[1], plan.cand_i32[2], vocab_size, **sizes, CAND=plan.cand,
+                               K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=8,
+                               **_NO_FUSION)  # 8 warps: the plan's NB-wide scans
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
     _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, *params, plan.row_max, plan.kept_min,
                                  plan.part_total, plan.hist, plan.sums, plan.cand_i32[0], vocab_size, **sizes,
@@ -228,16 +221,10 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
     f32, i32 = plan.part_f32, plan.part_i32
     _choose_kernel[plan.grid](
         logits, processed, threshold, slots, positions, state.flags, state.temperature, state.seed,
-        state.num_logprobs, f32[0], f32[1], f32[2], i32[0], i32[1], i32[2], i32[3], vocab_size,
-        NUM_CHUNKS=plan.num_chunks, KEY_BYTES=KEY_BYTES, K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block,
+        f32[0], f32[1], f32[2], i32[0], i32[2], vocab_size,
+        NUM_CHUNKS=plan.num_chunks, KEY_BYTES=KEY_BYTES, CHUNK=plan.chunk, BLOCK=plan.block,
         num_warps=4, **_NO_FUSION,
     )
-    if max_top_logprobs > 0:
-        _compact_top_kernel[plan.grid](
-            logits, slots, state.num_logprobs, i32[3], i32[1], plan.counters, plan.cand_i32[1], plan.cand_i32[2],
-            vocab_size, P=plan.num_chunks, P_PAD=plan.chunks_pad, CAND=plan.cand, CHUNK=plan.chunk,
-            BLOCK=plan.block, num_warps=4, **_NO_FUSION,
-        )
     token_ids = torch.empty(num_rows, dtype=torch.int64, device=device)
     logprobs = torch.empty(num_rows, dtype=torch.float32, device=device)
     top_ids = torch.empty(num_rows, max_top_logprobs, dtype=torch.int64, device=device)
@@ -281,8 +268,8 @@ def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Te
     logits = logits.float().contiguous()
     plan = _Plan(logits)
     processed = torch.empty_like(logits)
-    prologue(logits, processed, slots, state, plan, penalize=True)
-    threshold = _keep_thresholds_triton(logits, processed, slots, state, plan)
+    prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs)
+    threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)
     return _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs, plan)
 
 

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from blink.kernels.sampling_select import canonical, key_value, search_threshold, sortable_key
+from blink.kernels.sampling_topk import asks_for_logprobs, compact_top_chunk
 
 NUM_BUCKETS = 4096  # over d in [0, 32): NB / 32 = 128 buckets per unit, a power of two, so d * 128 is exact
 _INT32_MIN = tl.constexpr(-0x7FFFFFFF - 1)
@@ -132,8 +133,10 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
 @triton.jit
 def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                     min_p_ptr, key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, cand_ptr,
+                    num_logprobs_ptr, part_kth_ptr, part_smallest_ptr, cand_key_ptr, cand_id_ptr,
                     vocab_size: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
-                    CAND: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                    CAND: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """The threshold's candidates (filtered rows) and, with K > 0, the top-K logprobs' (rows that ask)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
@@ -167,6 +170,10 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
             weight_above = tl.sum(above, 0)
             if weight_above != 0:
                 tl.atomic_add(sums_ptr + row, weight_above)
+    if K > 0:
+        if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
+            compact_top_chunk(logits_ptr, row, chunk, part_kth_ptr, part_smallest_ptr, counter_ptr, cand_key_ptr,
+                              cand_id_ptr, vocab_size, P, P_PAD, CAND, CHUNK, BLOCK)
 
 
 @triton.jit

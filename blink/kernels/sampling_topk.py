@@ -1,9 +1,9 @@
 """The top-K logprobs of a row (ties: lower id first) from candidates that many programs gather.
 
-The choose kernel certifies, per chunk, a key that K of its tokens reach (the K-th largest of its lanes'
-maxima: K lanes, K distinct tokens); the largest certificate of a row is a floor at most its K-th
-largest token. _compact_top_kernel copies every token at or above the floor (key and id) into a
-per-row candidate list, spread over the row's chunks; the finish kernel sorts them by (value desc, id
+The penalties kernel certifies, per chunk, a key that K of its tokens reach (the K-th largest of its
+lanes' maxima: K lanes, K distinct tokens); the largest certificate of a row is a floor at most its K-th
+largest token. The compaction kernel (sampling_bucket) copies every token at or above the floor (key and
+id) into a per-row candidate list, spread over the row's chunks; the finish kernel sorts them by (value desc, id
 asc) and keeps K. A row with more candidates than fit runs sampling_select's one-program search from the
 same floor instead (exact too, slower).
 """
@@ -44,24 +44,22 @@ def top_floor(part_kth_ptr, part_smallest_ptr, row, P: tl.constexpr, P_PAD: tl.c
 
 
 @triton.jit
-def _compact_top_kernel(logits_ptr, slots_ptr, num_logprobs_ptr, part_kth_ptr, part_smallest_ptr, counter_ptr,
-                        cand_key_ptr, cand_id_ptr, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
-                        CAND: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
-        floor = top_floor(part_kth_ptr, part_smallest_ptr, row, P, P_PAD)
-        raw_row = logits_ptr + row.to(tl.int64) * vocab_size
-        for start in range(0, CHUNK, BLOCK):
-            offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-            key = sortable_key(canonical(tl.load(raw_row + offs, mask=offs < vocab_size, other=float("-inf"))))
-            taken = (offs < vocab_size) & (key >= floor)
-            num_taken = tl.sum(taken.to(tl.int32), 0)
-            if num_taken > 0:
-                base = tl.atomic_add(counter_ptr + row * 2 + 1, num_taken)
-                slot = base + tl.cumsum(taken.to(tl.int32), 0) - 1
-                tl.store(cand_key_ptr + row * CAND + slot, key, mask=taken & (slot < CAND))
-                tl.store(cand_id_ptr + row * CAND + slot, offs, mask=taken & (slot < CAND))
+def compact_top_chunk(logits_ptr, row, chunk, part_kth_ptr, part_smallest_ptr, counter_ptr, cand_key_ptr, cand_id_ptr,
+                      vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CAND: tl.constexpr,
+                      CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Copy this chunk's tokens at or above the row's floor (key and id) into the row's candidate list."""
+    floor = top_floor(part_kth_ptr, part_smallest_ptr, row, P, P_PAD)
+    raw_row = logits_ptr + row.to(tl.int64) * vocab_size
+    for start in range(0, CHUNK, BLOCK):
+        offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
+        key = sortable_key(canonical(tl.load(raw_row + offs, mask=offs < vocab_size, other=float("-inf"))))
+        taken = (offs < vocab_size) & (key >= floor)
+        num_taken = tl.sum(taken.to(tl.int32), 0)
+        if num_taken > 0:
+            base = tl.atomic_add(counter_ptr + row * 2 + 1, num_taken)
+            slot = base + tl.cumsum(taken.to(tl.int32), 0) - 1
+            tl.store(cand_key_ptr + row * CAND + slot, key, mask=taken & (slot < CAND))
+            tl.store(cand_id_ptr + row * CAND + slot, offs, mask=taken & (slot < CAND))
 
 
 @triton.jit

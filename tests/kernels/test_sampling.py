@@ -231,7 +231,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from blink.kernels import sampling, sampling_bucket, sampling_grammar, sampling_penalties
-from blink.kernels import sampling_select, sampling_topk
+from blink.kernels import sampling_select
 
 V = 128256
 ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_ptr": "*i32", "prompt_mask_ptr": "*u8",
@@ -244,13 +244,12 @@ ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_p
 rows = dict(vocab_size=V, NB=4096, P=63, P_PAD=64)
 kernels = [
     (sampling_penalties._penalties_kernel, dict(vocab_size=V, NUM_BIAS=300, BIAS_BLOCK=512, PENALIZE=1, NB=4096, P=63,
-                                                ZERO=128, CHUNK=2048, BLOCK=1024), 4),
+                                                ZERO=128, K=20, CHUNK=2048, BLOCK=1024), 4),
     (sampling_bucket._bucket_kernel, dict(rows, CHUNK=2048, BLOCK=1024), 4),
-    (sampling_bucket._compact_kernel, dict(rows, CAND=4096, CHUNK=2048, BLOCK=1024), 8),
+    (sampling_bucket._compact_kernel, dict(rows, CAND=4096, K=20, CHUNK=2048, BLOCK=1024), 8),
     (sampling_bucket._resolve_kernel, dict(rows, CAND=4096, SMALL=256, BLOCK=4096), 16),
     (sampling_select.keep_threshold_kernel, dict(vocab_size=V, BLOCK=4096), 16),
-    (sampling._choose_kernel, dict(vocab_size=V, NUM_CHUNKS=63, KEY_BYTES=12, K=20, CHUNK=2048, BLOCK=1024), 4),
-    (sampling_topk._compact_top_kernel, dict(vocab_size=V, P=63, P_PAD=64, CAND=4096, CHUNK=2048, BLOCK=1024), 4),
+    (sampling._choose_kernel, dict(vocab_size=V, NUM_CHUNKS=63, KEY_BYTES=12, CHUNK=2048, BLOCK=1024), 4),
     (sampling._finish_kernel, dict(vocab_size=V, NUM_CHUNKS=63, CHUNKS_PAD=64, K=20, K_PAD=32, CAND=4096,
                                    SMALL=256, BLOCK=4096), 16),
     (sampling_grammar._advance_kernel, dict(vocab_size=V, ROWS=64, BLOCK=64), 1),
