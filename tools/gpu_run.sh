@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on the lent GPU machine (device tool): bash tools/gpu_run.sh STAGE...
 # Needs .whl/ (bash tools/fetch_wheels.sh here, then carry [".whl"]) for the server stages.
-# Stages: env | tests | step | offline | device | barrier (2 GPUs) | replicas (2 GPUs) | ... (see the case below). Logs go to $OUT (or /tmp/out).
+# Stages: env | tests | step | step-sampling | sampling | offline | device | barrier (2 GPUs) | replicas (2 GPUs) | ... (see the case below). Logs go to $OUT (or /tmp/out).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -55,6 +55,13 @@ for stage in "$@"; do
       python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 | tee "$OUT/fusion_step_off.log"
       env ${FUSION_ENV:-BLINK_GEMV=all BLINK_PDL=1} python3 -m blink.bench.step step --presets llama3-8b \
         --batches 1,8,32 2>&1 | tee "$OUT/fusion_step_on.log";;
+    sampling)  # issue 17: the sampler per scenario and S = 1/8/32/128, new vs old (git e896288), mismatches vs CPU
+      python3 -m bench.kernels.sampler 2>&1 | tee "$OUT/sampling.log" | tail -40
+      python3 -m pytest -q -m gpu tests/kernels/test_sampling_select.py tests/kernels/test_sampling.py 2>&1 \
+        | tee "$OUT/sampling_tests.log" | tail -10;;
+    step-sampling)  # issue 17: llama3-8b decode rows greedy vs top_p / top_k, and prefill rows with their floors
+      python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 --sampling greedy,top_p,top_k \
+        --prefill-tokens 2048,8192,32768 --result-json "$OUT/step_sampling.json" 2>&1 | tee "$OUT/step_sampling.log";;
     diag) python3 tools/diag.py precision profile 2>&1 | tee "$OUT/diag.log";;
     fp32) python3 tools/diag.py fp32 2>&1 | grep -v Warn | tee "$OUT/fp32.log";;
     step8b) python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 | tee "$OUT/step8b.log";;

@@ -1,5 +1,7 @@
-"""`blink bench step`: one decode step (forward + sampling) replayed from its CUDA graph, per preset and
-batch size, with a fixed context per sequence, against the roofline floor (blink/bench/roofline.py).
+"""`blink bench step`: one decode step (forward + sampling) replayed from its CUDA graph, per preset, batch
+size and sampling mode (--sampling: greedy, top_p, ...), with a fixed context per sequence, against the
+roofline floor (blink/bench/roofline.py); and, with --prefill-tokens, one sequence's prefill of T tokens
+(eager forward, no graph) against its compute floor (GEMM + causal attention FLOPs at the GEMM rate).
 For a mixture of experts (qwen3-30b-a3b) the floor reads the experts the batch is expected to touch."""
 from __future__ import annotations
 
@@ -8,8 +10,16 @@ import json
 
 import torch
 
-from blink.bench.roofline import ModelShape
+from blink.bench.roofline import COPY_BW, GEMM_RATE, ModelShape
 from blink.config import EngineArgs
+from blink.request import SamplingParams
+
+SAMPLING_MODES = {  # what every slot of a decode row samples with
+    "greedy": SamplingParams(temperature=0.0),
+    "top_p": SamplingParams(temperature=0.7, top_p=0.9),
+    "top_k": SamplingParams(temperature=0.7, top_k=50),
+    "top_k+top_p": SamplingParams(temperature=0.7, top_k=50, top_p=0.9),
+}
 
 
 def add_parser(sub) -> None:
@@ -23,6 +33,11 @@ def add_parser(sub) -> None:
     p.add_argument("--max-prompt-logprob-rows", type=int, default=EngineArgs.max_prompt_logprob_rows,
                    help="prompt-logprob rows in the graphs (0: none; compare to see their cost, default: "
                         "%(default)s as the engine)")
+    p.add_argument("--sampling", default="greedy",
+                   help=f"comma-separated sampling modes of the decode rows ({', '.join(SAMPLING_MODES)})")
+    p.add_argument("--prefill-tokens", default="",
+                   help="comma-separated prompt lengths T (e.g. 2048,8192,32768): a prefill row each")
+    p.add_argument("--no-decode", action="store_true", help="only the prefill rows")
     p.add_argument("--result-json", default=None)
     p.set_defaults(handler=run)
 
@@ -61,7 +76,7 @@ def graph_replay_ms(graph, iters: int) -> float:
 
 
 def time_step(preset: str, batches: list[int], context: int, iters: int, layers: int | None,
-              prompt_rows: int = EngineArgs.max_prompt_logprob_rows) -> list[dict]:
+              modes: list[str], prompt_rows: int = EngineArgs.max_prompt_logprob_rows) -> list[dict]:
     from blink.core.loaded_model import LoadedModel
     from blink.core.runner import ModelRunner
 
@@ -74,18 +89,76 @@ def time_step(preset: str, batches: list[int], context: int, iters: int, layers:
     runner = ModelRunner.for_model(m, use_graphs=True)
     shape = ModelShape.of(m.cfg)
     rows = []
-    for b in batches:
-        plan = decode_plan(None, b, context, 16)
-        bucket = runner.bucket_for(b, b)
-        runner.prepare(plan, runner.buffers, bucket)
-        ms = graph_replay_ms(runner.graphs[bucket], iters)
-        floor = shape.decode_floor_s(b, context) * 1e3
-        rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "batch": b, "bucket": bucket[0],
-                     "context": context, "prompt_logprob_rows": prompt_rows, "ms": round(ms, 4),
-                     "floor_ms": round(floor, 4),
-                     "ratio": round(ms / floor, 3), "experts_read_per_layer": round(shape.touched_experts(b), 1)})
-        print(f"{preset:12s} layers={m.cfg.num_hidden_layers:3d} batch={b:4d} (bucket {bucket[0]:4d}) "
-              f"ctx={context}: {ms:8.3f} ms  floor {floor:8.3f} ms  ratio {ms / floor:5.2f}", flush=True)
+    for mode in modes:
+        for slot in range(max_b):  # the graphs read the sampling state by slot: no recapture
+            runner.sampling_state.set_slot(slot, SAMPLING_MODES[mode], seed=slot, prompt_ids=[])
+        for b in batches:
+            plan = decode_plan(None, b, context, 16)
+            bucket = runner.bucket_for(b, b)
+            runner.prepare(plan, runner.buffers, bucket)
+            ms = graph_replay_ms(runner.graphs[bucket], iters)
+            floor = shape.decode_floor_s(b, context) * 1e3
+            rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "batch": b, "bucket": bucket[0],
+                         "context": context, "sampling": mode,
+                         "prompt_logprob_rows": prompt_rows, "ms": round(ms, 4), "floor_ms": round(floor, 4),
+                         "ratio": round(ms / floor, 3),
+                         "experts_read_per_layer": round(shape.touched_experts(b), 1)})
+            print(f"{preset:12s} layers={m.cfg.num_hidden_layers:3d} batch={b:4d} (bucket {bucket[0]:4d}) "
+                  f"ctx={context} {mode:11s}: {ms:8.3f} ms  floor {floor:8.3f} ms  ratio {ms / floor:5.2f}",
+                  flush=True)
+    del runner, m
+    torch.cuda.empty_cache()
+    return rows
+
+
+def prefill_plan(tokens: int, block_size: int):
+    """One sequence whose whole prompt of `tokens` runs in one step, from an empty cache."""
+    from blink.core.outputs import ScheduledChunk, SchedulerOutput
+    from blink.core.sequence import SeqStatus, Sequence
+
+    seq = Sequence(0, [1 + (j * 7) % 1000 for j in range(tokens)], SamplingParams(temperature=0), seed=0,
+                   arrival=0, num_computed=0, slot=0, status=SeqStatus.RUNNING)
+    seq.block_ids = list(range(-(-(tokens + 1) // block_size)))
+    return SchedulerOutput([ScheduledChunk(seq, 0, tokens)], [])
+
+
+def time_prefill(preset: str, lengths: list[int], iters: int, layers: int | None) -> list[dict]:
+    """Median ms of one eager forward + sampling over a whole prompt, per length, vs its compute floor."""
+    from blink.core.loaded_model import LoadedModel
+    from blink.core.runner import ModelRunner
+
+    longest = max(lengths)
+    args = EngineArgs(model=preset, dtype="bfloat16", device="cuda", max_num_seqs=1,
+                      max_num_batched_tokens=longest, num_kv_blocks=-(-(longest + 16) // 16) + 1,
+                      max_model_len=longest + 16)
+    m = LoadedModel.load(args, num_layers=layers)
+    runner = ModelRunner.for_model(m, use_graphs=False)
+    shape = ModelShape.of(m.cfg)
+    print(f"prefill floors: GEMM + causal attention FLOPs at {GEMM_RATE / 1e12:.0f} TFLOP/s (dense bf16), or the "
+          f"weight read at {COPY_BW / 1e12:.2f} TB/s if longer", flush=True)
+    rows = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for tokens in lengths:
+        bucket = runner.bucket_for(tokens, 1)
+        runner.prepare(prefill_plan(tokens, 16), runner.buffers, bucket)
+        times = []
+        for i in range(max(3, min(iters, 10)) + 1):
+            start.record()
+            runner.forward(runner.buffers, bucket[0], bucket[1])
+            end.record()
+            end.synchronize()
+            if i:  # the first call compiles
+                times.append(start.elapsed_time(end))
+        ms = sorted(times)[len(times) // 2]
+        gemm, attention = shape.prefill_flops(tokens)
+        floor = shape.prefill_floor_s(tokens) * 1e3
+        rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "prefill_tokens": tokens,
+                     "bucket": bucket[0], "ms": round(ms, 3), "floor_ms": round(floor, 3),
+                     "gemm_floor_ms": round(gemm / GEMM_RATE * 1e3, 3),
+                     "attention_floor_ms": round(attention / GEMM_RATE * 1e3, 3), "ratio": round(ms / floor, 3)})
+        print(f"{preset:12s} layers={m.cfg.num_hidden_layers:3d} prefill T={tokens:6d} (bucket {bucket[0]:6d}): "
+              f"{ms:9.3f} ms  floor {floor:9.3f} ms (GEMM {gemm / GEMM_RATE * 1e3:.3f} + attention "
+              f"{attention / GEMM_RATE * 1e3:.3f})  ratio {ms / floor:5.2f}", flush=True)
     del runner, m
     torch.cuda.empty_cache()
     return rows
@@ -95,9 +168,18 @@ def run(ns: argparse.Namespace) -> int:
     if not torch.cuda.is_available():
         raise ValueError("bench step needs a CUDA GPU")
     batches = [int(b) for b in ns.batches.split(",")]
+    modes = ns.sampling.split(",")
+    unknown = [mode for mode in modes if mode not in SAMPLING_MODES]
+    if unknown:
+        raise ValueError(f"--sampling: unknown mode(s) {unknown}; known: {list(SAMPLING_MODES)}")
+    lengths = [int(t) for t in ns.prefill_tokens.split(",") if t]
     rows = []
     for preset in ns.presets.split(","):
-        rows += time_step(preset, batches, ns.context, ns.iters, ns.num_layers, ns.max_prompt_logprob_rows)
+        if not ns.no_decode:
+            rows += time_step(preset, batches, ns.context, ns.iters, ns.num_layers, modes,
+                              ns.max_prompt_logprob_rows)
+        if lengths:
+            rows += time_prefill(preset, lengths, ns.iters, ns.num_layers)
     if ns.result_json:
         with open(ns.result_json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -1,15 +1,18 @@
 """Token sampling over per-slot parameters (blink/kernels/sampling_state.py), CUDA-graph capturable.
 
 The semantics are sampling_ref's (order, exponential race, thresholds, raw logprobs); this is its Triton
-pipeline, equal to it token for token. Four launches, fixed grids, no host sync:
-  1. penalties: rows whose slot has penalties or logit_bias get processed logits in a side buffer; the
-     other rows return at once, so their logits are never copied.
-  2. keep thresholds (sampling_select): rows with temperature > 0 and some filter (top_k, top_p < 1,
-     min_p > 0) search their threshold by bisection; every other row writes -inf and returns.
-  3. choose: the vocabulary split in chunks over many programs; each runs the race (or the argmax of a
-     greedy row) and an online log-sum-exp of the raw logits over its chunk.
-  4. finish: one program per row merges the chunks: the token, its raw logprob and, for rows whose slot
-     asks (num_logprobs > 0), the top-K logprobs by a sort-free selection.
+pipeline, equal to it token for token. Fixed grids, no host sync; every kernel but the resolve and the
+finish splits the vocabulary in the same chunks (about 256 programs in all):
+  1. penalties: rows whose slot has penalties or logit_bias get processed logits in a side buffer (the
+     other rows are never copied); rows with a filter also write each chunk's maximum, rows that ask for
+     top-K logprobs each chunk's floor certificate (sampling_topk), and every row zeroes its scratch.
+  2-4. keep thresholds (sampling_bucket): rows with temperature > 0 and some filter (top_k, top_p < 1,
+     min_p > 0) bucket their tokens, gather the candidates (step 3 also gathers the top-K logprobs'
+     candidates) and resolve the threshold exactly; every other row writes -inf.
+  5. choose: each program runs the race (or the argmax of a greedy row) and an online log-sum-exp of the
+     raw logits over its chunk.
+  6. finish: one program per row merges the chunks: the token, its raw logprob and, for rows whose slot
+     asks (num_logprobs > 0), the top-K logprobs from their candidates.
 A row whose slot is -1 is padding: greedy, no penalties, no top logprobs. The kernels take the vocabulary
 size as a compile-time constant: one compile per model (and the interpreter cannot loop up to a runtime
 scalar). FMA contraction is off so that every product rounds as in the torch reference.
@@ -22,7 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
+from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _resolve_kernel
+from blink.kernels.sampling_penalties import prologue
 from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the reference lives there)
     SampleOutput,
     apply_penalties_ref,
@@ -31,85 +35,29 @@ from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the referen
     sample_ref,
 )
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, race_uniform_ref, row_hash  # noqa: F401
-from blink.kernels.sampling_select import canonical, keep_threshold_kernel, sortable_key, write_top_logprobs
+from blink.kernels.sampling_select import canonical, sortable_key
+from blink.kernels.sampling_topk import (
+    asks_for_logprobs,
+    top_floor,
+    write_top_from_candidates,
+)
 
 if TYPE_CHECKING:
     from blink.kernels.sampling_state import SamplingState
 
 _NO_FUSION = {"enable_fp_fusion": False}
 _ROW_WARPS = 16  # one program per row: as many loads in flight as an SM takes
+CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
+SHORT_SORT = 256  # fewer candidates than this (the usual case) take a short sort
 _INT32_MAX = tl.constexpr(0x7FFFFFFF)
 
 
-# ---- 1. logit_bias and penalties, only for the rows that have them --------------------------------
-@triton.jit
-def _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presence):
-    seen = (count > 0) | (in_prompt != 0)
-    x = tl.where(seen, tl.where(x > 0, x * inv_repetition, x * repetition), x)
-    return x - frequency * count.to(tl.float32) - presence * (count > 0).to(tl.float32)
-
-
-@triton.jit
-def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr, frequency_ptr, presence_ptr,
-                      counts_ptr, prompt_mask_ptr, bias_ids_ptr, bias_vals_ptr, gstate_ptr, gid_ptr, classes_ptr,
-                      row_base_ptr, cells_ptr, vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr,
-                      BIAS_BLOCK: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
-    chunk_start = tl.program_id(1) * CHUNK
-    slot = tl.load(slots_ptr + row)
-    safe_slot = tl.maximum(slot, 0)
-    flags = tl.where(slot >= 0, tl.load(flags_ptr + safe_slot), 0)
-    if flags != 0:
-        has_penalties = (flags & 1) != 0
-        has_grammar = (flags & _FLAG_GRAMMAR) != 0
-        gstate = tl.load(gstate_ptr + safe_slot)
-        gid = tl.load(gid_ptr + safe_slot)
-        repetition = tl.load(repetition_ptr + safe_slot)
-        inv_repetition = tl.math.div_rn(1.0, repetition)
-        frequency = tl.load(frequency_ptr + safe_slot)
-        presence = tl.load(presence_ptr + safe_slot)
-        in_row = logits_ptr + row.to(tl.int64) * vocab_size
-        out_row = out_ptr + row.to(tl.int64) * vocab_size
-        history = safe_slot.to(tl.int64) * vocab_size  # row of output_counts / prompt_mask
-
-        # Dense pass over this chunk: a copy unless the slot has penalties (then read its history).
-        for start in range(0, CHUNK, BLOCK):
-            offs = chunk_start + start + tl.arange(0, BLOCK)
-            mask = offs < vocab_size
-            x = tl.load(in_row + offs, mask=mask)
-            if has_penalties:
-                count = tl.load(counts_ptr + history + offs, mask=mask, other=0)
-                in_prompt = tl.load(prompt_mask_ptr + history + offs, mask=mask, other=0)
-                x = _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presence)
-            if has_grammar:  # before temperature and the filters: they see only allowed tokens
-                allowed = grammar_allowed(offs, mask, gstate, gid, classes_ptr, row_base_ptr, cells_ptr, vocab_size)
-                x = tl.where(allowed, x, float("-inf"))
-            tl.store(out_row + offs, x, mask=mask)
-
-        # Biased tokens of this chunk: bias comes first, so redo them from the raw logit.
-        if (flags & 2) != 0:
-            tl.debug_barrier()  # the dense pass's stores to these tokens must land before ours
-            b = tl.arange(0, BIAS_BLOCK)
-            ids = tl.load(bias_ids_ptr + safe_slot.to(tl.int64) * NUM_BIAS + b, mask=b < NUM_BIAS, other=-1)
-            vals = tl.load(bias_vals_ptr + safe_slot.to(tl.int64) * NUM_BIAS + b, mask=b < NUM_BIAS, other=0.0)
-            used = (ids >= chunk_start) & (ids < chunk_start + CHUNK)
-            x = tl.load(in_row + ids, mask=used, other=0.0) + vals
-            if has_penalties:
-                count = tl.load(counts_ptr + history + ids, mask=used, other=0)
-                in_prompt = tl.load(prompt_mask_ptr + history + ids, mask=used, other=0)
-                x = _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presence)
-            if has_grammar:
-                allowed = grammar_allowed(ids, used, gstate, gid, classes_ptr, row_base_ptr, cells_ptr, vocab_size)
-                x = tl.where(allowed, x, float("-inf"))
-            tl.store(out_row + ids, x, mask=used)
-
-
-# ---- 3. choice and log-sum-exp, per chunk ---------------------------------------------------------
+# ---- 5. choice and log-sum-exp, per chunk ---------------------------------------------------------
 @triton.jit
 def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, positions_ptr, flags_ptr, temperature_ptr,
-                   seed_ptr, part_max_ptr, part_sum_ptr, part_best_ptr, part_token_ptr, part_smallest_ptr,
-                   part_largest_ptr, vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr, KEY_BYTES: tl.constexpr,
-                   CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                   seed_ptr, part_max_ptr, part_sum_ptr, part_best_ptr, part_token_ptr, part_largest_ptr,
+                   vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr, KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr,
+                   BLOCK: tl.constexpr):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     slot = tl.load(slots_ptr + row)
@@ -125,8 +73,7 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
 
     run_max = tl.full([BLOCK], float("-inf"), tl.float32)  # online log-sum-exp of the raw logits, per lane
     run_sum = tl.zeros([BLOCK], tl.float32)
-    smallest = tl.full([BLOCK], _INT32_MAX, tl.int32)  # key range of the raw row, for the top-K search
-    largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)
+    largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)  # of the raw row, for the top-K fallback search
     best = tl.full([BLOCK], float("-inf"), tl.float32)  # a lane keeps its first maximum
     best_token = tl.full([BLOCK], vocab_size, tl.int32)
     for start in range(0, CHUNK, BLOCK):
@@ -138,7 +85,6 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
         run_sum = run_sum * tl.exp(run_max - pivot) + tl.exp(x - pivot)
         run_max = new_max
         key = sortable_key(canonical(x))
-        smallest = tl.minimum(smallest, tl.where(valid, key, _INT32_MAX))
         largest = tl.maximum(largest, tl.where(valid, key, -_INT32_MAX - 1))
 
         score = x
@@ -159,16 +105,16 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
     tl.store(part_sum_ptr + out, tl.sum(run_sum * scale, 0))
     tl.store(part_best_ptr + out, top)
     tl.store(part_token_ptr + out, tl.min(tl.where(best == top, best_token, vocab_size), 0))
-    tl.store(part_smallest_ptr + out, tl.min(smallest, 0))
     tl.store(part_largest_ptr + out, tl.max(largest, 0))
 
 
-# ---- 4. merge the chunks; logprobs ----------------------------------------------------------------
+# ---- 6. merge the chunks; logprobs ----------------------------------------------------------------
 @triton.jit
 def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_max_ptr, part_sum_ptr,
-                   part_best_ptr, part_token_ptr, part_smallest_ptr, part_largest_ptr, token_ptr, logprob_ptr,
-                   top_ids_ptr, top_logprobs_ptr, vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr,
-                   CHUNKS_PAD: tl.constexpr, K: tl.constexpr, K_PAD: tl.constexpr, BLOCK: tl.constexpr):
+                   part_best_ptr, part_token_ptr, part_smallest_ptr, part_largest_ptr, part_kth_ptr, counter_ptr,
+                   cand_key_ptr, cand_id_ptr, token_ptr, logprob_ptr, top_ids_ptr, top_logprobs_ptr,
+                   vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr, K: tl.constexpr,
+                   K_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     c = tl.arange(0, CHUNKS_PAD)
     part = row * NUM_CHUNKS + c
@@ -188,20 +134,15 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
     tl.store(logprob_ptr + row, tl.load(raw_row + token) - normalizer)
 
     if K > 0:
-        slot = tl.load(slots_ptr + row)
-        asks = (slot >= 0) & (tl.load(num_logprobs_ptr + tl.maximum(slot, 0)) > 0)
         ids_out = top_ids_ptr + row.to(tl.int64) * K
         logprobs_out = top_logprobs_ptr + row.to(tl.int64) * K
-        if asks:
-            chunk_largest = tl.load(part_largest_ptr + part, mask=in_range, other=-_INT32_MAX - 1)
-            if NUM_CHUNKS >= K:
-                # The K-th largest chunk maximum: K elements reach it, so the K-th largest element does too.
-                ordered = tl.sort(chunk_largest, 0, descending=True)
-                floor = tl.max(tl.where(c == K - 1, ordered, -_INT32_MAX - 1), 0)
-            else:
-                floor = tl.min(tl.load(part_smallest_ptr + part, mask=in_range, other=_INT32_MAX), 0)
-            write_top_logprobs(raw_row, scratch_ptr + row.to(tl.int64) * vocab_size, floor, tl.max(chunk_largest, 0),
-                               normalizer, ids_out, logprobs_out, vocab_size, K, K_PAD, BLOCK)
+        if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
+            largest = tl.max(tl.load(part_largest_ptr + part, mask=in_range, other=-_INT32_MAX - 1), 0)
+            write_top_from_candidates(
+                raw_row, scratch_ptr + row.to(tl.int64) * vocab_size, cand_key_ptr + row * CAND,
+                cand_id_ptr + row * CAND, tl.load(counter_ptr + row * 2 + 1),
+                top_floor(part_kth_ptr, part_smallest_ptr, row, NUM_CHUNKS, CHUNKS_PAD), largest, normalizer,
+                ids_out, logprobs_out, vocab_size, K, K_PAD, CAND, SMALL, BLOCK)
         else:
             k = tl.arange(0, K_PAD)
             tl.store(ids_out + k, tl.full([K_PAD], -1, tl.int64), mask=k < K)
@@ -210,7 +151,7 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
 
 # ---- launches -------------------------------------------------------------------------------------
 def _chunk_size(num_rows: int, vocab_size: int) -> int:
-    """Vocabulary per choose/penalties program: about 256 programs in all, 2k..32k tokens each."""
+    """Vocabulary per multi-program kernel: about 256 programs in all, 2k..32k tokens each."""
     smallest = max(16, min(2048, triton.next_power_of_2(vocab_size) // 4))
     wanted = triton.next_power_of_2(triton.cdiv(vocab_size, max(1, 256 // num_rows)))
     return max(smallest, min(32768, wanted))
@@ -221,91 +162,115 @@ def _row_block(vocab_size: int) -> int:
     return max(16, min(4096, triton.next_power_of_2(vocab_size) // 4))
 
 
-def _penalized_rows(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState) -> torch.Tensor:
-    """[S, V] processed logits; only rows whose slot has flags != 0 are written."""
-    num_rows, vocab_size = logits.shape
-    out = torch.empty_like(logits)
-    chunk = _chunk_size(num_rows, vocab_size)
-    num_bias = state.bias_ids.shape[1]
-    _penalties_kernel[(num_rows, triton.cdiv(vocab_size, chunk))](
-        logits, out, slots, state.flags, state.repetition_penalty, state.frequency_penalty,
-        state.presence_penalty, state.output_counts, state.prompt_mask, state.bias_ids, state.bias_vals,
-        state.grammar_state, state.grammar_id, state.grammar_classes, state.grammar_row_base, state.grammar_cells,
-        vocab_size, NUM_BIAS=num_bias, BIAS_BLOCK=triton.next_power_of_2(num_bias), CHUNK=chunk,
-        BLOCK=min(chunk, 1024), num_warps=4, **_NO_FUSION,
-    )
-    return out
+class _Plan:
+    """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
+
+    def __init__(self, logits: torch.Tensor):
+        num_rows, vocab_size = logits.shape
+        device = logits.device
+        self.chunk = _chunk_size(num_rows, vocab_size)
+        self.num_chunks = triton.cdiv(vocab_size, self.chunk)
+        self.chunks_pad = triton.next_power_of_2(self.num_chunks)
+        self.block = min(self.chunk, 1024)
+        self.cand = min(CANDIDATES, triton.next_power_of_2(vocab_size))
+        self.small = min(SHORT_SORT, self.cand)
+        self.grid = (num_rows, self.num_chunks)
+        self.scratch = torch.empty_like(logits)  # the one-program searches' gathers
+        self.part_f32 = torch.empty(3, num_rows, self.num_chunks, dtype=torch.float32, device=device)
+        self.part_i32 = torch.empty(6, num_rows, self.num_chunks, dtype=torch.int32, device=device)
+        self.part_total = torch.empty(num_rows, self.num_chunks, dtype=torch.int64, device=device)
+        self.hist = torch.empty(num_rows, NUM_BUCKETS, dtype=torch.int32, device=device)
+        self.sums = torch.empty(num_rows, dtype=torch.int64, device=device)
+        self.counters = torch.empty(num_rows, 2, dtype=torch.int32, device=device)
+        self.cand_i32 = torch.empty(3, num_rows, self.cand, dtype=torch.int32, device=device)
+
+    @property
+    def row_max(self) -> torch.Tensor:  # chunk maxima of the processed rows (keys)
+        return self.part_i32[4]
+
+    @property
+    def kept_min(self) -> torch.Tensor:  # chunk minima of the tokens min_p keeps (keys)
+        return self.part_i32[5]
 
 
-def _keep_thresholds_triton(logits, processed, scratch, slots, state) -> torch.Tensor:
+def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_top_logprobs: int = 0) -> torch.Tensor:
+    """Steps 2-4; the compaction also gathers the top-K logprobs' candidates when max_top_logprobs > 0."""
     num_rows, vocab_size = logits.shape
+    params = (slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p)
+    sizes = dict(NB=NUM_BUCKETS, P=plan.num_chunks, P_PAD=plan.chunks_pad)
+    _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
+                              vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION)
+    _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
+                               plan.counters, plan.cand_i32[0], state.num_logprobs, plan.part_i32[3], plan.part_i32[1],
+                               plan.cand_i32[1], plan.cand_i32[2], vocab_size, **sizes, CAND=plan.cand,
+                               K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=8,
+                               **_NO_FUSION)  # 8 warps: the plan's NB-wide scans
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
-    keep_threshold_kernel[(num_rows,)](
-        logits, processed, scratch, out, slots, state.flags, state.temperature, state.top_k, state.top_p,
-        state.min_p, vocab_size, BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS, **_NO_FUSION,
-    )
+    _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, *params, plan.row_max, plan.kept_min,
+                                 plan.part_total, plan.hist, plan.sums, plan.cand_i32[0], vocab_size, **sizes,
+                                 CAND=plan.cand, SMALL=plan.small, BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS,
+                                 **_NO_FUSION)
     return out
 
 
-def _choose_and_score(logits, processed, threshold, scratch, slots, positions, state,
-                      max_top_logprobs) -> SampleOutput:
+def _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs,
+                      plan: _Plan) -> SampleOutput:
     num_rows, vocab_size = logits.shape
     assert max_top_logprobs <= vocab_size
     device = logits.device
-    chunk = _chunk_size(num_rows, vocab_size)
-    num_chunks = triton.cdiv(vocab_size, chunk)
-    part_f32 = torch.empty(3, num_rows, num_chunks, dtype=torch.float32, device=device)
-    part_i32 = torch.empty(3, num_rows, num_chunks, dtype=torch.int32, device=device)
-    _choose_kernel[(num_rows, num_chunks)](
+    f32, i32 = plan.part_f32, plan.part_i32
+    _choose_kernel[plan.grid](
         logits, processed, threshold, slots, positions, state.flags, state.temperature, state.seed,
-        part_f32[0], part_f32[1], part_f32[2], part_i32[0], part_i32[1], part_i32[2], vocab_size,
-        NUM_CHUNKS=num_chunks, KEY_BYTES=KEY_BYTES, CHUNK=chunk, BLOCK=min(chunk, 1024), num_warps=4,
-        **_NO_FUSION,
+        f32[0], f32[1], f32[2], i32[0], i32[2], vocab_size,
+        NUM_CHUNKS=plan.num_chunks, KEY_BYTES=KEY_BYTES, CHUNK=plan.chunk, BLOCK=plan.block,
+        num_warps=4, **_NO_FUSION,
     )
     token_ids = torch.empty(num_rows, dtype=torch.int64, device=device)
     logprobs = torch.empty(num_rows, dtype=torch.float32, device=device)
     top_ids = torch.empty(num_rows, max_top_logprobs, dtype=torch.int64, device=device)
     top_logprobs = torch.empty(num_rows, max_top_logprobs, dtype=torch.float32, device=device)
     _finish_kernel[(num_rows,)](
-        logits, scratch, slots, state.num_logprobs, part_f32[0], part_f32[1], part_f32[2], part_i32[0],
-        part_i32[1], part_i32[2], token_ids, logprobs, top_ids, top_logprobs, vocab_size, NUM_CHUNKS=num_chunks,
-        CHUNKS_PAD=triton.next_power_of_2(num_chunks), K=max_top_logprobs,
-        K_PAD=triton.next_power_of_2(max(max_top_logprobs, 1)), BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS,
-        **_NO_FUSION,
+        logits, plan.scratch, slots, state.num_logprobs, f32[0], f32[1], f32[2], i32[0], i32[1], i32[2], i32[3],
+        plan.counters, plan.cand_i32[1], plan.cand_i32[2], token_ids, logprobs, top_ids, top_logprobs, vocab_size,
+        NUM_CHUNKS=plan.num_chunks, CHUNKS_PAD=plan.chunks_pad, K=max_top_logprobs,
+        K_PAD=triton.next_power_of_2(max(max_top_logprobs, 1)), CAND=plan.cand, SMALL=plan.small,
+        BLOCK=_row_block(vocab_size),
+        num_warps=_ROW_WARPS, **_NO_FUSION,
     )
     return SampleOutput(token_ids, logprobs, top_ids, top_logprobs)
-
-
-def _scratch(logits: torch.Tensor) -> torch.Tensor:
-    """Where the searches gather their candidates: a row per row (written only by rows that search)."""
-    return torch.empty_like(logits)
 
 
 # ---- pieces on their own (tests, benchmark) and the whole step ------------------------------------
 def apply_penalties_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState) -> torch.Tensor:
     flagged = torch.where(slots >= 0, state.flags[slots.clamp(min=0).long()], 0) != 0
-    return torch.where(flagged[:, None], _penalized_rows(logits, slots, state), logits)
+    out = torch.empty_like(logits)
+    prologue(logits, out, slots, state, _Plan(logits), penalize=True)
+    return torch.where(flagged[:, None], out, logits)
 
 
 def keep_thresholds_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState) -> torch.Tensor:
     """keep_thresholds on already processed logits."""
-    return _keep_thresholds_triton(logits, logits, _scratch(logits), slots, state)
+    plan = _Plan(logits)
+    prologue(logits, logits, slots, state, plan, penalize=False)
+    return _keep_thresholds_triton(logits, logits, slots, state, plan)
 
 
 def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: torch.Tensor,
                          positions: torch.Tensor, state: SamplingState) -> torch.Tensor:
     """choose_tokens_ref on already processed logits."""
-    return _choose_and_score(logits, logits, threshold, _scratch(logits), slots, positions, state, 0).token_ids
+    plan = _Plan(logits)
+    return _choose_and_score(logits, logits, threshold, slots, positions, state, 0, plan).token_ids
 
 
 def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
                   max_top_logprobs: int) -> SampleOutput:
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
-    processed = _penalized_rows(logits, slots, state)
-    scratch = _scratch(logits)
-    threshold = _keep_thresholds_triton(logits, processed, scratch, slots, state)
-    return _choose_and_score(logits, processed, threshold, scratch, slots, positions, state, max_top_logprobs)
+    plan = _Plan(logits)
+    processed = torch.empty_like(logits)
+    prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs)
+    threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)
+    return _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs, plan)
 
 
 def sample(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,

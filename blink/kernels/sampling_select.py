@@ -154,9 +154,33 @@ def _gather_kept(src, scratch, floor, inv_temperature, s_max, vocab_size: tl.con
 
 
 @triton.jit
+def search_threshold(src, scratch, temperature, top_k, top_p, min_p, vocab_size: tl.constexpr, BLOCK: tl.constexpr):
+    """The keep threshold of sampling_ref.keep_thresholds for one filtered row, by one program."""
+    inv_temperature = tl.math.div_rn(1.0, temperature)  # rounded as torch's '/'
+    floor, top = row_extremes(src, vocab_size, BLOCK)
+    s_max = key_value(top) * inv_temperature
+    num_kept = tl.full([], vocab_size, tl.int32)
+    data = src  # what the top_k search reads: the row, or what min_p kept of it
+    if min_p > 0.0:
+        floor, num_kept = _gather_min_p(src, scratch, s_max + tl.log(min_p), inv_temperature, vocab_size, BLOCK)
+        data = scratch
+    if (top_k > 0) & (top_k < num_kept):
+        floor, _ = smallest_passing(data, num_kept, scratch, floor, top, top_k.to(tl.float64), num_kept,
+                                    inv_temperature, s_max, vocab_size, False, BLOCK)
+    if top_p < 1.0:
+        tl.debug_barrier()  # the top_k search is done reading scratch before it is rewritten
+        total, num_kept = _gather_kept(src, scratch, floor, inv_temperature, s_max, vocab_size, BLOCK)
+        floor, _ = smallest_passing(scratch, num_kept, scratch, floor, top,
+                                    top_p.to(tl.float64) * total.to(tl.float64), num_kept, inv_temperature,
+                                    s_max, vocab_size, True, BLOCK)
+    return key_value(floor)
+
+
+@triton.jit
 def keep_threshold_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, slots_ptr, flags_ptr, temperature_ptr,
                           top_k_ptr, top_p_ptr, min_p_ptr, vocab_size: tl.constexpr, BLOCK: tl.constexpr):
-    """out[row] = keep threshold of sampling_ref.keep_thresholds; rows with no filter only write -inf."""
+    """out[row] = keep threshold of sampling_ref.keep_thresholds; rows with no filter only write -inf.
+    One program per row: sampling_bucket's pipeline falls back to it, and the old-sampler bench runs it."""
     row = tl.program_id(0)
     slot = tl.load(slots_ptr + row)
     safe_slot = tl.maximum(slot, 0)
@@ -169,26 +193,8 @@ def keep_threshold_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, slots
         src = logits_ptr + row.to(tl.int64) * vocab_size
         if tl.load(flags_ptr + safe_slot) != 0:  # penalized or biased: sampling.py wrote this row
             src = processed_ptr + row.to(tl.int64) * vocab_size
-        scratch = scratch_ptr + row.to(tl.int64) * vocab_size
-        inv_temperature = tl.math.div_rn(1.0, temperature)  # rounded as torch's '/'
-        floor, top = row_extremes(src, vocab_size, BLOCK)
-        s_max = key_value(top) * inv_temperature
-        num_kept = tl.full([], vocab_size, tl.int32)
-        data = src  # what the top_k search reads: the row, or what min_p kept of it
-        if min_p > 0.0:
-            floor, num_kept = _gather_min_p(src, scratch, s_max + tl.log(min_p), inv_temperature, vocab_size,
-                                            BLOCK)
-            data = scratch
-        if (top_k > 0) & (top_k < num_kept):
-            floor, _ = smallest_passing(data, num_kept, scratch, floor, top, top_k.to(tl.float64), num_kept,
-                                        inv_temperature, s_max, vocab_size, False, BLOCK)
-        if top_p < 1.0:
-            tl.debug_barrier()  # the top_k search is done reading scratch before it is rewritten
-            total, num_kept = _gather_kept(src, scratch, floor, inv_temperature, s_max, vocab_size, BLOCK)
-            floor, _ = smallest_passing(scratch, num_kept, scratch, floor, top,
-                                        top_p.to(tl.float64) * total.to(tl.float64), num_kept, inv_temperature,
-                                        s_max, vocab_size, True, BLOCK)
-        threshold = key_value(floor)
+        threshold = search_threshold(src, scratch_ptr + row.to(tl.int64) * vocab_size, temperature, top_k, top_p,
+                                     min_p, vocab_size, BLOCK)
     tl.store(out_ptr + row, threshold)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blink.bench.roofline import COPY_BW, ModelShape
+from blink.bench.roofline import COPY_BW, GEMM_RATE, ModelShape
 from blink.model import presets
 from blink.model.llama import LlamaForCausalLM
 
@@ -38,3 +38,15 @@ def test_moe_floor_reads_the_touched_experts():
     floors = [shape.decode_floor_s(b, 1024) for b in (1, 8, 32, 128)]
     assert floors == sorted(floors)
     assert shape.decode_floor_s(128, 0) < total * 2 / COPY_BW  # nearly, not quite, every expert
+
+
+def test_prefill_floor_counts_gemms_on_every_token_and_causal_attention():
+    shape = ModelShape.of(presets.get("llama3-8b"))
+    gemm, attention = shape.prefill_flops(30_000)
+    lm_head = shape.hidden * shape.vocab
+    assert gemm == 2.0 * (shape.matmul_params - lm_head) * 30_000 + 2.0 * lm_head  # the LM head: last token only
+    assert attention == 4.0 * (30_000 * 30_001 // 2) * 32 * 128 * 32
+    # The figures for a 30k-token prompt: ~0.6 s of GEMMs and ~0.3 s of attention at 790 TFLOP/s.
+    assert 0.5 < gemm / GEMM_RATE < 0.6 and 0.28 < attention / GEMM_RATE < 0.32
+    assert shape.prefill_floor_s(30_000) == pytest.approx((gemm + attention) / GEMM_RATE)
+    assert shape.prefill_floor_s(1) == pytest.approx(shape.matmul_params * 2 / COPY_BW)  # one token: the weights

@@ -230,19 +230,28 @@ import inspect
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from blink.kernels import sampling, sampling_grammar, sampling_select
+from blink.kernels import sampling, sampling_bucket, sampling_grammar, sampling_penalties
+from blink.kernels import sampling_select
 
 V = 128256
 ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_ptr": "*i32", "prompt_mask_ptr": "*u8",
         "bias_ids_ptr": "*i32", "positions_ptr": "*i64", "seed_ptr": "*i64", "part_token_ptr": "*i32",
         "part_smallest_ptr": "*i32", "part_largest_ptr": "*i32", "num_logprobs_ptr": "*i32", "token_ptr": "*i64",
         "top_ids_ptr": "*i64", "gstate_ptr": "*i32", "gid_ptr": "*i32", "classes_ptr": "*i32", "row_base_ptr": "*i32",
-        "cells_ptr": "*i32", "state_ptr": "*i32", "tokens_ptr": "*i64"}
+        "cells_ptr": "*i32", "state_ptr": "*i32", "tokens_ptr": "*i64", "key_max_ptr": "*i32", "kept_min_ptr": "*i32",
+        "part_total_ptr": "*i64", "hist_ptr": "*i32", "sums_ptr": "*i64", "counter_ptr": "*i32", "cand_ptr": "*i32",
+        "part_kth_ptr": "*i32", "cand_key_ptr": "*i32", "cand_id_ptr": "*i32"}
+rows = dict(vocab_size=V, NB=4096, P=63, P_PAD=64)
 kernels = [
-    (sampling._penalties_kernel, dict(vocab_size=V, NUM_BIAS=300, BIAS_BLOCK=512, CHUNK=2048, BLOCK=1024), 4),
+    (sampling_penalties._penalties_kernel, dict(vocab_size=V, NUM_BIAS=300, BIAS_BLOCK=512, PENALIZE=1, NB=4096, P=63,
+                                                ZERO=128, K=20, CHUNK=2048, BLOCK=1024), 4),
+    (sampling_bucket._bucket_kernel, dict(rows, CHUNK=2048, BLOCK=1024), 4),
+    (sampling_bucket._compact_kernel, dict(rows, CAND=4096, K=20, CHUNK=2048, BLOCK=1024), 8),
+    (sampling_bucket._resolve_kernel, dict(rows, CAND=4096, SMALL=256, BLOCK=4096), 16),
     (sampling_select.keep_threshold_kernel, dict(vocab_size=V, BLOCK=4096), 16),
     (sampling._choose_kernel, dict(vocab_size=V, NUM_CHUNKS=63, KEY_BYTES=12, CHUNK=2048, BLOCK=1024), 4),
-    (sampling._finish_kernel, dict(vocab_size=V, NUM_CHUNKS=63, CHUNKS_PAD=64, K=20, K_PAD=32, BLOCK=4096), 16),
+    (sampling._finish_kernel, dict(vocab_size=V, NUM_CHUNKS=63, CHUNKS_PAD=64, K=20, K_PAD=32, CAND=4096,
+                                   SMALL=256, BLOCK=4096), 16),
     (sampling_grammar._advance_kernel, dict(vocab_size=V, ROWS=64, BLOCK=64), 1),
 ]
 for kernel, constants, warps in kernels:

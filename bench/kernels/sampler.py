@@ -1,0 +1,111 @@
+"""GPU micro-benchmark of the sampler: one captured sample() per scenario and batch size, new vs old.
+
+    python -m bench.kernels.sampler [--sizes 1 8 32 128] [--scenarios top_p,min_p] [--no-old] [--no-check]
+
+Each (scenario, S) runs sample() at V = 128256 captured in a CUDA graph, as the engine runs it, timed
+with triton.testing.do_bench (median, L2 flushed before each replay). "old" is the sampler of git e896288
+(bench/kernels/sampling_old.py: one program per row for the thresholds and the top-K logprobs), on the
+same inputs. The mismatch column compares the new GPU result with the CPU reference (sampling_ref):
+tokens, thresholds and rows of top-logprob ids that differ (expected 0; a rare 1 would come from exp/log
+differing by an ulp between the GPU and the CPU). max_top_logprobs is 20 in every call, as in the engine.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+
+from bench.kernels import sampling_old
+from blink.kernels import sampling
+from blink.kernels.sampling_state import SamplingState
+from blink.request import MAX_TOP_LOGPROBS, SamplingParams
+
+VOCAB = 128256
+SCENARIOS = {
+    "greedy": SamplingParams(temperature=0.0),
+    "temperature": SamplingParams(temperature=0.8),
+    "penalties": SamplingParams(temperature=0.8, repetition_penalty=1.1, presence_penalty=0.5,
+                                frequency_penalty=0.3, logit_bias={13: 2.0, 1000: -5.0}),
+    "min_p": SamplingParams(temperature=0.8, min_p=0.05),
+    "top_k": SamplingParams(temperature=0.8, top_k=50),
+    "top_p": SamplingParams(temperature=0.8, top_p=0.9),
+    "top_k+top_p": SamplingParams(temperature=0.8, top_k=50, top_p=0.95),
+    "logprobs20": SamplingParams(temperature=0.8, logprobs=20),
+}
+
+
+def make_batch(num_rows: int, params: SamplingParams):
+    """Random logits with a few likely tokens (like a real model's), bf16-rounded; a CPU sampling state."""
+    gen = torch.Generator().manual_seed(num_rows)
+    logits = torch.randn(num_rows, VOCAB, generator=gen) * 2.5
+    peaks = torch.randint(0, VOCAB, (num_rows, 8), generator=gen)
+    logits.scatter_add_(1, peaks, torch.full((num_rows, 8), 9.0))
+    logits = logits.bfloat16().float()
+    state = SamplingState(num_rows + 1, VOCAB, "cpu")
+    for slot in range(num_rows):
+        history = torch.randint(0, VOCAB, (64,), generator=gen).tolist()
+        state.set_slot(slot, params, seed=slot, prompt_ids=history[:48], output_ids=history[48:])
+    slots = torch.arange(num_rows, dtype=torch.int32)
+    positions = torch.randint(0, 4096, (num_rows,), generator=gen)
+    return logits, slots, positions, state
+
+
+def to_cuda(cpu_state: SamplingState) -> SamplingState:
+    state = SamplingState(cpu_state.max_slots, VOCAB, "cuda")
+    for field, tensor in vars(cpu_state).items():
+        if isinstance(tensor, torch.Tensor):
+            getattr(state, field).copy_(tensor)
+    return state
+
+
+def time_graph(fn) -> float:
+    """Median microseconds of one replay of `fn` captured in a CUDA graph."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # compile and warm up outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return triton.testing.do_bench(graph.replay, return_mode="median") * 1000
+
+
+def mismatches(logits, slots, positions, state, cpu_state) -> int:
+    """Tokens, thresholds and top-logprob rows where the GPU and the CPU reference differ."""
+    got = sampling.sample(logits, slots, positions, state, MAX_TOP_LOGPROBS)
+    cpu = [t.cpu() for t in (logits, slots, positions)]
+    ref = sampling.sample_ref(*cpu, cpu_state, MAX_TOP_LOGPROBS)
+    penalized = sampling.apply_penalties_ref(cpu[0], cpu[1], cpu_state)
+    threshold = sampling.keep_thresholds_triton(penalized.cuda(), slots, state).cpu()
+    return int((got.token_ids.cpu() != ref.token_ids).sum()
+               + (threshold != sampling.keep_thresholds(penalized, cpu[1], cpu_state)).sum()
+               + (got.top_ids.cpu() != ref.top_ids).any(dim=1).sum())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 128])
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--no-old", action="store_true", help="skip the old sampler's column")
+    parser.add_argument("--no-check", action="store_true", help="skip the CPU-reference comparison")
+    args = parser.parse_args()
+    print(f"V={VOCAB}, {torch.cuda.get_device_name()}, old = git e896288 (bench/kernels/sampling_old.py)")
+    print(f"{'scenario':<13}{'S':>5}{'new us':>10}{'old us':>10}{'speedup':>9}{'mismatch':>10}")
+    for name in args.scenarios.split(","):
+        for num_rows in args.sizes:
+            logits, slots, positions, cpu_state = make_batch(num_rows, SCENARIOS[name])
+            state = to_cuda(cpu_state)
+            gpu = (logits.cuda(), slots.cuda(), positions.cuda())
+            new_us = time_graph(lambda: sampling.sample(*gpu, state, MAX_TOP_LOGPROBS))  # noqa: B023
+            old_us = (float("nan") if args.no_old else
+                      time_graph(lambda: sampling_old.sample(*gpu, state, MAX_TOP_LOGPROBS)))  # noqa: B023
+            bad = "-" if args.no_check else str(mismatches(*gpu, state, cpu_state))
+            print(f"{name:<13}{num_rows:>5}{new_us:>10.1f}{old_us:>10.1f}{old_us / new_us:>9.2f}{bad:>10}",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Step 1 of the sampler (sampling.py): logit_bias, penalties and the grammar's mask for the rows that have
+them, into a side buffer; for the rows with a filter, each chunk's largest processed logit; and the zeroing
+of the selection's per-row scratch (sampling_bucket, sampling_topk) for every row.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from blink.kernels.sampling_bucket import NUM_BUCKETS, is_filtered
+from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
+from blink.kernels.sampling_select import canonical, sortable_key
+from blink.kernels.sampling_topk import asks_for_logprobs, chunk_certificate
+
+_NO_FUSION = {"enable_fp_fusion": False}
+_INT32_MAX = tl.constexpr(0x7FFFFFFF)
+
+
+# ---- 1. logit_bias and penalties, only for the rows that have them --------------------------------
+@triton.jit
+def _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presence):
+    seen = (count > 0) | (in_prompt != 0)
+    x = tl.where(seen, tl.where(x > 0, x * inv_repetition, x * repetition), x)
+    return x - frequency * count.to(tl.float32) - presence * (count > 0).to(tl.float32)
+
+
+@triton.jit
+def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr, frequency_ptr, presence_ptr,
+                      counts_ptr, prompt_mask_ptr, bias_ids_ptr, bias_vals_ptr, gstate_ptr, gid_ptr, classes_ptr,
+                      row_base_ptr, cells_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr,
+                      hist_ptr, sums_ptr, counter_ptr, num_logprobs_ptr, part_kth_ptr, part_smallest_ptr,
+                      vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr, BIAS_BLOCK: tl.constexpr,
+                      PENALIZE: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, ZERO: tl.constexpr, K: tl.constexpr,
+                      CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """PENALIZE=0: the logits are already processed; only the chunk maxima and the zeroing."""
+    row = tl.program_id(0)
+    chunk_start = tl.program_id(1) * CHUNK
+    slot = tl.load(slots_ptr + row)
+    safe_slot = tl.maximum(slot, 0)
+    flags = tl.where(slot >= 0, tl.load(flags_ptr + safe_slot), 0) * PENALIZE
+    if flags != 0:
+        has_penalties = (flags & 1) != 0
+        has_grammar = (flags & _FLAG_GRAMMAR) != 0
+        gstate = tl.load(gstate_ptr + safe_slot)
+        gid = tl.load(gid_ptr + safe_slot)
+        repetition = tl.load(repetition_ptr + safe_slot)
+        inv_repetition = tl.math.div_rn(1.0, repetition)
+        frequency = tl.load(frequency_ptr + safe_slot)
+        presence = tl.load(presence_ptr + safe_slot)
+        in_row = logits_ptr + row.to(tl.int64) * vocab_size
+        out_row = out_ptr + row.to(tl.int64) * vocab_size
+        history = safe_slot.to(tl.int64) * vocab_size  # row of output_counts / prompt_mask
+
+        # Dense pass over this chunk: a copy unless the slot has penalties (then read its history).
+        for start in range(0, CHUNK, BLOCK):
+            offs = chunk_start + start + tl.arange(0, BLOCK)
+            mask = offs < vocab_size
+            x = tl.load(in_row + offs, mask=mask)
+            if has_penalties:
+                count = tl.load(counts_ptr + history + offs, mask=mask, other=0)
+                in_prompt = tl.load(prompt_mask_ptr + history + offs, mask=mask, other=0)
+                x = _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presence)
+            if has_grammar:  # before temperature and the filters: they see only allowed tokens
+                allowed = grammar_allowed(offs, mask, gstate, gid, classes_ptr, row_base_ptr, cells_ptr, vocab_size)
+                x = tl.where(allowed, x, float("-inf"))
+            tl.store(out_row + offs, x, mask=mask)
+
+        # Biased tokens of this chunk: bias comes first, so redo them from the raw logit.
+        if (flags & 2) != 0:
+            tl.debug_barrier()  # the dense pass's stores to these tokens must land before ours
+            b = tl.arange(0, BIAS_BLOCK)
+            ids = tl.load(bias_ids_ptr + safe_slot.to(tl.int64) * NUM_BIAS + b, mask=b < NUM_BIAS, other=-1)
+            vals = tl.load(bias_vals_ptr + safe_slot.to(tl.int64) * NUM_BIAS + b, mask=b < NUM_BIAS, other=0.0)
+            used = (ids >= chunk_start) & (ids < chunk_start + CHUNK)
+            x = tl.load(in_row + ids, mask=used, other=0.0) + vals
+            if has_penalties:
+                count = tl.load(counts_ptr + history + ids, mask=used, other=0)
+                in_prompt = tl.load(prompt_mask_ptr + history + ids, mask=used, other=0)
+                x = _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presence)
+            if has_grammar:
+                allowed = grammar_allowed(ids, used, gstate, gid, classes_ptr, row_base_ptr, cells_ptr, vocab_size)
+                x = tl.where(allowed, x, float("-inf"))
+            tl.store(out_row + ids, x, mask=used)
+
+    # The selection's per-row scratch starts at zero (the histogram's slice of this program, the sums).
+    z = tl.program_id(1) * ZERO + tl.arange(0, ZERO)
+    tl.store(hist_ptr + row * NB + z, tl.zeros([ZERO], tl.int32), mask=z < NB)
+    if tl.program_id(1) == 0:
+        tl.store(sums_ptr + row, tl.zeros([], tl.int64))
+        tl.store(counter_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int32))
+    # Rows with a filter: this chunk's largest processed logit (the buckets are relative to the row's).
+    if is_filtered(slot, tl.load(temperature_ptr + safe_slot), tl.load(top_k_ptr + safe_slot),
+                   tl.load(top_p_ptr + safe_slot), tl.load(min_p_ptr + safe_slot)):
+        src = logits_ptr + row.to(tl.int64) * vocab_size
+        if flags != 0:
+            tl.debug_barrier()  # this program's stores to the processed row land before it reads them back
+            src = out_ptr + row.to(tl.int64) * vocab_size
+        largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)
+        for start in range(0, CHUNK, BLOCK):
+            offs = chunk_start + start + tl.arange(0, BLOCK)
+            x = tl.load(src + offs, mask=offs < vocab_size, other=float("-inf"))
+            largest = tl.maximum(largest, tl.where(offs < vocab_size, sortable_key(canonical(x)), -_INT32_MAX - 1))
+        tl.store(key_max_ptr + row * P + tl.program_id(1), tl.max(largest, 0))
+    # Rows that ask for top-K logprobs: this chunk's floor certificate and smallest key, of the raw logits.
+    if K > 0:
+        if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
+            lanes = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)
+            smallest = tl.full([BLOCK], _INT32_MAX, tl.int32)
+            for start in range(0, CHUNK, BLOCK):
+                offs = chunk_start + start + tl.arange(0, BLOCK)
+                valid = offs < vocab_size
+                key = sortable_key(canonical(tl.load(logits_ptr + row.to(tl.int64) * vocab_size + offs, mask=valid,
+                                                     other=float("-inf"))))
+                lanes = tl.maximum(lanes, tl.where(valid, key, -_INT32_MAX - 1))
+                smallest = tl.minimum(smallest, tl.where(valid, key, _INT32_MAX))
+            tl.store(part_kth_ptr + row * P + tl.program_id(1), chunk_certificate(lanes, K, BLOCK))
+            tl.store(part_smallest_ptr + row * P + tl.program_id(1), tl.min(smallest, 0))
+
+
+def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: int = 0) -> None:
+    """Penalties into `out` (penalize), the selection's chunk maxima and zeroing and, for
+    max_top_logprobs > 0, the top-K floor certificates (plan: sampling._Plan)."""
+    num_rows, vocab_size = logits.shape
+    num_bias = state.bias_ids.shape[1]
+    _penalties_kernel[plan.grid](
+        logits, out, slots, state.flags, state.repetition_penalty, state.frequency_penalty,
+        state.presence_penalty, state.output_counts, state.prompt_mask, state.bias_ids, state.bias_vals,
+        state.grammar_state, state.grammar_id, state.grammar_classes, state.grammar_row_base, state.grammar_cells,
+        state.temperature, state.top_k, state.top_p, state.min_p, plan.row_max, plan.hist, plan.sums, plan.counters,
+        state.num_logprobs, plan.part_i32[3], plan.part_i32[1], vocab_size, NUM_BIAS=num_bias,
+        BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=NUM_BUCKETS, P=plan.num_chunks,
+        ZERO=triton.next_power_of_2(triton.cdiv(NUM_BUCKETS, plan.num_chunks)), K=max_top_logprobs, CHUNK=plan.chunk,
+        BLOCK=plan.block, num_warps=4, **_NO_FUSION,
+    )
