@@ -1,4 +1,6 @@
-"""`--device-idle` on a GPU (issue 19): a parked loop (its kernel ended, the host relaunches it) serves
+"""`--device-idle` on a GPU (issue 19). On the H200 (2026-12-01) park never parked within 5 s, so the CLI
+refuses it (config._device_idle_arg); these tests say what must hold once it does.
+`--device-idle` on a GPU: a parked loop (its kernel ended, the host relaunches it) serves
 what arrives after idle with host mode's tokens, several times over, and stops cleanly parked or not;
 the deep backoff gives the same tokens too. Idle power itself: `tools/gpu_run.sh idle-power`."""
 from __future__ import annotations
@@ -17,7 +19,7 @@ from tools.device_selftest import selftest_runs as runs
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
 
 ARGS = dict(model="tiny-llama", device="cuda", dtype="float32", max_num_seqs=8, max_num_batched_tokens=64,
-            block_size=16, num_kv_blocks=64, max_model_len=512)
+            block_size=16, num_kv_blocks=64, max_model_len=1024)  # the workload's prompts reach 576
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +37,11 @@ def wait_parked(dev: DeviceEngine, timeout: float = 5.0) -> None:
         time.sleep(0.005)
 
 
-@pytest.mark.parametrize("spec", ["park:20", "deep:1:500"])
+_PARK_FAILS = pytest.mark.xfail(reason="on the H200 (2026-12-01) the loop never parked; the CLI refuses park",
+                                strict=False)
+
+
+@pytest.mark.parametrize("spec", [pytest.param("park:20", marks=_PARK_FAILS), "deep:1:500"])
 def test_an_idle_loop_serves_what_comes_later_with_host_modes_tokens(spec):
     args = EngineArgs(**ARGS, device_idle=spec)
     loaded = LoadedModel.load(args)
@@ -64,6 +70,7 @@ def test_an_idle_loop_serves_what_comes_later_with_host_modes_tokens(spec):
         dev.shutdown()
 
 
+@_PARK_FAILS
 def test_a_reset_command_wakes_a_parked_loop():
     args = EngineArgs(**ARGS, device_idle="park:20")
     dev = DeviceEngine(args, LoadedModel.load(args))

@@ -68,7 +68,7 @@ def check_valid(tokens: dict, reasons: dict, eos: tuple[int, ...]) -> None:
 def test_device_mode_constrained_sampling_equals_host_mode(num_kv_blocks):
     args = EngineArgs(device="cuda", dtype="float32", max_num_seqs=8, max_num_batched_tokens=32, block_size=4,
                       num_kv_blocks=num_kv_blocks, max_model_len=256, grammar_arena_mb=8,
-                      enable_prefix_caching=num_kv_blocks != 56)  # cached prompts would spare the pool (seen on the H200)
+                      enable_prefix_caching=num_kv_blocks != 56)  # a cache would spare the pool (H200)
     loaded = LoadedModel.load(args)
     work = requests(prompt_len=40)  # longer than the token budget: chunked prefill
     host = HostEngine(args, loaded)
