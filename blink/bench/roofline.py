@@ -73,18 +73,19 @@ class ModelShape:
     def decode_floor_s(self, batch: int, context: int) -> float:
         return self.step_floor_s(batch, batch * context, batch * context)
 
-    def prefill_flops(self, tokens: int) -> tuple[float, float]:
-        """(GEMM FLOPs, causal attention FLOPs) of one sequence's prefill of `tokens` from an empty cache:
-        every layer's GEMMs on every token (top_k experts each), the LM head on the last token only;
-        attention over the tokens * (tokens + 1) / 2 causal query-key pairs, 4 FLOPs per pair and head dim
-        (QK^T and PV)."""
+    def prefill_flops(self, tokens: int, context: int = 0) -> tuple[float, float]:
+        """(GEMM FLOPs, causal attention FLOPs) of one sequence's prefill chunk of `tokens` after `context`
+        cached ones (0: from an empty cache): every layer's GEMMs on every token (top_k experts each), the LM
+        head on the last token only; attention over the tokens * context + tokens * (tokens + 1) / 2 causal
+        query-key pairs, 4 FLOPs per pair and head dim (QK^T and PV)."""
         lm_head = self.hidden * self.vocab
         active = self.matmul_params - lm_head + self.moe_layers * self.top_k * self.expert_params
         gemm = 2.0 * active * tokens + 2.0 * lm_head
-        attention = 4.0 * (tokens * (tokens + 1) // 2) * self.heads * self.head_dim * self.layers
+        pairs = tokens * context + tokens * (tokens + 1) // 2
+        attention = 4.0 * pairs * self.heads * self.head_dim * self.layers
         return gemm, attention
 
-    def prefill_floor_s(self, tokens: int) -> float:
+    def prefill_floor_s(self, tokens: int, context: int = 0) -> float:
         """The compute floor at GEMM_RATE (GEMMs and attention alike), or the weight read if that is longer."""
         weight_bytes = (self.matmul_params + self.moe_layers * self.experts * self.expert_params) * self.dtype_bytes
-        return max(sum(self.prefill_flops(tokens)) / GEMM_RATE, weight_bytes / COPY_BW)
+        return max(sum(self.prefill_flops(tokens, context)) / GEMM_RATE, weight_bytes / COPY_BW)

@@ -36,7 +36,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sampling", default="greedy",
                    help=f"comma-separated sampling modes of the decode rows ({', '.join(SAMPLING_MODES)})")
     p.add_argument("--prefill-tokens", default="",
-                   help="comma-separated prompt lengths T (e.g. 2048,8192,32768): a prefill row each")
+                   help="comma-separated prompt lengths T (e.g. 2048,8192,32768): a prefill row each; T@C is a "
+                        "chunk of T tokens after C cached ones (a prefix-cache hit's step, e.g. 100@2000), timed "
+                        "by graph replay when T fits the largest bucket")
     p.add_argument("--no-decode", action="store_true", help="only the prefill rows")
     p.add_argument("--result-json", default=None)
     p.set_defaults(handler=run)
@@ -111,52 +113,73 @@ def time_step(preset: str, batches: list[int], context: int, iters: int, layers:
     return rows
 
 
-def prefill_plan(tokens: int, block_size: int):
-    """One sequence whose whole prompt of `tokens` runs in one step, from an empty cache."""
+def parse_prefill(spec: str) -> list[tuple[int, int]]:
+    """--prefill-tokens: "2048,100@2000" -> [(2048, 0), (100, 2000)] as (chunk tokens, cached context)."""
+    out = []
+    for item in filter(None, spec.split(",")):
+        tokens, _, context = item.partition("@")
+        out.append((int(tokens), int(context or 0)))
+    if any(t < 1 or c < 0 for t, c in out):
+        raise ValueError(f"--prefill-tokens: {spec!r} needs T >= 1 and C >= 0 in each T or T@C")
+    return out
+
+
+def prefill_plan(tokens: int, block_size: int, context: int = 0):
+    """One sequence whose `tokens` prompt tokens after `context` cached ones run in one step (the cached
+    blocks hold whatever the pool holds: the timing does not depend on their values)."""
     from blink.core.outputs import ScheduledChunk, SchedulerOutput
     from blink.core.sequence import SeqStatus, Sequence
 
-    seq = Sequence(0, [1 + (j * 7) % 1000 for j in range(tokens)], SamplingParams(temperature=0), seed=0,
-                   arrival=0, num_computed=0, slot=0, status=SeqStatus.RUNNING)
-    seq.block_ids = list(range(-(-(tokens + 1) // block_size)))
-    return SchedulerOutput([ScheduledChunk(seq, 0, tokens)], [])
+    total = context + tokens
+    seq = Sequence(0, [1 + (j * 7) % 1000 for j in range(total)], SamplingParams(temperature=0), seed=0,
+                   arrival=0, num_computed=context, slot=0, status=SeqStatus.RUNNING)
+    seq.block_ids = list(range(-(-(total + 1) // block_size)))
+    return SchedulerOutput([ScheduledChunk(seq, context, tokens)], [])
 
 
-def time_prefill(preset: str, lengths: list[int], iters: int, layers: int | None) -> list[dict]:
-    """Median ms of one eager forward + sampling over a whole prompt, per length, vs its compute floor."""
+def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers: int | None) -> list[dict]:
+    """Median ms of one forward + sampling over a prefill chunk, per (tokens, context), vs its compute floor:
+    eager from an empty cache (the whole-prompt rows), by graph replay after a cached context (a prefix hit's
+    step, as a server runs it)."""
     from blink.core.loaded_model import LoadedModel
     from blink.core.runner import ModelRunner
 
-    longest = max(lengths)
+    widest, longest = max(t for t, _ in chunks), max(t + c for t, c in chunks)
+    graphs = all(c > 0 for _, c in chunks) and widest <= EngineArgs.max_num_batched_tokens
     args = EngineArgs(model=preset, dtype="bfloat16", device="cuda", max_num_seqs=1,
-                      max_num_batched_tokens=longest, num_kv_blocks=-(-(longest + 16) // 16) + 1,
-                      max_model_len=longest + 16)
+                      max_num_batched_tokens=EngineArgs.max_num_batched_tokens if graphs else widest,
+                      num_kv_blocks=-(-(longest + 16) // 16) + 1, max_model_len=longest + 16)
     m = LoadedModel.load(args, num_layers=layers)
-    runner = ModelRunner.for_model(m, use_graphs=False)
+    runner = ModelRunner.for_model(m, use_graphs=graphs)
     shape = ModelShape.of(m.cfg)
     print(f"prefill floors: GEMM + causal attention FLOPs at {GEMM_RATE / 1e12:.0f} TFLOP/s (dense bf16), or the "
           f"weight read at {COPY_BW / 1e12:.2f} TB/s if longer", flush=True)
     rows = []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for tokens in lengths:
+    for tokens, context in chunks:
         bucket = runner.bucket_for(tokens, 1)
-        runner.prepare(prefill_plan(tokens, 16), runner.buffers, bucket)
-        times = []
-        for i in range(max(3, min(iters, 10)) + 1):
-            start.record()
-            runner.forward(runner.buffers, bucket[0], bucket[1])
-            end.record()
-            end.synchronize()
-            if i:  # the first call compiles
-                times.append(start.elapsed_time(end))
-        ms = sorted(times)[len(times) // 2]
-        gemm, attention = shape.prefill_flops(tokens)
-        floor = shape.prefill_floor_s(tokens) * 1e3
+        runner.prepare(prefill_plan(tokens, 16, context), runner.buffers, bucket)
+        if graphs:
+            ms = graph_replay_ms(runner.graphs[bucket], iters)
+        else:
+            times = []
+            for i in range(max(3, min(iters, 10)) + 1):
+                start.record()
+                runner.forward(runner.buffers, bucket[0], bucket[1])
+                end.record()
+                end.synchronize()
+                if i:  # the first call compiles
+                    times.append(start.elapsed_time(end))
+            ms = sorted(times)[len(times) // 2]
+        gemm, attention = shape.prefill_flops(tokens, context)
+        floor = shape.prefill_floor_s(tokens, context) * 1e3
         rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "prefill_tokens": tokens,
+                     "context": context, "graph": graphs,
                      "bucket": bucket[0], "ms": round(ms, 3), "floor_ms": round(floor, 3),
                      "gemm_floor_ms": round(gemm / GEMM_RATE * 1e3, 3),
                      "attention_floor_ms": round(attention / GEMM_RATE * 1e3, 3), "ratio": round(ms / floor, 3)})
-        print(f"{preset:12s} layers={m.cfg.num_hidden_layers:3d} prefill T={tokens:6d} (bucket {bucket[0]:6d}): "
+        print(f"{preset:12s} layers={m.cfg.num_hidden_layers:3d} prefill T={tokens:6d} after C={context:6d} "
+              f"(bucket {bucket[0]:6d}, {'graph' if graphs else 'eager'}): "
               f"{ms:9.3f} ms  floor {floor:9.3f} ms (GEMM {gemm / GEMM_RATE * 1e3:.3f} + attention "
               f"{attention / GEMM_RATE * 1e3:.3f})  ratio {ms / floor:5.2f}", flush=True)
     del runner, m
@@ -172,14 +195,16 @@ def run(ns: argparse.Namespace) -> int:
     unknown = [mode for mode in modes if mode not in SAMPLING_MODES]
     if unknown:
         raise ValueError(f"--sampling: unknown mode(s) {unknown}; known: {list(SAMPLING_MODES)}")
-    lengths = [int(t) for t in ns.prefill_tokens.split(",") if t]
+    chunks = parse_prefill(ns.prefill_tokens)
+    fresh, cached = [ch for ch in chunks if ch[1] == 0], [ch for ch in chunks if ch[1] > 0]
     rows = []
     for preset in ns.presets.split(","):
         if not ns.no_decode:
             rows += time_step(preset, batches, ns.context, ns.iters, ns.num_layers, modes,
                               ns.max_prompt_logprob_rows)
-        if lengths:
-            rows += time_prefill(preset, lengths, ns.iters, ns.num_layers)
+        for group in (fresh, cached):  # eager whole prompts; graph-replayed chunks after a cached context
+            if group:
+                rows += time_prefill(preset, group, ns.iters, ns.num_layers)
     if ns.result_json:
         with open(ns.result_json, "w") as f:
             json.dump(rows, f, indent=1)

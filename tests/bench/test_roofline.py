@@ -50,3 +50,22 @@ def test_prefill_floor_counts_gemms_on_every_token_and_causal_attention():
     assert 0.5 < gemm / GEMM_RATE < 0.6 and 0.28 < attention / GEMM_RATE < 0.32
     assert shape.prefill_floor_s(30_000) == pytest.approx((gemm + attention) / GEMM_RATE)
     assert shape.prefill_floor_s(1) == pytest.approx(shape.matmul_params * 2 / COPY_BW)  # one token: the weights
+
+
+def test_a_chunk_after_a_cached_context_adds_its_queries_against_the_context():
+    shape = ModelShape.of(presets.get("llama3-8b"))
+    gemm0, attention0 = shape.prefill_flops(100)
+    gemm, attention = shape.prefill_flops(100, context=2000)
+    assert gemm == gemm0  # the cached tokens cost no GEMM
+    per_pair = 4.0 * shape.heads * shape.head_dim * shape.layers
+    assert attention - attention0 == pytest.approx(100 * 2000 * per_pair)
+    assert shape.prefill_floor_s(100, 2000) >= shape.prefill_floor_s(100)
+
+
+def test_prefill_specs_parse_whole_prompts_and_chunks_after_a_context():
+    from blink.bench.step import parse_prefill
+
+    assert parse_prefill("2048,100@2000") == [(2048, 0), (100, 2000)]
+    assert parse_prefill("") == []
+    with pytest.raises(ValueError, match="--prefill-tokens"):
+        parse_prefill("0@5")
