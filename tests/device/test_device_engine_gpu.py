@@ -3,7 +3,6 @@ with timings is `python -m tools.device_selftest.gpu_selftest`)."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from blink.config import EngineArgs
 from blink.core.loaded_model import LoadedModel
@@ -11,15 +10,7 @@ from blink.device.engine import DeviceEngine
 from blink.host.engine import HostEngine
 from tools.device_selftest import selftest_runs as runs
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600), pytest.mark.usefixtures("no_tf32")]
 
 
 def test_device_mode_matches_host_mode():

@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 
 from blink.config import EngineArgs
 from blink.core.loaded_model import LoadedModel
@@ -16,18 +15,10 @@ from blink.device.engine import DeviceEngine
 from blink.host.engine import HostEngine
 from tools.device_selftest import selftest_runs as runs
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600), pytest.mark.usefixtures("no_tf32")]
 
 ARGS = dict(model="tiny-llama", device="cuda", dtype="float32", max_num_seqs=8, max_num_batched_tokens=64,
             block_size=16, num_kv_blocks=64, max_model_len=1024)  # the workload's prompts reach 576
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def wait_parked(dev: DeviceEngine, timeout: float = 5.0) -> None:

@@ -8,7 +8,6 @@ import re
 
 import jsonschema
 import pytest
-import torch
 from tokenizers import Tokenizer
 
 from blink.config import EngineArgs
@@ -19,17 +18,9 @@ from blink.model.demo import ensure_default_model
 from blink.request import Constraint, FinishReason, SamplingParams
 from tests.grammar.test_host_structured import SCHEMAS, run, strict_json
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900), pytest.mark.usefixtures("no_tf32")]
 REGEX = "[a-z]{3,8}@(x|y)\\.com"
 CHOICES = ["alpha", "beta", "gamma delta"]
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
 
 
 def constraints() -> list[Constraint]:

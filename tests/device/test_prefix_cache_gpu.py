@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from blink.config import EngineArgs
 from blink.core.loaded_model import LoadedModel
@@ -14,15 +13,7 @@ from blink.host.engine import HostEngine
 from blink.request import SamplingParams
 from tools.device_selftest import selftest_runs as runs
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900), pytest.mark.usefixtures("no_tf32")]
 
 
 def shared_prefix_workload(n: int, vocab: int, seed: int = 5) -> list[runs.Request]:

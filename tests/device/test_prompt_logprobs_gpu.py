@@ -14,17 +14,9 @@ from blink.host.engine import HostEngine
 from blink.request import SamplingParams
 from tests.hf_models import make_tiny_model
 
-pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.gpu, pytest.mark.timeout(600), pytest.mark.usefixtures("no_tf32")]
 PROMPTS = {1: list(range(20, 61)), 2: [7, 8, 9, 10, 11], 3: list(range(20, 61)), 4: [5, 300, 6, 400, 7, 8]}
 ASK = {1: 4, 2: None, 3: 0, 4: 20}  # request 3 resends request 1's prompt: it must not come from the cache
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = old
 
 
 @torch.no_grad()

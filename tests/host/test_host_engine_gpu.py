@@ -1,7 +1,6 @@
 """Host engine on the GPU with CUDA graphs: parity with HF (fp32, TF32 off) and with its own eager path."""
 import numpy as np
 import pytest
-import torch
 
 from blink.config import EngineArgs
 from blink.core.loaded_model import LoadedModel
@@ -10,15 +9,7 @@ from blink.request import SamplingParams
 from tests.hf_models import make_tiny_model
 from tests.host.test_host_engine import hf_greedy, run_all
 
-pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("no_tf32")]
 
 
 def test_graphs_greedy_match_hf_fp32(tmp_path):

@@ -17,14 +17,6 @@ from tests.host.test_host_engine import hf_greedy, run_all
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
 
-@pytest.fixture
-def no_tf32():
-    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
-
-
 @pytest.mark.parametrize("tokens", [1, 8, 128, 2048])
 def test_moe_kernels_at_qwen3_30b_shapes(tokens):
     g = torch.Generator(device="cuda").manual_seed(tokens)
