@@ -1,13 +1,8 @@
 """Idle power and the first request after idle (issue 19), side by side: host mode, and device mode under
-each `--device-idle` policy (spin = the old 8 us backoff; deep; park, polling the ring every 1 ms or
-100 us). For each: start `blink serve`, warm it up, let it idle, read NVML's power and utilisation for
---idle-seconds, the engine process's CPU time over that window, then the client TTFT of one streamed
-request after each of --probes idle periods of --idle-before-s (and, for reference, back to back). The GPU
-with no server is measured first.
-
-`python -m blink.bench.idle_power --model llama3.2-1b --result-json idle_power.json` (tools/gpu_run.sh
-idle-power).
-"""
+each `--device-idle` policy (spin = the old 8 us backoff; deep). For each: start `blink serve`, warm it
+up, let it idle, read NVML's power and utilisation for --idle-seconds, the engine process's CPU time over
+that window, then the client TTFT of one streamed request after each of --probes idle periods of
+--idle-before-s (and, for reference, back to back). The GPU with no server is measured first."""
 from __future__ import annotations
 
 import argparse
@@ -21,8 +16,8 @@ from blink.bench.gpu_monitor import GpuMonitor
 from blink.bench.host_cpu import process_cpu_seconds
 from blink.bench.server_process import BlinkServer, ServeSpec
 
-CONFIGS = {"host": ("host", None), "device-spin": ("device", "spin"), "device-deep": ("device", "deep"),
-           "device-park": ("device", "park"), "device-park-100us": ("device", "park:100:100")}
+# park is refused by the CLI until it works on a GPU (docs/roadmap.md), so it is not measured here.
+CONFIGS = {"host": ("host", None), "device-spin": ("device", "spin"), "device-deep": ("device", "deep")}
 
 
 def first_token_s(http: httpx.Client, base_url: str, model: str) -> float:
@@ -43,7 +38,7 @@ def measure(name: str, spec: ServeSpec, gpu: GpuMonitor, opts) -> dict:
         for _ in range(3):  # warm-up: graphs, allocator, the front end's pools
             first_token_s(http, spec.base_url, model)
         warm = [first_token_s(http, spec.base_url, model) for _ in range(opts.probes)]
-        time.sleep(opts.settle_s)  # past every idle threshold (deep: 10 ms, park: 100 ms)
+        time.sleep(opts.settle_s)  # past every idle threshold (deep: 10 ms)
         cpu0 = process_cpu_seconds(server.engine_pid) if server.engine_pid else None
         power = gpu.idle_power(opts.idle_seconds)
         cpu = (process_cpu_seconds(server.engine_pid) - cpu0) / power["seconds"] if cpu0 is not None else None
