@@ -49,6 +49,8 @@ class ParkWatcher:
     loop_needed(); keeps the heartbeat moving meanwhile (the front end's /health watches it)."""
 
     def __init__(self, lib, loop_exec, stream, segment, device: torch.device, poll_s: float = 1e-3):
+        if device.type == "cuda" and device.index is None:  # the watcher's thread needs the index itself
+            device = torch.device("cuda", torch.cuda.current_device())
         self.lib, self.exec, self.stream, self.segment, self.device = lib, loop_exec, stream, segment, device
         self.poll_s = poll_s
         self.parks = 0  # parked periods seen (each ended by a relaunch or a stop)
@@ -75,6 +77,12 @@ class ParkWatcher:
             self._thread.join(timeout=5)
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        except Exception as e:  # a dead watcher must not pass for a parked loop: alive() reads error
+            self.error = f"park watcher: {type(e).__name__}: {e}"
+
+    def _watch(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)  # the runtime calls below act on the current device
         ctl, ring = self.segment.control, self.segment.ring_header(self.segment.layout.ingress_header)

@@ -169,3 +169,18 @@ def test_the_watcher_relaunches_a_parked_loop_on_a_request_and_a_command(segment
     finally:
         w.stop()
     assert w.parks == 21 and w.error is None and not w.watching()
+
+
+def test_a_watcher_that_dies_says_so_instead_of_passing_for_a_parked_loop(segment):
+    # On the H200 the watcher's thread died at its first line (torch.cuda.set_device on a device without
+    # an index), so the loop was never seen parked; now the failure is the watcher's error.
+    import torch
+
+    class BrokenCuda(FakeCuda):
+        def blink_stream_query(self, stream):
+            raise RuntimeError("the runtime call failed")
+
+    w = idle.ParkWatcher(BrokenCuda(), None, None, segment, torch.device("cpu"), poll_s=100e-6).start()
+    wait_for(lambda: w.error is not None)
+    assert "the runtime call failed" in w.error and not w.watching() and not w.parked()
+    w.stop()
