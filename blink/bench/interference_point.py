@@ -14,6 +14,8 @@ import os
 import time
 from dataclasses import dataclass
 
+import httpx
+
 from blink.bench.attackers import Attackers, AttackSpec
 from blink.bench.gpu_monitor import GpuMonitor
 from blink.bench.host_cpu import CpuMeter
@@ -36,6 +38,16 @@ def pinned(cpus: list[int] | None):
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+def reset_prefix_cache(base_url: str) -> bool:
+    """Forget the server's cached prefixes: every point replays the same prompts, so without this a point
+    would be served from the blocks of the points (and the warm-up) before it. False where the server has
+    no such endpoint (the HF peer) or it failed."""
+    try:
+        return httpx.post(base_url.rstrip("/") + "/reset_prefix_cache", timeout=15.0).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def attack_tokenizer(args: argparse.Namespace) -> str | None:
@@ -76,6 +88,7 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
             nice=knobs.nice, policy=knobs.policy, cgroup=sweep.cgroup))
     config = load_config(args, sweep.base_url, sweep.model, rate, args.point_seconds, args.drain_seconds)
     cpu = CpuMeter(sweep.engine_pid)
+    cache_reset = reset_prefix_cache(sweep.base_url)
     try:
         if attack:
             attack.start()
@@ -96,7 +109,8 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         "mode": sweep.target, "layout": sweep.layout, "attack_kind": kind, "attack_level": level,
         "variant": sweep.variant, "attack_procs": procs,
         "attack_cpus": format_cpu_list(sweep.attack_cpus) if procs else "",
-        "attackers_alive_at_end": attackers_alive, "request_rate": rate, "point_seconds": args.point_seconds,
+        "attackers_alive_at_end": attackers_alive, "prefix_cache_reset": cache_reset,
+        "request_rate": rate, "point_seconds": args.point_seconds,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "base_url": sweep.base_url, "model": sweep.model, "server_command": sweep.server_command,
         "client_cpus": format_cpu_list(sweep.client_cpus), "frontend_cpus": format_cpu_list(sweep.frontend_cpus),
