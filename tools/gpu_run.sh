@@ -43,6 +43,14 @@ for stage in "$@"; do
     grammar-device)  # issue 15 in device mode: seeded constrained sampling host == device, the API suite on a device server
       python3 -m pytest -q -s -m gpu --timeout 900 tests/device/test_grammar_device_gpu.py \
         tests/grammar/test_api_structured_device_gpu.py 2>&1 | tee "$OUT/grammar_device.log" | tail -30;;
+    grammar-serve)  # issue 15: constrained serving (a typical schema on every request), device vs host at 8 req/s:
+      # the engine's host CPU per 1k tokens (target ~0 in device mode), TTFT and TPOT; point cache reset as always
+      python3 -c 'import json; from bench.grammar.compile_libraries import SCHEMAS; json.dump(SCHEMAS["person"], open("/tmp/person.json", "w"))'
+      python3 -m blink bench interference --model llama3-8b --modes device,host --frontend-cpus 0-1 --engine-cpus 2-7 \
+        --max-model-len 2048 --request-rates 8 --attack-levels 0 --attack-kinds spin --point-seconds 20 \
+        --random-input-len 256 --random-output-len 128 --json-schema /tmp/person.json --disable-tqdm \
+        --result-dir /tmp/grammar-serve > "$OUT/grammar_serve.log" 2>&1; tail -5 "$OUT/grammar_serve.log"
+      cp /tmp/grammar-serve/results.md "$OUT/grammar_serve_results.md";;
     grammar-step)  # issue 15: a constrained decode step (typical schema) vs unconstrained, llama3-8b, batch 1/8/32
       python3 -m bench.grammar.constrained_step --preset llama3-8b --batches 1,8,32 --context 1024 \
         --result-json "$OUT/grammar_step.json" 2>&1 | tee "$OUT/grammar_step.log" | tail -20;;

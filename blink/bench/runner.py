@@ -32,6 +32,7 @@ class LoadConfig:
     max_duration_s: float | None = None
     drain_s: float = 30.0
     show_progress: bool = True
+    extra_body: dict | None = None  # more request fields for every request (e.g. a structured-output constraint)
 
 
 @dataclass
@@ -64,6 +65,7 @@ async def run_load(config: LoadConfig, requests: list[SampleRequest]) -> LoadOut
 
     async def one(http: httpx.AsyncClient, request: SampleRequest) -> None:
         payload = completion_payload(config.model, request, config.ignore_eos, config.temperature)
+        payload.update(config.extra_body or {})
         async with limit or contextlib.nullcontext():
             result = await stream_completion(http, url, payload, request.prompt_len)
         results.append(result)

@@ -43,6 +43,9 @@ def add_workload_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--ignore-eos", action="store_true")
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="a JSON schema file every request asks for (vLLM's structured_outputs.json): "
+                        "constrained serving")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--disable-tqdm", action="store_true")
 
@@ -92,7 +95,17 @@ def load_config(args: argparse.Namespace, base_url: str, model: str, request_rat
         request_rate=request_rate, burstiness=args.burstiness, max_concurrency=args.max_concurrency,
         ignore_eos=args.ignore_eos, temperature=args.temperature, seed=args.seed,
         max_duration_s=max_duration_s, drain_s=drain_s, show_progress=not args.disable_tqdm,
+        extra_body=constraint_body(args),
     )
+
+
+def constraint_body(args: argparse.Namespace) -> dict | None:
+    """--json-schema: the request fields that constrain every request to the schema."""
+    path = getattr(args, "json_schema", None)
+    if not path:
+        return None
+    with open(path) as f:
+        return {"structured_outputs": {"json": json.load(f)}}
 
 
 def run_config(args: argparse.Namespace, base_url: str, model: str, request_rate: float) -> dict:
@@ -106,6 +119,7 @@ def run_config(args: argparse.Namespace, base_url: str, model: str, request_rate
         "request_rate": "inf" if math.isinf(request_rate) else request_rate,
         "burstiness": args.burstiness, "max_concurrency": args.max_concurrency,
         "ignore_eos": args.ignore_eos, "temperature": args.temperature, "seed": args.seed,
+        "json_schema": getattr(args, "json_schema", None),
     }
 
 

@@ -21,7 +21,7 @@ from blink.bench.interference_targets import Placement, Target, served_model_nam
 from blink.bench.result_folder import save_repeat, save_run
 from blink.bench.runner import LoadConfig, run_load
 from blink.bench.sched_knobs import AttackerKnobs
-from blink.bench.serve import build_requests
+from blink.bench.serve import build_requests, constraint_body
 from blink.bench.server_process import BlinkServer
 from blink.bench.sweep_plan import Group, Repeat
 
@@ -54,7 +54,7 @@ def measure_group(args: argparse.Namespace, console: Console, repeat: Repeat, gr
             {"repeat": repeat.index, "layout": group.layout, "mode": group.mode, **idle})
         save_run(args.result_dir, run_id, metadata)
         warmup = LoadConfig(base_url=base_url, model=model, ignore_eos=args.ignore_eos,
-                            temperature=args.temperature, show_progress=False)
+                            temperature=args.temperature, show_progress=False, extra_body=constraint_body(args))
         asyncio.run(run_load(warmup, requests[: args.warmup_requests]))
         if pid is None:
             console.print(f"[yellow]{group.layout}/{target.name}: no engine pid, host CPU cost not "

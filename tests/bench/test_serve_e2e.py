@@ -45,6 +45,18 @@ def test_bench_serve_writes_the_result_json(fake_server, tmp_path):
     assert len({p["prompt"] for p in payloads}) == 12
 
 
+def test_a_json_schema_constrains_every_request(fake_server, tmp_path):
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    result_path = tmp_path / "result.json"
+    args = bench_args("--base-url", fake_server.base_url, "--num-prompts", "3", "--random-input-len", "8",
+                      "--random-output-len", "4", "--json-schema", str(path), "--result-json", str(result_path))
+    assert serve.run(args) == 0
+    assert [p["structured_outputs"] for p in fake_server.state.payloads] == [{"json": schema}] * 3
+    assert json.loads(result_path.read_text())["json_schema"] == str(path)
+
+
 def test_output_counts_come_from_usage_and_concurrency_is_capped(fake_server):
     args = bench_args("--base-url", fake_server.base_url, "--model", MODEL, "--num-prompts", "8",
                       "--request-rate", "200", "--max-concurrency", "2", "--random-input-len", "8",
