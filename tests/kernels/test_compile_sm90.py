@@ -4,40 +4,26 @@ The interpreter (used by the other CPU tests) accepts things the real compiler r
 It runs in a subprocess because the test session has TRITON_INTERPRET=1 set before triton was imported.
 """
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.kernels.sm90 import compile_sm90, run_uninterpreted
+
 pytestmark = pytest.mark.slow  # spawns processes
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 _MULTIPLES_OF_16 = ("head_dim", "block_size", "hidden", "inter", "K", "N", "num_q_heads")
 
 
 def _compile_all() -> None:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from blink.kernels import activation, attention, gemv, kv_write, rmsnorm, rope
 
     def check(fn, pointers: dict, constexprs: dict, pdl: bool = False, **options):
         if "USE_PDL" in fn.arg_names:  # the PDL variant must wait on the previous kernel (pdl.py)
             constexprs, options = {**constexprs, "USE_PDL": pdl}, {**options, "launch_pdl": pdl}
         scalar = lambda name: "fp32" if name in ("scale_log2", "eps") else "i32"
-        signature = {name: "constexpr" if name in constexprs else pointers.get(name, scalar(name))
-                     for name in fn.arg_names}
-        # As the JIT specializes real calls: 16-byte aligned pointers, strides and sizes divisible by 16
-        # (this is what turns on cp.async pipelining, so shared-memory use is realistic).
+        # 16-byte aligned pointers, strides and sizes divisible by 16, as the JIT specializes real calls
         aligned = lambda name: name in pointers or name.startswith("stride") or name in _MULTIPLES_OF_16
-        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-                 if aligned(name) and name not in constexprs}
-        source = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
-        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
-        # Shared memory is only checked at launch on a GPU; an H100/H200 block gets at most 227 KB.
-        assert kernel.metadata.shared <= 232448, (fn.__name__, constexprs, options, kernel.metadata.shared)
+        kernel = compile_sm90(fn, pointers, constexprs, aligned, scalar, **options)
         assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl, (fn.__name__, pdl)
         if os.environ.get("BLINK_PRINT_SMEM"):
             print(fn.__name__, constexprs, options, kernel.metadata.shared, kernel.metadata.num_warps)
@@ -85,12 +71,7 @@ def _compile_all() -> None:
 
 
 def test_kernels_compile_for_sm90():
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, __file__], env=env, cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=500)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_uninterpreted([__file__], timeout=500)
 
 
 if __name__ == "__main__":

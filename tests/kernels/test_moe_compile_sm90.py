@@ -1,32 +1,19 @@
 """Compile the MoE kernels for the H200 (sm_90) without a GPU, as test_compile_sm90.py does for the others:
 the interpreter accepts things the real compiler rejects (a tl.dot under a branch, input_precision)."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.kernels.sm90 import compile_sm90, run_uninterpreted
+
 _MULTIPLES_OF_16 = ("n_out", "k_dim")
 pytestmark = pytest.mark.slow  # spawns the compiler in a subprocess
 
 
 def _compile_all() -> None:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from blink.kernels import moe, moe_gemm
 
     def check(fn, pointers: dict, constexprs: dict, **options):
-        signature = {name: "constexpr" if name in constexprs else pointers.get(name, "i32") for name in fn.arg_names}
         aligned = lambda name: name in pointers or name.startswith("stride") or name in _MULTIPLES_OF_16
-        attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
-                 if aligned(name) and name not in constexprs}
-        kernel = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
-                                target=GPUTarget("cuda", 90, 32), options=options)
-        assert kernel.metadata.shared <= 232448, (fn.__name__, constexprs, kernel.metadata.shared)
+        compile_sm90(fn, pointers, constexprs, aligned, **options)
 
     for renorm in (False, True):  # 128 experts, top 8 (Qwen3-30B-A3B); 8, top 2 (Mixtral)
         for block_e, top_k in ((128, 8), (8, 2)):
@@ -46,12 +33,7 @@ def _compile_all() -> None:
 
 
 def test_moe_kernels_compile_for_sm90():
-    pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, __file__], env=env, cwd=REPO_ROOT, capture_output=True,
-                            text=True, timeout=500)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_uninterpreted([__file__], timeout=500)
 
 
 if __name__ == "__main__":

@@ -60,32 +60,19 @@ def test_kernel_on_the_gpu_at_a_real_vocabulary():
 
 
 _COMPILE_SM90 = """
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 from blink.kernels.prompt_logprobs import _prompt_logprobs_kernel as fn
+from tests.kernels.sm90 import compile_sm90
 ptrs = {"logits_ptr": "*fp32", "targets_ptr": "*i64", "num_top_ptr": "*i32", "logprob_ptr": "*fp32",
         "rank_ptr": "*i32", "top_ids_ptr": "*i64", "top_lps_ptr": "*fp32"}
+assert set(fn.arg_names) - set(ptrs) == {"vocab_size", "K", "BLOCK"}  # every other argument is a pointer
 for vocab, block in [(128256, 4096), (151936, 4096), (50, 64)]:
-    consts = {"vocab_size": vocab, "K": 20, "BLOCK": block}
-    sig = {n: "constexpr" if n in consts else ptrs[n] for n in fn.arg_names}
-    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts), target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": 8})
+    compile_sm90(fn, ptrs, {"vocab_size": vocab, "K": 20, "BLOCK": block}, num_warps=8)
 """
 
 
 @pytest.mark.slow
 def test_kernel_compiles_for_sm90():
     """The interpreter accepts what the compiler may not (loop-carried types, say): compile for the H200."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from tests.kernels.sm90 import run_uninterpreted
 
-    pytest.importorskip("triton.backends.nvidia")
-    root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join([str(root), env.get("PYTHONPATH", "")])
-    result = subprocess.run([sys.executable, "-c", _COMPILE_SM90], env=env, cwd=root, capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-4000:]
+    run_uninterpreted(["-c", _COMPILE_SM90], timeout=300)

@@ -1,7 +1,4 @@
-import os
 import struct
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -20,6 +17,7 @@ from blink.kernels.sampling import (
 )
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
+from tests.kernels.sm90 import run_uninterpreted
 
 MIXED_PARAMS = [
     SamplingParams(logprobs=3),
@@ -266,11 +264,7 @@ for kernel, constants, warps in kernels:
 @pytest.mark.slow  # a subprocess compiles every kernel
 def test_kernels_compile_for_hopper():
     """The interpreter forgives what the compiler refuses: build every kernel for sm_90 (no GPU needed)."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run([sys.executable, "-c", HOPPER_COMPILE], cwd=repo, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_uninterpreted(["-c", HOPPER_COMPILE], timeout=600)
 
 # ---- GPU -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
