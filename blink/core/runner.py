@@ -37,6 +37,7 @@ class ModelRunner:
         self.max_tokens, self.max_seqs = self.buckets[-1][0], max(s for _, s in self.buckets)
         self.num_prompt_rows = limits.prompt_logprob_rows  # prompt-logprob rows per step (0 under TP)
         self.buffers = self.new_buffers()
+        self._prompt_rows_idle = False  # self.buffers' P prompt rows are all padding (prepare skips them)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         # One memory pool for every capture (host mode's and device mode's).
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
@@ -116,8 +117,14 @@ class ModelRunner:
 
     def prepare(self, plan: SchedulerOutput, buf: StepBuffers, bucket: tuple[int, int]) -> None:
         self.fill(buf, self.step_inputs(plan, bucket))
-        if self.num_prompt_rows:
-            self.fill(buf, self.prompt_inputs(plan, bucket))
+        if not self.num_prompt_rows:
+            return
+        wanted = any(c.num_prompt_rows for c in plan.chunks)
+        if wanted or not (buf is self.buffers and self._prompt_rows_idle):
+            # Without prompt rows, all P rows become padding once; steps after that rewrite nothing.
+            self.fill(buf, self.prompt_inputs(plan, bucket if wanted else (self.num_prompt_rows, 0)))
+            if buf is self.buffers:
+                self._prompt_rows_idle = not wanted
 
     def prompt_inputs(self, plan: SchedulerOutput, bucket: tuple[int, int]) -> dict[str, torch.Tensor]:
         """The prompt-logprob rows (StepBuffers.prompt_*), padded to the min(P, T) rows the bucket's graph reads;

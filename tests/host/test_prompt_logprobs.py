@@ -130,3 +130,29 @@ def test_offline_llm_returns_vllm_shaped_prompt_logprobs(tiny_dirs):
         assert set(entry) == {t, *top}
         assert entry[t] == pytest.approx(lp, abs=1e-4)
         assert [entry[x] for x in top] == pytest.approx(top_lps, abs=1e-4)
+
+
+def test_steps_without_prompt_rows_write_the_padding_once(tiny_dirs):
+    # The P rows become padding after a step that used them, then stay untouched until a request asks
+    # again: the common plain steps copy nothing for them, and no stale row reaches a later request.
+    eng = engine(tiny_dirs["llama"], enable_prefix_caching=False)
+    runner, fills = eng.runner, []
+    fill = runner.fill
+
+    def spy(buf, inputs):
+        if "prompt_targets" in inputs:
+            fills.append(inputs["prompt_targets"].tolist())
+        fill(buf, inputs)
+
+    runner.fill = spy
+    plain = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    asks = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, prompt_logprobs=2)
+    first, _, steps = run(eng, {1: (PROMPT, asks)})
+    padding = [i for i, targets in enumerate(fills) if targets == [-1] * 6]
+    assert steps > len(fills) and padding == [len(fills) - 1]  # rows, one write of all P as padding, then none
+    fills.clear()
+    _, _, steps = run(eng, {2: (PROMPT, plain)})
+    assert steps > 1 and fills == []
+    again, _, _ = run(eng, {3: (PROMPT, asks)})
+    assert [(e.logprob, e.rank, e.top_ids) for _, e in sorted(again[3].items())] == \
+        [(e.logprob, e.rank, e.top_ids) for _, e in sorted(first[1].items())]
