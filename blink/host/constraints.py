@@ -76,11 +76,9 @@ class ConstraintLoader:
 
     def _compile_pool(self):
         if self._compiles is None:
-            from blink.model.demo import ensure_default_model
             from blink.text.grammar_worker import CompilePool
 
             if self.tensor_parallel:
                 raise ValueError("structured outputs are not supported with tensor parallelism yet")
-            self._compiles = CompilePool(self.args.model or str(ensure_default_model()), self.args.tokenizer,
-                                         self.m.vocab_size, self.m.eos_token_ids, self.args.grammar_arena_mb << 20)
+            self._compiles = CompilePool.for_engine(self.args, self.m)
         return self._compiles

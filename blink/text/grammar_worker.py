@@ -54,6 +54,15 @@ class CompilePool:
         self._lock = threading.Lock()
         self.cache: OrderedDict[Constraint, GrammarTables | None] = OrderedDict()
 
+    @classmethod
+    def for_engine(cls, args, loaded) -> CompilePool:
+        """An in-process engine's pool (host mode, device mode's DeviceEngine): its model dir (the demo
+        model's when none is given), vocabulary, EOS ids and grammar arena (args: EngineArgs)."""
+        from blink.model.demo import ensure_default_model
+
+        return cls(args.model or str(ensure_default_model()), args.tokenizer, loaded.vocab_size,
+                   loaded.eos_token_ids, args.grammar_arena_mb << 20)
+
     def submit(self, c: Constraint, want_tables: bool = True) -> Future:
         """A future of the tables (None when want_tables is False); raises GrammarError through it."""
         with self._lock:
