@@ -100,13 +100,10 @@ def bench_step(model_name: str, batches: list[int], context: int, max_model_len:
     from blink.model.weights import load_model
 
     model, cfg = load_model(model_name, sk.DEVICE, sk.DTYPE, max_positions=max_model_len)
-    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
-    if cfg.tie_word_embeddings:
-        weight_bytes += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    weight_bytes = sk.weight_bytes_read(model, cfg)
     rows = []
     for batch in batches:
-        kv_bytes = 2 * batch * context * cfg.kv_size * 2 * cfg.num_hidden_layers
-        floor_us = (weight_bytes + kv_bytes) / 4.29e6
+        kv_bytes, floor_us = sk.decode_floor(weight_bytes, cfg, batch, context)
         print(f"whole decode step: batch {batch}, context {context}, floor {floor_us:.0f} us")
         step = sk._decode_step(model, cfg, batch, context, max_model_len)
         baseline_logits = None

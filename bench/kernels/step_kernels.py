@@ -186,18 +186,29 @@ def bench_gemm(name: str, k: int, n: int, m: int) -> dict[str, float]:
     return results
 
 
+def weight_bytes_read(model, cfg) -> int:
+    """Bytes of weights a decode step reads: every parameter but the embedding (the LM head's when tied)."""
+    total = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
+    if cfg.tie_word_embeddings:
+        total += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    return total
+
+
+def decode_floor(weight_bytes: int, cfg, batch: int, context: int) -> tuple[int, float]:
+    """(KV bytes, floor in us) of a decode step of `batch` sequences of `context` tokens (bf16 K and V)."""
+    kv_bytes = 2 * batch * context * cfg.kv_size * 2 * cfg.num_hidden_layers
+    return kv_bytes, (weight_bytes + kv_bytes) / 4.29e6  # bytes / (4.29 TB/s), in us
+
+
 def bench_step(model_name: str, batches: list[int], context: int, max_model_len: int) -> list[tuple]:
     """A whole decode step (forward + logits) of the model in one CUDA graph, against its floor."""
     from blink.model.weights import load_model
 
     model, cfg = load_model(model_name, DEVICE, DTYPE, max_positions=max_model_len)
-    weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
-    if cfg.tie_word_embeddings:
-        weight_bytes += model.lm_head.weight.numel() * model.lm_head.weight.element_size()
+    weight_bytes = weight_bytes_read(model, cfg)
     rows = []
     for batch in batches:
-        kv_bytes = 2 * batch * context * cfg.kv_size * 2 * cfg.num_hidden_layers
-        floor_us = (weight_bytes + kv_bytes) / 4.29e6  # bytes / (4.29 TB/s), in us
+        kv_bytes, floor_us = decode_floor(weight_bytes, cfg, batch, context)
         print(f"whole decode step: batch {batch}, context {context}: floor {floor_us:.0f} us "
               f"({weight_bytes / 1e9:.1f} GB weights + {kv_bytes / 1e9:.2f} GB KV at 4.29 TB/s)", flush=True)
         step = _decode_step(model, cfg, batch, context, max_model_len)
