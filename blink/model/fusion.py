@@ -19,8 +19,6 @@ from torch import nn
 from blink.kernels.gemv import MAX_M, GemvPlan
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
-_MODULE_ROLES = {"self_attn.qkv_proj": "qkv", "self_attn.o_proj": "o", "mlp.gate_up_proj": "gate_up",
-                 "mlp.down_proj": "down"}
 
 
 @dataclass(frozen=True)
@@ -44,24 +42,11 @@ def policy_from_env() -> FusionPolicy:
     return FusionPolicy.parse(os.environ.get("BLINK_GEMV", ""), int(os.environ.get("BLINK_GEMV_MAX_M", MAX_M)))
 
 
-def _roles(model: nn.Module):
-    """(role, linear) for every dense layer's projection and the LM head."""
-    from blink.model.llama import LlamaMLP
-
-    if hasattr(model, "lm_head"):  # tied: the embedding module itself, which named_modules lists once
-        yield "lm_head", model.lm_head
-    for name, module in model.named_modules():
-        for suffix, role in _MODULE_ROLES.items():
-            parent = name[: -len(suffix)].rstrip(".")
-            if name.endswith(suffix) and (role in ("qkv", "o") or isinstance(model.get_submodule(parent + ".mlp"),
-                                                                             LlamaMLP)):
-                yield role, module
-
-
 def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int]:
-    """Set every projection's GemvPlan from the policy (shapes only); returns how many took it, per role."""
+    """Set every projection's GemvPlan from the policy (shapes only); returns how many took it, per role.
+    The model names its projections (LlamaForCausalLM.gemv_projections)."""
     taken = dict.fromkeys(PROJECTIONS, 0)
-    for role, module in _roles(model):
+    for role, module in model.gemv_projections():
         weight = module.weight
         ok = role in policy.gemv and weight.dim() == 2 and weight.shape[1] % 8 == 0
         module.gemv = GemvPlan(None, policy.max_m) if ok else None  # tiles: gemv.default_config per call shape

@@ -146,6 +146,17 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer("cos_sin", rope_cos_sin(cfg, max_positions, device), persistent=False)
         apply_fusion_policy(self, policy_from_env())  # per projection and shape, once
 
+    def gemv_projections(self):
+        """(role, linear) of every projection the decode GEMV may take (model/fusion.py): the LM head, each
+        layer's attention projections and a dense layer's MLP projections (MoE blocks keep their kernels)."""
+        yield "lm_head", self.lm_head  # tied: the embedding module itself
+        for layer in self.model.layers:
+            yield "qkv", layer.self_attn.qkv_proj
+            yield "o", layer.self_attn.o_proj
+            if isinstance(layer.mlp, LlamaMLP):
+                yield "gate_up", layer.mlp.gate_up_proj
+                yield "down", layer.mlp.down_proj
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionMetadata,
                 kv_caches: KVCaches) -> torch.Tensor:
         return self.model(input_ids, positions, attn, kv_caches, self.cos_sin)
