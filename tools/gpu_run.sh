@@ -46,11 +46,11 @@ for stage in "$@"; do
     grammar-serve)  # issue 15: constrained serving (a typical schema on every request), device vs host at 8 req/s:
       # the engine's host CPU per 1k tokens (target ~0 in device mode), TTFT and TPOT; point cache reset as always
       python3 -c 'import json; from bench.grammar.compile_libraries import SCHEMAS; json.dump(SCHEMAS["person"], open("/tmp/person.json", "w"))'
-      python3 -m blink bench interference --model llama3-8b --modes device,host --frontend-cpus 0-1 --engine-cpus 2-7 \
+      python3 -m blink bench interference --model llama3-8b --modes "${GRAMMAR_MODES:-device,host}" --frontend-cpus 0-1 --engine-cpus 2-7 \
         --max-model-len 2048 --request-rates 8 --attack-levels 0 --attack-kinds spin --point-seconds 20 \
         --random-input-len 256 --random-output-len 128 --json-schema /tmp/person.json --disable-tqdm \
         --result-dir /tmp/grammar-serve > "$OUT/grammar_serve.log" 2>&1; tail -5 "$OUT/grammar_serve.log"
-      cp /tmp/grammar-serve/results.md "$OUT/grammar_serve_results.md";;
+      cp /tmp/grammar-serve/results.md "$OUT/grammar_serve_results.md"; tar czf "$OUT/grammar_serve.tgz" -C /tmp grammar-serve;;
     grammar-step)  # issue 15: a constrained decode step (typical schema) vs unconstrained, llama3-8b, batch 1/8/32
       python3 -m bench.grammar.constrained_step --preset llama3-8b --batches 1,8,32 --context 1024 \
         --result-json "$OUT/grammar_step.json" 2>&1 | tee "$OUT/grammar_step.log" | tail -20;;
@@ -257,7 +257,7 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
         stop_server $srv
       done;;
     moe-interference)  # one interference point (8 req/s, isolated and spin x2) for qwen3-30b-a3b, both modes
-      python3 -m blink bench interference --model qwen3-30b-a3b --modes device,host --frontend-cpus 0-1 \
+      python3 -m blink bench interference --model qwen3-30b-a3b --modes "${MOE_MODES:-device,host}" --frontend-cpus 0-1 \
         --engine-cpus 2-7 --max-model-len 1024 --request-rates 8 --attack-levels 0,2 --attack-kinds spin \
         --point-seconds 20 --ignore-eos --random-input-len 512 --random-output-len 128 \
         --result-dir /tmp/moe-interference

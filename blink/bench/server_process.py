@@ -6,6 +6,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -52,8 +53,17 @@ class ServeSpec:
         return cmd + list(self.extra_args)
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 class BlinkServer:
-    """Context manager: `blink serve` in its own session, its output in `log_path`."""
+    """Context manager: `blink serve` in its own session, its output in `log_path`.
+
+    The server is in a session of its own, so a SIGTERM to the benchmark (`timeout`, say) would not reach
+    it: while one is open, SIGTERM raises SystemExit in the benchmark, whose `with` then stops the server
+    instead of leaving it to hold the GPU for whatever runs next (2026-12-01: a 30B server outlived its
+    benchmark's timeout and the next stage ran out of GPU memory)."""
 
     def __init__(self, spec: ServeSpec, log_path: str, ready_timeout_s: float = 900.0):
         self.spec = spec
@@ -64,6 +74,10 @@ class BlinkServer:
 
     def __enter__(self) -> BlinkServer:
         os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
+        self._old_sigterm = None
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            self._old_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         with open(self.log_path, "w") as log:
             log.write("$ " + shlex.join(self.spec.command()) + "\n")
             log.flush()
@@ -74,7 +88,7 @@ class BlinkServer:
             self.wait_ready()
             self.engine_pid = engine_pid_from_metrics(self.spec.base_url)
         except BaseException:
-            self.stop()
+            self.__exit__()
             raise
         return self
 
@@ -114,3 +128,6 @@ class BlinkServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+        if self._old_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None

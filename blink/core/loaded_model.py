@@ -12,6 +12,7 @@ from blink.core.limits import EngineLimits
 from blink.kernels.sampling_state import SamplingState
 from blink.model.config import DTYPES
 from blink.request import SamplingParams
+from blink.util.startup import phase
 
 
 @dataclass
@@ -57,6 +58,7 @@ class LoadedModel:
             model, cfg = load_model(source, device=device, dtype=dtype, max_positions=max_len, seed=args.seed,
                                     tp=tp)
         dtype = next(model.parameters()).dtype
+        phase("engine", f"model built ({source}, {dtype})")
         # Under tensor parallelism each rank caches only its own KV heads, and all ranks take the smallest
         # pool any of them can hold (rank 0 schedules blocks for all of them).
         kv_cfg = dataclasses.replace(cfg, num_key_value_heads=local_kv_heads(cfg, 1 if tp is None else tp.size))
@@ -71,6 +73,7 @@ class LoadedModel:
         state = SamplingState(args.max_num_seqs + 1, cfg.vocab_size, device,
                               grammar_arena_bytes=args.grammar_arena_mb << 20)
         path = None if _is_preset(source) else source
+        phase("engine", f"KV cache allocated ({num_blocks} blocks)")
         return cls(model, cfg, kv, state, device, limits, path)
 
     def publish(self, ctl, captured: bool) -> None:

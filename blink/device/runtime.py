@@ -31,6 +31,7 @@ from blink.device.device_graphs import (
 )
 from blink.device.idle import ParkWatcher, apply_device_idle
 from blink.transport.shm import HEAD_INDEX, TAIL_INDEX
+from blink.util.startup import phase
 
 DEFAULT_TRACE_CAPACITY = 1 << 16
 TOKEN_STORE_BUDGET = 256 << 20  # bytes for prompt + output tokens of every queued request
@@ -107,8 +108,10 @@ class DeviceLoop:
         self.done_counter = lib.blink_done_counter(self.state.data_ptr())
 
         self.buffer_sets = [self.runner.new_buffers(), self.runner.new_buffers()]
+        phase("engine", "device scheduler built; capturing the forward graphs")
         capture_device_graphs(lib, self.runner, self.buffer_sets, self.stream, self.done_counter, self.graphs,
                               self.execs)
+        phase("engine", f"{len(self.execs)} device-launchable graphs captured")
         self.exec_table = exec_table(self.execs, self.device)
 
         cuda_check(lib, lib.blink_host_register(segment.address, segment.size), "cudaHostRegister(segment)")

@@ -1,7 +1,8 @@
 """A child process of `blink serve`: started pinned and parent-bound, its stderr relayed by a thread.
 
 Until the server is ready the child's stderr is held back, so a failed start ends in one line (ours,
-quoting the child's last line) instead of a traceback; once ready, lines pass straight through.
+quoting the child's last line) instead of a traceback; once ready, lines pass straight through. A start
+stopped by a signal shows what was held (its start-up phase lines, blink/util/startup.py).
 """
 from __future__ import annotations
 

@@ -129,7 +129,9 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
             if child.exit_code() is not None:
                 code = child.exit_code()
                 return _fail(f"the {child.role} failed to start (exit code {code}): {child.last_line}")
-        if stop.wait(0.2):
+        if stop.wait(0.2):  # stopped while starting (a benchmark's timeout, say): show how far it got
+            for child in children:
+                child.go_live()
             return 0
         if time.monotonic() > deadline:
             return _fail(f"not ready after {args.ready_timeout:.0f} s")

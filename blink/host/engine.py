@@ -16,6 +16,7 @@ from blink.core.sequence import Sequence
 from blink.host.constraints import ConstraintLoader
 from blink.request import SamplingParams, TokenEvent, request_seed
 from blink.transport.layout import ITERATION_TOKEN_BOUNDS
+from blink.util.startup import phase
 
 QUEUE_US_MAX = (1 << 32) - 1  # TokenRecord.queue_us saturates
 STEP_TIMES_KEPT = 8192  # the last steps' durations, for benchmarks (blink bench barrier)
@@ -34,6 +35,7 @@ class HostEngine(Engine):
         self.scheduler = Scheduler.from_limits(m.limits, m.eos_token_ids)
         self.tp = runner
         self.runner = runner or ModelRunner.for_model(m, use_graphs=m.device == "cuda" and not args.enforce_eager)
+        phase("engine", "forward graphs captured" if getattr(self.runner, "graphs", None) else "runner ready (eager)")
         self._pending: list[TokenEvent] = []  # finish events of aborts, returned by the next step()
         self._arrivals = 0
         self._steps = 0

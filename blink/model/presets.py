@@ -61,6 +61,11 @@ PRESETS: dict[str, dict] = {
                    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                    "num_key_value_heads": 2, "max_position_embeddings": 1024, "eos_token_id": 2,
                    "bos_token_id": 1, "rope_theta": 10000.0, "torch_dtype": "float32"},
+    # tiny-llama with 4k positions: the device self-test's prompts behind a 2,000-token shared prefix
+    "tiny-llama-4k": {"architectures": ["LlamaForCausalLM"], "vocab_size": 512, "hidden_size": 64,
+                      "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+                      "num_key_value_heads": 2, "max_position_embeddings": 4096, "eos_token_id": 2,
+                      "bos_token_id": 1, "rope_theta": 10000.0, "torch_dtype": "float32"},
     "tiny-qwen3": {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 512, "hidden_size": 64,
                    "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
                    "num_key_value_heads": 2, "head_dim": 48, "max_position_embeddings": 1024,

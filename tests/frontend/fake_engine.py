@@ -19,8 +19,10 @@ from blink.core.limits import EngineLimits, publish_limits
 from blink.request import FinishReason, TokenEvent
 from blink.transport.rings import EgressProducer, IngressConsumer
 from blink.transport.shm import Segment
+from blink.util.startup import phase
 
 STEP_S = float(os.environ.get("FAKE_ENGINE_STEP_S", "0.002"))
+START_S = float(os.environ.get("FAKE_ENGINE_START_S", "0"))  # a slow start (after one phase line)
 FAKE_QUEUE_US = 1500  # every request's first record says it queued 1.5 ms (the metrics test checks it)
 
 
@@ -64,6 +66,9 @@ def main() -> int:
     args, _ = parser.parse_known_args()
     if args.model and args.model.endswith("missing-model"):
         raise SystemExit("fake engine: error: no such model")  # lets tests exercise a failed start
+    if START_S:
+        phase("engine", "fake model built")
+        time.sleep(START_S)
     segment = Segment.attach(args.shm)
     control = segment.control
     ingress, egress = IngressConsumer(segment), EgressProducer(segment)

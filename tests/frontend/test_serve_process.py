@@ -154,3 +154,18 @@ def test_failed_start_is_one_line_and_exit_2(tmp_path, engine):
     lines = [line for line in proc.stderr if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("blink serve: error: "), lines
     assert proc.children() == [] and proc.segments() == []
+
+
+def test_a_start_stopped_by_a_signal_shows_how_far_it_got(model_dir):
+    """A benchmark that gives up on a slow start (SIGINT, as the interference lab's BlinkServer sends) gets
+    the held start-up lines, so the log says which phase the time went to."""
+    proc = ServerProcess(["--model", str(model_dir), *FAKE], env={"FAKE_ENGINE_START_S": "30"})
+    deadline = time.monotonic() + 20
+    while len(proc.children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.5)  # the fake engine has printed its phase line and sleeps
+    proc.process.send_signal(signal.SIGINT)
+    assert proc.wait_exit(20) == 0
+    time.sleep(0.2)  # let the reader threads drain the pipes
+    assert any("blink engine: +" in line and "fake model built" in line for line in proc.stderr), proc.stderr
+    assert proc.children() == [] and proc.segments() == []

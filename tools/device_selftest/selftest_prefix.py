@@ -21,7 +21,7 @@ from blink.request import SamplingParams
 from tools.device_selftest import selftest_runs as runs
 from tools.device_selftest.selftest_trace import pct, phase_text, shutdown_quietly, trace_stats
 
-PREFIX_ARGS = dict(model="tiny-llama", device="cuda", dtype="float32", max_num_seqs=32, max_num_batched_tokens=512,
+PREFIX_ARGS = dict(model="tiny-llama-4k", device="cuda", dtype="float32", max_num_seqs=32, max_num_batched_tokens=512,
                    block_size=16, max_model_len=4096, num_kv_blocks=2048)
 
 

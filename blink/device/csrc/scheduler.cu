@@ -37,7 +37,7 @@ __global__ void init_kernel(SchedState* s, SchedConfig c, uint64_t ingress_head,
 
 // Leader: while a forward runs, fetch what the next step would otherwise read over PCIe on its critical
 // path: the ingress tail, the stop flag and the prefix-cache reset word (loads in flight at once: one
-// round trip).
+// round trip). Called in the wait loop, so the last call before the forward completes is the fresh one.
 __device__ void prefetch_host_words(const LoopParams& p) {
   SchedState* s = p.state;
   const uint64_t tail = load_acquire(&p.rings.ingress_header->tail);
@@ -78,12 +78,16 @@ __device__ void launch_and_wait(const LoopParams& p) {
   trace[6] = s->t_inputs;
   trace[7] = t1;
   publish(s, p.cfg, p.rings);  // the last step's records and counters, while this forward runs
-  prefetch_host_words(p);      // a request arriving after this read waits one more step
   if (p.hooks != nullptr && p.hooks->relaunch_each_step) {
-    s->pending_complete = 1;
+    s->pending_complete = 1;  // the next instance starts after the forward and reads the ring fresh
     return;
   }
+  // The host words are re-read with every poll of the completion counter, so when the forward is done
+  // the ingress tail in hand is at most one PCIe round trip old: a request that arrived while the
+  // forward ran is planned into the very next step. (Read once after the launch, as before 2026-12-01,
+  // it made every request that arrived during a forward wait one more step: under load, nearly all.)
   while ((int32_t)(load_acquire_gpu(&s->done_count) - target) < 0) {
+    prefetch_host_words(p);
     if ((int64_t)(now_ns() - t0) > p.cfg.step_timeout_ns) {
       fail_step(s, p.cfg, p.rings, kErrStepTimeout);
       return;
