@@ -5,7 +5,13 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export BLINK_CACHE=/tmp/blink-cache
+export BLINK_CACHE=/tmp/blink-cache TRITON_CACHE_DIR=/tmp/triton-cache  # fixed paths: the Triton cache names its files by absolute path
+# Caches carried in from an earlier machine (stage cache-out): a fresh machine's first server start then skips
+# the Triton compiles and the scheduler's nvcc build. Restored once per machine.
+if [ -d .gpu_cache ] && [ ! -e /tmp/.gpu_cache_restored ]; then
+  cat .gpu_cache/gpu_cache_* | tar xz -C /tmp && touch /tmp/.gpu_cache_restored \
+    && echo "restored caches: triton $(du -sh /tmp/triton-cache | cut -f1), $(ls /tmp/triton-cache | wc -l) kernels"
+fi
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD || exit 1
@@ -264,6 +270,13 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
       tar czf "$OUT/moe_interference.tgz" -C /tmp moe-interference;;
     allreduce)  # 2+ GPUs: NCCL vs the one-shot peer-to-peer all-reduce, bf16, decode to prefill sizes
       timeout 300 python3 -m blink bench allreduce --result-json "$OUT/allreduce.json" 2>&1 | tee "$OUT/allreduce.log";;
+    cache-out)  # this machine's compiled Triton kernels (cubins + metadata: enough to load them) and blink's builds,
+      # in <= 15 MiB parts: move the returned gpu_cache_* into .gpu_cache/ here and carry ".gpu_cache" next time
+      (cd /tmp && { find triton-cache \( -name '*.cubin' -o -name '*.json' \) -print; ls -d blink-cache 2> /dev/null; }) \
+        > /tmp/cache-list
+      tar czf /tmp/caches.tgz -C /tmp -T /tmp/cache-list && split -b 15m -d /tmp/caches.tgz "$OUT/gpu_cache_"
+      echo "triton cache $(du -sh /tmp/triton-cache | cut -f1) in $(ls /tmp/triton-cache | wc -l) kernels; carried: $(du -sh /tmp/caches.tgz | cut -f1)"
+      ls -la "$OUT"/gpu_cache_*;;
     *) echo "unknown stage $stage";;
   esac
 done
