@@ -32,15 +32,20 @@ SCENARIOS = {
     "top_p": SamplingParams(temperature=0.8, top_p=0.9),
     "top_k+top_p": SamplingParams(temperature=0.8, top_k=50, top_p=0.95),
     "logprobs20": SamplingParams(temperature=0.8, logprobs=20),
+    # Flat rows, as a random-weight model's (the step bench's top_p rows): top_p keeps much of the vocabulary
+    "top_p_flat": SamplingParams(temperature=0.8, top_p=0.9),
+    "top_k_flat": SamplingParams(temperature=0.8, top_k=50),
 }
 
 
-def make_batch(num_rows: int, params: SamplingParams):
-    """Random logits with a few likely tokens (like a real model's), bf16-rounded; a CPU sampling state."""
+def make_batch(num_rows: int, params: SamplingParams, flat: bool = False):
+    """Random logits with a few likely tokens (like a real model's; flat: N(0, 1) and no peaks, like a
+    random-weight model's), bf16-rounded; a CPU sampling state."""
     gen = torch.Generator().manual_seed(num_rows)
-    logits = torch.randn(num_rows, VOCAB, generator=gen) * 2.5
+    logits = torch.randn(num_rows, VOCAB, generator=gen) * (1.0 if flat else 2.5)
     peaks = torch.randint(0, VOCAB, (num_rows, 8), generator=gen)
-    logits.scatter_add_(1, peaks, torch.full((num_rows, 8), 9.0))
+    if not flat:
+        logits.scatter_add_(1, peaks, torch.full((num_rows, 8), 9.0))
     logits = logits.bfloat16().float()
     state = SamplingState(num_rows + 1, VOCAB, "cpu")
     for slot in range(num_rows):
@@ -96,7 +101,7 @@ def main() -> None:
     print(f"{'scenario':<13}{'S':>5}{'new us':>10}{'old us':>10}{'speedup':>9}{'mismatch':>10}")
     for name in args.scenarios.split(","):
         for num_rows in args.sizes:
-            logits, slots, positions, cpu_state = make_batch(num_rows, SCENARIOS[name])
+            logits, slots, positions, cpu_state = make_batch(num_rows, SCENARIOS[name], name.endswith("_flat"))
             state = to_cuda(cpu_state)
             gpu = (logits.cuda(), slots.cuda(), positions.cuda())
             new_us = time_graph(lambda: sampling.sample(*gpu, state, MAX_TOP_LOGPROBS))  # noqa: B023
