@@ -1,10 +1,15 @@
-"""One streaming OpenAI completion request, timed chunk by chunk."""
+"""One streaming OpenAI completion request, timed chunk by chunk.
+
+On aiohttp, not httpx: on the 2-core CPU machine httpx's streaming client added about 1.5 ms to every
+measured TTFT over aiohttp's (docs/perf.md, 2026-12-01), which the server then seemed to cost.
+"""
 from __future__ import annotations
 
 import json
 import time
 
-import httpx
+import aiohttp
+from aiohttp.http_exceptions import HttpProcessingError
 
 from blink.bench.metrics import RequestResult
 from blink.bench.workload import SampleRequest
@@ -30,7 +35,7 @@ def is_token_chunk(choice: dict) -> bool:
     return bool(choice.get("text")) or choice.get("finish_reason") is None
 
 
-async def stream_completion(http: httpx.AsyncClient, url: str, payload: dict,
+async def stream_completion(http: aiohttp.ClientSession, url: str, payload: dict,
                             prompt_len: int) -> RequestResult:
     """Send one request; TTFT at the first token chunk, one ITL per later token chunk, E2E at the last."""
     result = RequestResult(prompt_len=prompt_len)
@@ -40,16 +45,16 @@ async def stream_completion(http: httpx.AsyncClient, url: str, payload: dict,
     token_chunks = 0
     completion_tokens = None
     try:
-        async with http.stream("POST", url, json=payload) as response:
-            if response.status_code != 200:
-                body = (await response.aread()).decode(errors="replace")
-                result.error = f"HTTP {response.status_code}: {body[:300]}"
+        async with http.post(url, json=payload) as response:
+            if response.status != 200:
+                body = (await response.read()).decode(errors="replace")
+                result.error = f"HTTP {response.status}: {body[:300]}"
                 return result
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
+            async for line in response.content:  # one SSE line per iteration, b"\n" included
+                if not line.startswith(b"data:"):
                     continue
-                data = line[len("data:"):].strip()
-                if data == "[DONE]":
+                data = line[len(b"data:"):].strip()
+                if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
@@ -70,7 +75,7 @@ async def stream_completion(http: httpx.AsyncClient, url: str, payload: dict,
                     completion_tokens = usage.get("completion_tokens")
                     result.prompt_len = usage.get("prompt_tokens") or result.prompt_len
                     result.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+    except (aiohttp.ClientError, HttpProcessingError, TimeoutError, ValueError) as exc:
         result.error = f"{type(exc).__name__}: {exc}"
         return result
     if token_chunks == 0:

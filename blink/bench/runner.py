@@ -7,12 +7,15 @@ import math
 import time
 from dataclasses import dataclass
 
+import aiohttp
 import httpx
 from tqdm.auto import tqdm
 
 from blink.bench.client import completion_payload, stream_completion
 from blink.bench.metrics import RequestResult, summarize
 from blink.bench.workload import SampleRequest, arrival_offsets
+
+READ_BUFSIZE = 1 << 24  # the client reads SSE lines up to 2x this (aiohttp's default: 512 KiB)
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ async def run_load(config: LoadConfig, requests: list[SampleRequest]) -> LoadOut
     total = None if config.max_duration_s else len(requests)  # a time box sends only part of them
     progress = tqdm(total=total, disable=not config.show_progress, desc="requests")
 
-    async def one(http: httpx.AsyncClient, request: SampleRequest) -> None:
+    async def one(http: aiohttp.ClientSession, request: SampleRequest) -> None:
         payload = completion_payload(config.model, request, config.ignore_eos, config.temperature)
         payload.update(config.extra_body or {})
         async with limit or contextlib.nullcontext():
@@ -72,10 +75,10 @@ async def run_load(config: LoadConfig, requests: list[SampleRequest]) -> LoadOut
         progress.update(1)
 
     # No connection limit: the arrival schedule (and --max-concurrency), not the pool, bounds the load.
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(None, connect=60.0)
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, connect=60.0)
     tasks: list[asyncio.Task] = []
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE) as http:
         start = time.perf_counter()
         send_deadline = start + config.max_duration_s if config.max_duration_s else math.inf
         for request, offset in zip(requests, offsets, strict=True):
