@@ -34,10 +34,11 @@ stop_server() {  # PID: SIGINT, then SIGKILL after 25 s (blink serve stops withi
   kill -INT "$1"; for _ in $(seq 1 25); do kill -0 "$1" 2> /dev/null || break; sleep 1; done
   kill -9 "$1" 2> /dev/null; wait "$1"
 }
-frontend_load() {  # PORT NAME: 50 one-token prompts at concurrency 1, then the server's own TTFT/ITL sums
+frontend_load() {  # PORT NAME: 50 one-token prompts at concurrency 1, then the server's own sums: TTFT (from the
+  # request's arrival), ITL, and queue + prefill (submission to first token: the engine path alone)
   python3 -m blink bench serve --base-url "http://127.0.0.1:$1" --num-prompts 50 --max-concurrency 1 \
     --random-input-len 1 --random-output-len 64 --ignore-eos --disable-tqdm --result-json "$OUT/$2.json"
-  curl -s "localhost:$1/metrics" | grep -E "^blink:(time_to_first_token|inter_token_latency)_seconds_(sum|count)" \
+  curl -s "localhost:$1/metrics" | grep -E "^blink:(time_to_first_token|inter_token_latency|request_queue_time|request_prefill_time)_seconds_(sum|count)" \
     | tee "$OUT/${2}_metrics.txt"
 }
 for stage in "$@"; do

@@ -11,7 +11,15 @@ from blink.frontend.errors import APIError
 from blink.frontend.generation import TokenLogprob, collect, generate, merge
 from blink.frontend.prompt_logprobs import vllm_prompt_logprobs
 from blink.frontend.protocol import ChatCompletionRequest, ChatMessage
-from blink.frontend.serving import FrontendState, now, request_id, sse_stream, unless_disconnected, usage
+from blink.frontend.serving import (
+    FrontendState,
+    arrival,
+    now,
+    request_id,
+    sse_stream,
+    unless_disconnected,
+    usage,
+)
 from blink.frontend.structured import constrain, hold
 from blink.frontend.tools import ToolStream, parse_tool_calls, plan_tools
 from blink.request import MAX_TOP_LOGPROBS
@@ -90,7 +98,7 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
     tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, template and template.source)
     constraint = await constrain(state, body, params, tools.constraint if tools else None)
     streams = [hold(state, constraint, generate(state.generation, prompt_ids, p, body.skip_special_tokens,
-                                                body.keep_stop))
+                                                body.keep_stop, arrival(request)))
                for p in params]
     head = {"id": f"chatcmpl-{request_id(request)}", "created": now(), "model": state.served_model_name}
     if body.stream:

@@ -16,7 +16,15 @@ from blink.frontend.errors import APIError
 from blink.frontend.generation import Delta, TokenLogprob, collect, generate, merge
 from blink.frontend.prompt_logprobs import check_prompt_logprobs, echo_logprobs, join_logprobs, vllm_prompt_logprobs
 from blink.frontend.protocol import CompletionRequest
-from blink.frontend.serving import FrontendState, now, request_id, sse_stream, unless_disconnected, usage
+from blink.frontend.serving import (
+    FrontendState,
+    arrival,
+    now,
+    request_id,
+    sse_stream,
+    unless_disconnected,
+    usage,
+)
 from blink.frontend.structured import constrain, hold
 
 
@@ -79,7 +87,8 @@ async def create_completion(state: FrontendState, body: CompletionRequest, reque
     state.check_engine()
     echo = [await state.text.decode(ids) if body.echo else "" for ids in prompts]
     constraint = await constrain(state, body, [p for choice_params in params for p in choice_params])
-    streams = [hold(state, constraint, generate(state.generation, ids, p, body.skip_special_tokens, body.keep_stop))
+    streams = [hold(state, constraint, generate(state.generation, ids, p, body.skip_special_tokens, body.keep_stop,
+                                                      arrival(request)))
                for ids, choice_params in zip(prompts, params, strict=True) for p in choice_params]
     num_prompt_tokens = sum(len(ids) for ids in prompts)
     head = {"id": f"cmpl-{request_id(request)}", "object": "text_completion", "created": now(),

@@ -47,12 +47,14 @@ class GenerationContext:
 
 
 async def generate(ctx: GenerationContext, prompt_ids: list[int], params: SamplingParams,
-                   skip_special_tokens: bool = True, include_stop: bool = False) -> AsyncIterator[Delta]:
+                   skip_special_tokens: bool = True, include_stop: bool = False,
+                   arrival: float | None = None) -> AsyncIterator[Delta]:
     """Yields deltas with text (or logprobs) as they become final; the last one has finish_reason.
 
     `include_stop` (include_stop_str_in_output) keeps the stop string, or the stop token's text, in it.
+    `arrival`: the HTTP request's arrival (serving.arrival), where its TTFT and E2E clocks start.
     """
-    timer = RequestTimer(ctx.metrics, len(prompt_ids), params.max_tokens)
+    timer = RequestTimer(ctx.metrics, len(prompt_ids), params.max_tokens, arrival)
     try:
         req_id, queue = ctx.client.add_request(prompt_ids, params)
     except EngineUnavailable as e:

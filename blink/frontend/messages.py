@@ -22,7 +22,7 @@ from blink.frontend.messages_protocol import (
     tool_use_block,
 )
 from blink.frontend.protocol import SamplingFields
-from blink.frontend.serving import FrontendState, request_id, unless_disconnected
+from blink.frontend.serving import FrontendState, arrival, request_id, unless_disconnected
 from blink.frontend.tool_calls import ToolCall, ToolCallSplitter, split_tool_calls
 
 __all__ = ["MessagesRequest", "create_message"]
@@ -61,7 +61,7 @@ async def _create(state: FrontendState, body: MessagesRequest, request: Request)
                             stop=body.stop_sequences)
     params = state.sampling_params(fields, prompt_ids, body.max_tokens, None, 0)
     state.check_engine()
-    stream = generate(state.generation, prompt_ids, params)
+    stream = generate(state.generation, prompt_ids, params, arrival=arrival(request))
     message = {"id": f"msg_{request_id(request)}", "type": "message", "role": "assistant",
                "model": state.served_model_name}
     if body.stream:

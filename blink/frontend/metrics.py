@@ -86,19 +86,21 @@ class FrontendMetrics:
         self.generation_tokens = Counter("blink:generation_tokens", "Generated tokens the front end received", m,
                                          registry=r).labels(model_name)
         self.ttft = histogram("blink:time_to_first_token_seconds",
-                              "Submission to the ring -> first token record read (queue + prefill + transport)",
+                              "Request arrival (headers parsed) -> first token record read: the front end's "
+                              "handling (body, validation, tokenization) + queue + prefill + transport",
                               LATENCY_BUCKETS)
         self.itl = histogram("blink:inter_token_latency_seconds",
                              "Between consecutive token records of a request, as the front end reads them",
                              LATENCY_BUCKETS)
-        self.e2e = histogram("blink:e2e_request_latency_seconds", "Submission to the ring -> last record read",
+        self.e2e = histogram("blink:e2e_request_latency_seconds", "Request arrival -> last record read",
                              LATENCY_BUCKETS)
         self.queue_time = histogram("blink:request_queue_time_seconds",
                                     "Engine ingest -> first admission to a step (measured by the engine)",
                                     LATENCY_BUCKETS)
         self.prefill_time = histogram("blink:request_prefill_time_seconds",
-                                      "First admission -> first token record read: time to first token less the "
-                                      "engine's queue time (prefill steps + egress transport)", LATENCY_BUCKETS)
+                                      "First admission -> first token record read: submission to the ring -> "
+                                      "first token less the engine's queue time (prefill steps + egress transport)",
+                                      LATENCY_BUCKETS)
         self.decode_time = histogram("blink:request_decode_time_seconds",
                                      "First token record -> last record of a request (the decode phase)",
                                      LATENCY_BUCKETS)
@@ -124,12 +126,19 @@ class FrontendMetrics:
 
 
 class RequestTimer:
-    """Feeds the per-request series for one engine request, from the records the front end reads."""
+    """Feeds the per-request series for one engine request, from the records the front end reads.
 
-    def __init__(self, metrics: FrontendMetrics, num_prompt_tokens: int, max_tokens: int):
+    TTFT and E2E start at `arrival` (the HTTP request's, perf_counter; default: now, the submission), so
+    they hold what the front end spends before it submits (body, validation, tokenization); the prefill
+    time starts at the submission, so queue + prefill is the engine path alone.
+    """
+
+    def __init__(self, metrics: FrontendMetrics, num_prompt_tokens: int, max_tokens: int,
+                 arrival: float | None = None):
         self.metrics = metrics
         self.num_prompt_tokens = num_prompt_tokens
-        self.arrival = self.last = time.perf_counter()
+        self.submitted = self.last = time.perf_counter()
+        self.arrival = self.submitted if arrival is None else arrival
         self.first = None
         self.num_tokens = 0
         metrics.params_max_tokens.observe(max_tokens)
@@ -138,10 +147,10 @@ class RequestTimer:
         """One token record read; the first one carries the engine's queue time."""
         now = time.perf_counter()
         if self.num_tokens == 0:
-            ttft, queue = now - self.last, queue_us * 1e-6
-            self.metrics.ttft.observe(ttft)
+            queue = queue_us * 1e-6
+            self.metrics.ttft.observe(now - self.arrival)
             self.metrics.queue_time.observe(queue)
-            self.metrics.prefill_time.observe(max(0.0, ttft - queue))
+            self.metrics.prefill_time.observe(max(0.0, now - self.submitted - queue))
             self.first = now
         else:
             self.metrics.itl.observe(now - self.last)

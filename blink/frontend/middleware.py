@@ -73,7 +73,8 @@ class BodyLimitMiddleware:
 
 class RequestIdMiddleware:
     """X-Request-Id: the client's (if well-formed; else 400) or a fresh one, used as the request's id
-    (response ids, the access log) and echoed on the response."""
+    (response ids, the access log) and echoed on the response. Also the request's arrival time, where the
+    server's TTFT clock starts (metrics.RequestTimer): its headers are parsed, its body not yet read."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -81,13 +82,15 @@ class RequestIdMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        arrival = time.perf_counter()
         given = dict(scope["headers"]).get(b"x-request-id")
         if given is not None and not REQUEST_ID.fullmatch(given):
             response = error_response(400, "X-Request-Id must be 1-128 characters of [A-Za-z0-9._:-]",
                                       "X-Request-Id")
             return await response(scope, receive, send)
         rid = given.decode() if given is not None else uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = rid
+        state = scope.setdefault("state", {})
+        state["request_id"], state["arrival"] = rid, arrival
 
         async def send_with_id(message):
             if message["type"] == "http.response.start":

@@ -135,6 +135,11 @@ def request_id(request: Request) -> str:
     return request.scope.get("state", {}).get("request_id") or uuid.uuid4().hex
 
 
+def arrival(request: Request) -> float | None:
+    """When RequestIdMiddleware saw the request (time.perf_counter()); None without that middleware."""
+    return request.scope.get("state", {}).get("arrival")
+
+
 def now() -> int:
     return int(time.time())
 
