@@ -21,6 +21,7 @@ from blink.frontend.serving import (
     usage,
 )
 from blink.frontend.structured import constrain, hold
+from blink.frontend.text_workers import INLINE_ENCODE_CHARS
 from blink.frontend.tools import ToolStream, parse_tool_calls, plan_tools
 from blink.request import MAX_TOP_LOGPROBS
 
@@ -58,7 +59,10 @@ async def chat_prompt_ids(state: FrontendState, messages: list[ChatMessage], add
         # the template writes the special tokens (BOS...) itself, as transformers' apply_chat_template
         return state.tokenizer.encode_released(text, add_special_tokens=False)
 
-    return await state.text.run(render_and_encode)
+    # a short plain chat (roles and text alone) is templated and tokenized on the loop: too small for the hop
+    small = not tools and not chat_template_kwargs and all(m.keys() <= {"role", "content"} for m in conversation) \
+        and sum(len(m["role"]) + len(m.get("content") or "") for m in conversation) <= INLINE_ENCODE_CHARS
+    return await state.text.run(render_and_encode, inline=small)
 
 
 def chat_logprobs(state: FrontendState, entries: list[TokenLogprob], as_ids: bool = False) -> dict:

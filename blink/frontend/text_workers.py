@@ -21,6 +21,9 @@ T = TypeVar("T")
 DEFAULT_WORKERS = 2
 DEFAULT_MAX_PENDING = 64  # running + queued jobs; the 65th concurrent one gets a 503
 INLINE_DECODE_TOKENS = 256  # shorter decodes run on the loop: a thread hop would cost more than them
+# Shorter texts are tokenized (and short chats templated) on the loop: ~0.1 ms of work at most, where the
+# hop to a worker and back cost 0.1-0.2 ms of TTFT on the 2-core CPU machine (docs/perf.md, 2026-12-01).
+INLINE_ENCODE_CHARS = 1024
 WORKER_NICE = 10  # on a busy machine the event loop (streams, /health) gets the CPU before tokenization
 
 
@@ -34,8 +37,11 @@ class TextWorkers:
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blink-text",
                                         initializer=_lower_priority)
 
-    async def run(self, fn: Callable[..., T], *args) -> T:
-        """fn(*args) on a worker; 503 when `max_pending` jobs are already in flight."""
+    async def run(self, fn: Callable[..., T], *args, inline: bool = False) -> T:
+        """fn(*args) on a worker; 503 when `max_pending` jobs are already in flight. `inline`: a job too
+        small for the hop runs here, on the loop."""
+        if inline:
+            return fn(*args)
         with self._lock:
             if self.pending >= self.max_pending:
                 raise APIError(503, f"too many concurrent tokenizations (limit {self.max_pending}); retry later")
@@ -47,6 +53,8 @@ class TextWorkers:
                 self.pending -= 1
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if len(text) <= INLINE_ENCODE_CHARS:
+            return self.tokenizer.encode(text, add_special_tokens)
         return await self.run(self.tokenizer.encode_released, text, add_special_tokens)
 
     async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -10,11 +10,12 @@ import httpx
 import pytest
 
 from blink.frontend.errors import APIError
-from blink.frontend.text_workers import TextWorkers
+from blink.frontend.text_workers import INLINE_ENCODE_CHARS, TextWorkers
 from blink.text.tokenizer import load_tokenizer
 from tests.frontend.server_process import ServerProcess, make_tokenizer_only_model
 
 TWO_MB = ("The quick brown fox jumps over the lazy dog; " * 50_000)[:2_000_000]
+LONG = "hello world " * (INLINE_ENCODE_CHARS // 10)  # over the inline bound: tokenized on the pool
 HEALTH_BOUND_S = 0.5  # the bound on how much a large request may delay /health
 
 
@@ -40,11 +41,13 @@ def test_pool_caps_concurrent_jobs_with_a_503(model_dir):
         while workers.pending == 0:
             await asyncio.sleep(0.001)
         with pytest.raises(APIError) as info:
-            await workers.encode("hello")
+            await workers.encode(LONG)
         assert info.value.status == 503
+        # a text too short for the hop is tokenized on the loop: the full pool does not refuse it
+        assert await workers.encode("hello world") == tok.encode("hello world")
         release.set()
         assert await first is True
-        assert await workers.encode("hello world") == tok.encode("hello world")  # room again
+        assert await workers.encode(LONG) == tok.encode(LONG)  # room again
 
     try:
         asyncio.run(main())
