@@ -23,8 +23,8 @@ FIRST_IDLE_SLEEP_S = 50e-6  # the idle reader's backoff starts here and doubles 
 ACTIVE_POLL_S = 100e-6  # while requests are in flight: the rings' idle backoff (up to 1 ms) would add to ITL
 RETRY_S = 0.001  # how often a full ingress ring is retried
 DRAIN_POLL_S = 0.02  # how often the loop looks for the parent's drain_flag (/health reads it directly)
-DRAIN_SETTLE_S = 0.1  # after drain_flag: handlers admitted just before it still submit (a stream does so
-# only after its response started)
+DRAIN_SETTLE_S = 0.1  # after drain_flag: handlers admitted just before it still submit (after their
+# tokenization; a stream before its response starts)
 REQ_ID_BITS = 63
 
 

@@ -1,11 +1,13 @@
 """One engine request as a stream of text deltas: detokenization, stop strings, logprobs, abort.
 
-A request is aborted on the engine whenever its consumer stops early: a stop string matched, the client
-went away (the task is cancelled), or anything else raised.
+A request is submitted when its stream is created, so the engine works while the response starts; it is
+aborted on the engine whenever its consumer stops early: a stop string matched, the client went away (the
+task is cancelled), anything else raised, or the stream was dropped without ever running.
 """
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -46,13 +48,15 @@ class GenerationContext:
     metrics: FrontendMetrics
 
 
-async def generate(ctx: GenerationContext, prompt_ids: list[int], params: SamplingParams,
-                   skip_special_tokens: bool = True, include_stop: bool = False,
-                   arrival: float | None = None) -> AsyncIterator[Delta]:
-    """Yields deltas with text (or logprobs) as they become final; the last one has finish_reason.
+def generate(ctx: GenerationContext, prompt_ids: list[int], params: SamplingParams,
+             skip_special_tokens: bool = True, include_stop: bool = False,
+             arrival: float | None = None) -> AsyncIterator[Delta]:
+    """Submit the request now (APIError 503/400 if it cannot be) and return its deltas: text (or logprobs)
+    as it becomes final; the last one has finish_reason.
 
     `include_stop` (include_stop_str_in_output) keeps the stop string, or the stop token's text, in it.
     `arrival`: the HTTP request's arrival (serving.arrival), where its TTFT and E2E clocks start.
+    Called on the loop, as everything that touches the ingress ring.
     """
     timer = RequestTimer(ctx.metrics, len(prompt_ids), params.max_tokens, arrival)
     try:
@@ -61,6 +65,23 @@ async def generate(ctx: GenerationContext, prompt_ids: list[int], params: Sampli
         raise APIError(503, str(e)) from None
     except ValueError as e:  # what the ring cannot carry (the API checks should have caught it)
         raise APIError(400, str(e)) from None
+    started = [False]  # once it runs, its own `finally` aborts it when it stops early
+    stream = _deltas(ctx, req_id, queue, timer, prompt_ids, params, skip_special_tokens, include_stop, started)
+    # Dropped without ever running (a later choice failed to submit, the client left before the body
+    # started): abort it, through the loop, as a garbage collection may run this on the egress reader's thread.
+    weakref.finalize(stream, _abort_unstarted, asyncio.get_running_loop(), ctx.client, req_id, started)
+    return stream
+
+
+def _abort_unstarted(loop: asyncio.AbstractEventLoop, client: EngineClient, req_id: int, started: list[bool]) -> None:
+    if not started[0] and not loop.is_closed():
+        loop.call_soon_threadsafe(client.abort, req_id)
+
+
+async def _deltas(ctx: GenerationContext, req_id: int, queue: asyncio.Queue, timer: RequestTimer,
+                  prompt_ids: list[int], params: SamplingParams, skip_special_tokens: bool,
+                  include_stop: bool, started: list[bool]) -> AsyncIterator[Delta]:
+    started[0] = True
     detokenizer = IncrementalDetokenizer(ctx.tokenizer, prompt_ids, skip_special_tokens)
     stops = StopStringMatcher(params.stop, include_stop)
     stop_reason = None
