@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Download the wheels the GPU image lacks (the server stack; accelerate for `transformers serve`; vllm-router and
-# its launcher's imports for the replicas stage) into .whl/,
+# Download the wheels the GPU image lacks (the server stack, with httptools: the image has uvloop; accelerate
+# for `transformers serve`; vllm-router and its launcher's imports for the replicas stage) into .whl/,
 # for `run` with carry [".whl"].
 # Pinned to versions that install against the image's own anyio/httpx/typing-extensions (seen 2026-11-29).
 # openai: transformers 5.17's serving imports ResponseReasoningText{Delta,Done}Event, which openai has from
@@ -15,7 +15,7 @@ for pkg in fastapi==0.115.12 starlette==0.46.2 pydantic==2.11.7 pydantic-core==2
            vllm-router==0.1.17 setproctitle==1.3.8 orjson==3.13.0 aiohttp==3.14.5 multidict==7.2.1 yarl==1.25.1 \
            propcache==0.5.4 aiohappyeyeballs==2.7.1 aiosignal==1.4.0 frozenlist==1.8.0 attrs==26.1.0 \
            outlines-core==0.2.14 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 \
-           rpds-py==2026.9.1; do
+           rpds-py==2026.9.1 httptools==0.8.0; do
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl "$pkg"

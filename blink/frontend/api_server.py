@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"blink frontend: error: {e}", file=sys.stderr)
         return 2
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
+    # loop and http "auto" (the defaults): uvloop and httptools (dependencies) where installed, else asyncio, h11
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S, access_log=False)
     return 0
