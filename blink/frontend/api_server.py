@@ -6,8 +6,11 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import logging
+import logging.handlers
 import os
+import queue
 import sys
 
 import uvicorn
@@ -41,11 +44,18 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
 
 
 def setup_logging(log_requests: bool) -> None:
-    """Our loggers to stderr, one line each; `blink serve` relays the front end's stderr."""
+    """Our loggers to stderr, one line each; `blink serve` relays the front end's stderr. A thread writes
+    them: the event loop only queues a record (py-spy: the access log's write to the pipe was about a
+    fifth of the loop's busy time at concurrency 1, docs/perf.md 2026-12-01 session 6). The thread is
+    flushed and stopped at exit."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    records: queue.SimpleQueue = queue.SimpleQueue()
+    listener = logging.handlers.QueueListener(records, handler)
+    listener.start()
+    atexit.register(listener.stop)
     root = logging.getLogger("blink")
-    root.addHandler(handler)
+    root.addHandler(logging.handlers.QueueHandler(records))
     root.setLevel(logging.INFO)
     root.propagate = False
     logging.getLogger("blink.access").setLevel(logging.INFO if log_requests else logging.WARNING)
