@@ -104,3 +104,35 @@ def test_attacker_knobs_are_applied_recorded_and_keep_points_apart(fake_server, 
     assert {a["policy"] for a in niced["attackers"]} == {"batch"}
     assert {a["nice"] for a in niced["attackers"]} == {os.getpriority(os.PRIO_PROCESS, 0) + 5}
     assert "spin x1 [nice5-batch]" in (tmp_path / "results.md").read_text()
+
+
+def test_the_budget_counts_the_slowest_server_start_seen(fake_server, tmp_path, monkeypatch):
+    """A fresh machine's first starts take minutes (compiles): once one is seen, a group that no longer
+    fits its start is not begun, whatever --server-start-s estimated."""
+    now, starts = [0.0], []
+    monkeypatch.setattr(sweep_runner, "clock", lambda: now[0])
+
+    class SlowStart:  # stands in for `blink serve`: the fake server answers at its port; starting takes 100 s
+        engine_pid = None
+
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            now[0] += 100.0
+            starts.append(now[0])
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(sweep_runner, "BlinkServer", SlowStart)
+    port = fake_server.base_url.rsplit(":", 1)[1]
+    args = lab_args(tmp_path, fake_server.base_url, "--modes", "host", "--port", port, "--request-rates", "5",
+                    "--attack-levels", "0", "--repeats", "2", "--point-cost-s", "1", "--server-start-s", "0",
+                    "--time-budget-s", "150")
+    args.extra_base_url = []  # only the "host" mode, whose server is SlowStart over the fake
+    assert interference.run(args) == 0
+    # repeat 0 started at 0 and took 100 s to start; repeat 1 would need 100 + 100 + 1 > 150: not started
+    assert starts == [100.0]
+    assert [p["repeat"] for p in load_points(str(tmp_path))] == [0]
