@@ -1,6 +1,7 @@
 """Device mode, end to end on a GPU, in one call: `python -m tools.device_selftest.gpu_selftest [--interference]
-[--llama3-8b] [--offline-8b] [--prefix] [--layers N]` (--offline-8b: `blink bench offline`'s run,
-selftest_offline.py; --prefix: the control gap behind a 2,000-token shared prefix, selftest_prefix.py).
+[--llama3-8b] [--offline-8b] [--prefix] [--arrival] [--layers N]` (--offline-8b: `blink bench offline`'s run,
+selftest_offline.py; --prefix: the control gap behind a 2,000-token shared prefix, selftest_prefix.py;
+--arrival: TTFT in steps of requests that arrive while forwards run, selftest_arrival.py).
 
 Checks (each prints PASS/FAIL with the reason): greedy parity with host mode on a mixed, staggered workload
 with aborts and a KV pool small enough to preempt; seeded sampling parity (penalties, logit_bias, top-k/p,
@@ -27,6 +28,7 @@ from blink.device.engine import DeviceEngine
 from blink.host.engine import HostEngine
 from blink.request import FinishReason, SamplingParams
 from tools.device_selftest import selftest_runs as runs
+from tools.device_selftest.selftest_arrival import phase_arrival
 from tools.device_selftest.selftest_offline import phase_offline_8b
 from tools.device_selftest.selftest_prefix import phase_prefix
 from tools.device_selftest.selftest_trace import context_healthy, phase_text, shutdown_quietly, trace_stats
@@ -266,6 +268,7 @@ def main() -> int:
     ap.add_argument("--llama3-8b", action="store_true", help="also the bf16 llama3-8b shape")
     ap.add_argument("--offline-8b", action="store_true", help="first, `blink bench offline`'s device run")
     ap.add_argument("--prefix", action="store_true", help="the control gap behind a 2,000-token shared prefix")
+    ap.add_argument("--arrival", action="store_true", help="TTFT in steps of requests arriving mid-forward")
     ap.add_argument("--layers", type=int, default=None, help="cut llama3-8b to this many layers")
     ap.add_argument("--skip-checks", action="store_true", help="timings only")
     opts = ap.parse_args()
@@ -296,6 +299,8 @@ def main() -> int:
         phases.append(lambda: phase_llama3_8b(rep, opts.layers, opts.interference))
     if opts.prefix:
         phases.append(lambda: phase_prefix(rep))
+    if opts.arrival:
+        phases.append(lambda: phase_arrival(rep))
     if not opts.skip_checks:
         phases.append(lambda: phase_launch_error(rep, loaded, small))
     for phase in phases:
