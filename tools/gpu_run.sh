@@ -87,6 +87,8 @@ for stage in "$@"; do
     step) python3 -m blink.bench.step step --result-json "$OUT/step.json" 2>&1 | tee "$OUT/step.log";;
     offline) python3 -m blink.bench.offline offline --result-json "$OUT/offline.json" 2>&1 | tee "$OUT/offline.log";;
     device) python3 -m tools.device_selftest.gpu_selftest 2>&1 | tee "$OUT/device.log" | tail -60;;
+    device-arrival)  # issues 16/17: TTFT in steps of requests arriving mid-forward (the step once lost at ingest)
+      python3 -m tools.device_selftest.gpu_selftest --arrival --skip-checks 2>&1 | tee "$OUT/device_arrival.log" | tail -8;;
     device-prefix)  # issue 16: control gap and plan phase behind a 2,000-token shared prefix, cache off vs on
       python3 -m tools.device_selftest.gpu_selftest --prefix --skip-checks 2>&1 | tee "$OUT/device_prefix.log" | tail -30;;
     idle-power)  # issue 19: idle W / NVML utilisation / engine CPU, TTFT after 1 s idle: host | device spin, deep, park
