@@ -26,16 +26,25 @@ def test_graphs_greedy_match_hf_fp32(tmp_path):
     assert eng.stats().preemptions > 0
 
 
-def test_llama3_8b_shape_bf16_graphs_vs_eager():
+LLAMA3_8B_4L = dict(model="llama3-8b", device="cuda", dtype="bfloat16", max_num_seqs=32, max_num_batched_tokens=512,
+                   max_model_len=1024, num_kv_blocks=2048)
+
+
+def llama3_8b_4l_workload() -> tuple[LoadedModel, dict]:
+    """llama3-8b's shape cut to 4 layers (bf16), and 24 greedy requests of 1-299 random tokens, 24 out each:
+    the graphs-vs-eager workload (tests/model/test_fusion_gpu.py runs it with the fusion levers on too)."""
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, 128000, int(n)).tolist() for n in rng.integers(1, 300, 24)]
     p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    args = dict(model="llama3-8b", device="cuda", dtype="bfloat16", max_num_seqs=32, max_num_batched_tokens=512,
-                max_model_len=1024, num_kv_blocks=2048)
-    loaded = LoadedModel.load(EngineArgs(**args), num_layers=4)
-    graphs, _, _ = run_all(HostEngine(EngineArgs(**args), loaded), {i: (q, p) for i, q in enumerate(prompts)})
-    eager, _, _ = run_all(HostEngine(EngineArgs(**args, enforce_eager=True), loaded),
-                          {i: (q, p) for i, q in enumerate(prompts)})
+    return LoadedModel.load(EngineArgs(**LLAMA3_8B_4L), num_layers=4), {i: (q, p) for i, q in enumerate(prompts)}
+
+
+def test_llama3_8b_shape_bf16_graphs_vs_eager():
+    args = LLAMA3_8B_4L
+    loaded, requests = llama3_8b_4l_workload()
+    prompts = [q for q, _ in requests.values()]
+    graphs, _, _ = run_all(HostEngine(EngineArgs(**args), loaded), requests)
+    eager, _, _ = run_all(HostEngine(EngineArgs(**args, enforce_eager=True), loaded), requests)
     same = sum(graphs[i] == eager[i] for i in range(len(prompts)))
     print(f"llama3-8b (4 layers) bf16: {same}/{len(prompts)} requests identical between graphs and eager")
     first = sum(graphs[i][0] == eager[i][0] for i in range(len(prompts)))

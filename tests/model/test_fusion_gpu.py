@@ -2,13 +2,11 @@
 PDL inside captured graphs, and graphs against eager with every lever on."""
 import dataclasses
 
-import numpy as np
 import pytest
 import torch
 
 from bench.kernels.step_kernels import _decode_step
 from blink.config import EngineArgs
-from blink.core.loaded_model import LoadedModel
 from blink.host.engine import HostEngine
 from blink.kernels import gemv
 from blink.kernels.pdl import set_pdl
@@ -16,8 +14,8 @@ from blink.model import presets
 from blink.model.fusion import FusionPolicy, apply_fusion_policy
 from blink.model.llama import LlamaForCausalLM
 from blink.model.weights import init_preset_weights
-from blink.request import SamplingParams
 from tests.host.test_host_engine import run_all
+from tests.host.test_host_engine_gpu import LLAMA3_8B_4L, llama3_8b_4l_workload
 
 pytestmark = pytest.mark.gpu
 # (K, N) of llama3-8b's projection each prologue stands in front of
@@ -107,13 +105,9 @@ def test_step_graph_with_levers_matches_eager_and_the_baseline(batch):
 
 def test_host_engine_graphs_vs_eager_with_every_lever_on():
     """As tests/host/test_host_engine_gpu.py's graphs-vs-eager check, with the GEMV on every projection and PDL."""
-    rng = np.random.default_rng(1)
-    prompts = [rng.integers(0, 128000, int(n)).tolist() for n in rng.integers(1, 300, 24)]
-    p = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    args = dict(model="llama3-8b", device="cuda", dtype="bfloat16", max_num_seqs=32, max_num_batched_tokens=512,
-                max_model_len=1024, num_kv_blocks=2048)
-    loaded = LoadedModel.load(EngineArgs(**args), num_layers=4)
-    requests = {i: (q, p) for i, q in enumerate(prompts)}
+    args = LLAMA3_8B_4L
+    loaded, requests = llama3_8b_4l_workload()
+    prompts = [q for q, _ in requests.values()]
     baseline, _, _ = run_all(HostEngine(EngineArgs(**args), loaded), requests)
     taken = apply_fusion_policy(loaded.model, FusionPolicy.parse("all"))
     assert taken == {"qkv": 4, "o": 4, "gate_up": 4, "down": 4, "lm_head": 1}
