@@ -105,7 +105,9 @@ class EngineArgs:
         p.add_argument("--model", default=d.model,
                        help="model dir (Hugging Face layout, safetensors) or preset name; default: the demo model "
                             "(tiny Llama, random weights)")
-        p.add_argument("--tokenizer", default=d.tokenizer, help="tokenizer dir (default: the model dir)")
+        p.add_argument("--tokenizer", default=d.tokenizer,
+                       help="tokenizer dir (default: the model dir; with a preset, its vocabulary over the "
+                            "preset's shapes)")
         p.add_argument("--dtype", default=d.dtype, choices=["auto", "bfloat16", "float16", "float32"],
                        help="weight and KV dtype; auto = the checkpoint's" + D)
         p.add_argument("--device", default=d.device, choices=["cuda", "cpu"],

@@ -52,8 +52,11 @@ for stage in "$@"; do
         tests/grammar/test_api_structured_device_gpu.py 2>&1 | tee "$OUT/grammar_device.log" | tail -30;;
     grammar-serve)  # issue 15: constrained serving (a typical schema on every request), device vs host at 8 req/s:
       # the engine's host CPU per 1k tokens (target ~0 in device mode), TTFT and TPOT; point cache reset as always
+      # the preset's word-level vocabulary cannot spell JSON: the demo model's byte-level BPE vocabulary serves
+      # as a real one over llama3-8b's shapes (blink serve --tokenizer; the logits keep 128,256 columns)
       python3 -c 'import json; from bench.grammar.compile_libraries import SCHEMAS; json.dump(SCHEMAS["person"], open("/tmp/person.json", "w"))'
-      python3 -m blink bench interference --model llama3-8b --modes "${GRAMMAR_MODES:-device,host}" --frontend-cpus 0-1 --engine-cpus 2-7 \
+      vocab=$(python3 -c 'from blink.model.demo import ensure_default_model; print(ensure_default_model())')
+      python3 -m blink bench interference --model llama3-8b --tokenizer "$vocab" --modes "${GRAMMAR_MODES:-device,host}" --frontend-cpus 0-1 --engine-cpus 2-7 \
         --max-model-len 2048 --request-rates 8 --attack-levels 0 --attack-kinds spin --point-seconds 20 \
         --random-input-len 256 --random-output-len 128 --json-schema /tmp/person.json --disable-tqdm \
         --result-dir /tmp/grammar-serve > "$OUT/grammar_serve.log" 2>&1; tail -5 "$OUT/grammar_serve.log"
@@ -91,6 +94,8 @@ for stage in "$@"; do
       python3 -m tools.device_selftest.gpu_selftest --arrival --skip-checks 2>&1 | tee "$OUT/device_arrival.log" | tail -8;;
     device-prefix)  # issue 16: control gap and plan phase behind a 2,000-token shared prefix, cache off vs on
       python3 -m tools.device_selftest.gpu_selftest --prefix --skip-checks 2>&1 | tee "$OUT/device_prefix.log" | tail -30;;
+    device-probes)  # device-arrival and device-prefix in one process (one CUDA start, no tiny timings)
+      python3 -m tools.device_selftest.gpu_selftest --arrival --prefix --skip-checks 2>&1 | tee "$OUT/device_probes.log" | tail -30;;
     idle-power)  # issue 19: idle W / NVML utilisation / engine CPU, TTFT after 1 s idle: host | device spin, deep, park
       python3 -m blink.bench.idle_power --model "${IDLE_MODEL:-llama3.2-1b}" --log-dir /tmp/idle_power \
         --result-json "$OUT/idle_power.json" 2>&1 | grep --line-buffered -v "it/s" | tee "$OUT/idle_power.log" | tail -12
@@ -179,7 +184,7 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
       done;;
     prefix)  # issue 16: llama3-8b, 2,000-token shared prefix + 100-token suffixes, 128 out, and multi-turn chat;
       # both modes, the prefix cache on and off (PREFIX_ENGINES, PREFIX_CACHES, PREFIX_RATE: requests/s of the shared-prefix run,
-      # PREFIX_PROMPTS: requests per run)
+      # PREFIX_PROMPTS: requests per run, PREFIX_MULTITURN=0: the shared-prefix run only)
       for engine in ${PREFIX_ENGINES:-device host}; do
         for cache in ${PREFIX_CACHES:-enable no-enable}; do
           python3 -m blink serve --model llama3-8b --engine $engine --max-model-len 4096 --port 8015 \
@@ -192,7 +197,7 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
           # where the shared-prefix run's TTFT goes, from the server's side (sums and counts, seconds)
           curl -s localhost:8015/metrics | grep -E "^blink:(time_to_first_token|request_queue_time|request_prefill_time)_seconds_(sum|count)" \
             | tee "$OUT/prefix_${engine}_${cache}_metrics.txt"
-          timeout 300 python3 -m blink bench serve --base-url http://127.0.0.1:8015 --dataset-name multi-turn \
+          [ "${PREFIX_MULTITURN:-1}" = 0 ] || timeout 300 python3 -m blink bench serve --base-url http://127.0.0.1:8015 --dataset-name multi-turn \
             --multi-turn-turns 5 --random-prefix-len 500 --random-input-len 200 --random-output-len 128 \
             --num-prompts "${PREFIX_PROMPTS:-200}" --max-concurrency 40 --ignore-eos --disable-tqdm --seed 1 \
             --result-json "$OUT/multiturn_${engine}_$cache.json" | grep -E "Successful|Failed|hit rate|Output token|TTFT"

@@ -8,6 +8,7 @@ loop still runs. Past `max_pending` jobs in flight the pool refuses new ones wit
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -15,15 +16,18 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from blink.frontend.errors import APIError
+from blink.text.prefix_tokens import PrefixTokenCache
 from blink.text.tokenizer import ModelTokenizer
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 DEFAULT_WORKERS = 2
 DEFAULT_MAX_PENDING = 64  # running + queued jobs; the 65th concurrent one gets a 503
 INLINE_DECODE_TOKENS = 256  # shorter decodes run on the loop: a thread hop would cost more than them
 # Shorter texts are tokenized (and short chats templated) on the loop: ~0.1 ms of work at most, where the
 # hop to a worker and back cost 0.1-0.2 ms of TTFT on the 2-core CPU machine (docs/perf.md, 2026-12-01).
 INLINE_ENCODE_CHARS = 1024
+INLINE_TAIL_CHARS = 2 * INLINE_ENCODE_CHARS  # after a prefix hit: at most a stride plus a typical new turn
 WORKER_NICE = 10  # on a busy machine the event loop (streams, /health) gets the CPU before tokenization
 
 
@@ -36,6 +40,7 @@ class TextWorkers:
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="blink-text",
                                         initializer=_lower_priority)
+        self.prefixes = PrefixTokenCache(tokenizer.tokenizer)  # a resent long prefix is not tokenized again
 
     async def run(self, fn: Callable[..., T], *args, inline: bool = False) -> T:
         """fn(*args) on a worker; 503 when `max_pending` jobs are already in flight. `inline`: a job too
@@ -53,9 +58,26 @@ class TextWorkers:
                 self.pending -= 1
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        hit = self.prefixes.lookup(text, add_special_tokens)
+        if hit is not None:  # the ids of a known prefix, and the rest encoded on its own (prefix_tokens.py)
+            rest = text[hit.cut:]
+            tail = (self.tokenizer.encode(rest, False) if len(rest) <= INLINE_TAIL_CHARS
+                    else await self.run(self.tokenizer.encode_released, rest, False))
+            ids = hit.prefix_ids + tail
+            self._learn_later(text, add_special_tokens, ids, hit)
+            return ids
         if len(text) <= INLINE_ENCODE_CHARS:
             return self.tokenizer.encode(text, add_special_tokens)
-        return await self.run(self.tokenizer.encode_released, text, add_special_tokens)
+        ids = await self.run(self.tokenizer.encode_released, text, add_special_tokens)
+        self._learn_later(text, add_special_tokens, ids, None)
+        return ids
+
+    def _learn_later(self, text: str, add_special_tokens: bool, ids: list[int], hit) -> None:
+        """After the request has its ids: a worker learns the text's boundaries, unless the pool is busy
+        with requests (learning is an optimisation; a skipped text is learned from a later resend)."""
+        if not self.prefixes.enabled or len(text) < self.prefixes.min_chars or self.pending >= self.max_pending // 2:
+            return
+        self._pool.submit(_learn_quietly, self.prefixes, text, add_special_tokens, ids, hit)
 
     async def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if len(ids) <= INLINE_DECODE_TOKENS:
@@ -64,6 +86,13 @@ class TextWorkers:
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _learn_quietly(prefixes: PrefixTokenCache, *args) -> None:
+    try:
+        prefixes.learn(*args)
+    except Exception:  # never fails a request (it has its ids already); the text is just not cached
+        logger.exception("prefix token cache: learning a text failed")
 
 
 def _lower_priority() -> None:

@@ -65,6 +65,8 @@ def load_tokenizer(model_or_preset: str, tokenizer_dir: str | None = None) -> Mo
     model_path = Path(model_or_preset)
     if model_path.is_dir():
         return _from_dir(model_path, Path(tokenizer_dir) if tokenizer_dir else model_path)
+    if tokenizer_dir:  # a preset's shapes with a real vocabulary (structured outputs need one that spells JSON)
+        return _preset_with_dir(model_or_preset, Path(tokenizer_dir))
     return _for_preset(model_or_preset)
 
 
@@ -103,6 +105,21 @@ def _for_preset(name: str) -> ModelTokenizer:
         vocab_size=config.vocab_size,
         chat_template=ChatTemplate(PRESET_CHAT_TEMPLATE, {}),
     )
+
+
+def _preset_with_dir(name: str, tokenizer_dir: Path) -> ModelTokenizer:
+    """The preset's vocab size (the logits' width) over the dir's tokenizer, as a padded real vocab: ids the
+    tokenizer lacks decode to nothing. A tokenizer larger than the preset's vocab cannot be served."""
+    from blink.model import presets
+
+    config = presets.get(name)
+    loaded = _from_dir(tokenizer_dir, tokenizer_dir)
+    size = loaded.tokenizer.get_vocab_size(with_added_tokens=True)
+    if size > config.vocab_size:
+        raise ValueError(f"tokenizer {tokenizer_dir} has {size} tokens, more than preset {name}'s vocab of "
+                         f"{config.vocab_size}")
+    template = loaded.chat_template or ChatTemplate(PRESET_CHAT_TEMPLATE, {})
+    return ModelTokenizer(tokenizer=loaded.tokenizer, vocab_size=config.vocab_size, chat_template=template)
 
 
 def synthetic_tokenizer(vocab_size: int) -> Tokenizer:

@@ -72,3 +72,20 @@ def test_preset_gets_a_synthetic_word_tokenizer():
     assert tok.decode([1, 2, 3]) == "w1 w2 w3"
     prompt = tok.chat_template.render([{"role": "user", "content": "w9 w10"}])
     assert tok.encode(prompt) == [0, 9, 10, 0]  # "user:" and "assistant:" are unknown words -> w0
+
+
+def test_preset_with_a_tokenizer_dir_spells_with_that_vocab(model_dir):
+    """A preset's shapes over a real vocabulary (what structured outputs on a preset need): the logits keep
+    the preset's width, the text comes from the dir's tokenizer."""
+    tok = load_tokenizer("llama3.2-1b", str(model_dir))
+    own = load_tokenizer(str(model_dir))
+    assert tok.vocab_size == presets.get("llama3.2-1b").vocab_size != own.vocab_size
+    assert tok.encode("Hello, world") == own.encode("Hello, world")
+    assert tok.decode(own.encode("Hello, world"), skip_special_tokens=True) == "Hello, world"
+
+
+def test_preset_refuses_a_tokenizer_larger_than_its_vocab(model_dir, monkeypatch):
+    small = presets.get("llama3.2-1b").__class__(**{**vars(presets.get("llama3.2-1b")), "vocab_size": 8})
+    monkeypatch.setattr(presets, "get", lambda name: small)
+    with pytest.raises(ValueError, match="more than preset"):
+        load_tokenizer("llama3.2-1b", str(model_dir))

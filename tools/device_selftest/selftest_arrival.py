@@ -6,7 +6,9 @@ and each one's submit-to-token time is divided by the loop's median launch-to-la
 `python -m tools.device_selftest.gpu_selftest --arrival --skip-checks`.
 
 Prediction: with the ingress tail re-read while the loop waits for a forward, p50 about 1.5 steps (the
-rest of the running step, then the probe's own); the stale read of before made it about 2.5.
+rest of the running step, then the probe's own); the stale read of before made it about 2.5. (The first
+GPU run, 2026-12-01 session 7, gave 2.25 while this wait still went through step()'s backoff, whose
+sleeps grow to 1 ms: the probe now spins on the egress ring instead.)
 """
 from __future__ import annotations
 
@@ -30,6 +32,8 @@ def wait_for(dev: DeviceEngine, req_id: int, timeout: float = 30.0) -> float:
     """Drain events until req_id's first token; returns the perf_counter time it was seen."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        while dev.consumer.ring.used() == 0 and time.monotonic() < deadline:
+            pass  # spin: step()'s own wait backs off to 1 ms sleeps, which a 1 ms step cannot be timed with
         for ev in dev.step():
             if ev.req_id == req_id and ev.token_id >= 0:
                 return time.perf_counter()
