@@ -94,6 +94,8 @@ for stage in "$@"; do
       python3 -m tools.device_selftest.gpu_selftest --arrival --skip-checks 2>&1 | tee "$OUT/device_arrival.log" | tail -8;;
     device-prefix)  # issue 16: control gap and plan phase behind a 2,000-token shared prefix, cache off vs on
       python3 -m tools.device_selftest.gpu_selftest --prefix --skip-checks 2>&1 | tee "$OUT/device_prefix.log" | tail -30;;
+    device-prefix-arrival)  # issue 16: cached-prefix probes on llama3-8b: submit-to-token ms, launches in between
+      python3 -m tools.device_selftest.gpu_selftest --prefix-arrival --skip-checks 2>&1 | tee "$OUT/device_prefix_arrival.log" | tail -8;;
     device-probes)  # device-arrival and device-prefix in one process (one CUDA start, no tiny timings)
       python3 -m tools.device_selftest.gpu_selftest --arrival --prefix --skip-checks 2>&1 | tee "$OUT/device_probes.log" | tail -30;;
     idle-power)  # issue 19: idle W / NVML utilisation / engine CPU, TTFT after 1 s idle: host | device spin, deep, park

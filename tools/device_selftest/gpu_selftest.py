@@ -28,7 +28,7 @@ from blink.device.engine import DeviceEngine
 from blink.host.engine import HostEngine
 from blink.request import FinishReason, SamplingParams
 from tools.device_selftest import selftest_runs as runs
-from tools.device_selftest.selftest_arrival import phase_arrival
+from tools.device_selftest.selftest_arrival import phase_arrival, phase_prefix_arrival
 from tools.device_selftest.selftest_offline import phase_offline_8b
 from tools.device_selftest.selftest_prefix import phase_prefix
 from tools.device_selftest.selftest_trace import context_healthy, phase_text, shutdown_quietly, trace_stats
@@ -269,6 +269,7 @@ def main() -> int:
     ap.add_argument("--offline-8b", action="store_true", help="first, `blink bench offline`'s device run")
     ap.add_argument("--prefix", action="store_true", help="the control gap behind a 2,000-token shared prefix")
     ap.add_argument("--arrival", action="store_true", help="TTFT in steps of requests arriving mid-forward")
+    ap.add_argument("--prefix-arrival", action="store_true", help="cached-prefix probes' TTFT and launches (llama3-8b)")
     ap.add_argument("--layers", type=int, default=None, help="cut llama3-8b to this many layers")
     ap.add_argument("--skip-checks", action="store_true", help="timings only")
     opts = ap.parse_args()
@@ -286,7 +287,8 @@ def main() -> int:
         loaded = LoadedModel.load(small)
         phases.append(lambda: phase_parity(rep, loaded, small))
     big = EngineArgs(**TINY, num_kv_blocks=1024)
-    probes_only = opts.skip_checks and (opts.prefix or opts.arrival)  # a probe's call need not pay the tiny timings
+    # a probe's call need not pay the tiny timings
+    probes_only = opts.skip_checks and (opts.prefix or opts.arrival or opts.prefix_arrival)
     if not probes_only:
         phases.append(lambda: phase_timing(rep, LoadedModel.load(big), big, "tiny fp32"))
     if opts.interference:
@@ -303,6 +305,8 @@ def main() -> int:
         phases.append(lambda: phase_prefix(rep))
     if opts.arrival:
         phases.append(lambda: phase_arrival(rep))
+    if opts.prefix_arrival:
+        phases.append(lambda: phase_prefix_arrival(rep))
     if not opts.skip_checks:
         phases.append(lambda: phase_launch_error(rep, loaded, small))
     for phase in phases:

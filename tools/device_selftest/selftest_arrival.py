@@ -68,3 +68,49 @@ def phase_arrival(rep, layers: int = 4, probes: int = 40, seed: int = 19) -> Non
     in_steps = np.array(waits) / step_s
     rep.time(f"arrival during a forward ({layers}-layer llama3-8b, batch {BACKGROUND}): TTFT p50 / p90 in steps",
              f"{pct(in_steps, 50):.2f} / {pct(in_steps, 90):.2f} (step {step_s * 1e3:.3f} ms, n={probes})")
+
+
+def phase_prefix_arrival(rep, probes: int = 30, seed: int = 23) -> None:
+    """Issue 16's cached TTFT, on the engine alone: llama3-8b (all layers, bf16), three requests decoding
+    behind a 2,000-token shared prefix, and probes with the same prefix plus 100 new tokens (max_tokens=1)
+    submitted at random moments. Reported: submit-to-token ms, and the loop's launches in between (the
+    control block's step count: the running step, the probe's prefill, and the launch after which its token
+    is published make 2; 3 means the probe waited one step more). Control: 1-token probes, same load.
+    Prediction: 2 launches for nearly every probe of both kinds; cached TTFT ~ half a decode step + the
+    100@2000 step (~6.5 ms) ~ 9 ms."""
+    args = EngineArgs(**{**ARRIVAL_ARGS, "max_num_batched_tokens": 2048})
+    dev = DeviceEngine(args, LoadedModel.load(args))
+    rng = random.Random(seed)
+    vocab = dev.limits.vocab_size
+    prefix = [rng.randrange(3, vocab) for _ in range(2000)]
+    try:
+        long = SamplingParams(temperature=0.0, max_tokens=1800, ignore_eos=True)
+        for rid in range(3):
+            dev.add_request(rid, prefix + [rng.randrange(3, vocab) for _ in range(100)], long)
+        while sum(ev.token_id >= 0 for ev in dev.step()) == 0:
+            pass  # the prefix is computed (and cached) by the first background request
+        for kind, make in (("cached prefix + 100", lambda: prefix + [rng.randrange(3, vocab) for _ in range(100)]),
+                           ("1-token", lambda: [rng.randrange(3, vocab)])):
+            waits, launches = [], []
+            for k in range(probes):
+                time.sleep(rng.uniform(0.0, 0.006))
+                req_id = PROBE_BASE + (0 if kind == "1-token" else 1000) + k
+                prompt = make()
+                s0, t0 = dev.stats().steps, time.perf_counter()
+                dev.add_request(req_id, prompt, SamplingParams(temperature=0.0, max_tokens=1))
+                waits.append(wait_for(dev, req_id) - t0)
+                launches.append(dev.stats().steps - s0)
+            counts = {n: launches.count(n) for n in sorted(set(launches))}
+            rep.time(f"prefix arrival, {kind} probes (llama3-8b, 3 decoding): submit-to-token ms p50 / p90; "
+                     "launches in between", f"{pct(np.array(waits) * 1e3, 50):.2f} / "
+                     f"{pct(np.array(waits) * 1e3, 90):.2f}; {counts} (n={probes})")
+        steps = [s.seconds for s in dev.step_times()]
+        rep.time("prefix arrival: launch-to-launch ms p50 (decode) / max (prefill steps)",
+                 f"{np.median(steps) * 1e3:.3f} / {max(steps) * 1e3:.3f}")
+        for rid in range(3):
+            dev.abort_request(rid)
+        while dev.has_unfinished():
+            if any(ev.finish_reason == FinishReason.ERROR for ev in dev.step()):
+                break
+    finally:
+        shutdown_quietly(dev)
