@@ -107,19 +107,26 @@ def test_write_kv_real_shapes():
     assert torch.equal(caches[0], expected[0]) and torch.equal(caches[1], expected[1])
 
 
-def test_rms_norm_matches_reference_to_one_ulp():
+def close_to_two_ulps(out: torch.Tensor, expected: torch.Tensor) -> None:
+    """Only rsqrt (and the mean's summation order) may differ, in the last bit; the normalized value is
+    rounded to bf16 before the weight multiply (HF's order), so that bit can flip one rounding and the
+    product's another: two ulps at most, and rarely (the first GPU run, 2026-12-01 session 7, had 1 of
+    1.2M elements at two ulps)."""
+    torch.testing.assert_close(out, expected, atol=0, rtol=2**-6)
+    assert (out != expected).float().mean().item() < 1e-2
+
+
+def test_rms_norm_matches_reference_to_two_ulps():
     x, residual = (torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     weight = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
-    # Only rsqrt may differ (in its last bit), which can move the bf16 result by one ulp.
-    torch.testing.assert_close(rms_norm(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5), atol=0, rtol=2**-7)
+    close_to_two_ulps(rms_norm(x, weight, 1e-5), rms_norm_ref(x, weight, 1e-5))
     out, new_residual = rms_norm(x, weight, 1e-5, residual)
     expected_out, expected_residual = rms_norm_ref(x, weight, 1e-5, residual)
     assert torch.equal(new_residual, expected_residual)
-    torch.testing.assert_close(out, expected_out, atol=0, rtol=2**-7)
+    close_to_two_ulps(out, expected_out)
     q = torch.randn(300, 48 * 128, device="cuda", dtype=torch.bfloat16)[:, : 32 * 128].view(300, 32, 128)
     q_weight = torch.randn(128, device="cuda", dtype=torch.bfloat16)
-    torch.testing.assert_close(rms_norm(q, q_weight, 1e-6), rms_norm_ref(q, q_weight, 1e-6), atol=0,
-                               rtol=2**-7)
+    close_to_two_ulps(rms_norm(q, q_weight, 1e-6), rms_norm_ref(q, q_weight, 1e-6))
 
 
 def test_rope_and_silu_real_shapes():
