@@ -55,7 +55,14 @@ for stage in "$@"; do
       # the preset's word-level vocabulary cannot spell JSON: the demo model's byte-level BPE vocabulary serves
       # as a real one over llama3-8b's shapes (blink serve --tokenizer; the logits keep 128,256 columns)
       python3 -c 'import json; from bench.grammar.compile_libraries import SCHEMAS; json.dump(SCHEMAS["person"], open("/tmp/person.json", "w"))'
-      vocab=$(python3 -c 'from blink.model.demo import ensure_default_model; print(ensure_default_model())')
+      # GRAMMAR_VOCAB=DIR: a tokenizer.json there instead, e.g. the 87k-token byte-level BPE that
+      # bench/grammar/compile_libraries.train_vocab trains on Python sources (minutes on 2 cores: train it
+      # here, save it as .gpu_vocab/tokenizer.json, carry ".gpu_vocab"): automata near a real model's size
+      if [ -n "${GRAMMAR_VOCAB:-}" ]; then
+        vocab=$GRAMMAR_VOCAB
+      else
+        vocab=$(python3 -c 'from blink.model.demo import ensure_default_model; print(ensure_default_model())')
+      fi
       python3 -m blink bench interference --model llama3-8b --tokenizer "$vocab" --modes "${GRAMMAR_MODES:-device,host}" --frontend-cpus 0-1 --engine-cpus 2-7 \
         --max-model-len 2048 --request-rates 8 --attack-levels 0 --attack-kinds spin --point-seconds 20 \
         --random-input-len 256 --random-output-len 128 --json-schema /tmp/person.json --disable-tqdm \
