@@ -35,7 +35,7 @@ LOCAL_NORMALIZERS = (None, "NFC")
 @dataclass(frozen=True)
 class Hit:
     cut: int  # characters of the text that `prefix_ids` spell
-    prefix_ids: list[int]
+    prefix_ids: list[int]  # (an array slice while galloping; a list once returned)
 
 
 class PrefixTokenCache:
@@ -72,7 +72,7 @@ class PrefixTokenCache:
                 self.misses += 1
             else:
                 self.hits += 1
-        return best
+        return None if best is None else Hit(best.cut, best.prefix_ids.tolist())  # probes keep arrays
 
     def _probe(self, text: str, step: int, add_special_tokens: bool) -> Hit | None:
         cut = self._boundary(text, step)
@@ -82,7 +82,7 @@ class PrefixTokenCache:
             found = self._keys.get(_digest(text[:cut + KEY_PAST], add_special_tokens))
             if found is not None:
                 self._texts.move_to_end(id(found[2]))
-        return None if found is None else Hit(found[0], found[2][:found[1]].tolist())
+        return None if found is None else Hit(found[0], found[2][:found[1]])
 
     def learn(self, text: str, add_special_tokens: bool, ids: list[int], start: Hit | None = None) -> None:
         """Remember `text`'s boundaries after `start` (a hit `ids` began with), as far as its pieces
