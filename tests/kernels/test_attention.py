@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.attention import AttentionTuning, launch_plan, paged_attention_ref, paged_attention_triton
 from tests.kernels.paged_batch import make_paged_batch, naive_attention
 
 # (q_lens, seq_lens): decodes, prefills, chunked prefill continuing a context, odd lengths, block crossings.
@@ -87,3 +87,14 @@ def test_triton_single_sequence_without_padding(q_lens, seq_lens, num_splits):
     expected = _run(paged_attention_ref, batch, 0.2)
     out = _run(paged_attention_triton, batch, 0.2, num_splits=num_splits)
     torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)
+
+
+def test_a_bucket_that_can_hold_a_chunk_gets_prefill_tiles():
+    """A captured bucket serves every step up to its size: (128 tokens, 64 rows) holds 3 decodes + a
+    100-token prefix-hit chunk, which in 4-token tiles re-reads its context 25 times per KV head. Only a
+    bucket whose rows are all decodes (tokens <= rows) keeps the small tiles (llama3-8b's heads)."""
+    def block_q(tokens, rows):
+        return launch_plan(tokens, rows, 32, 8, 128, 4096, AttentionTuning()).block_q
+    assert block_q(128, 64) == 16 and block_q(2048, 64) == 16  # chunks in 16-token tiles
+    assert block_q(64, 64) == 4 and block_q(1, 1) == 4  # pure decode buckets: one token per tile row group
+    assert block_q(128, 1) == 16  # the step bench's bucket, which timed the chunk at 6.45 ms

@@ -40,6 +40,15 @@ def wait_for(dev: DeviceEngine, req_id: int, timeout: float = 30.0) -> float:
     raise TimeoutError(f"probe {req_id} got no token in {timeout} s: {dev.stats()}")
 
 
+def abort_all(dev: DeviceEngine, req_ids) -> None:
+    """End the background requests and drain their last records (an ERROR ends the drain early)."""
+    for rid in req_ids:
+        dev.abort_request(rid)
+    while dev.has_unfinished():
+        if any(ev.finish_reason == FinishReason.ERROR for ev in dev.step()):
+            break
+
+
 def phase_arrival(rep, layers: int = 4, probes: int = 40, seed: int = 19) -> None:
     args = EngineArgs(**ARRIVAL_ARGS)
     loaded = LoadedModel.load(args, num_layers=layers)
@@ -58,11 +67,7 @@ def phase_arrival(rep, layers: int = 4, probes: int = 40, seed: int = 19) -> Non
             waits.append(wait_for(dev, req_id) - t0)
         steps = [s.seconds for s in dev.step_times()]
         step_s = float(np.median(steps[-200:]))
-        for rid in range(BACKGROUND):
-            dev.abort_request(rid)
-        while dev.has_unfinished():
-            if any(ev.finish_reason == FinishReason.ERROR for ev in dev.step()):
-                break
+        abort_all(dev, range(BACKGROUND))
     finally:
         shutdown_quietly(dev)
     in_steps = np.array(waits) / step_s
@@ -107,10 +112,6 @@ def phase_prefix_arrival(rep, probes: int = 30, seed: int = 23) -> None:
         steps = [s.seconds for s in dev.step_times()]
         rep.time("prefix arrival: launch-to-launch ms p50 (decode) / max (prefill steps)",
                  f"{np.median(steps) * 1e3:.3f} / {max(steps) * 1e3:.3f}")
-        for rid in range(3):
-            dev.abort_request(rid)
-        while dev.has_unfinished():
-            if any(ev.finish_reason == FinishReason.ERROR for ev in dev.step()):
-                break
+        abort_all(dev, range(3))
     finally:
         shutdown_quietly(dev)
