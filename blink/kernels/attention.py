@@ -196,9 +196,10 @@ class LaunchPlan:
 def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
                 max_kv_len: int, tuning: AttentionTuning, num_splits: int | None = None) -> LaunchPlan:
     group_pad = triton.next_power_of_2(num_q_heads // num_kv_heads)  # Qwen2.5 has groups of 5 and 7
-    # Small query tiles only where every row is a decode. A captured bucket holds any step up to its size:
-    # (128 tokens, 64 rows) also serves 3 decodes + a 100-token chunk (a prefix-cache hit), whose chunk in
-    # 4-token tiles re-reads its 2,000-token context 25 times per head (perf.md, 2026-12-01 session 7).
+    # Small query tiles only where the rows can all be decodes (tokens <= rows: the pure decode buckets).
+    # A captured bucket holds any step up to its size, so (128 tokens, 64 rows) always carries a chunk,
+    # e.g. 3 decodes + a 100-token prefix hit, which in 4-token tiles re-reads its 2,000-token context 25
+    # times per head (perf.md, 2026-12-01 session 7). A chunk inside a (t, t) bucket keeps small tiles.
     decode_heavy = num_tokens <= num_seqs
     block_m = max(16, group_pad) if decode_heavy else max(64, group_pad)  # tl.dot needs M >= 16
     block_q = block_m // group_pad

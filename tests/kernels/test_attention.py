@@ -92,7 +92,7 @@ def test_triton_single_sequence_without_padding(q_lens, seq_lens, num_splits):
 def test_a_bucket_that_can_hold_a_chunk_gets_prefill_tiles():
     """A captured bucket serves every step up to its size: (128 tokens, 64 rows) holds 3 decodes + a
     100-token prefix-hit chunk, which in 4-token tiles re-reads its context 25 times per KV head. Only a
-    bucket whose rows are all decodes (tokens <= rows) keeps the small tiles (llama3-8b's heads)."""
+    bucket whose rows can all be decodes (tokens <= rows) keeps the small tiles (llama3-8b's heads)."""
     def block_q(tokens, rows):
         return launch_plan(tokens, rows, 32, 8, 128, 4096, AttentionTuning()).block_q
     assert block_q(128, 64) == 16 and block_q(2048, 64) == 16  # chunks in 16-token tiles
