@@ -80,7 +80,7 @@ class PrefixTokenCache:
             return None
         with self._lock:
             found = self._keys.get(_digest(text[:cut + KEY_PAST], add_special_tokens))
-            if found is not None:
+            if found is not None and id(found[2]) in self._texts:
                 self._texts.move_to_end(id(found[2]))
         return None if found is None else Hit(found[0], found[2][:found[1]])
 
