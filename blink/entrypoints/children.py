@@ -16,9 +16,10 @@ from blink.entrypoints.processes import child_command
 
 
 class Child:
-    def __init__(self, role: str, command: list[str], cpus: str | None, env: dict | None = None):
+    def __init__(self, role: str, command: list[str], cpus: str | None, env: dict | None = None,
+                 nice: int | None = None):
         self.role = role
-        self.process = subprocess.Popen(child_command(command, cpus), stdin=subprocess.DEVNULL,
+        self.process = subprocess.Popen(child_command(command, cpus, nice), stdin=subprocess.DEVNULL,
                                         stderr=subprocess.PIPE, env=env, process_group=0)
         self.pid = self.process.pid
         self.last_line = ""

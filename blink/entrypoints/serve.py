@@ -47,6 +47,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frontend-cpus", default=None, help="CPU list for the front end, e.g. 0-1 (default: any)")
     parser.add_argument("--engine-cpus", default=None,
                         help="CPU list for the engine process, e.g. 2-7 (default: any)")
+    parser.add_argument("--frontend-nice", type=int, default=None,
+                        help="niceness of the front end (every thread), e.g. -10 so that other work on its "
+                             "cores cannot delay HTTP, tokenizing and streaming; below 0 needs root "
+                             "(default: inherited)")
+    parser.add_argument("--engine-nice", type=int, default=None,
+                        help="niceness of the engine process (host mode's per-step loop runs there) "
+                             "(default: inherited)")
     parser.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES,
                         help="larger request bodies get a 413" + D)
     parser.add_argument("--disable-log-requests", action="store_true",
@@ -104,7 +111,7 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
          stop: StopRequest) -> int:
     python = sys.executable
     engine = Child("engine", [python, "-m", args.engine_module, "--shm", segment.name, *engine_args.to_cli()],
-                   args.engine_cpus)
+                   args.engine_cpus, nice=args.engine_nice)
     children.append(engine)
     frontend_cmd = [python, "-m", "blink.frontend.api_server", "--shm", segment.name,
                     "--model", engine_args.model,
@@ -118,7 +125,7 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
     frontend_cmd += ["--tensor-parallel-size", str(engine_args.tensor_parallel_size),
                      "--grammar-arena-mb", str(engine_args.grammar_arena_mb)]
     env = {**os.environ, "BLINK_API_KEY": args.api_key} if args.api_key else None  # not on the command line
-    frontend = Child("front end", frontend_cmd, args.frontend_cpus, env)
+    frontend = Child("front end", frontend_cmd, args.frontend_cpus, env, nice=args.frontend_nice)
     children.append(frontend)
 
     probe_host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(args.host, args.host)

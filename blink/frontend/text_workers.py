@@ -28,7 +28,7 @@ INLINE_DECODE_TOKENS = 256  # shorter decodes run on the loop: a thread hop woul
 # hop to a worker and back cost 0.1-0.2 ms of TTFT on the 2-core CPU machine (docs/perf.md, 2026-12-01).
 INLINE_ENCODE_CHARS = 1024
 INLINE_TAIL_CHARS = 2 * INLINE_ENCODE_CHARS  # after a prefix hit: at most a stride plus a typical new turn
-WORKER_NICE = 10  # on a busy machine the event loop (streams, /health) gets the CPU before tokenization
+WORKER_NICE = 10  # above the loop's: on a busy machine the event loop (streams, /health) gets the CPU first
 
 
 class TextWorkers:
@@ -96,8 +96,10 @@ def _learn_quietly(prefixes: PrefixTokenCache, *args) -> None:
 
 
 def _lower_priority() -> None:
-    """Linux: a thread is a task, so setpriority on its id renices this worker thread alone."""
+    """Linux: a thread is a task, so setpriority on its id renices this worker thread alone; relative to
+    the niceness it inherited (the front end's, `blink serve --frontend-nice`)."""
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WORKER_NICE)
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + WORKER_NICE))
     except (AttributeError, OSError):  # not Linux, or not permitted: same priority as the loop
         pass

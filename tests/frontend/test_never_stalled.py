@@ -114,3 +114,21 @@ def test_large_prompt_delays_neither_health_nor_streams(model_dir):
           f"{max(health):.3f} s over {len(health)} probes; worst stream gap {max(gaps):.3f} s")
     assert max(health) <= HEALTH_BOUND_S, max(health)
     assert max(gaps) <= HEALTH_BOUND_S, max(gaps)
+
+
+def test_text_workers_run_below_the_loops_priority():
+    """Pool workers are reniced relative to the thread that started them (the front end's niceness, which
+    `blink serve --frontend-nice` sets), so tokenization always yields to the event loop."""
+    import os
+
+    from blink.frontend.text_workers import WORKER_NICE, TextWorkers
+    from blink.text.tokenizer import ModelTokenizer, synthetic_tokenizer
+
+    tok = synthetic_tokenizer(100)
+    workers = TextWorkers(ModelTokenizer(tok, 100, None))
+    try:
+        mine = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        theirs = asyncio.run(workers.run(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        assert theirs == min(19, mine + WORKER_NICE)
+    finally:
+        workers.close()

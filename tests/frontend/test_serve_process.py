@@ -117,6 +117,20 @@ def test_cpu_pinning(model_dir):
         proc.stop()
 
 
+def test_niceness(model_dir):
+    """--frontend-nice / --engine-nice reach every thread of their process (set before the first thread)."""
+    proc = ServerProcess(["--model", str(model_dir), *FAKE, "--engine-nice", "3", "--frontend-nice", "5"])
+    try:
+        proc.wait_ready()
+        engine, frontend = engine_and_frontend(proc)
+        assert os.getpriority(os.PRIO_PROCESS, engine) == 3
+        threads = [int(t) for t in os.listdir(f"/proc/{frontend}/task")]
+        assert len(threads) > 1 and all(os.getpriority(os.PRIO_PROCESS, t) >= 5 for t in threads)
+        assert os.getpriority(os.PRIO_PROCESS, frontend) == 5  # the event loop's thread
+    finally:
+        proc.stop()
+
+
 def test_children_die_with_a_killed_server(model_dir):
     proc = ServerProcess(["--model", str(model_dir), *FAKE])
     proc.wait_ready()

@@ -144,3 +144,4 @@ def test_text_workers_encode_a_shared_prefix_workload_exactly():
         assert workers.prefixes.hits >= len(prompts) - 2
     finally:
         workers.close()
+
