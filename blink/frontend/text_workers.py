@@ -59,18 +59,17 @@ class TextWorkers:
 
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         hit = self.prefixes.lookup(text, add_special_tokens)
-        if hit is not None:  # the ids of a known prefix, and the rest encoded on its own (prefix_tokens.py)
-            rest = text[hit.cut:]
-            tail = (self.tokenizer.encode(rest, False) if len(rest) <= INLINE_TAIL_CHARS
-                    else await self.run(self.tokenizer.encode_released, rest, False))
-            ids = hit.prefix_ids + tail
-            self._learn_later(text, add_special_tokens, ids, hit)
-            return ids
-        if len(text) <= INLINE_ENCODE_CHARS:
-            return self.tokenizer.encode(text, add_special_tokens)
-        ids = await self.run(self.tokenizer.encode_released, text, add_special_tokens)
-        self._learn_later(text, add_special_tokens, ids, None)
+        if hit is None:
+            ids = await self._encode(text, add_special_tokens, INLINE_ENCODE_CHARS)
+        else:  # the ids of a known prefix, and the rest encoded on its own (prefix_tokens.py)
+            ids = hit.prefix_ids + await self._encode(text[hit.cut:], False, INLINE_TAIL_CHARS)
+        self._learn_later(text, add_special_tokens, ids, hit)
         return ids
+
+    async def _encode(self, text: str, add_special_tokens: bool, inline_chars: int) -> list[int]:
+        if len(text) <= inline_chars:
+            return self.tokenizer.encode(text, add_special_tokens)
+        return await self.run(self.tokenizer.encode_released, text, add_special_tokens)
 
     def _learn_later(self, text: str, add_special_tokens: bool, ids: list[int], hit) -> None:
         """After the request has its ids: a worker learns the text's boundaries, unless the pool is busy

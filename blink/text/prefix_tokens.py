@@ -35,7 +35,7 @@ LOCAL_NORMALIZERS = (None, "NFC")
 @dataclass(frozen=True)
 class Hit:
     cut: int  # characters of the text that `prefix_ids` spell
-    prefix_ids: list[int]  # (an array slice while galloping; a list once returned)
+    prefix_ids: list[int]
 
 
 class PrefixTokenCache:
@@ -44,8 +44,9 @@ class PrefixTokenCache:
         self.max_texts = max_texts
         self.min_chars = min_chars
         self.enabled = _splits_locally(tokenizer)
-        self._keys: dict[bytes, tuple[int, int, np.ndarray]] = {}  # digest -> (cut, tokens, text's ids)
-        self._texts: OrderedDict[int, list[bytes]] = OrderedDict()  # id(ids array) -> its digests, LRU
+        self._keys: dict[bytes, tuple[int, int, np.ndarray, int]] = {}  # digest -> (cut, tokens, ids, text no.)
+        self._texts: OrderedDict[int, list[bytes]] = OrderedDict()  # text no. -> its digests, LRU
+        self._learned = 0  # texts learned so far: numbers them
         self._lock = threading.Lock()  # learn() runs on the tokenizer workers, lookup() on the event loop
         self.hits = self.misses = 0
 
@@ -58,31 +59,35 @@ class PrefixTokenCache:
         best, lo, hi = None, -1, len(steps)
         i = 0
         while i < len(steps):  # gallop: the first miss bounds the search
-            hit = self._probe(text, steps[i], add_special_tokens)
-            if hit is None:
+            found = self._probe(text, steps[i], add_special_tokens)
+            if found is None:
                 hi = i
                 break
-            best, lo, i = hit, i, 2 * i + 1
+            best, lo, i = found, i, 2 * i + 1
         while best is not None and hi - lo > 1:  # bisect between the last hit and the first miss
             mid = (lo + hi) // 2
-            hit = self._probe(text, steps[mid], add_special_tokens)
-            best, lo, hi = (hit, mid, hi) if hit is not None else (best, lo, mid)
+            found = self._probe(text, steps[mid], add_special_tokens)
+            best, lo, hi = (found, mid, hi) if found is not None else (best, lo, mid)
         with self._lock:
             if best is None:
                 self.misses += 1
             else:
                 self.hits += 1
-        return None if best is None else Hit(best.cut, best.prefix_ids.tolist())  # probes keep arrays
+        if best is None:
+            return None
+        cut, tokens, ids, _ = best
+        return Hit(cut, ids[:tokens].tolist())
 
-    def _probe(self, text: str, step: int, add_special_tokens: bool) -> Hit | None:
+    def _probe(self, text: str, step: int, add_special_tokens: bool) -> tuple | None:
+        """The entry of the boundary at `step`, if `text` shares it: (cut, tokens, ids, text number)."""
         cut = self._boundary(text, step)
         if cut is None or cut + KEY_PAST > len(text):
             return None
         with self._lock:
             found = self._keys.get(_digest(text[:cut + KEY_PAST], add_special_tokens))
-            if found is not None and id(found[2]) in self._texts:
-                self._texts.move_to_end(id(found[2]))
-        return None if found is None else Hit(found[0], found[2][:found[1]])
+            if found is not None:
+                self._texts.move_to_end(found[3])  # every key's text is listed (eviction drops its keys)
+        return found
 
     def learn(self, text: str, add_special_tokens: bool, ids: list[int], start: Hit | None = None) -> None:
         """Remember `text`'s boundaries after `start` (a hit `ids` began with), as far as its pieces
@@ -97,8 +102,7 @@ class PrefixTokenCache:
                 cuts.append(cut)
         if not cuts:
             return
-        bounds = [pos, *cuts]
-        pieces = [text[a:b] for a, b in zip(bounds[:-1], cuts, strict=True)]
+        pieces = [text[a:b] for a, b in zip([pos, *cuts[:-1]], cuts, strict=True)]
         special = add_special_tokens and start is None  # the special tokens come with the first piece only
         first = self.tokenizer.encode_batch(pieces[:1], add_special_tokens=special)
         encoded = [e.ids for e in first + self.tokenizer.encode_batch(pieces[1:], add_special_tokens=False)]
@@ -111,13 +115,16 @@ class PrefixTokenCache:
         if not digests:
             return
         with self._lock:
-            self._texts[id(array)] = [d for d, _, _ in digests]
+            self._learned += 1
+            number = self._learned
+            self._texts[number] = [d for d, _, _ in digests]
             for digest, cut, tokens in digests:
-                self._keys[digest] = (cut, tokens, array)
+                self._keys[digest] = (cut, tokens, array, number)  # a key learned again moves to this text
             while len(self._texts) > self.max_texts:
-                for digest in self._texts.popitem(last=False)[1]:
+                gone, keys = self._texts.popitem(last=False)
+                for digest in keys:
                     entry = self._keys.get(digest)
-                    if entry is not None and id(entry[2]) not in self._texts:
+                    if entry is not None and entry[3] == gone:  # not learned again by a later text
                         del self._keys[digest]
 
     def _boundary(self, text: str, step: int) -> int | None:

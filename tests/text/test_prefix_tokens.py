@@ -87,6 +87,9 @@ def test_a_growing_conversation_hits_its_last_turn(tokenizer):
     assert cache.lookup(longer + words(tokenizer, 7, 50), False).cut > hit.cut
 
 
+LLAMA3 = llama3_style()
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prefix=st.lists(ALPHABET, min_size=900, max_size=1600).map("".join),
        a=st.lists(ALPHABET, max_size=200).map("".join), b=st.lists(ALPHABET, max_size=200).map("".join),
@@ -98,8 +101,6 @@ def test_any_text_spliced_equals_the_full_encode(prefix, a, b, special):
     got = spliced(cache, tok, prefix + b, special)
     assert got is None or got == tok.encode(prefix + b, add_special_tokens=special).ids
 
-
-LLAMA3 = llama3_style()
 
 
 def test_tokenizers_whose_split_is_not_local_are_never_wrong():
