@@ -1,6 +1,7 @@
 """GPU micro-benchmark of the sampler: one captured sample() per scenario and batch size, new vs old.
 
     python -m bench.kernels.sampler [--sizes 1 8 32 128] [--scenarios top_p,min_p] [--no-old] [--no-check]
+                                    [--buckets 4096,512]
 
 Each (scenario, S) runs sample() at V = 128256 captured in a CUDA graph, as the engine runs it, timed
 with triton.testing.do_bench (median, L2 flushed before each replay). "old" is the sampler of git e896288
@@ -8,6 +9,8 @@ with triton.testing.do_bench (median, L2 flushed before each replay). "old" is t
 same inputs. The mismatch column compares the new GPU result with the CPU reference (sampling_ref):
 tokens, thresholds and rows of top-logprob ids that differ (expected 0; a rare 1 would come from exp/log
 differing by an ulp between the GPU and the CPU). max_top_logprobs is 20 in every call, as in the engine.
+--buckets: one "new" column per threshold bucket count (sampling_bucket.NUM_BUCKETS is the engine's), each
+with its own mismatch count; the speedup is the first column's.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import triton
 
 from bench.kernels import sampling_old
 from blink.kernels import sampling
+from blink.kernels.sampling_bucket import NUM_BUCKETS
 from blink.kernels.sampling_state import SamplingState
 from blink.request import MAX_TOP_LOGPROBS, SamplingParams
 
@@ -78,13 +82,13 @@ def time_graph(fn) -> float:
     return triton.testing.do_bench(graph.replay, return_mode="median") * 1000
 
 
-def mismatches(logits, slots, positions, state, cpu_state) -> int:
+def mismatches(logits, slots, positions, state, cpu_state, num_buckets) -> int:
     """Tokens, thresholds and top-logprob rows where the GPU and the CPU reference differ."""
-    got = sampling.sample(logits, slots, positions, state, MAX_TOP_LOGPROBS)
+    got = sampling.sample_triton(logits, slots, positions, state, MAX_TOP_LOGPROBS, num_buckets)
     cpu = [t.cpu() for t in (logits, slots, positions)]
     ref = sampling.sample_ref(*cpu, cpu_state, MAX_TOP_LOGPROBS)
     penalized = sampling.apply_penalties_ref(cpu[0], cpu[1], cpu_state)
-    threshold = sampling.keep_thresholds_triton(penalized.cuda(), slots, state).cpu()
+    threshold = sampling.keep_thresholds_triton(penalized.cuda(), slots, state, num_buckets).cpu()
     return int((got.token_ids.cpu() != ref.token_ids).sum()
                + (threshold != sampling.keep_thresholds(penalized, cpu[1], cpu_state)).sum()
                + (got.top_ids.cpu() != ref.top_ids).any(dim=1).sum())
@@ -94,22 +98,28 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--buckets", default=str(NUM_BUCKETS), help="comma-separated bucket counts to time")
     parser.add_argument("--no-old", action="store_true", help="skip the old sampler's column")
     parser.add_argument("--no-check", action="store_true", help="skip the CPU-reference comparison")
     args = parser.parse_args()
+    buckets = [int(b) for b in args.buckets.split(",")]
     print(f"V={VOCAB}, {torch.cuda.get_device_name()}, old = git e896288 (bench/kernels/sampling_old.py)")
-    print(f"{'scenario':<13}{'S':>5}{'new us':>10}{'old us':>10}{'speedup':>9}{'mismatch':>10}")
+    print(f"{'scenario':<13}{'S':>5}" + "".join(f"{f'nb={nb} us':>12}{'bad':>5}" for nb in buckets)
+          + f"{'old us':>10}{'speedup':>9}")
     for name in args.scenarios.split(","):
         for num_rows in args.sizes:
             logits, slots, positions, cpu_state = make_batch(num_rows, SCENARIOS[name], name.endswith("_flat"))
             state = to_cuda(cpu_state)
             gpu = (logits.cuda(), slots.cuda(), positions.cuda())
-            new_us = time_graph(lambda: sampling.sample(*gpu, state, MAX_TOP_LOGPROBS))  # noqa: B023
+            cells, first_us = "", None
+            for nb in buckets:
+                us = time_graph(lambda: sampling.sample_triton(*gpu, state, MAX_TOP_LOGPROBS, nb))  # noqa: B023
+                first_us = first_us or us
+                bad = "-" if args.no_check else str(mismatches(*gpu, state, cpu_state, nb))
+                cells += f"{us:>12.1f}{bad:>5}"
             old_us = (float("nan") if args.no_old else
                       time_graph(lambda: sampling_old.sample(*gpu, state, MAX_TOP_LOGPROBS)))  # noqa: B023
-            bad = "-" if args.no_check else str(mismatches(*gpu, state, cpu_state))
-            print(f"{name:<13}{num_rows:>5}{new_us:>10.1f}{old_us:>10.1f}{old_us / new_us:>9.2f}{bad:>10}",
-                  flush=True)
+            print(f"{name:<13}{num_rows:>5}{cells}{old_us:>10.1f}{old_us / first_us:>9.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -173,10 +173,10 @@ def _merge_splits_kernel(partial_ptr, max_ptr, sum_ptr, out_ptr, query_start_loc
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
 
 
-def _choose_splits(num_tiles: int, num_tokens: int, num_kv_heads: int, max_kv_len: int, block_n: int,
+def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int,
                    tuning: AttentionTuning) -> int:
-    """Split the KV range only when the natural grid leaves SMs short of work (graph-safe: shapes only)."""
-    programs = min(num_tiles, num_tokens) * num_kv_heads  # at most one working tile per token
+    """Split the KV range only when the tiles with work leave SMs short (graph-safe: shapes only)."""
+    programs = working_tiles * num_kv_heads
     if programs >= tuning.split_below_per_sm * _NUM_SMS_H200:
         return 1  # a full wave already streams the KV at bandwidth; a merge kernel would only add time
     wanted = triton.cdiv(tuning.programs_per_sm * _NUM_SMS_H200, programs)
@@ -205,8 +205,14 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     block_q = block_m // group_pad
     block_n = tuning.block_n or (64 if head_dim <= 128 else 32)
     num_tiles = num_tokens // block_q + num_seqs
+    # Tiles with work, in the composition that needs the splits most: a decode bucket's rows may each be
+    # a sequence (one tile per token); a bucket that carries a chunk may hold that one chunk, whose tiles are
+    # all the work (its padding tiles exit at once). Counting those padding tiles left (128, 64) unsplit:
+    # a 100-token prefix hit then ran 56 programs over 2,100 keys each, 82 us per layer against 40 split
+    # (perf.md, 2026-12-01 session 8).
+    working = min(num_tiles, num_tokens) if decode_heavy else max(1, num_tokens // block_q)
     if num_splits is None:
-        num_splits = _choose_splits(num_tiles, num_tokens, num_kv_heads, max_kv_len, block_n, tuning)
+        num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, tuning)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     return LaunchPlan(block_q, block_n, num_tiles, num_splits)
 

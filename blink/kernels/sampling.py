@@ -165,8 +165,10 @@ def _row_block(vocab_size: int) -> int:
 class _Plan:
     """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
 
-    def __init__(self, logits: torch.Tensor):
+    def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS):
         num_rows, vocab_size = logits.shape
+        assert num_buckets >= 32 and num_buckets & (num_buckets - 1) == 0, "num_buckets: a power of two >= 32"
+        self.num_buckets = num_buckets
         device = logits.device
         self.chunk = _chunk_size(num_rows, vocab_size)
         self.num_chunks = triton.cdiv(vocab_size, self.chunk)
@@ -179,7 +181,7 @@ class _Plan:
         self.part_f32 = torch.empty(3, num_rows, self.num_chunks, dtype=torch.float32, device=device)
         self.part_i32 = torch.empty(6, num_rows, self.num_chunks, dtype=torch.int32, device=device)
         self.part_total = torch.empty(num_rows, self.num_chunks, dtype=torch.int64, device=device)
-        self.hist = torch.empty(num_rows, NUM_BUCKETS, dtype=torch.int32, device=device)
+        self.hist = torch.empty(num_rows, num_buckets, dtype=torch.int32, device=device)
         self.sums = torch.empty(num_rows, dtype=torch.int64, device=device)
         self.counters = torch.empty(num_rows, 2, dtype=torch.int32, device=device)
         self.cand_i32 = torch.empty(3, num_rows, self.cand, dtype=torch.int32, device=device)
@@ -197,7 +199,7 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
     """Steps 2-4; the compaction also gathers the top-K logprobs' candidates when max_top_logprobs > 0."""
     num_rows, vocab_size = logits.shape
     params = (slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p)
-    sizes = dict(NB=NUM_BUCKETS, P=plan.num_chunks, P_PAD=plan.chunks_pad)
+    sizes = dict(NB=plan.num_buckets, P=plan.num_chunks, P_PAD=plan.chunks_pad)
     _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
                               vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION)
     _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
@@ -248,9 +250,10 @@ def apply_penalties_triton(logits: torch.Tensor, slots: torch.Tensor, state: Sam
     return torch.where(flagged[:, None], out, logits)
 
 
-def keep_thresholds_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState) -> torch.Tensor:
+def keep_thresholds_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState,
+                           num_buckets: int = NUM_BUCKETS) -> torch.Tensor:
     """keep_thresholds on already processed logits."""
-    plan = _Plan(logits)
+    plan = _Plan(logits, num_buckets)
     prologue(logits, logits, slots, state, plan, penalize=False)
     return _keep_thresholds_triton(logits, logits, slots, state, plan)
 
@@ -263,10 +266,10 @@ def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: t
 
 
 def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
-                  max_top_logprobs: int) -> SampleOutput:
+                  max_top_logprobs: int, num_buckets: int = NUM_BUCKETS) -> SampleOutput:
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
-    plan = _Plan(logits)
+    plan = _Plan(logits, num_buckets)
     processed = torch.empty_like(logits)
     prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs)
     threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)

@@ -24,7 +24,9 @@ import triton.language as tl
 from blink.kernels.sampling_select import canonical, key_value, search_threshold, sortable_key
 from blink.kernels.sampling_topk import asks_for_logprobs, compact_top_chunk
 
-NUM_BUCKETS = 4096  # over d in [0, 32): NB / 32 = 128 buckets per unit, a power of two, so d * 128 is exact
+# Buckets over d in [0, 32): NB / 32 per unit, a power of two, so d * NB / 32 is exact. Any such NB gives the
+# same thresholds; it trades the histogram's cost (per token, linear in NB) against candidates per bucket.
+NUM_BUCKETS = 4096
 _INT32_MIN = tl.constexpr(-0x7FFFFFFF - 1)
 _INT32_MAX = tl.constexpr(0x7FFFFFFF)
 _KEY_INF = tl.constexpr(0x7F800000)  # sortable_key(+inf)
@@ -153,23 +155,33 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
             inv_temperature = tl.math.div_rn(1.0, temperature)
             s_max = key_value(top) * inv_temperature
             cutoff = tl.where(min_p > 0.0, s_max + tl.log(min_p), float("-inf"))  # -inf: keeps all
+            # Two passes over the chunk: count, reserve once, then copy (the second read hits L2). An atomic
+            # per block inside the loop put its round trip on every iteration's critical path.
             above = tl.zeros([BLOCK], tl.int64)
+            num_inside = tl.zeros([BLOCK], tl.int32)
             for start in range(0, CHUNK, BLOCK):
                 offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
                 x = canonical(tl.load(src + offs, mask=offs < vocab_size, other=float("-inf")))
                 kept = (offs < vocab_size) & (x * inv_temperature >= cutoff)
                 bucket = bucket_of(x, inv_temperature, s_max, NB)
-                inside = kept & (bucket >= j_lo) & (bucket <= j_hi)
+                num_inside += (kept & (bucket >= j_lo) & (bucket <= j_hi)).to(tl.int32)
                 if top_p < 1.0:
                     above += tl.where(kept & (bucket < j_lo), top_p_weight(x, inv_temperature, s_max), 0)
-                num_inside = tl.sum(inside.to(tl.int32), 0)
-                if num_inside > 0:
-                    base = tl.atomic_add(counter_ptr + row * 2, num_inside)
-                    slot = base + tl.cumsum(inside.to(tl.int32), 0) - 1
-                    tl.store(cand_ptr + row * CAND + slot, sortable_key(x), mask=inside & (slot < CAND))
             weight_above = tl.sum(above, 0)
             if weight_above != 0:
                 tl.atomic_add(sums_ptr + row, weight_above)
+            total_inside = tl.sum(num_inside, 0)
+            if total_inside > 0:
+                base = tl.atomic_add(counter_ptr + row * 2, total_inside)
+                for start in range(0, CHUNK, BLOCK):
+                    offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
+                    x = canonical(tl.load(src + offs, mask=offs < vocab_size, other=float("-inf")))
+                    kept = (offs < vocab_size) & (x * inv_temperature >= cutoff)
+                    bucket = bucket_of(x, inv_temperature, s_max, NB)
+                    inside = kept & (bucket >= j_lo) & (bucket <= j_hi)
+                    slot = base + tl.cumsum(inside.to(tl.int32), 0) - 1
+                    tl.store(cand_ptr + row * CAND + slot, sortable_key(x), mask=inside & (slot < CAND))
+                    base += tl.sum(inside.to(tl.int32), 0)
     if K > 0:
         if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
             compact_top_chunk(logits_ptr, row, chunk, part_kth_ptr, part_smallest_ptr, counter_ptr, cand_key_ptr,

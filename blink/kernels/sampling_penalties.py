@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from blink.kernels.sampling_bucket import NUM_BUCKETS, is_filtered
+from blink.kernels.sampling_bucket import is_filtered
 from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
 from blink.kernels.sampling_select import canonical, sortable_key
 from blink.kernels.sampling_topk import asks_for_logprobs, chunk_certificate
@@ -128,7 +128,7 @@ def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: 
         state.grammar_state, state.grammar_id, state.grammar_classes, state.grammar_row_base, state.grammar_cells,
         state.temperature, state.top_k, state.top_p, state.min_p, plan.row_max, plan.hist, plan.sums, plan.counters,
         state.num_logprobs, plan.part_i32[3], plan.part_i32[1], vocab_size, NUM_BIAS=num_bias,
-        BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=NUM_BUCKETS, P=plan.num_chunks,
-        ZERO=triton.next_power_of_2(triton.cdiv(NUM_BUCKETS, plan.num_chunks)), K=max_top_logprobs, CHUNK=plan.chunk,
-        BLOCK=plan.block, num_warps=4, **_NO_FUSION,
+        BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=plan.num_buckets, P=plan.num_chunks,
+        ZERO=triton.next_power_of_2(triton.cdiv(plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,
+        CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION,
     )

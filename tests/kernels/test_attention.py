@@ -98,3 +98,15 @@ def test_a_bucket_that_can_hold_a_chunk_gets_prefill_tiles():
     assert block_q(128, 64) == 16 and block_q(2048, 64) == 16  # chunks in 16-token tiles
     assert block_q(64, 64) == 4 and block_q(1, 1) == 4  # pure decode buckets: one token per tile row group
     assert block_q(128, 1) == 16  # the step bench's bucket, which timed the chunk at 6.45 ms
+
+
+def test_a_bucket_that_can_hold_one_chunk_splits_its_kv_range():
+    """The splits are chosen for the composition that needs them most. A bucket carrying a chunk may hold just
+    that chunk, whose few tiles are all the work: (128, 64) unsplit ran a 100-token prefix hit as 56 programs
+    over 2,100 keys each. Pure decode buckets and buckets whose chunk tiles fill the SMs keep their choice."""
+    def splits(tokens, rows):
+        return launch_plan(tokens, rows, 32, 8, 128, 4096, AttentionTuning()).num_splits
+    assert splits(128, 64) == splits(128, 1) == 8  # the same chunk, whatever the padding rows
+    assert splits(256, 64) == 4
+    assert splits(512, 64) == splits(2048, 64) == 1  # 32+ tiles x 8 heads: a wave of work already
+    assert splits(64, 64) == splits(32, 32) == 1 and splits(1, 1) == 16  # decode buckets: as before

@@ -141,3 +141,18 @@ def test_top_logprobs_order_ties_by_token_id(k):
         torch.testing.assert_close(ref.top_logprobs[row], logits[row, by_hand] - normalizer[row])
     assert torch.equal(tri.top_ids, ref.top_ids)
     torch.testing.assert_close(tri.top_logprobs, ref.top_logprobs)
+
+
+@pytest.mark.parametrize("num_buckets", [32, 512])
+def test_thresholds_do_not_depend_on_the_bucket_count(num_buckets):
+    """The bucket count only trades the histogram's cost against candidates per bucket: coarse buckets put
+    many tokens in the threshold's range (and ties, -inf, constant rows) and must still give the definition."""
+    vocab = 300
+    state = SamplingState(len(FILTER_PARAMS), vocab, "cpu")
+    for slot, params in enumerate(FILTER_PARAMS):
+        state.set_slot(slot, params, seed=slot, prompt_ids=[])
+    rows = 6 * len(FILTER_PARAMS)
+    logits = tricky_rows(rows, vocab, seed=12)
+    slots = (torch.arange(rows, dtype=torch.int32) // 6)
+    expected = keep_thresholds(logits, slots, state)
+    assert torch.equal(keep_thresholds_triton(logits, slots, state, num_buckets=num_buckets), expected)

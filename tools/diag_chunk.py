@@ -1,0 +1,101 @@
+"""GPU diagnostics (not a test): where a server-shaped step's time goes, and the sampler's per kernel.
+
+    python tools/diag_chunk.py chunk [sampler]
+
+chunk: llama3-8b with the server's buckets (max_num_seqs 64, 2,048 batched tokens): graph replay of a
+100-token chunk after 2,000 cached tokens alone, with 3 decodes beside it (the cached-prefix probe's step),
+and the 3 decodes alone; the same chunk in a max_num_seqs=1 runner (the step bench's prefill row); then a
+kernel profile of the mixed step's graph. sampler: per-kernel time of sample() at V = 128256 for the
+micro-bench's top_p / top_k rows (bench/kernels/sampler.py) at S = 1 and 32.
+"""
+import sys
+
+import torch
+
+from blink.bench.step import graph_replay_ms
+from blink.config import EngineArgs
+
+
+def _plan(chunks_spec, block_size=16):
+    """[(tokens, context), ...] -> a plan; each sequence gets blocks of its own."""
+    from blink.core.outputs import ScheduledChunk, SchedulerOutput
+    from blink.core.sequence import SeqStatus, Sequence
+    from blink.request import SamplingParams
+
+    chunks, next_block = [], 0
+    for i, (tokens, context) in enumerate(chunks_spec):
+        total = context + tokens
+        seq = Sequence(i, [1 + (i * 7 + j) % 1000 for j in range(total)], SamplingParams(temperature=0), seed=i,
+                       arrival=i, num_computed=context, slot=i, status=SeqStatus.RUNNING)
+        blocks = -(-(total + 1) // block_size)
+        seq.block_ids = list(range(next_block, next_block + blocks))
+        next_block += blocks
+        chunks.append(ScheduledChunk(seq, context, tokens))
+    return SchedulerOutput(chunks, [])
+
+
+def _top_kernels(prof, steps, n=22):
+    rows = sorted(prof.key_averages(), key=lambda e: -e.device_time_total)
+    total = sum(e.device_time_total for e in rows) / steps
+    for e in rows[:n]:
+        print(f"  {e.device_time_total / steps:9.1f} us  x{e.count // steps:4d}  {e.key[:110]}")
+    print(f"  total {total:.1f} us of kernels per step", flush=True)
+
+
+def chunk(name="llama3-8b"):
+    from torch.profiler import ProfilerActivity, profile
+
+    from blink.core.loaded_model import LoadedModel
+    from blink.core.runner import ModelRunner
+
+    decodes = [(1, 2100)] * 3
+    cases = {64: {"chunk": [(100, 2000)], "chunk+3 decodes": [(100, 2000)] + decodes, "3 decodes": decodes},
+             1: {"chunk": [(100, 2000)]}}
+    for max_seqs, plans in cases.items():
+        args = EngineArgs(model=name, dtype="bfloat16", device="cuda", max_num_seqs=max_seqs,
+                          max_num_batched_tokens=2048, num_kv_blocks=600, max_model_len=4096)
+        m = LoadedModel.load(args)
+        runner = ModelRunner.for_model(m, use_graphs=True)
+        for label, spec in plans.items():
+            plan = _plan(spec)
+            bucket = runner.bucket_for(sum(t for t, _ in spec), len(spec))
+            runner.prepare(plan, runner.buffers, bucket)
+            ms = graph_replay_ms(runner.graphs[bucket], 50)
+            print(f"{name} max_num_seqs={max_seqs:3d} {label:16s} bucket {bucket}: {ms:.3f} ms", flush=True)
+            if label == "chunk+3 decodes" or (max_seqs == 1 and label == "chunk"):
+                with profile(activities=[ProfilerActivity.CUDA]) as p:
+                    for _ in range(5):
+                        runner.graphs[bucket].replay()
+                    torch.cuda.synchronize()
+                print(f"  kernels of that graph (5 replays, us per step; bucket {bucket}):")
+                _top_kernels(p, 5)
+        del runner, m
+        torch.cuda.empty_cache()
+
+
+def sampler():
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.kernels.sampler import SCENARIOS, make_batch, to_cuda
+    from blink.kernels import sampling
+    from blink.request import MAX_TOP_LOGPROBS
+
+    for scenario in ("top_p", "top_k", "top_p_flat", "temperature"):
+        for rows in (1, 32):
+            logits, slots, positions, cpu_state = make_batch(rows, SCENARIOS[scenario], scenario.endswith("_flat"))
+            state = to_cuda(cpu_state)
+            gpu = (logits.cuda(), slots.cuda(), positions.cuda())
+            for _ in range(3):
+                sampling.sample(*gpu, state, MAX_TOP_LOGPROBS)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as p:
+                for _ in range(10):
+                    sampling.sample(*gpu, state, MAX_TOP_LOGPROBS)
+                torch.cuda.synchronize()
+            print(f"sampler {scenario} S={rows}: kernels (10 calls, us per call)")
+            _top_kernels(p, 10, n=10)
+
+
+if __name__ == "__main__":
+    for what in sys.argv[1:]:
+        {"chunk": chunk, "sampler": sampler}[what]()
