@@ -6,12 +6,12 @@ finish splits the vocabulary in the same chunks (about 256 programs in all):
   1. penalties: rows whose slot has penalties or logit_bias get processed logits in a side buffer (the
      other rows are never copied); rows with a filter also write each chunk's maximum, rows that ask for
      top-K logprobs each chunk's floor certificate (sampling_topk), and every row zeroes its scratch.
-  2-4. keep thresholds (sampling_bucket): rows with temperature > 0 and some filter (top_k, top_p < 1,
-     min_p > 0) bucket their tokens, gather the candidates (step 3 also gathers the top-K logprobs'
-     candidates) and resolve the threshold exactly; every other row writes -inf.
-  5. choose: each program runs the race (or the argmax of a greedy row) and an online log-sum-exp of the
+  2-5. keep thresholds (sampling_bucket): rows with temperature > 0 and some filter (top_k, top_p < 1,
+     min_p > 0) bucket their tokens in two levels, gather the candidates (step 4 also gathers the top-K
+     logprobs' candidates) and resolve the threshold exactly; every other row writes -inf.
+  6. choose: each program runs the race (or the argmax of a greedy row) and an online log-sum-exp of the
      raw logits over its chunk.
-  6. finish: one program per row merges the chunks: the token, its raw logprob and, for rows whose slot
+  7. finish: one program per row merges the chunks: the token, its raw logprob and, for rows whose slot
      asks (num_logprobs > 0), the top-K logprobs from their candidates.
 A row whose slot is -1 is padding: greedy, no penalties, no top logprobs. The kernels take the vocabulary
 size as a compile-time constant: one compile per model (and the interpreter cannot loop up to a runtime
@@ -25,8 +25,9 @@ import torch
 import triton
 import triton.language as tl
 
-from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _resolve_kernel
+from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _refine_kernel, _resolve_kernel
 from blink.kernels.sampling_penalties import prologue
+from blink.kernels.sampling_plan import log2_buckets
 from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the reference lives there)
     SampleOutput,
     apply_penalties_ref,
@@ -167,8 +168,7 @@ class _Plan:
 
     def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS):
         num_rows, vocab_size = logits.shape
-        assert num_buckets >= 32 and num_buckets & (num_buckets - 1) == 0, "num_buckets: a power of two >= 32"
-        self.num_buckets = num_buckets
+        self.num_buckets, self.log2_buckets = num_buckets, log2_buckets(num_buckets)
         device = logits.device
         self.chunk = _chunk_size(num_rows, vocab_size)
         self.num_chunks = triton.cdiv(vocab_size, self.chunk)
@@ -181,8 +181,8 @@ class _Plan:
         self.part_f32 = torch.empty(3, num_rows, self.num_chunks, dtype=torch.float32, device=device)
         self.part_i32 = torch.empty(6, num_rows, self.num_chunks, dtype=torch.int32, device=device)
         self.part_total = torch.empty(num_rows, self.num_chunks, dtype=torch.int64, device=device)
-        self.hist = torch.empty(num_rows, num_buckets, dtype=torch.int32, device=device)
-        self.sums = torch.empty(num_rows, dtype=torch.int64, device=device)
+        self.hist = torch.empty(num_rows, 2 * num_buckets, dtype=torch.int32, device=device)  # coarse, fine
+        self.sums = torch.empty(num_rows, 2, dtype=torch.int64, device=device)
         self.counters = torch.empty(num_rows, 2, dtype=torch.int32, device=device)
         self.cand_i32 = torch.empty(3, num_rows, self.cand, dtype=torch.int32, device=device)
 
@@ -196,20 +196,23 @@ class _Plan:
 
 
 def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_top_logprobs: int = 0) -> torch.Tensor:
-    """Steps 2-4; the compaction also gathers the top-K logprobs' candidates when max_top_logprobs > 0."""
+    """Steps 2-5; the compaction also gathers the top-K logprobs' candidates when max_top_logprobs > 0."""
     num_rows, vocab_size = logits.shape
     params = (slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p)
     sizes = dict(NB=plan.num_buckets, P=plan.num_chunks, P_PAD=plan.chunks_pad)
+    levels = dict(sizes, LOG2_NB=plan.log2_buckets)
     _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
                               vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION)
+    _refine_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
+                              vocab_size, **levels, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION)
     _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
                                plan.counters, plan.cand_i32[0], state.num_logprobs, plan.part_i32[3], plan.part_i32[1],
-                               plan.cand_i32[1], plan.cand_i32[2], vocab_size, **sizes, CAND=plan.cand,
+                               plan.cand_i32[1], plan.cand_i32[2], vocab_size, **levels, CAND=plan.cand,
                                K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=8,
-                               **_NO_FUSION)  # 8 warps: the plan's NB-wide scans
+                               **_NO_FUSION)  # 8 warps: the plans' NB-wide scans
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
     _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, *params, plan.row_max, plan.kept_min,
-                                 plan.part_total, plan.hist, plan.sums, plan.cand_i32[0], vocab_size, **sizes,
+                                 plan.part_total, plan.hist, plan.sums, plan.cand_i32[0], vocab_size, **levels,
                                  CAND=plan.cand, SMALL=plan.small, BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS,
                                  **_NO_FUSION)
     return out

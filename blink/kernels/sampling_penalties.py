@@ -82,11 +82,11 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                 x = tl.where(allowed, x, float("-inf"))
             tl.store(out_row + ids, x, mask=used)
 
-    # The selection's per-row scratch starts at zero (the histogram's slice of this program, the sums).
+    # The selection's per-row scratch starts at zero (this program's slice of both histogram levels, the sums).
     z = tl.program_id(1) * ZERO + tl.arange(0, ZERO)
     tl.store(hist_ptr + row * NB + z, tl.zeros([ZERO], tl.int32), mask=z < NB)
     if tl.program_id(1) == 0:
-        tl.store(sums_ptr + row, tl.zeros([], tl.int64))
+        tl.store(sums_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int64))
         tl.store(counter_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int32))
     # Rows with a filter: this chunk's largest processed logit (the buckets are relative to the row's).
     if is_filtered(slot, tl.load(temperature_ptr + safe_slot), tl.load(top_k_ptr + safe_slot),
@@ -128,7 +128,8 @@ def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: 
         state.grammar_state, state.grammar_id, state.grammar_classes, state.grammar_row_base, state.grammar_cells,
         state.temperature, state.top_k, state.top_p, state.min_p, plan.row_max, plan.hist, plan.sums, plan.counters,
         state.num_logprobs, plan.part_i32[3], plan.part_i32[1], vocab_size, NUM_BIAS=num_bias,
-        BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=plan.num_buckets, P=plan.num_chunks,
-        ZERO=triton.next_power_of_2(triton.cdiv(plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,
+        BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=2 * plan.num_buckets,
+        P=plan.num_chunks,
+        ZERO=triton.next_power_of_2(triton.cdiv(2 * plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,
         CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION,
     )

@@ -1,0 +1,114 @@
+"""The keep-threshold search's plan over buckets (sampling_bucket's kernels call it), at two levels.
+
+A token kept by min_p has a distance d = s_max - x / T >= 0 from the row's largest scaled logit. The coarse
+level buckets d in [0, 32) into NB buckets of 1 / U (U = NB / 32, a power of two; the last bucket also holds
+everything beyond); the fine level splits the coarse range [J_lo, J_hi] that must hold the threshold into
+R sub-buckets per coarse bucket (R a power of two, R * span <= NB), so a fine bucket is 1 / (U * R) wide.
+Both levels compute the same bucket of a token from one f32 value, `scaled = d * U`: the coarse bucket is
+floor(scaled), the fine one floor(scaled * R) - J_lo * R (scaling by a power of two is exact), so the two
+always agree. A plan is sound whatever the widths: top_k uses exact counts, top_p lower and upper bounds of
+each bucket's weight; if a plan were ever unsound the resolve notices and searches the row instead.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+_TWO_32 = tl.constexpr(4294967296.0)
+
+
+@triton.jit
+def scaled_distance(x, inv_temperature, s_max, NB: tl.constexpr):
+    """d * U in f32; NaN for a row of -inf (it lands in the last bucket of either level)."""
+    return (s_max - x * inv_temperature) * (NB / 32.0)
+
+
+@triton.jit
+def coarse_bucket(scaled, NB: tl.constexpr):
+    return tl.where(scaled < NB - 1, scaled, NB - 1).to(tl.int32)  # NaN and far tokens: the last bucket
+
+
+@triton.jit
+def refinement(span, NB: tl.constexpr, LOG2_NB: tl.constexpr):
+    """R: the largest power of two with R * span <= NB (span <= NB coarse buckets)."""
+    r = tl.full([], NB, tl.int32)
+    for _ in tl.static_range(LOG2_NB):
+        r = tl.where((r * span > NB) & (r > 1), r // 2, r)
+    return r
+
+
+@triton.jit
+def fine_bucket(scaled, r, j_lo, span):
+    """The fine bucket of a token inside the coarse range (the last one also holds what the coarse one did)."""
+    limit = (span * r - 1).to(tl.float32)
+    v = scaled * r.to(tl.float32) - (j_lo * r).to(tl.float32)  # both < 2^17: exact
+    return tl.where(v < limit, v, limit).to(tl.int32)
+
+
+@triton.jit
+def budget_of(part_total_row, top_p, P: tl.constexpr, P_PAD: tl.constexpr):
+    """top_p's share of the row's exact fixed-point weight (sampling_ref's budget)."""
+    c = tl.arange(0, P_PAD)
+    total = tl.sum(tl.load(part_total_row + c, mask=c < P, other=0), 0)
+    return top_p.to(tl.float64) * total.to(tl.float64)
+
+
+@triton.jit
+def plan_level(hist_row, first, per_unit, open_bucket, base_count, base_mass, num_kept, top_k, top_p, budget,
+               NB: tl.constexpr):
+    """The bucket range [j_lo, j_hi] of this level that holds the threshold, the kept tokens before it and in it.
+
+    Bucket j covers d in [first + j, first + j + 1) / per_unit, except `open_bucket`, which reaches to infinity
+    (-1: none). Before bucket 0 lie base_count tokens of exact fixed-point weight base_mass. Every program of a
+    row computes the same plan from the same histogram."""
+    j = tl.arange(0, NB)
+    counts = tl.load(hist_row + j)
+    cumulative = tl.cumsum(counts, 0) + base_count
+    top_k_active = (top_k > 0) & (top_k < num_kept)
+    j_k = tl.sum((cumulative < top_k).to(tl.int32), 0)  # the first bucket that reaches k tokens
+    # Each bucket's weight per token lies in [w_min, w_max] (1e-5: exp's error in f32, with room to spare).
+    jf = (first + j).to(tl.float64)
+    w_min = tl.where(j != open_bucket, tl.exp(-(jf + 1.0) / per_unit) * _TWO_32 * (1.0 - 1e-5) - 1.0, 0.0)
+    w_min = tl.maximum(w_min, 0.0)
+    w_max_prev = tl.exp(-(jf - 1.0) / per_unit) * _TWO_32 * (1.0 + 1e-5) + 1.0
+    counts_prev = tl.load(hist_row + j - 1, mask=j > 0, other=0)
+    base = base_mass.to(tl.float64)
+    lower = (base + tl.cumsum(counts.to(tl.float64) * w_min, 0)) * (1.0 - 1e-9)  # weight through j, at least
+    upper_before = (base + tl.cumsum(counts_prev.to(tl.float64) * w_max_prev, 0)) * (1.0 + 1e-9)  # before j, at most
+    # top_p: the range from the last bucket with not all of the budget before it to the first with all of it
+    # (with top_k too, top_p's total is over the top_k set: take all of it); top_k alone: its k-th token's
+    # bucket; min_p alone (or a top_k that keeps everything): no candidates, the smallest kept token.
+    p_lo = tl.maximum(tl.sum((upper_before < budget).to(tl.int32), 0) - 1, 0)
+    p_hi = tl.minimum(tl.sum((lower < budget).to(tl.int32), 0), NB - 1)
+    j_lo = tl.where(top_p < 1.0, tl.where(top_k_active, 0, p_lo), tl.where(top_k_active, j_k, NB))
+    j_hi = tl.where(top_k_active, j_k, tl.where(top_p < 1.0, p_hi, -1))
+    num_above = base_count + tl.sum(tl.where(j < j_lo, counts, 0), 0)
+    num_candidates = tl.sum(tl.where((j >= j_lo) & (j <= j_hi), counts, 0), 0)
+    return top_k_active, j_lo, j_hi, num_above, num_candidates
+
+
+@triton.jit
+def plan_coarse(hist_row, part_total_row, top_k, top_p, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr):
+    """Level 1 over the row's coarse histogram: (top_k_active, j_lo, j_hi, num_above, num_candidates, num_kept,
+    budget)."""
+    num_kept = tl.sum(tl.load(hist_row + tl.arange(0, NB)), 0)
+    budget = budget_of(part_total_row, top_p, P, P_PAD)
+    top_k_active, j_lo, j_hi, num_above, num_candidates = plan_level(
+        hist_row, 0, NB / 32.0, NB - 1, 0, tl.zeros([], tl.int64), num_kept, top_k, top_p, budget, NB)
+    return top_k_active, j_lo, j_hi, num_above, num_candidates, num_kept, budget
+
+
+@triton.jit
+def plan_fine(hist_row, j_lo, j_hi, r, num_above, mass_above, num_kept, top_k, top_p, budget, NB: tl.constexpr):
+    """Level 2 over the fine histogram (stored after the coarse one) of the coarse range [j_lo, j_hi]:
+    num_above / mass_above are the coarse level's kept tokens before j_lo and their exact weight."""
+    span = j_hi - j_lo + 1
+    open_bucket = tl.where(j_hi == NB - 1, span * r - 1, -1)
+    return plan_level(hist_row + NB, j_lo * r, (NB / 32.0) * r.to(tl.float64), open_bucket, num_above, mass_above,
+                      num_kept, top_k, top_p, budget, NB)
+
+
+def log2_buckets(num_buckets: int) -> int:
+    """LOG2_NB for the launches."""
+    assert num_buckets >= 32 and num_buckets & (num_buckets - 1) == 0, "num_buckets: a power of two >= 32"
+    return num_buckets.bit_length() - 1
