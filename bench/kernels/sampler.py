@@ -8,7 +8,8 @@ with triton.testing.do_bench (median, L2 flushed before each replay). "old" is t
 (bench/kernels/sampling_old.py: one program per row for the thresholds and the top-K logprobs), on the
 same inputs. The mismatch column compares the new GPU result with the CPU reference (sampling_ref):
 tokens, thresholds and rows of top-logprob ids that differ (expected 0; a rare 1 would come from exp/log
-differing by an ulp between the GPU and the CPU). max_top_logprobs is 20 in every call, as in the engine.
+differing by an ulp between the GPU and the CPU), then after "/" the rows that took the one-program search.
+max_top_logprobs is 20 in every call, as in the engine.
 --buckets: one "new" column per threshold bucket count (sampling_bucket.NUM_BUCKETS is the engine's), each
 with its own mismatch count; the speedup is the first column's.
 """
@@ -82,16 +83,19 @@ def time_graph(fn) -> float:
     return triton.testing.do_bench(graph.replay, return_mode="median") * 1000
 
 
-def mismatches(logits, slots, positions, state, cpu_state, num_buckets) -> int:
-    """Tokens, thresholds and top-logprob rows where the GPU and the CPU reference differ."""
+def mismatches(logits, slots, positions, state, cpu_state, num_buckets) -> str:
+    """Tokens, thresholds and top-logprob rows where the GPU and the CPU reference differ, and "/" the rows whose
+    threshold took the one-program search (the bucket plan's candidates did not fit)."""
     got = sampling.sample_triton(logits, slots, positions, state, MAX_TOP_LOGPROBS, num_buckets)
     cpu = [t.cpu() for t in (logits, slots, positions)]
     ref = sampling.sample_ref(*cpu, cpu_state, MAX_TOP_LOGPROBS)
     penalized = sampling.apply_penalties_ref(cpu[0], cpu[1], cpu_state)
-    threshold = sampling.keep_thresholds_triton(penalized.cuda(), slots, state, num_buckets).cpu()
-    return int((got.token_ids.cpu() != ref.token_ids).sum()
-               + (threshold != sampling.keep_thresholds(penalized, cpu[1], cpu_state)).sum()
-               + (got.top_ids.cpu() != ref.top_ids).any(dim=1).sum())
+    fell_back = torch.zeros(len(slots), dtype=torch.int32, device=logits.device)
+    threshold = sampling.keep_thresholds_triton(penalized.cuda(), slots, state, num_buckets, fell_back).cpu()
+    bad = int((got.token_ids.cpu() != ref.token_ids).sum()
+              + (threshold != sampling.keep_thresholds(penalized, cpu[1], cpu_state)).sum()
+              + (got.top_ids.cpu() != ref.top_ids).any(dim=1).sum())
+    return f"{bad}/{int(fell_back.sum())}"
 
 
 def main() -> None:
@@ -104,7 +108,7 @@ def main() -> None:
     args = parser.parse_args()
     buckets = [int(b) for b in args.buckets.split(",")]
     print(f"V={VOCAB}, {torch.cuda.get_device_name()}, old = git e896288 (bench/kernels/sampling_old.py)")
-    print(f"{'scenario':<13}{'S':>5}" + "".join(f"{f'nb={nb} us':>12}{'bad':>5}" for nb in buckets)
+    print(f"{'scenario':<13}{'S':>5}" + "".join(f"{f'nb={nb} us':>12}{'bad/fb':>7}" for nb in buckets)
           + f"{'old us':>10}{'speedup':>9}")
     for name in args.scenarios.split(","):
         for num_rows in args.sizes:
@@ -115,8 +119,8 @@ def main() -> None:
             for nb in buckets:
                 us = time_graph(lambda: sampling.sample_triton(*gpu, state, MAX_TOP_LOGPROBS, nb))  # noqa: B023
                 first_us = first_us or us
-                bad = "-" if args.no_check else str(mismatches(*gpu, state, cpu_state, nb))
-                cells += f"{us:>12.1f}{bad:>5}"
+                bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb)
+                cells += f"{us:>12.1f}{bad:>7}"
             old_us = (float("nan") if args.no_old else
                       time_graph(lambda: sampling_old.sample(*gpu, state, MAX_TOP_LOGPROBS)))  # noqa: B023
             print(f"{name:<13}{num_rows:>5}{cells}{old_us:>10.1f}{old_us / first_us:>9.2f}", flush=True)

@@ -184,6 +184,7 @@ class _Plan:
         self.hist = torch.empty(num_rows, 2 * num_buckets, dtype=torch.int32, device=device)  # coarse, fine
         self.sums = torch.empty(num_rows, 2, dtype=torch.int64, device=device)
         self.counters = torch.empty(num_rows, 2, dtype=torch.int32, device=device)
+        self.fell_back = torch.empty(num_rows, dtype=torch.int32, device=device)  # rows the resolve searched
         self.cand_i32 = torch.empty(3, num_rows, self.cand, dtype=torch.int32, device=device)
 
     @property
@@ -211,10 +212,10 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
                                K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=8,
                                **_NO_FUSION)  # 8 warps: the plans' NB-wide scans
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
-    _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, *params, plan.row_max, plan.kept_min,
-                                 plan.part_total, plan.hist, plan.sums, plan.cand_i32[0], vocab_size, **levels,
-                                 CAND=plan.cand, SMALL=plan.small, BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS,
-                                 **_NO_FUSION)
+    _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, plan.fell_back, *params, plan.row_max,
+                                 plan.kept_min, plan.part_total, plan.hist, plan.sums, plan.cand_i32[0], vocab_size,
+                                 **levels, CAND=plan.cand, SMALL=plan.small, BLOCK=_row_block(vocab_size),
+                                 num_warps=_ROW_WARPS, **_NO_FUSION)
     return out
 
 
@@ -254,11 +255,15 @@ def apply_penalties_triton(logits: torch.Tensor, slots: torch.Tensor, state: Sam
 
 
 def keep_thresholds_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState,
-                           num_buckets: int = NUM_BUCKETS) -> torch.Tensor:
-    """keep_thresholds on already processed logits."""
+                           num_buckets: int = NUM_BUCKETS, fell_back: torch.Tensor | None = None) -> torch.Tensor:
+    """keep_thresholds on already processed logits; `fell_back` [S] int32, if given, gets 1 for the rows that
+    took the one-program search."""
     plan = _Plan(logits, num_buckets)
     prologue(logits, logits, slots, state, plan, penalize=False)
-    return _keep_thresholds_triton(logits, logits, slots, state, plan)
+    out = _keep_thresholds_triton(logits, logits, slots, state, plan)
+    if fell_back is not None:
+        fell_back.copy_(plan.fell_back)
+    return out
 
 
 def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: torch.Tensor,

@@ -83,6 +83,28 @@ def _row_source(logits_ptr, processed_ptr, row, processed, vocab_size: tl.conste
 
 
 @triton.jit
+def _row_scale(logits_ptr, processed_ptr, row, processed, temperature, min_p, top, vocab_size: tl.constexpr):
+    """The row's source, 1 / T, its largest scaled logit and min_p's cutoff (-inf: keeps all)."""
+    src = _row_source(logits_ptr, processed_ptr, row, processed, vocab_size)
+    inv_temperature = tl.math.div_rn(1.0, temperature)  # rounded as torch's '/'
+    s_max = key_value(top) * inv_temperature
+    cutoff = tl.where(min_p > 0.0, s_max + tl.log(min_p), float("-inf"))
+    return src, inv_temperature, s_max, cutoff
+
+
+@triton.jit
+def _classify(src, offs, inv_temperature, s_max, cutoff, j_lo, j_hi, r, span, vocab_size: tl.constexpr,
+              NB: tl.constexpr):
+    """A block's tokens: the value, kept by min_p, coarse bucket, inside the coarse range, fine bucket."""
+    x = canonical(tl.load(src + offs, mask=offs < vocab_size, other=float("-inf")))
+    kept = (offs < vocab_size) & (x * inv_temperature >= cutoff)
+    scaled = scaled_distance(x, inv_temperature, s_max, NB)
+    coarse = coarse_bucket(scaled, NB)
+    in_range = kept & (coarse >= j_lo) & (coarse <= j_hi)
+    return x, kept, coarse, in_range, fine_bucket(scaled, r, j_lo, span)
+
+
+@triton.jit
 def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
                    key_max_ptr, kept_min_ptr, part_total_ptr, hist_ptr, vocab_size: tl.constexpr,
                    NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
@@ -91,10 +113,8 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
     if filtered:
-        src = _row_source(logits_ptr, processed_ptr, row, processed, vocab_size)
-        inv_temperature = tl.math.div_rn(1.0, temperature)  # rounded as torch's '/'
-        s_max = key_value(row_max(key_max_ptr, row, P, P_PAD)) * inv_temperature
-        cutoff = tl.where(min_p > 0.0, s_max + tl.log(min_p), float("-inf"))  # -inf: keeps all
+        src, inv_temperature, s_max, cutoff = _row_scale(logits_ptr, processed_ptr, row, processed, temperature,
+                                                         min_p, row_max(key_max_ptr, row, P, P_PAD), vocab_size)
         hist = tl.zeros([NB], tl.int32)
         total = tl.zeros([BLOCK], tl.int64)
         smallest = tl.full([BLOCK], _INT32_MAX, tl.int32)
@@ -125,24 +145,19 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
     finite = (top < _KEY_INF) & (top > _KEY_MINUS_INF)
     if filtered & finite:
         hist_row = hist_ptr + row * (2 * NB)
-        _, j_lo, j_hi, _, _, _, _ = plan_coarse(hist_row, part_total_ptr + row * P, top_k, top_p, NB, P, P_PAD)
+        _, j_lo, j_hi, _, _, _, _, _ = plan_coarse(hist_row, part_total_ptr + row * P, top_k, top_p, NB, P, P_PAD)
         if j_lo <= j_hi:
-            src = _row_source(logits_ptr, processed_ptr, row, processed, vocab_size)
-            inv_temperature = tl.math.div_rn(1.0, temperature)
-            s_max = key_value(top) * inv_temperature
-            cutoff = tl.where(min_p > 0.0, s_max + tl.log(min_p), float("-inf"))
+            src, inv_temperature, s_max, cutoff = _row_scale(logits_ptr, processed_ptr, row, processed, temperature,
+                                                             min_p, top, vocab_size)
             span = j_hi - j_lo + 1
             r = refinement(span, NB, LOG2_NB)
             fine = tl.zeros([NB], tl.int32)
             before = tl.zeros([BLOCK], tl.int64)
             for start in range(0, CHUNK, BLOCK):
                 offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-                x = canonical(tl.load(src + offs, mask=offs < vocab_size, other=float("-inf")))
-                kept = (offs < vocab_size) & (x * inv_temperature >= cutoff)
-                scaled = scaled_distance(x, inv_temperature, s_max, NB)
-                coarse = coarse_bucket(scaled, NB)
-                inside = kept & (coarse >= j_lo) & (coarse <= j_hi)
-                fine += tl.histogram(tl.where(inside, fine_bucket(scaled, r, j_lo, span), 0), NB, mask=inside)
+                x, kept, coarse, inside, sub = _classify(src, offs, inv_temperature, s_max, cutoff, j_lo, j_hi, r,
+                                                         span, vocab_size, NB)
+                fine += tl.histogram(tl.where(inside, sub, 0), NB, mask=inside)
                 if top_p < 1.0:
                     before += tl.where(kept & (coarse < j_lo), top_p_weight(x, inv_temperature, s_max), 0)
             tl.atomic_add(hist_row + NB + tl.arange(0, NB), fine, mask=fine != 0)
@@ -167,31 +182,25 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
     finite = (top < _KEY_INF) & (top > _KEY_MINUS_INF)
     if filtered & finite:
         hist_row = hist_ptr + row * (2 * NB)
-        _, j_lo, j_hi, num_above, _, num_kept, budget = plan_coarse(hist_row, part_total_ptr + row * P, top_k, top_p,
-                                                                    NB, P, P_PAD)
+        _, j_lo, j_hi, num_above, _, num_kept, total, budget = plan_coarse(hist_row, part_total_ptr + row * P, top_k,
+                                                                           top_p, NB, P, P_PAD)
         if j_lo <= j_hi:
             span = j_hi - j_lo + 1
             r = refinement(span, NB, LOG2_NB)
             mass_coarse = tl.load(sums_ptr + row * 2)
-            _, f_lo, f_hi, _, num_candidates = plan_fine(hist_row, j_lo, j_hi, r, num_above, mass_coarse, num_kept,
-                                                         top_k, top_p, budget, NB)
+            _, f_lo, f_hi, _, num_candidates = plan_fine(hist_row, j_lo, j_hi, r, num_above, mass_coarse, total,
+                                                         num_kept, top_k, top_p, budget, NB)
             if num_candidates <= CAND:  # else the resolve kernel searches the whole row
-                src = _row_source(logits_ptr, processed_ptr, row, processed, vocab_size)
-                inv_temperature = tl.math.div_rn(1.0, temperature)
-                s_max = key_value(top) * inv_temperature
-                cutoff = tl.where(min_p > 0.0, s_max + tl.log(min_p), float("-inf"))
+                src, inv_temperature, s_max, cutoff = _row_scale(logits_ptr, processed_ptr, row, processed,
+                                                                 temperature, min_p, top, vocab_size)
                 # Two passes over the chunk: count, reserve once, then copy (the second read hits L2). An
                 # atomic per block inside the loop put its round trip on every iteration's critical path.
                 before = tl.zeros([BLOCK], tl.int64)
                 num_inside = tl.zeros([BLOCK], tl.int32)
                 for start in range(0, CHUNK, BLOCK):
                     offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-                    x = canonical(tl.load(src + offs, mask=offs < vocab_size, other=float("-inf")))
-                    kept = (offs < vocab_size) & (x * inv_temperature >= cutoff)
-                    scaled = scaled_distance(x, inv_temperature, s_max, NB)
-                    coarse = coarse_bucket(scaled, NB)
-                    fine = fine_bucket(scaled, r, j_lo, span)
-                    in_range = kept & (coarse >= j_lo) & (coarse <= j_hi)
+                    x, kept, coarse, in_range, fine = _classify(src, offs, inv_temperature, s_max, cutoff, j_lo,
+                                                                j_hi, r, span, vocab_size, NB)
                     num_inside += (in_range & (fine >= f_lo) & (fine <= f_hi)).to(tl.int32)
                     if top_p < 1.0:
                         before += tl.where(in_range & (fine < f_lo), top_p_weight(x, inv_temperature, s_max), 0)
@@ -203,12 +212,9 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
                     base = tl.atomic_add(counter_ptr + row * 2, total_inside)
                     for start in range(0, CHUNK, BLOCK):
                         offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-                        x = canonical(tl.load(src + offs, mask=offs < vocab_size, other=float("-inf")))
-                        kept = (offs < vocab_size) & (x * inv_temperature >= cutoff)
-                        scaled = scaled_distance(x, inv_temperature, s_max, NB)
-                        coarse = coarse_bucket(scaled, NB)
-                        fine = fine_bucket(scaled, r, j_lo, span)
-                        inside = kept & (coarse >= j_lo) & (coarse <= j_hi) & (fine >= f_lo) & (fine <= f_hi)
+                        x, kept, coarse, in_range, fine = _classify(src, offs, inv_temperature, s_max, cutoff, j_lo,
+                                                                    j_hi, r, span, vocab_size, NB)
+                        inside = in_range & (fine >= f_lo) & (fine <= f_hi)
                         slot = base + tl.cumsum(inside.to(tl.int32), 0) - 1
                         tl.store(cand_ptr + row * CAND + slot, sortable_key(x), mask=inside & (slot < CAND))
                         base += tl.sum(inside.to(tl.int32), 0)
@@ -242,20 +248,23 @@ def _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor, 
 
 
 @triton.jit
-def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, slots_ptr, flags_ptr, temperature_ptr,
-                    top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, kept_min_ptr, part_total_ptr, hist_ptr, sums_ptr,
-                    cand_ptr, vocab_size: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr, P: tl.constexpr,
-                    P_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr):
-    """out[row] = sampling_ref.keep_thresholds; rows with no filter write -inf."""
+def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_ptr, slots_ptr, flags_ptr,
+                    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, kept_min_ptr, part_total_ptr,
+                    hist_ptr, sums_ptr, cand_ptr, vocab_size: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr,
+                    P: tl.constexpr, P_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """out[row] = sampling_ref.keep_thresholds; rows with no filter write -inf. fell_back[row]: 1 where the
+    row took the one-program search (the plan's candidates did not fit), else 0."""
     row = tl.program_id(0)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
     threshold = tl.full([], float("-inf"), tl.float32)
+    fell_back = tl.zeros([], tl.int32)
     if filtered:
         top = row_max(key_max_ptr, row, P, P_PAD)
         finite = (top < _KEY_INF) & (top > _KEY_MINUS_INF)
         hist_row = hist_ptr + row * (2 * NB)
-        top_k_active, j_lo, j_hi, num_above, num_candidates, num_kept, budget = plan_coarse(
+        top_k_active, j_lo, j_hi, num_above, num_candidates, num_kept, total, budget = plan_coarse(
             hist_row, part_total_ptr + row * P, top_k, top_p, NB, P, P_PAD)
         c = tl.arange(0, P_PAD)
         floor = tl.min(tl.load(kept_min_ptr + row * P + c, mask=c < P, other=_INT32_MAX), 0)  # smallest kept
@@ -264,7 +273,7 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, slots_ptr, 
             r = refinement(j_hi - j_lo + 1, NB, LOG2_NB)
             mass_coarse = tl.load(sums_ptr + row * 2)
             _, f_lo, f_hi, num_above, num_candidates = plan_fine(hist_row, j_lo, j_hi, r, num_above, mass_coarse,
-                                                                 num_kept, top_k, top_p, budget, NB)
+                                                                 total, num_kept, top_k, top_p, budget, NB)
             searched = ((num_candidates <= CAND) & (f_lo <= f_hi)).to(tl.int32)  # f_lo <= f_hi: the plan is sound
             if searched:
                 inv_temperature = tl.math.div_rn(1.0, temperature)
@@ -281,7 +290,9 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, slots_ptr, 
                                                           CAND)
         threshold = key_value(floor)
         if searched == 0:
+            fell_back = tl.full([], 1, tl.int32)
             src = _row_source(logits_ptr, processed_ptr, row, processed, vocab_size)
             threshold = search_threshold(src, scratch_ptr + row.to(tl.int64) * vocab_size, temperature, top_k, top_p,
                                          min_p, vocab_size, BLOCK)
     tl.store(out_ptr + row, threshold)
+    tl.store(fell_back_ptr + row, fell_back)

@@ -7,7 +7,8 @@ R sub-buckets per coarse bucket (R a power of two, R * span <= NB), so a fine bu
 Both levels compute the same bucket of a token from one f32 value, `scaled = d * U`: the coarse bucket is
 floor(scaled), the fine one floor(scaled * R) - J_lo * R (scaling by a power of two is exact), so the two
 always agree. A plan is sound whatever the widths: top_k uses exact counts, top_p lower and upper bounds of
-each bucket's weight; if a plan were ever unsound the resolve notices and searches the row instead.
+each bucket's weight, tightened through the row's exact total; if a plan were ever unsound the resolve notices
+and searches the row instead (and says so in its fallback flag: tests and the micro-bench count them).
 """
 from __future__ import annotations
 
@@ -46,35 +47,43 @@ def fine_bucket(scaled, r, j_lo, span):
 
 
 @triton.jit
-def budget_of(part_total_row, top_p, P: tl.constexpr, P_PAD: tl.constexpr):
-    """top_p's share of the row's exact fixed-point weight (sampling_ref's budget)."""
-    c = tl.arange(0, P_PAD)
-    total = tl.sum(tl.load(part_total_row + c, mask=c < P, other=0), 0)
-    return top_p.to(tl.float64) * total.to(tl.float64)
+def _weights(first, j, per_unit, open_bucket):
+    """Fixed-point weight bounds per token of bucket j: w_min at its far edge, w_max at its near edge
+    (1e-5: exp's error in f32, with room to spare; the open bucket reaches to weight 0)."""
+    jf = (first + j).to(tl.float64)
+    w_min = tl.where(j != open_bucket, tl.exp(-(jf + 1.0) / per_unit) * _TWO_32 * (1.0 - 1e-5) - 1.0, 0.0)
+    return tl.maximum(w_min, 0.0), tl.exp(-jf / per_unit) * _TWO_32 * (1.0 + 1e-5) + 1.0
 
 
 @triton.jit
-def plan_level(hist_row, first, per_unit, open_bucket, base_count, base_mass, num_kept, top_k, top_p, budget,
-               NB: tl.constexpr):
+def plan_level(hist_row, first, per_unit, open_bucket, base_count, base_mass, total, tail_lower, tail_upper, num_kept,
+               top_k, top_p, budget, NB: tl.constexpr):
     """The bucket range [j_lo, j_hi] of this level that holds the threshold, the kept tokens before it and in it.
 
     Bucket j covers d in [first + j, first + j + 1) / per_unit, except `open_bucket`, which reaches to infinity
-    (-1: none). Before bucket 0 lie base_count tokens of exact fixed-point weight base_mass. Every program of a
-    row computes the same plan from the same histogram."""
+    (-1: none). Before bucket 0 lie base_count tokens of exact fixed-point weight base_mass; after the last,
+    tokens of weight in [tail_lower, tail_upper]; the row's exact total is `total`. The weight before or through
+    a bucket is bounded from its side and, through the total, from the other side: the second bound is the
+    tight one near the end of the row, where a top_p close to 1 puts its threshold. Every program of a row
+    computes the same plan from the same histogram."""
     j = tl.arange(0, NB)
     counts = tl.load(hist_row + j)
     cumulative = tl.cumsum(counts, 0) + base_count
     top_k_active = (top_k > 0) & (top_k < num_kept)
     j_k = tl.sum((cumulative < top_k).to(tl.int32), 0)  # the first bucket that reaches k tokens
-    # Each bucket's weight per token lies in [w_min, w_max] (1e-5: exp's error in f32, with room to spare).
-    jf = (first + j).to(tl.float64)
-    w_min = tl.where(j != open_bucket, tl.exp(-(jf + 1.0) / per_unit) * _TWO_32 * (1.0 - 1e-5) - 1.0, 0.0)
-    w_min = tl.maximum(w_min, 0.0)
-    w_max_prev = tl.exp(-(jf - 1.0) / per_unit) * _TWO_32 * (1.0 + 1e-5) + 1.0
-    counts_prev = tl.load(hist_row + j - 1, mask=j > 0, other=0)
-    base = base_mass.to(tl.float64)
-    lower = (base + tl.cumsum(counts.to(tl.float64) * w_min, 0)) * (1.0 - 1e-9)  # weight through j, at least
-    upper_before = (base + tl.cumsum(counts_prev.to(tl.float64) * w_max_prev, 0)) * (1.0 + 1e-9)  # before j, at most
+    w_min, w_max = _weights(first, j, per_unit, open_bucket)
+    _, w_max_prev = _weights(first, j - 1, per_unit, open_bucket)
+    counts_prev = tl.load(hist_row + j - 1, mask=j > 0, other=0).to(tl.float64)
+    counts_next = tl.load(hist_row + j + 1, mask=j < NB - 1, other=0).to(tl.float64)
+    _, w_max_next = _weights(first, j + 1, per_unit, open_bucket)
+    base, whole = base_mass.to(tl.float64), total.to(tl.float64)
+    # (1 -+ 1e-9): the f64 sums' rounding, with room to spare; the sums of positive terms run from their side.
+    lower_through = (base + tl.cumsum(counts.to(tl.float64) * w_min, 0)) * (1.0 - 1e-9)
+    upper_after = (tl.cumsum(counts_next * w_max_next, 0, reverse=True) + tail_upper) * (1.0 + 1e-9)
+    lower = tl.maximum(lower_through, (whole - upper_after) * (1.0 - 1e-9))  # weight through j, at least
+    upper_before = (base + tl.cumsum(counts_prev * w_max_prev, 0)) * (1.0 + 1e-9)
+    lower_from = (tl.cumsum(counts.to(tl.float64) * w_min, 0, reverse=True) + tail_lower) * (1.0 - 1e-9)
+    upper_before = tl.minimum(upper_before, (whole - lower_from) * (1.0 + 1e-9))  # weight before j, at most
     # top_p: the range from the last bucket with not all of the budget before it to the first with all of it
     # (with top_k too, top_p's total is over the top_k set: take all of it); top_k alone: its k-th token's
     # bucket; min_p alone (or a top_k that keeps everything): no candidates, the smallest kept token.
@@ -90,22 +99,31 @@ def plan_level(hist_row, first, per_unit, open_bucket, base_count, base_mass, nu
 @triton.jit
 def plan_coarse(hist_row, part_total_row, top_k, top_p, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr):
     """Level 1 over the row's coarse histogram: (top_k_active, j_lo, j_hi, num_above, num_candidates, num_kept,
-    budget)."""
+    total, budget)."""
     num_kept = tl.sum(tl.load(hist_row + tl.arange(0, NB)), 0)
-    budget = budget_of(part_total_row, top_p, P, P_PAD)
+    c = tl.arange(0, P_PAD)
+    total = tl.sum(tl.load(part_total_row + c, mask=c < P, other=0), 0)
+    budget = top_p.to(tl.float64) * total.to(tl.float64)  # sampling_ref's budget
+    zero = tl.zeros([], tl.float64)
     top_k_active, j_lo, j_hi, num_above, num_candidates = plan_level(
-        hist_row, 0, NB / 32.0, NB - 1, 0, tl.zeros([], tl.int64), num_kept, top_k, top_p, budget, NB)
-    return top_k_active, j_lo, j_hi, num_above, num_candidates, num_kept, budget
+        hist_row, 0, NB / 32.0, NB - 1, 0, tl.zeros([], tl.int64), total, zero, zero, num_kept, top_k, top_p,
+        budget, NB)
+    return top_k_active, j_lo, j_hi, num_above, num_candidates, num_kept, total, budget
 
 
 @triton.jit
-def plan_fine(hist_row, j_lo, j_hi, r, num_above, mass_above, num_kept, top_k, top_p, budget, NB: tl.constexpr):
+def plan_fine(hist_row, j_lo, j_hi, r, num_above, mass_above, total, num_kept, top_k, top_p, budget,
+              NB: tl.constexpr):
     """Level 2 over the fine histogram (stored after the coarse one) of the coarse range [j_lo, j_hi]:
-    num_above / mass_above are the coarse level's kept tokens before j_lo and their exact weight."""
+    num_above / mass_above are the coarse level's kept tokens before j_lo and their exact weight; the coarse
+    buckets after j_hi bound the weight after the range."""
+    j = tl.arange(0, NB)
+    after = tl.where(j > j_hi, tl.load(hist_row + j), 0).to(tl.float64)
+    w_min, w_max = _weights(0, j, NB / 32.0, NB - 1)
     span = j_hi - j_lo + 1
     open_bucket = tl.where(j_hi == NB - 1, span * r - 1, -1)
     return plan_level(hist_row + NB, j_lo * r, (NB / 32.0) * r.to(tl.float64), open_bucket, num_above, mass_above,
-                      num_kept, top_k, top_p, budget, NB)
+                      total, tl.sum(after * w_min, 0), tl.sum(after * w_max, 0), num_kept, top_k, top_p, budget, NB)
 
 
 def log2_buckets(num_buckets: int) -> int:

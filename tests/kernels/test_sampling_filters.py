@@ -100,16 +100,22 @@ def tricky_rows(num_rows: int, vocab: int, seed: int) -> torch.Tensor:
     return torch.stack([kinds[i % len(kinds)]() for i in range(num_rows)])
 
 
-def test_triton_thresholds_equal_the_sort_definition_on_many_rows():
-    vocab = 300
+def filter_batch(seed: int, vocab: int = 300):
+    """Every kind of tricky row under every filter: (logits, slots, state)."""
     state = SamplingState(len(FILTER_PARAMS), vocab, "cpu")
     for slot, params in enumerate(FILTER_PARAMS):
         state.set_slot(slot, params, seed=slot, prompt_ids=[])
     rows = 6 * len(FILTER_PARAMS)
-    logits = tricky_rows(rows, vocab, seed=11)
-    slots = (torch.arange(rows, dtype=torch.int32) // 6)  # every kind of row under every filter
+    return tricky_rows(rows, vocab, seed=seed), (torch.arange(rows, dtype=torch.int32) // 6), state
+
+
+def test_triton_thresholds_equal_the_sort_definition_on_many_rows():
+    logits, slots, state = filter_batch(seed=11)
+    rows = len(slots)
     expected = keep_thresholds(logits, slots, state)
-    assert torch.equal(keep_thresholds_triton(logits, slots, state), expected)
+    fell_back = torch.full((rows,), -1, dtype=torch.int32)
+    assert torch.equal(keep_thresholds_triton(logits, slots, state, fell_back=fell_back), expected)
+    assert fell_back.sum() == 0  # the bucket plans resolved every row: none needed the one-program search
     assert (expected > float("-inf")).sum() > rows // 2  # most rows really were filtered
     # The threshold is an element of its row, or -inf (no filter, or a greedy row).
     for row in range(rows):
@@ -147,12 +153,31 @@ def test_top_logprobs_order_ties_by_token_id(k):
 def test_thresholds_do_not_depend_on_the_bucket_count(num_buckets):
     """The bucket count only trades the histogram's cost against candidates per bucket: coarse buckets put
     many tokens in the threshold's range (and ties, -inf, constant rows) and must still give the definition."""
-    vocab = 300
-    state = SamplingState(len(FILTER_PARAMS), vocab, "cpu")
-    for slot, params in enumerate(FILTER_PARAMS):
-        state.set_slot(slot, params, seed=slot, prompt_ids=[])
-    rows = 6 * len(FILTER_PARAMS)
-    logits = tricky_rows(rows, vocab, seed=12)
-    slots = (torch.arange(rows, dtype=torch.int32) // 6)
+    logits, slots, state = filter_batch(seed=12)
     expected = keep_thresholds(logits, slots, state)
-    assert torch.equal(keep_thresholds_triton(logits, slots, state, num_buckets=num_buckets), expected)
+    fell_back = torch.full((len(slots),), -1, dtype=torch.int32)
+    assert torch.equal(keep_thresholds_triton(logits, slots, state, num_buckets=num_buckets, fell_back=fell_back),
+                       expected)
+    assert fell_back.sum() == 0
+
+
+def test_wide_thresholds_resolve_without_the_row_search():
+    """Thresholds far from the row's top: a top_p of 0.99 at temperature 1.5 (its boundary deep in the tail, where
+    per-bucket weight bounds alone never reach 99% of the total: the plan bounds the tail through the exact
+    total), flat rows whose top_p range is dense, a large top_k. All exact, and none takes the search."""
+    vocab = 20000
+    params = [SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=1.5, top_p=0.99),
+              SamplingParams(temperature=0.8, top_k=3000), SamplingParams(temperature=0.8, top_k=50, top_p=0.95)]
+    state = SamplingState(len(params), vocab, "cpu")
+    for slot, p in enumerate(params):
+        state.set_slot(slot, p, seed=slot, prompt_ids=[])
+    gen = torch.Generator().manual_seed(5)
+    flat = torch.randn(len(params), vocab, generator=gen)
+    peaked = torch.randn(len(params), vocab, generator=gen) * 2.5
+    peaked.scatter_add_(1, torch.randint(0, vocab, (len(params), 8), generator=gen), torch.full((len(params), 8), 9.0))
+    logits = torch.cat([flat, peaked]).bfloat16().float()
+    slots = torch.arange(2 * len(params), dtype=torch.int32) % len(params)
+    fell_back = torch.full((len(slots),), -1, dtype=torch.int32)
+    assert torch.equal(keep_thresholds_triton(logits, slots, state, fell_back=fell_back),
+                       keep_thresholds(logits, slots, state))
+    assert fell_back.tolist() == [0] * len(slots)
