@@ -146,7 +146,10 @@ def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers:
 
     widest, longest = max(t for t, _ in chunks), max(t + c for t, c in chunks)
     graphs = all(c > 0 for _, c in chunks) and widest <= EngineArgs.max_num_batched_tokens
-    args = EngineArgs(model=preset, dtype="bfloat16", device="cuda", max_num_seqs=1,
+    # A graph-replayed chunk runs in the server's bucket: (128, 64) for a 100-token chunk, whose padding rows
+    # shape the attention launch (perf.md, 2026-12-01 session 8: a (128, 1) bucket hid a 1.5x slower one).
+    args = EngineArgs(model=preset, dtype="bfloat16", device="cuda",
+                      max_num_seqs=EngineArgs.max_num_seqs if graphs else 1,
                       max_num_batched_tokens=EngineArgs.max_num_batched_tokens if graphs else widest,
                       num_kv_blocks=-(-(longest + 16) // 16) + 1, max_model_len=longest + 16)
     m = LoadedModel.load(args, num_layers=layers)
@@ -175,11 +178,11 @@ def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers:
         floor = shape.prefill_floor_s(tokens, context) * 1e3
         rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "prefill_tokens": tokens,
                      "context": context, "graph": graphs,
-                     "bucket": bucket[0], "ms": round(ms, 3), "floor_ms": round(floor, 3),
+                     "bucket": bucket[0], "bucket_rows": bucket[1], "ms": round(ms, 3), "floor_ms": round(floor, 3),
                      "gemm_floor_ms": round(gemm / GEMM_RATE * 1e3, 3),
                      "attention_floor_ms": round(attention / GEMM_RATE * 1e3, 3), "ratio": round(ms / floor, 3)})
         print(f"{preset:12s} layers={m.cfg.num_hidden_layers:3d} prefill T={tokens:6d} after C={context:6d} "
-              f"(bucket {bucket[0]:6d}, {'graph' if graphs else 'eager'}): "
+              f"(bucket {bucket[0]:6d} x {bucket[1]:3d}, {'graph' if graphs else 'eager'}): "
               f"{ms:9.3f} ms  floor {floor:9.3f} ms (GEMM {gemm / GEMM_RATE * 1e3:.3f} + attention "
               f"{attention / GEMM_RATE * 1e3:.3f})  ratio {ms / floor:5.2f}", flush=True)
     del runner, m

@@ -208,7 +208,7 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     # Tiles with work, in the composition that needs the splits most: a decode bucket's rows may each be
     # a sequence (one tile per token); a bucket that carries a chunk may hold that one chunk, whose tiles are
     # all the work (its padding tiles exit at once). Counting those padding tiles left (128, 64) unsplit:
-    # a 100-token prefix hit then ran 56 programs over 2,100 keys each, 82 us per layer against 40 split
+    # a 100-token prefix hit then ran 56 programs over 2,100 keys each, 82 us per layer; split 8 ways, 58
     # (perf.md, 2026-12-01 session 8).
     working = min(num_tiles, num_tokens) if decode_heavy else max(1, num_tokens // block_q)
     if num_splits is None:

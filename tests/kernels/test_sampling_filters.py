@@ -181,3 +181,20 @@ def test_wide_thresholds_resolve_without_the_row_search():
     assert torch.equal(keep_thresholds_triton(logits, slots, state, fell_back=fell_back),
                        keep_thresholds(logits, slots, state))
     assert fell_back.tolist() == [0] * len(slots)
+
+
+def test_a_real_vocabulary_resolves_flat_and_peaked_rows_without_the_row_search():
+    """Llama-3's 128,256 tokens (63 chunks, 4,096 candidates per row): a flat row, where one coarse level of
+    1,024 buckets overflowed the candidates on the H200 (perf.md, 2026-12-01 session 8), and a peaked one."""
+    vocab = 128256
+    state = SamplingState(1, vocab, "cpu")
+    state.set_slot(0, SamplingParams(temperature=0.8, top_p=0.9), seed=0, prompt_ids=[])
+    gen = torch.Generator().manual_seed(7)
+    peaked = torch.randn(vocab, generator=gen) * 2.5
+    peaked[torch.randint(0, vocab, (8,), generator=gen)] += 9.0
+    logits = torch.stack([torch.randn(vocab, generator=gen), peaked]).bfloat16().float()
+    slots = torch.zeros(2, dtype=torch.int32)
+    fell_back = torch.full((2,), -1, dtype=torch.int32)
+    assert torch.equal(keep_thresholds_triton(logits, slots, state, fell_back=fell_back),
+                       keep_thresholds(logits, slots, state))
+    assert fell_back.tolist() == [0, 0]
