@@ -31,8 +31,11 @@ def bootstrap_interval(values: Sequence[float], statistic: Callable[[np.ndarray]
     if x.size == 0:
         return None
     rng = np.random.default_rng(seed)
-    draws = rng.integers(0, x.size, size=(resamples, x.size))
-    stats = np.apply_along_axis(statistic, 1, x[draws])
+    samples = x[rng.integers(0, x.size, size=(resamples, x.size))]
+    try:  # numpy's reductions take an axis: one call over every resample (apply_along_axis took 10 s a report)
+        stats = np.asarray(statistic(samples, axis=1))
+    except TypeError:
+        stats = np.apply_along_axis(statistic, 1, samples)
     tail = (1.0 - level) / 2.0 * 100.0
     low, high = np.percentile(stats, [tail, 100.0 - tail])
     return float(low), float(high)
@@ -62,9 +65,9 @@ def pooled_percentile(groups: Sequence[Sequence[float]], q: float, resamples: in
         return {"n": 0, "value": None, "ci_low": None, "ci_high": None}
     pooled = np.concatenate(arrays)
     rng = np.random.default_rng(seed)
-    stats = np.empty(resamples)
-    for i in range(resamples):
-        stats[i] = np.percentile(np.concatenate([a[rng.integers(0, a.size, a.size)] for a in arrays]), q)
+    # Resample every group at once ([resamples, group size] each), then one percentile per pooled row.
+    draws = np.concatenate([a[rng.integers(0, a.size, size=(resamples, a.size))] for a in arrays], axis=1)
+    stats = np.percentile(draws, q, axis=1)
     tail = (1.0 - level) / 2.0 * 100.0
     low, high = np.percentile(stats, [tail, 100.0 - tail])
     return {"n": int(pooled.size), "value": float(np.percentile(pooled, q)), "ci_low": float(low),
