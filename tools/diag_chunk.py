@@ -12,26 +12,8 @@ import sys
 
 import torch
 
-from blink.bench.step import graph_replay_ms
+from blink.bench.step import chunks_plan, graph_replay_ms
 from blink.config import EngineArgs
-
-
-def _plan(chunks_spec, block_size=16):
-    """[(tokens, context), ...] -> a plan; each sequence gets blocks of its own."""
-    from blink.core.outputs import ScheduledChunk, SchedulerOutput
-    from blink.core.sequence import SeqStatus, Sequence
-    from blink.request import SamplingParams
-
-    chunks, next_block = [], 0
-    for i, (tokens, context) in enumerate(chunks_spec):
-        total = context + tokens
-        seq = Sequence(i, [1 + (i * 7 + j) % 1000 for j in range(total)], SamplingParams(temperature=0), seed=i,
-                       arrival=i, num_computed=context, slot=i, status=SeqStatus.RUNNING)
-        blocks = -(-(total + 1) // block_size)
-        seq.block_ids = list(range(next_block, next_block + blocks))
-        next_block += blocks
-        chunks.append(ScheduledChunk(seq, context, tokens))
-    return SchedulerOutput(chunks, [])
 
 
 def _top_kernels(prof, steps, n=22):
@@ -57,7 +39,7 @@ def chunk(name="llama3-8b"):
         m = LoadedModel.load(args)
         runner = ModelRunner.for_model(m, use_graphs=True)
         for label, spec in plans.items():
-            plan = _plan(spec)
+            plan = chunks_plan(spec, 16)
             bucket = runner.bucket_for(sum(t for t, _ in spec), len(spec))
             runner.prepare(plan, runner.buffers, bucket)
             ms = graph_replay_ms(runner.graphs[bucket], 50)

@@ -124,17 +124,23 @@ def parse_prefill(spec: str) -> list[tuple[int, int]]:
     return out
 
 
-def prefill_plan(tokens: int, block_size: int, context: int = 0):
-    """One sequence whose `tokens` prompt tokens after `context` cached ones run in one step (the cached
-    blocks hold whatever the pool holds: the timing does not depend on their values)."""
+def chunks_plan(chunks: list[tuple[int, int]], block_size: int):
+    """One sequence per (tokens, context): its `tokens` prompt tokens after `context` cached ones run in one
+    step, each sequence in blocks of its own (the cached blocks hold whatever the pool holds: the timing does
+    not depend on their values). A (1, C) entry is a decode-shaped row."""
     from blink.core.outputs import ScheduledChunk, SchedulerOutput
     from blink.core.sequence import SeqStatus, Sequence
 
-    total = context + tokens
-    seq = Sequence(0, [1 + (j * 7) % 1000 for j in range(total)], SamplingParams(temperature=0), seed=0,
-                   arrival=0, num_computed=context, slot=0, status=SeqStatus.RUNNING)
-    seq.block_ids = list(range(-(-(total + 1) // block_size)))
-    return SchedulerOutput([ScheduledChunk(seq, context, tokens)], [])
+    scheduled, next_block = [], 0
+    for i, (tokens, context) in enumerate(chunks):
+        total = context + tokens
+        seq = Sequence(i, [1 + ((i + j) * 7) % 1000 for j in range(total)], SamplingParams(temperature=0), seed=i,
+                       arrival=i, num_computed=context, slot=i, status=SeqStatus.RUNNING)
+        blocks = -(-(total + 1) // block_size)
+        seq.block_ids = list(range(next_block, next_block + blocks))
+        next_block += blocks
+        scheduled.append(ScheduledChunk(seq, context, tokens))
+    return SchedulerOutput(scheduled, [])
 
 
 def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers: int | None) -> list[dict]:
@@ -161,7 +167,7 @@ def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for tokens, context in chunks:
         bucket = runner.bucket_for(tokens, 1)
-        runner.prepare(prefill_plan(tokens, 16, context), runner.buffers, bucket)
+        runner.prepare(chunks_plan([(tokens, context)], 16), runner.buffers, bucket)
         if graphs:
             ms = graph_replay_ms(runner.graphs[bucket], iters)
         else:

@@ -75,6 +75,13 @@ def row_max(key_max_ptr, row, P: tl.constexpr, P_PAD: tl.constexpr):
 
 
 @triton.jit
+def _row_top(key_max_ptr, row, P: tl.constexpr, P_PAD: tl.constexpr):
+    """The row's largest key and whether it is finite (a row of -inf or with +inf/NaN has no bucket plan)."""
+    top = row_max(key_max_ptr, row, P, P_PAD)
+    return top, (top < _KEY_INF) & (top > _KEY_MINUS_INF)
+
+
+@triton.jit
 def _row_source(logits_ptr, processed_ptr, row, processed, vocab_size: tl.constexpr):
     src = logits_ptr + row.to(tl.int64) * vocab_size
     if processed:  # penalized or biased: the penalties kernel wrote this row
@@ -141,8 +148,7 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
-    top = row_max(key_max_ptr, row, P, P_PAD)
-    finite = (top < _KEY_INF) & (top > _KEY_MINUS_INF)
+    top, finite = _row_top(key_max_ptr, row, P, P_PAD)
     if filtered & finite:
         hist_row = hist_ptr + row * (2 * NB)
         _, j_lo, j_hi, _, _, _, _, _ = plan_coarse(hist_row, part_total_ptr + row * P, top_k, top_p, NB, P, P_PAD)
@@ -178,8 +184,7 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
-    top = row_max(key_max_ptr, row, P, P_PAD)
-    finite = (top < _KEY_INF) & (top > _KEY_MINUS_INF)
+    top, finite = _row_top(key_max_ptr, row, P, P_PAD)
     if filtered & finite:
         hist_row = hist_ptr + row * (2 * NB)
         _, j_lo, j_hi, num_above, _, num_kept, total, budget = plan_coarse(hist_row, part_total_ptr + row * P, top_k,
@@ -261,8 +266,7 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_p
     threshold = tl.full([], float("-inf"), tl.float32)
     fell_back = tl.zeros([], tl.int32)
     if filtered:
-        top = row_max(key_max_ptr, row, P, P_PAD)
-        finite = (top < _KEY_INF) & (top > _KEY_MINUS_INF)
+        top, finite = _row_top(key_max_ptr, row, P, P_PAD)
         hist_row = hist_ptr + row * (2 * NB)
         top_k_active, j_lo, j_hi, num_above, num_candidates, num_kept, total, budget = plan_coarse(
             hist_row, part_total_ptr + row * P, top_k, top_p, NB, P, P_PAD)
