@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
+import shlex
 import signal
 
 from rich.console import Console
@@ -101,6 +103,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                        help="put the attackers in a cgroup of this cpu.weight (v2; v1 cpu.shares scaled)")
     knobs.add_argument("--frontend-reserved-cpus", default=None,
                        help="pin the front end here and keep every attacker off these cores")
+    knobs.add_argument("--frontend-nice", type=int, default=None,
+                       help="start blink serve's front end at this niceness (`blink serve --frontend-nice`)")
     serve = p.add_argument_group("blink serve")
     serve.add_argument("--dtype", default=None)
     serve.add_argument("--max-model-len", type=int, default=None)
@@ -138,12 +142,17 @@ def apply_matrix(args: argparse.Namespace) -> None:
                                                                   args.saturation_rate))
 
 
-def variant_of(knobs: AttackerKnobs, reserved: list[int] | None) -> str:
-    """A short tag of the non-default knobs, part of a point's identity (a knob is a condition)."""
+def variant_of(knobs: AttackerKnobs, reserved: list[int] | None, frontend_nice: int | None = None,
+               serve_args: str = "") -> str:
+    """A short tag of the non-default knobs, part of a point's identity (a knob is a condition). Extra
+    `blink serve` flags are one too: a point served with other flags must not merge with the plain one."""
     parts = [f"nice{knobs.nice}"] if knobs.nice else []
     parts += [knobs.policy] if knobs.policy else []
     parts += [f"w{knobs.cpu_weight}"] if knobs.cpu_weight else []
     parts += ["fe" + ",".join(map(str, reserved))] if reserved else []
+    parts += [f"fenice{frontend_nice}"] if frontend_nice is not None else []
+    flags = " ".join(word.removeprefix("--") for word in shlex.split(serve_args))
+    parts += ["serve_" + re.sub(r"[^A-Za-z0-9.,=+-]+", "_", flags)] if flags else []
     return "-".join(parts)
 
 
@@ -176,7 +185,8 @@ def run_sweeps(args: argparse.Namespace, console: Console) -> int:
                                              for layout in layouts}
     modes = list(next(iter(by_name.values())))
     specs = points(layouts, modes, parse_names(args.attack_kinds), parse_floats(args.attack_levels), rates)
-    variant = variant_of(knobs, optional_cpu_list(args.frontend_reserved_cpus))
+    variant = variant_of(knobs, optional_cpu_list(args.frontend_reserved_cpus), args.frontend_nice,
+                         args.serve_args)
     repeats = plan(specs, args.repeats or 1, args.order, args.plan_seed, args.first_repeat)
     if args.resume:
         repeats = without_done(repeats, args.result_dir, variant)

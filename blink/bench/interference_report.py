@@ -165,7 +165,10 @@ def runs_section(runs: list[dict]) -> str:
     for run in runs:
         plan = run.get("plan", [])
         idle = (run.get("gpu_idle_power_before_sweep") or {}).get("mean_w")
-        knobs = ", ".join(f"{k}={v}" for k, v in (run.get("knobs") or {}).items() if v is not None) or "-"
+        knobs = dict(run.get("knobs") or {})
+        given = run.get("args") or {}
+        knobs.update(frontend_nice=given.get("frontend_nice"), serve_args=given.get("serve_args") or None)
+        knobs = ", ".join(f"{k}={v}" for k, v in knobs.items() if v is not None) or "-"
         lines.append(f"| {run['run_id']} | {','.join(str(r['repeat']) for r in plan)} | {knobs} | "
                      f"{run.get('cgroup_support', '-')} | {'-' if idle is None else f'{idle:.1f}'} |")
     return "\n".join(lines) + "\n"

@@ -74,6 +74,11 @@ def parse_named(items: list[str]) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
 
+def frontend_nice_args(args: argparse.Namespace) -> tuple[str, ...]:
+    nice = getattr(args, "frontend_nice", None)
+    return () if nice is None else ("--frontend-nice", str(nice))
+
+
 def targets(args: argparse.Namespace, where: Placement) -> list[Target]:
     found = []
     for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
@@ -83,7 +88,7 @@ def targets(args: argparse.Namespace, where: Placement) -> list[Target]:
             max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager,
             host=args.host, port=args.port, frontend_cpus=format_cpu_list(where.frontend_cpus) or None,
             engine_cpus=format_cpu_list(where.engine_cpus) or None,
-            extra_args=tuple(shlex.split(args.serve_args)))
+            extra_args=tuple(shlex.split(args.serve_args)) + frontend_nice_args(args))
         found.append(Target(name=mode, serve=spec))
     pids = parse_named(args.extra_engine_pid)
     for name, url in parse_named(args.extra_base_url).items():

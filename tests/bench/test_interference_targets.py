@@ -4,7 +4,7 @@ import argparse
 import pytest
 
 from blink.bench import interference
-from blink.bench.interference_targets import placement
+from blink.bench.interference_targets import placement, targets
 from blink.bench.sched_knobs import AttackerKnobs
 
 ALL = list(range(16))
@@ -54,6 +54,19 @@ def test_variant_names_only_the_knobs_set():
     assert interference.variant_of(AttackerKnobs(), None) == ""
     assert interference.variant_of(AttackerKnobs(nice=19, policy="batch", cpu_weight=10), [0, 1]) == \
         "nice19-batch-w10-fe0,1"
+
+
+def test_front_end_niceness_and_serve_flags_are_conditions():
+    """A point served with other flags (the front end's niceness among them) never merges with the plain one."""
+    assert interference.variant_of(AttackerKnobs(), None, frontend_nice=-10) == "fenice-10"
+    assert interference.variant_of(AttackerKnobs(), None, frontend_nice=0) == "fenice0"
+    assert interference.variant_of(AttackerKnobs(), None, serve_args="--max-num-seqs 64 --x 'a b'") == \
+        "serve_max-num-seqs_64_x_a_b"
+    assert interference.variant_of(AttackerKnobs(), None, serve_args="--frontend-nice -10") == \
+        "serve_frontend-nice_-10"  # a value's sign is kept: nice -10 is not nice 10
+    spec = targets(args("--modes", "device", "--frontend-nice", "-10", "--serve-args", "--max-num-seqs 8"),
+                   placement("shared", args(), ALL))[0].serve
+    assert spec.extra_args == ("--max-num-seqs", "8", "--frontend-nice", "-10")
 
 
 def test_priority1_matrix_sets_the_sweep_and_the_workload():

@@ -101,3 +101,13 @@ def test_mode_ratios_set_host_over_device_beside_the_paper(tmp_path):
     assert "| split | isolated | 8 | 4.00 [4.00, 4.00] | 1.00 [1.00, 1.00] | 2.00 [2.00, 2.00] | " \
            "-0.500 [-0.500, -0.500] |" in text
     assert "_repeats" not in (tmp_path / "summary.json").read_text()
+
+
+def test_runs_table_names_the_front_end_niceness_and_serve_flags():
+    from blink.bench.interference_report import runs_section
+    plain = {"run_id": "a", "plan": [{"repeat": 0}], "knobs": {"nice": None}, "args": {"serve_args": ""}}
+    niced = {"run_id": "b", "plan": [{"repeat": 1}], "knobs": {"nice": 19},
+             "args": {"frontend_nice": -10, "serve_args": "--max-num-seqs 8"}}
+    table = runs_section([plain, niced]).splitlines()
+    assert "| a | 0 | - |" in table[4]
+    assert "nice=19, frontend_nice=-10, serve_args=--max-num-seqs 8" in table[5]
