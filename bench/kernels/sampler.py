@@ -1,7 +1,7 @@
 """GPU micro-benchmark of the sampler: one captured sample() per scenario and batch size, new vs old.
 
     python -m bench.kernels.sampler [--sizes 1 8 32 128] [--scenarios top_p,min_p] [--no-old] [--no-check]
-                                    [--buckets 4096,512]
+                                    [--buckets 4096,512] [--programs 256,1024]
 
 Each (scenario, S) runs sample() at V = 128256 captured in a CUDA graph, as the engine runs it, timed
 with triton.testing.do_bench (median, L2 flushed before each replay). "old" is the sampler of git e896288
@@ -10,8 +10,9 @@ same inputs. The mismatch column compares the new GPU result with the CPU refere
 tokens, thresholds and rows of top-logprob ids that differ (expected 0; a rare 1 would come from exp/log
 differing by an ulp between the GPU and the CPU), then after "/" the rows that took the one-program search.
 max_top_logprobs is 20 in every call, as in the engine.
---buckets: one "new" column per threshold bucket count (sampling_bucket.NUM_BUCKETS is the engine's), each
-with its own mismatch count; the speedup is the first column's.
+--buckets / --programs: one "new" column per threshold bucket count (sampling_bucket.NUM_BUCKETS is the
+engine's) and programs per multi-program kernel (sampling.PROGRAMS; fewer where a chunk would go below 2k
+tokens), each with its own mismatch count; the speedup is the first column's.
 """
 from __future__ import annotations
 
@@ -83,15 +84,16 @@ def time_graph(fn) -> float:
     return triton.testing.do_bench(graph.replay, return_mode="median") * 1000
 
 
-def mismatches(logits, slots, positions, state, cpu_state, num_buckets) -> str:
+def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs) -> str:
     """Tokens, thresholds and top-logprob rows where the GPU and the CPU reference differ, and "/" the rows whose
     threshold took the one-program search (the bucket plan's candidates did not fit)."""
-    got = sampling.sample_triton(logits, slots, positions, state, MAX_TOP_LOGPROBS, num_buckets)
+    got = sampling.sample_triton(logits, slots, positions, state, MAX_TOP_LOGPROBS, num_buckets, programs)
     cpu = [t.cpu() for t in (logits, slots, positions)]
     ref = sampling.sample_ref(*cpu, cpu_state, MAX_TOP_LOGPROBS)
     penalized = sampling.apply_penalties_ref(cpu[0], cpu[1], cpu_state)
     fell_back = torch.zeros(len(slots), dtype=torch.int32, device=logits.device)
-    threshold = sampling.keep_thresholds_triton(penalized.cuda(), slots, state, num_buckets, fell_back).cpu()
+    threshold = sampling.keep_thresholds_triton(penalized.cuda(), slots, state, num_buckets, fell_back,
+                                                programs).cpu()
     bad = int((got.token_ids.cpu() != ref.token_ids).sum()
               + (threshold != sampling.keep_thresholds(penalized, cpu[1], cpu_state)).sum()
               + (got.top_ids.cpu() != ref.top_ids).any(dim=1).sum())
@@ -103,12 +105,14 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--buckets", default=str(NUM_BUCKETS), help="comma-separated bucket counts to time")
+    parser.add_argument("--programs", default=str(sampling.PROGRAMS),
+                        help="comma-separated programs per multi-program kernel to time")
     parser.add_argument("--no-old", action="store_true", help="skip the old sampler's column")
     parser.add_argument("--no-check", action="store_true", help="skip the CPU-reference comparison")
     args = parser.parse_args()
-    buckets = [int(b) for b in args.buckets.split(",")]
+    columns = [(int(b), int(p)) for b in args.buckets.split(",") for p in args.programs.split(",")]
     print(f"V={VOCAB}, {torch.cuda.get_device_name()}, old = git e896288 (bench/kernels/sampling_old.py)")
-    print(f"{'scenario':<13}{'S':>5}" + "".join(f"{f'nb={nb} us':>12}{'bad/fb':>7}" for nb in buckets)
+    print(f"{'scenario':<13}{'S':>5}" + "".join(f"{f'nb={nb} p={p} us':>16}{'bad/fb':>7}" for nb, p in columns)
           + f"{'old us':>10}{'speedup':>9}")
     for name in args.scenarios.split(","):
         for num_rows in args.sizes:
@@ -116,11 +120,11 @@ def main() -> None:
             state = to_cuda(cpu_state)
             gpu = (logits.cuda(), slots.cuda(), positions.cuda())
             cells, first_us = "", None
-            for nb in buckets:
-                us = time_graph(lambda: sampling.sample_triton(*gpu, state, MAX_TOP_LOGPROBS, nb))  # noqa: B023
+            for nb, p in columns:
+                us = time_graph(lambda: sampling.sample_triton(*gpu, state, MAX_TOP_LOGPROBS, nb, p))  # noqa: B023
                 first_us = first_us or us
-                bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb)
-                cells += f"{us:>12.1f}{bad:>7}"
+                bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb, p)
+                cells += f"{us:>16.1f}{bad:>7}"
             old_us = (float("nan") if args.no_old else
                       time_graph(lambda: sampling_old.sample(*gpu, state, MAX_TOP_LOGPROBS)))  # noqa: B023
             print(f"{name:<13}{num_rows:>5}{cells}{old_us:>10.1f}{old_us / first_us:>9.2f}", flush=True)

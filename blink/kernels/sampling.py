@@ -151,10 +151,15 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
 
 
 # ---- launches -------------------------------------------------------------------------------------
-def _chunk_size(num_rows: int, vocab_size: int) -> int:
-    """Vocabulary per multi-program kernel: about 256 programs in all, 2k..32k tokens each."""
+# Programs per multi-program kernel (all rows together), where the 2k-token smallest chunk allows: a parameter
+# so the micro-bench can weigh more, shorter programs (latency hidden) against each program's fixed scans.
+PROGRAMS = 256
+
+
+def _chunk_size(num_rows: int, vocab_size: int, programs: int = PROGRAMS) -> int:
+    """Vocabulary per multi-program kernel: about `programs` programs in all, 2k..32k tokens each."""
     smallest = max(16, min(2048, triton.next_power_of_2(vocab_size) // 4))
-    wanted = triton.next_power_of_2(triton.cdiv(vocab_size, max(1, 256 // num_rows)))
+    wanted = triton.next_power_of_2(triton.cdiv(vocab_size, max(1, programs // num_rows)))
     return max(smallest, min(32768, wanted))
 
 
@@ -166,11 +171,11 @@ def _row_block(vocab_size: int) -> int:
 class _Plan:
     """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
 
-    def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS):
+    def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int = PROGRAMS):
         num_rows, vocab_size = logits.shape
         self.num_buckets, self.log2_buckets = num_buckets, log2_buckets(num_buckets)
         device = logits.device
-        self.chunk = _chunk_size(num_rows, vocab_size)
+        self.chunk = _chunk_size(num_rows, vocab_size, programs)
         self.num_chunks = triton.cdiv(vocab_size, self.chunk)
         self.chunks_pad = triton.next_power_of_2(self.num_chunks)
         self.block = min(self.chunk, 1024)
@@ -255,10 +260,11 @@ def apply_penalties_triton(logits: torch.Tensor, slots: torch.Tensor, state: Sam
 
 
 def keep_thresholds_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState,
-                           num_buckets: int = NUM_BUCKETS, fell_back: torch.Tensor | None = None) -> torch.Tensor:
+                           num_buckets: int = NUM_BUCKETS, fell_back: torch.Tensor | None = None,
+                           programs: int = PROGRAMS) -> torch.Tensor:
     """keep_thresholds on already processed logits; `fell_back` [S] int32, if given, gets 1 for the rows that
     took the one-program search."""
-    plan = _Plan(logits, num_buckets)
+    plan = _Plan(logits, num_buckets, programs)
     prologue(logits, logits, slots, state, plan, penalize=False)
     out = _keep_thresholds_triton(logits, logits, slots, state, plan)
     if fell_back is not None:
@@ -274,10 +280,10 @@ def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: t
 
 
 def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
-                  max_top_logprobs: int, num_buckets: int = NUM_BUCKETS) -> SampleOutput:
+                  max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int = PROGRAMS) -> SampleOutput:
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
-    plan = _Plan(logits, num_buckets)
+    plan = _Plan(logits, num_buckets, programs)
     processed = torch.empty_like(logits)
     prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs)
     threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from blink.kernels.sampling import keep_thresholds, keep_thresholds_triton, sample_ref, sample_triton
+from blink.kernels.sampling import PROGRAMS, keep_thresholds, keep_thresholds_triton, sample_ref, sample_triton
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
 from tests.kernels.test_sampling import LOGITS_8
@@ -161,10 +161,12 @@ def test_thresholds_do_not_depend_on_the_bucket_count(num_buckets):
     assert fell_back.sum() == 0
 
 
-def test_wide_thresholds_resolve_without_the_row_search():
+@pytest.mark.parametrize("programs", [PROGRAMS, 16])
+def test_wide_thresholds_resolve_without_the_row_search(programs):
     """Thresholds far from the row's top: a top_p of 0.99 at temperature 1.5 (its boundary deep in the tail, where
     per-bucket weight bounds alone never reach 99% of the total: the plan bounds the tail through the exact
-    total), flat rows whose top_p range is dense, a large top_k. All exact, and none takes the search."""
+    total), flat rows whose top_p range is dense, a large top_k. All exact, and none takes the search, whether
+    a row is cut into 10 chunks (the engine's 256 programs over 8 rows) or into 2 (16 programs)."""
     vocab = 20000
     params = [SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=1.5, top_p=0.99),
               SamplingParams(temperature=0.8, top_k=3000), SamplingParams(temperature=0.8, top_k=50, top_p=0.95)]
@@ -178,9 +180,13 @@ def test_wide_thresholds_resolve_without_the_row_search():
     logits = torch.cat([flat, peaked]).bfloat16().float()
     slots = torch.arange(2 * len(params), dtype=torch.int32) % len(params)
     fell_back = torch.full((len(slots),), -1, dtype=torch.int32)
-    assert torch.equal(keep_thresholds_triton(logits, slots, state, fell_back=fell_back),
+    assert torch.equal(keep_thresholds_triton(logits, slots, state, fell_back=fell_back, programs=programs),
                        keep_thresholds(logits, slots, state))
     assert fell_back.tolist() == [0] * len(slots)
+    positions = torch.arange(len(slots))
+    ref = sample_ref(logits, slots, positions, state, 5)
+    tri = sample_triton(logits, slots, positions, state, 5, programs=programs)
+    assert torch.equal(tri.token_ids, ref.token_ids) and torch.equal(tri.top_ids, ref.top_ids)
 
 
 def test_a_real_vocabulary_resolves_flat_and_peaked_rows_without_the_row_search():
