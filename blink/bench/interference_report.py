@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 
+from blink.bench.pauses import server_pauses
 from blink.bench.result_folder import (
     ISOLATED,
     condition,
@@ -174,6 +175,31 @@ def runs_section(runs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pauses_section(rows: list[dict]) -> str:
+    """Each repeat's whole-server pauses (pauses.server_pauses): when at least 80% of the decoding streams
+    wait over 60 ms for a token at once."""
+    lines = ["## Whole-server pauses\n", "Moments when at least 80% of the streams decoding (and 5 or more) sat in "
+             "an inter-token gap over 60 ms at once (blink/bench/pauses.py): start s from the first send, length "
+             "ms, streams waiting / decoding.\n", "| layout | mode | condition | rate (req/s) | repeat | pauses |",
+             "|---|---|---|---|---|---|"]
+    untimed = 0
+    for row in rows:
+        for point in row["_repeats"]:
+            found = server_pauses(point.get("requests") or {})
+            if found is None:
+                untimed += 1
+                continue
+            cells = "; ".join(f"{p.start_s:.2f} s {p.length_s * 1000:.0f} ms {p.streams}/{p.decoding}"
+                              for p in found) or "none"
+            lines.append(f"| {row['layout']} | {row['mode']} | {condition(row)} | {row['request_rate']:.2f} | "
+                         f"{point['run_id']}-r{point['repeat']} | {cells} |")
+    if len(lines) == 4:
+        lines = lines[:2]  # no timed repeat: no table
+    if untimed:
+        lines.append(f"\n{untimed} repeats were saved before send times were recorded: no pauses read from them.")
+    return "\n".join(lines) + "\n"
+
+
 def write_report(result_dir: str) -> list[str]:
     """Regenerate results.md, summary.json and the plots from every repeat in the folder."""
     from blink.bench.interference_plots import plot_layout
@@ -186,6 +212,7 @@ def write_report(result_dir: str) -> list[str]:
                 "repeats' requests with a 95% bootstrap interval.\n\n")
         f.write(markdown_table(rows))
         f.write("\n" + ratios_section(rows))
+        f.write("\n" + pauses_section(rows))
         f.write("\n" + runs_section(load_runs(result_dir)))
     with open(written[1], "w", encoding="utf-8") as f:
         json.dump([{k: v for k, v in r.items() if k != "_repeats"} for r in rows], f, indent=1)

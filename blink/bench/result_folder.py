@@ -2,7 +2,8 @@
 
     points/<mode>__<layout>__<attack>-x<level>[__<variant>]__rate-<rate>/<run id>-r<repeat>.json
         one repeat of one point: its metrics, metadata and the raw per-request latencies
-        ("requests": success, input/output lengths, TTFT, ITLs, E2E latency and error per request; seconds),
+        ("requests": success, input/output lengths, TTFT, ITLs, E2E latency, send time and error per
+        request; seconds),
         so that any percentile can be recomputed later;
     runs/<run id>.json   one call of `blink bench interference`: its arguments, plan, knobs, idle power;
     results.md, summary.json, *.png   regenerated from all repeats (interference_report.py);
@@ -71,12 +72,15 @@ def unpack_gaps(packed: dict) -> list[list[float]]:
 
 
 def raw_requests(results: list[RequestResult]) -> dict:
-    """Per-request lists (seconds, rounded to the microsecond), the gaps packed (pack_gaps)."""
+    """Per-request lists (seconds, rounded to the microsecond), the gaps packed (pack_gaps). The lists are in
+    completion order; `sent_s` (each request's send time from the first send) puts them on one clock."""
     details = per_request_details(results)
     us = lambda x: round(x, 6)
+    first = min((r.start_time for r in results if r.start_time > 0), default=0.0)
     return {"success": [r.success for r in results], "input_lens": details["input_lens"],
             "output_lens": details["output_lens"], "ttfts": [us(x) for x in details["ttfts"]],
             "e2els": [us(x) for x in details["e2els"]], "itls": pack_gaps(details["itls"]),
+            "sent_s": [us(r.start_time - first) if r.start_time > 0 else None for r in results],
             "errors": details["errors"]}
 
 
