@@ -89,6 +89,7 @@ class EngineArgs:
     device_idle: str = "deep"  # device mode's idle loop (parse_device_idle; issue 19)
     # Prompt logprobs (echo + logprobs, prompt_logprobs): logits rows per step for prompt positions; 0 = off.
     max_prompt_logprob_rows: int = 256
+    gc_freeze: bool = True  # freeze each serving process's startup heap out of Python's GC (util/gc_pauses.py)
 
     @property
     def resolved_device(self) -> str:
@@ -154,6 +155,10 @@ class EngineArgs:
                        help="prompt positions per step whose logprobs are computed (prompt_logprobs, echo with "
                             "logprobs); longer prompts take more prefill steps. 0 refuses them, as does tensor "
                             "parallelism for now" + D)
+        p.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=d.gc_freeze,
+                       help="once the front end and host mode's engine loop are ready, freeze their startup "
+                            "objects out of Python's garbage collector, whose full collections otherwise pause "
+                            "every stream (--no-gc-freeze turns it off; default: on)")
 
     @classmethod
     def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:
@@ -166,7 +171,7 @@ class EngineArgs:
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             flag = "--" + f.name.replace("_", "-")
-            if f.name == "enable_prefix_caching":  # on by default: the only flag that can say no
+            if f.name in ("enable_prefix_caching", "gc_freeze"):  # on by default: only the flag can say no
                 out += [flag if v else "--no-" + flag[2:]]
             elif isinstance(v, bool):
                 out += [flag] if v else []

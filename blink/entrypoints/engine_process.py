@@ -9,6 +9,7 @@ import signal
 import sys
 
 from blink.config import EngineArgs
+from blink.util.gc_pauses import freeze_heap
 from blink.util.processes import die_with_parent
 
 
@@ -51,6 +52,8 @@ def serve_engine(segment, args: EngineArgs, should_stop) -> None:
     from blink.host.ring_loop import serve_rings
 
     engine = make_engine(args)
+    if args.gc_freeze:  # host mode's per-step loop is Python: a full collection would stall the step
+        freeze_heap()
     try:
         serve_rings(engine, segment, should_stop=should_stop)
     finally:

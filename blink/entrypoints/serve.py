@@ -120,6 +120,8 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
                     "--max-request-body-bytes", str(args.max_request_body_bytes)]
     if args.disable_log_requests:
         frontend_cmd.append("--disable-log-requests")
+    if not engine_args.gc_freeze:
+        frontend_cmd.append("--no-gc-freeze")
     if engine_args.tokenizer:
         frontend_cmd += ["--tokenizer", engine_args.tokenizer]
     frontend_cmd += ["--tensor-parallel-size", str(engine_args.tensor_parallel_size),

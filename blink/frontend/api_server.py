@@ -41,6 +41,8 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
                         help="the engine's --grammar-arena-mb (structured outputs: 400/503 decided here)" + D)
     parser.add_argument("--disable-log-requests", action="store_true",
                         help="turn the access log off (default: on)")
+    parser.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
+                        help="freeze the startup heap out of the garbage collector once serving (default: on)")
 
 
 def setup_logging(log_requests: bool) -> None:
@@ -71,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_pid=args.engine_pid, max_body_bytes=args.max_request_body_bytes,
         heartbeat_timeout_s=args.heartbeat_timeout, log_requests=not args.disable_log_requests,
         tensor_parallel_size=args.tensor_parallel_size, grammar_arena_mb=args.grammar_arena_mb,
+        gc_freeze=args.gc_freeze,
     )
     setup_logging(config.log_requests)
     try:

@@ -31,6 +31,7 @@ from blink.frontend.text_workers import DEFAULT_MAX_PENDING, DEFAULT_WORKERS, Te
 from blink.frontend.worker_routes import install_worker_routes
 from blink.text.tokenizer import load_tokenizer
 from blink.transport.commands import request_prefix_cache_reset
+from blink.util.gc_pauses import GcPauses, freeze_heap, unfreeze_heap
 
 DEFAULT_MAX_BODY_BYTES = 32 << 20
 log = logging.getLogger("blink.frontend")
@@ -52,6 +53,7 @@ class AppConfig:
     max_pending_tokenizations: int = DEFAULT_MAX_PENDING
     tensor_parallel_size: int = 1
     grammar_arena_mb: int = 64  # the engine's --grammar-arena-mb (the front end mirrors its partitions)
+    gc_freeze: bool = True  # freeze the startup heap out of the collector once serving (util/gc_pauses.py)
 
 
 def blink_version() -> str:
@@ -71,13 +73,19 @@ def build_app(config: AppConfig) -> FastAPI:
         client.start()
         text = TextWorkers(tokenizer, config.tokenizer_workers, config.max_pending_tokenizations)
         structured = StructuredOutputs(tokenizer, config.model, config.grammar_arena_mb << 20, config.tokenizer)
-        holder["state"] = FrontendState(tokenizer, client, FrontendMetrics(config.engine_pid,
-                                                                           config.served_model_name),
-                                        config.served_model_name, text, config.model, structured)
+        metrics = FrontendMetrics(config.engine_pid, config.served_model_name)
+        holder["state"] = FrontendState(tokenizer, client, metrics, config.served_model_name, text, config.model,
+                                        structured)
         banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name))
+        if config.gc_freeze:  # last: everything above lives until shutdown
+            metrics.gc_frozen.set(freeze_heap())
+        gc_pauses = GcPauses(metrics.gc_collected)  # serving's collections (not the freeze's own)
         try:
             yield
         finally:
+            gc_pauses.close()
+            if config.gc_freeze:
+                unfreeze_heap()
             banner.cancel()
             text.close()
             client.close()

@@ -18,6 +18,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.
                    20, 40, 80)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 N_BUCKETS = (1, 2, 5, 10, 20, 50, 100)
+GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 
 class EngineCollector:
@@ -113,8 +114,17 @@ class FrontendMetrics:
                                            "The max_tokens of each engine request", TOKEN_BUCKETS)
         self.engine_pid = Gauge("blink:engine_pid", "Process id of the engine", m, registry=r).labels(model_name)
         self.engine_pid.set(engine_pid or 0)
+        self.gc_pause = Histogram("blink:frontend_gc_pause_seconds",
+                                  "Each garbage collection of the front-end process (the GIL held: every stream "
+                                  "waits), by generation", ["model_name", "generation"], buckets=GC_BUCKETS,
+                                  registry=r)
+        self.gc_frozen = Gauge("blink:frontend_gc_frozen_objects", "Startup objects frozen out of the collector "
+                               "(--gc-freeze; 0: off)", m, registry=r).labels(model_name)
         self.engine = EngineCollector(model_name)
         r.register(self.engine)
+
+    def gc_collected(self, generation: int, seconds: float) -> None:
+        self.gc_pause.labels(self.model_name, str(generation)).observe(seconds)
 
     def render(self, control) -> bytes:
         """The exposition text; the engine's part is read from the control block now."""
