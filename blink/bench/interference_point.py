@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import httpx
 
 from blink.bench.attackers import Attackers, AttackSpec
+from blink.bench.frontend_gc import gc_delta, read_gc_totals
 from blink.bench.gpu_monitor import GpuMonitor
 from blink.bench.host_cpu import CpuMeter
 from blink.bench.result_folder import ISOLATED, raw_requests
@@ -89,6 +90,7 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
     config = load_config(args, sweep.base_url, sweep.model, rate, args.point_seconds, args.drain_seconds)
     cpu = CpuMeter(sweep.engine_pid)
     cache_reset = reset_prefix_cache(sweep.base_url)
+    gc_before = read_gc_totals(sweep.base_url)
     try:
         if attack:
             attack.start()
@@ -102,6 +104,7 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         attackers_alive = attack.running if attack else 0
     finally:
         reports = attack.stop() if attack else []
+    frontend_gc = gc_delta(gc_before, read_gc_totals(sweep.base_url))
     bench = outcome.summary()
     tokens = bench["total_output_tokens"]
     per_token = lambda total, scale: total * scale / tokens if total is not None and tokens else None
@@ -118,6 +121,7 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         "engine_cpu_s_per_1k_tokens": per_token(cpu_seconds, 1000),
         "gpu_energy_mj": gpu.energy_mj, "energy_per_output_token_mj": per_token(gpu.energy_mj, 1),
         "gpu_mean_utilization_pct": gpu.mean_utilization_pct, "gpu_mean_power_w": gpu.mean_power_w,
+        "frontend_gc": frontend_gc,  # the front end's collections during the load (and its drain)
         "attacker_knobs": {**knobs.as_dict(), "cgroup": sweep.cgroup},
         "attackers": [{k: r.get(k) for k in ("cpu", "iterations", "returncode", "nice", "policy", "cgroup")}
                       for r in reports],

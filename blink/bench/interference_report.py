@@ -180,8 +180,10 @@ def pauses_section(rows: list[dict]) -> str:
     wait over 60 ms for a token at once."""
     lines = ["## Whole-server pauses\n", "Moments when at least 80% of the streams decoding (and 5 or more) sat in "
              "an inter-token gap over 60 ms at once (blink/bench/pauses.py): start s from the first send, length "
-             "ms, streams waiting / decoding.\n", "| layout | mode | condition | rate (req/s) | repeat | pauses |",
-             "|---|---|---|---|---|---|"]
+             "ms, streams waiting / decoding; and the front end's full (generation 2) garbage collections over the "
+             "point: count / total ms.\n",
+             "| layout | mode | condition | rate (req/s) | repeat | pauses | front-end full GCs |",
+             "|---|---|---|---|---|---|---|"]
     untimed = 0
     for row in rows:
         for point in row["_repeats"]:
@@ -191,8 +193,11 @@ def pauses_section(rows: list[dict]) -> str:
                 continue
             cells = "; ".join(f"{p.start_s:.2f} s {p.length_s * 1000:.0f} ms {p.streams}/{p.decoding}"
                               for p in found) or "none"
+            gc = point.get("frontend_gc") or {}
+            full = (f"{gc['gen2_count']:g} / {gc['gen2_seconds'] * 1000:.0f} ms" if "gen2_count" in gc
+                    else "0" if gc else "-")
             lines.append(f"| {row['layout']} | {row['mode']} | {condition(row)} | {row['request_rate']:.2f} | "
-                         f"{point['run_id']}-r{point['repeat']} | {cells} |")
+                         f"{point['run_id']}-r{point['repeat']} | {cells} | {full} |")
     if len(lines) == 4:
         lines = lines[:2]  # no timed repeat: no table
     if untimed:

@@ -52,7 +52,9 @@ def test_repeated_sweep_keeps_every_repeat_and_summarises(fake_server, tmp_path)
         if row["attack_kind"] == "none":
             assert row["retention"]["median"] == 1.0
     table = (tmp_path / "results.md").read_text()
-    assert table.count("| shared | fake |") == 4
+    summary, pauses = table.split("## Whole-server pauses")
+    assert summary.count("| shared | fake |") == 4
+    assert pauses.count("| shared | fake |") == 8  # every repeat of every point, timed by its send times
     [run] = load_runs(str(tmp_path))
     assert [r["repeat"] for r in run["plan"]] == [0, 1] and run["left_points"] == 0
     assert len(run["server_idle_power"]) == 2  # one reading per server group per repeat

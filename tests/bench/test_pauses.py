@@ -46,10 +46,36 @@ def test_repeats_saved_without_send_times_give_none():
 
 def test_the_report_lists_each_timed_repeat_and_counts_the_untimed(tmp_path):
     from blink.bench.interference_report import pauses_section
-    timed = {"run_id": "a", "repeat": 0, "requests": raw_requests(streams(lambda i: 70 - 5 * i))}
+    timed = {"run_id": "a", "repeat": 0, "requests": raw_requests(streams(lambda i: 70 - 5 * i)),
+             "frontend_gc": {"gen0_count": 40.0, "gen0_seconds": 0.004, "gen2_count": 1.0, "gen2_seconds": 0.142}}
     untimed = {"run_id": "b", "repeat": 1, "requests": {}}
     row = {"layout": "split", "mode": "device", "attack_kind": "none", "attack_level": 0.0, "variant": "",
            "request_rate": 24.0, "_repeats": [timed, untimed]}
     text = pauses_section([row])
-    assert "| split | device | isolated | 24.00 | a-r0 | 0.72 s 150 ms 10/10 |" in text
+    assert "| split | device | isolated | 24.00 | a-r0 | 0.72 s 150 ms 10/10 | 1 / 142 ms |" in text
     assert "1 repeats were saved before send times" in text
+
+
+def test_front_end_collections_are_read_from_metrics_as_a_difference(monkeypatch):
+    from blink.bench import frontend_gc
+
+    texts = iter([
+        '# TYPE blink:frontend_gc_pause_seconds histogram\n'
+        'blink:frontend_gc_pause_seconds_count{generation="2",model_name="m"} 1.0\n'
+        'blink:frontend_gc_pause_seconds_sum{generation="2",model_name="m"} 0.1\n',
+        '# TYPE blink:frontend_gc_pause_seconds histogram\n'
+        'blink:frontend_gc_pause_seconds_count{generation="2",model_name="m"} 3.0\n'
+        'blink:frontend_gc_pause_seconds_sum{generation="2",model_name="m"} 0.4\n',
+    ])
+
+    class Response:
+        status_code = 200
+
+        def __init__(self):
+            self.text = next(texts)
+
+    monkeypatch.setattr(frontend_gc.httpx, "get", lambda url, timeout: Response())
+    before = frontend_gc.read_gc_totals("http://x")
+    after = frontend_gc.read_gc_totals("http://x")
+    assert frontend_gc.gc_delta(before, after) == {"gen2_count": 2.0, "gen2_seconds": 0.3}
+    assert frontend_gc.gc_delta(None, after) is None
