@@ -38,6 +38,7 @@ from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the referen
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, race_uniform_ref, row_hash  # noqa: F401
 from blink.kernels.sampling_select import canonical, sortable_key
 from blink.kernels.sampling_topk import (
+    TOP_WIDTH,
     asks_for_logprobs,
     top_floor,
     write_top_from_candidates,
@@ -112,7 +113,7 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
 # ---- 6. merge the chunks; logprobs ----------------------------------------------------------------
 @triton.jit
 def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_max_ptr, part_sum_ptr,
-                   part_best_ptr, part_token_ptr, part_smallest_ptr, part_largest_ptr, part_kth_ptr, counter_ptr,
+                   part_best_ptr, part_token_ptr, part_smallest_ptr, part_largest_ptr, top_keys_ptr, counter_ptr,
                    cand_key_ptr, cand_id_ptr, token_ptr, logprob_ptr, top_ids_ptr, top_logprobs_ptr,
                    vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr, K: tl.constexpr,
                    K_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr):
@@ -142,7 +143,7 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
             write_top_from_candidates(
                 raw_row, scratch_ptr + row.to(tl.int64) * vocab_size, cand_key_ptr + row * CAND,
                 cand_id_ptr + row * CAND, tl.load(counter_ptr + row * 2 + 1),
-                top_floor(part_kth_ptr, part_smallest_ptr, row, NUM_CHUNKS, CHUNKS_PAD), largest, normalizer,
+                top_floor(top_keys_ptr, part_smallest_ptr, row, K, NUM_CHUNKS, CHUNKS_PAD), largest, normalizer,
                 ids_out, logprobs_out, vocab_size, K, K_PAD, CAND, SMALL, BLOCK)
         else:
             k = tl.arange(0, K_PAD)
@@ -185,6 +186,7 @@ class _Plan:
         self.scratch = torch.empty_like(logits)  # the one-program searches' gathers
         self.part_f32 = torch.empty(3, num_rows, self.num_chunks, dtype=torch.float32, device=device)
         self.part_i32 = torch.empty(6, num_rows, self.num_chunks, dtype=torch.int32, device=device)
+        self.top_keys = torch.empty(num_rows, self.num_chunks * TOP_WIDTH, dtype=torch.int32, device=device)
         self.part_total = torch.empty(num_rows, self.num_chunks, dtype=torch.int64, device=device)
         self.hist = torch.empty(num_rows, 2 * num_buckets, dtype=torch.int32, device=device)  # coarse, fine
         self.sums = torch.empty(num_rows, 2, dtype=torch.int64, device=device)
@@ -212,7 +214,7 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
     _refine_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
                               vocab_size, **levels, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION)
     _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
-                               plan.counters, plan.cand_i32[0], state.num_logprobs, plan.part_i32[3], plan.part_i32[1],
+                               plan.counters, plan.cand_i32[0], state.num_logprobs, plan.top_keys, plan.part_i32[1],
                                plan.cand_i32[1], plan.cand_i32[2], vocab_size, **levels, CAND=plan.cand,
                                K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=8,
                                **_NO_FUSION)  # 8 warps: the plans' NB-wide scans
@@ -241,7 +243,7 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
     top_ids = torch.empty(num_rows, max_top_logprobs, dtype=torch.int64, device=device)
     top_logprobs = torch.empty(num_rows, max_top_logprobs, dtype=torch.float32, device=device)
     _finish_kernel[(num_rows,)](
-        logits, plan.scratch, slots, state.num_logprobs, f32[0], f32[1], f32[2], i32[0], i32[1], i32[2], i32[3],
+        logits, plan.scratch, slots, state.num_logprobs, f32[0], f32[1], f32[2], i32[0], i32[1], i32[2], plan.top_keys,
         plan.counters, plan.cand_i32[1], plan.cand_i32[2], token_ids, logprobs, top_ids, top_logprobs, vocab_size,
         NUM_CHUNKS=plan.num_chunks, CHUNKS_PAD=plan.chunks_pad, K=max_top_logprobs,
         K_PAD=triton.next_power_of_2(max(max_top_logprobs, 1)), CAND=plan.cand, SMALL=plan.small,

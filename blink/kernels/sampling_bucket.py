@@ -175,7 +175,7 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
 @triton.jit
 def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                     min_p_ptr, key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, cand_ptr,
-                    num_logprobs_ptr, part_kth_ptr, part_smallest_ptr, cand_key_ptr, cand_id_ptr,
+                    num_logprobs_ptr, top_keys_ptr, part_smallest_ptr, cand_key_ptr, cand_id_ptr,
                     vocab_size: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr, P: tl.constexpr,
                     P_PAD: tl.constexpr, CAND: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
                     BLOCK: tl.constexpr):
@@ -225,8 +225,8 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
                         base += tl.sum(inside.to(tl.int32), 0)
     if K > 0:
         if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
-            compact_top_chunk(logits_ptr, row, chunk, part_kth_ptr, part_smallest_ptr, counter_ptr, cand_key_ptr,
-                              cand_id_ptr, vocab_size, P, P_PAD, CAND, CHUNK, BLOCK)
+            compact_top_chunk(logits_ptr, row, chunk, top_keys_ptr, part_smallest_ptr, counter_ptr, cand_key_ptr,
+                              cand_id_ptr, vocab_size, K, P, P_PAD, CAND, CHUNK, BLOCK)
 
 
 @triton.jit

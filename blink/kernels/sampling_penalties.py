@@ -10,7 +10,7 @@ import triton.language as tl
 from blink.kernels.sampling_bucket import is_filtered
 from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
 from blink.kernels.sampling_select import canonical, sortable_key
-from blink.kernels.sampling_topk import asks_for_logprobs, chunk_certificate
+from blink.kernels.sampling_topk import asks_for_logprobs, store_chunk_top
 
 _NO_FUSION = {"enable_fp_fusion": False}
 _INT32_MAX = tl.constexpr(0x7FFFFFFF)
@@ -28,7 +28,7 @@ def _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presen
 def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr, frequency_ptr, presence_ptr,
                       counts_ptr, prompt_mask_ptr, bias_ids_ptr, bias_vals_ptr, gstate_ptr, gid_ptr, classes_ptr,
                       row_base_ptr, cells_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr,
-                      hist_ptr, sums_ptr, counter_ptr, num_logprobs_ptr, part_kth_ptr, part_smallest_ptr,
+                      hist_ptr, sums_ptr, counter_ptr, num_logprobs_ptr, top_keys_ptr, part_smallest_ptr,
                       vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr, BIAS_BLOCK: tl.constexpr,
                       PENALIZE: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, ZERO: tl.constexpr, K: tl.constexpr,
                       CHUNK: tl.constexpr, BLOCK: tl.constexpr):
@@ -101,7 +101,7 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
             x = tl.load(src + offs, mask=offs < vocab_size, other=float("-inf"))
             largest = tl.maximum(largest, tl.where(offs < vocab_size, sortable_key(canonical(x)), -_INT32_MAX - 1))
         tl.store(key_max_ptr + row * P + tl.program_id(1), tl.max(largest, 0))
-    # Rows that ask for top-K logprobs: this chunk's floor certificate and smallest key, of the raw logits.
+    # Rows that ask for top-K logprobs: this chunk's floor keys (store_chunk_top) and smallest key, of the raw logits.
     if K > 0:
         if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
             lanes = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)
@@ -113,7 +113,7 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                                                      other=float("-inf"))))
                 lanes = tl.maximum(lanes, tl.where(valid, key, -_INT32_MAX - 1))
                 smallest = tl.minimum(smallest, tl.where(valid, key, _INT32_MAX))
-            tl.store(part_kth_ptr + row * P + tl.program_id(1), chunk_certificate(lanes, K, BLOCK))
+            store_chunk_top(top_keys_ptr, row, tl.program_id(1), lanes, K, P, BLOCK)
             tl.store(part_smallest_ptr + row * P + tl.program_id(1), tl.min(smallest, 0))
 
 
@@ -127,7 +127,7 @@ def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: 
         state.presence_penalty, state.output_counts, state.prompt_mask, state.bias_ids, state.bias_vals,
         state.grammar_state, state.grammar_id, state.grammar_classes, state.grammar_row_base, state.grammar_cells,
         state.temperature, state.top_k, state.top_p, state.min_p, plan.row_max, plan.hist, plan.sums, plan.counters,
-        state.num_logprobs, plan.part_i32[3], plan.part_i32[1], vocab_size, NUM_BIAS=num_bias,
+        state.num_logprobs, plan.top_keys, plan.part_i32[1], vocab_size, NUM_BIAS=num_bias,
         BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=2 * plan.num_buckets,
         P=plan.num_chunks,
         ZERO=triton.next_power_of_2(triton.cdiv(2 * plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,

@@ -1,11 +1,14 @@
 """The top-K logprobs of a row (ties: lower id first) from candidates that many programs gather.
 
-The penalties kernel certifies, per chunk, a key that K of its tokens reach (the K-th largest of its
-lanes' maxima: K lanes, K distinct tokens); the largest certificate of a row is a floor at most its K-th
-largest token. The compaction kernel (sampling_bucket) copies every token at or above the floor (key and
-id) into a per-row candidate list, spread over the row's chunks; the finish kernel sorts them by (value desc, id
-asc) and keeps K. A row with more candidates than fit runs sampling_select's one-program search from the
-same floor instead (exact too, slower).
+The penalties kernel keeps, per chunk, the K-th largest of its lanes' maxima (K lanes, K distinct tokens
+reach it) and its TOP_LANES largest; the row's floor is the best of the chunks' K-th values and of the K-th
+largest of all chunks' top lanes together (distinct tokens too), so at most the row's K-th largest token.
+The pooled value matters with many chunks: at V = 128k and one row (63 chunks) the best chunk's own K-th
+value let 814 tokens of a bench row through, the pooled one 20-22 (docs/roadmap.md). The compaction kernel
+(sampling_bucket) copies every token at or above the floor (key and id) into a per-row candidate list,
+spread over the row's chunks; the finish kernel sorts them by (value desc, id asc) and keeps K. A row with
+more candidates than fit runs sampling_select's one-program search from the same floor instead (exact too,
+slower).
 """
 from __future__ import annotations
 
@@ -16,6 +19,10 @@ from blink.kernels.sampling_select import canonical, key_value, sortable_key, wr
 
 _INT32_MIN = tl.constexpr(-0x7FFFFFFF - 1)
 _INT32_MAX = tl.constexpr(0x7FFFFFFF)
+TOP_LANES = 4  # lane maxima per chunk pooled into the row's floor
+TOP_WIDTH = TOP_LANES + 1  # int32 keys per chunk in the floor's scratch: the K-th lane maximum, then the top lanes
+_TOP_LANES = tl.constexpr(TOP_LANES)
+_TOP_WIDTH = tl.constexpr(TOP_WIDTH)
 
 
 @triton.jit
@@ -25,30 +32,42 @@ def asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
 
 
 @triton.jit
-def chunk_certificate(largest, K: tl.constexpr, BLOCK: tl.constexpr):
-    """A key that K tokens of the chunk reach: the K-th largest lane maximum (lanes hold distinct tokens)."""
+def store_chunk_top(top_keys_ptr, row, chunk, lanes, K: tl.constexpr, P: tl.constexpr, BLOCK: tl.constexpr):
+    """This chunk's K-th largest lane maximum and its TOP_LANES largest (lanes hold distinct tokens; lanes
+    past the vocabulary hold _INT32_MIN)."""
+    ordered = tl.sort(lanes, 0, descending=True)
+    i = tl.arange(0, BLOCK)
+    base = top_keys_ptr + (row * P + chunk) * _TOP_WIDTH
     if K <= BLOCK:
-        ordered = tl.sort(largest, 0, descending=True)
-        return tl.max(tl.where(tl.arange(0, BLOCK) == K - 1, ordered, _INT32_MIN), 0)
+        tl.store(base, tl.max(tl.where(i == K - 1, ordered, _INT32_MIN), 0))
     else:
-        return tl.full([], _INT32_MIN, tl.int32)
+        tl.store(base, tl.full([], _INT32_MIN, tl.int32))
+    tl.store(base + 1 + i, ordered, mask=i < _TOP_LANES)
 
 
 @triton.jit
-def top_floor(part_kth_ptr, part_smallest_ptr, row, P: tl.constexpr, P_PAD: tl.constexpr):
-    """A key of the row at most its K-th largest: the best certificate, or the row's smallest key."""
+def top_floor(top_keys_ptr, part_smallest_ptr, row, K: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr):
+    """A key of the row at most its K-th largest: the best of the chunks' K-th values and the K-th largest of
+    their top lanes pooled, or the row's smallest key."""
     c = tl.arange(0, P_PAD)
-    certified = tl.max(tl.load(part_kth_ptr + row * P + c, mask=c < P, other=_INT32_MIN), 0)
+    row_keys = top_keys_ptr + row * P * _TOP_WIDTH
+    certified = tl.max(tl.load(row_keys + c * _TOP_WIDTH, mask=c < P, other=_INT32_MIN), 0)
+    if K <= P_PAD * _TOP_LANES:
+        i = tl.arange(0, P_PAD * _TOP_LANES)
+        pooled = tl.load(row_keys + (i // _TOP_LANES) * _TOP_WIDTH + 1 + i % _TOP_LANES, mask=i // _TOP_LANES < P,
+                         other=_INT32_MIN)
+        ordered = tl.sort(pooled, 0, descending=True)
+        certified = tl.maximum(certified, tl.max(tl.where(i == K - 1, ordered, _INT32_MIN), 0))
     smallest = tl.min(tl.load(part_smallest_ptr + row * P + c, mask=c < P, other=_INT32_MAX), 0)
     return tl.maximum(certified, smallest)
 
 
 @triton.jit
-def compact_top_chunk(logits_ptr, row, chunk, part_kth_ptr, part_smallest_ptr, counter_ptr, cand_key_ptr, cand_id_ptr,
-                      vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CAND: tl.constexpr,
-                      CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+def compact_top_chunk(logits_ptr, row, chunk, top_keys_ptr, part_smallest_ptr, counter_ptr, cand_key_ptr, cand_id_ptr,
+                      vocab_size: tl.constexpr, K: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
+                      CAND: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Copy this chunk's tokens at or above the row's floor (key and id) into the row's candidate list."""
-    floor = top_floor(part_kth_ptr, part_smallest_ptr, row, P, P_PAD)
+    floor = top_floor(top_keys_ptr, part_smallest_ptr, row, K, P, P_PAD)
     raw_row = logits_ptr + row.to(tl.int64) * vocab_size
     for start in range(0, CHUNK, BLOCK):
         offs = chunk * CHUNK + start + tl.arange(0, BLOCK)

@@ -239,7 +239,7 @@ ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_p
         "cells_ptr": "*i32", "state_ptr": "*i32", "tokens_ptr": "*i64", "key_max_ptr": "*i32", "kept_min_ptr": "*i32",
         "part_total_ptr": "*i64", "hist_ptr": "*i32", "sums_ptr": "*i64", "counter_ptr": "*i32", "cand_ptr": "*i32",
         "fell_back_ptr": "*i32",
-        "part_kth_ptr": "*i32", "cand_key_ptr": "*i32", "cand_id_ptr": "*i32"}
+        "top_keys_ptr": "*i32", "cand_key_ptr": "*i32", "cand_id_ptr": "*i32"}
 NB = sampling_bucket.NUM_BUCKETS
 rows = dict(vocab_size=V, NB=NB, P=63, P_PAD=64)
 levels = dict(rows, LOG2_NB=NB.bit_length() - 1)

@@ -204,3 +204,30 @@ def test_a_real_vocabulary_resolves_flat_and_peaked_rows_without_the_row_search(
     assert torch.equal(keep_thresholds_triton(logits, slots, state, fell_back=fell_back),
                        keep_thresholds(logits, slots, state))
     assert fell_back.tolist() == [0, 0]
+
+
+def test_the_top_logprobs_floor_pools_every_chunks_top_lanes():
+    """One row at Llama-3's vocabulary is cut into 63 chunks; the best chunk's own 20th-largest lane maximum let
+    814 tokens of a peaked row through to the top-20 sort (more than the short sort takes). The floor from all
+    chunks' top lanes pooled leaves a few dozen, and the top 20 stay exactly the reference's."""
+    from blink.kernels.sampling import SHORT_SORT, _keep_thresholds_triton, _Plan
+    from blink.kernels.sampling_penalties import prologue
+
+    vocab = 128256
+    state = SamplingState(1, vocab, "cpu")
+    state.set_slot(0, SamplingParams(temperature=0.8, logprobs=20), seed=0, prompt_ids=[])
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(1, vocab, generator=gen) * 2.5
+    logits[0, torch.randint(0, vocab, (8,), generator=gen)] += 9.0
+    logits = logits.bfloat16().float()
+    slots, positions = torch.zeros(1, dtype=torch.int32), torch.arange(1)
+    plan = _Plan(logits)
+    assert plan.num_chunks == 63
+    processed = torch.empty_like(logits)
+    prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=20)
+    _keep_thresholds_triton(logits, processed, slots, state, plan, 20)
+    assert 20 <= int(plan.counters[0, 1]) < SHORT_SORT
+    ref = sample_ref(logits, slots, positions, state, 20)
+    tri = sample_triton(logits, slots, positions, state, 20)
+    assert torch.equal(tri.top_ids, ref.top_ids) and torch.equal(tri.token_ids, ref.token_ids)
+    torch.testing.assert_close(tri.top_logprobs, ref.top_logprobs)
