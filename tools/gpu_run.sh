@@ -218,6 +218,21 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
           stop_server $srv
         done
       done;;
+    gc-ab)  # issue 17/19: the front end's GC freeze on the GPU machine: isolated, 24 req/s, the priority-1 workload and
+      # cores, the default (--gc-freeze) against --no-gc-freeze, GCAB_REPEATS interleaved repeats (about 55 s a point
+      # with its server start); results.md's pauses section holds each repeat's whole-server pauses and full GCs
+      dir=/tmp/gc-ab; mkdir -p "$dir"
+      for rep in $(seq 0 $(( ${GCAB_REPEATS:-3} - 1 ))); do for v in default no-gc-freeze; do
+        extra=(); [ "$v" = no-gc-freeze ] && extra=(--serve-args=--no-gc-freeze)
+        python3 -m blink bench interference --model llama3-8b --modes "${GCAB_MODES:-device}" \
+          --layouts "${GCAB_LAYOUTS:-split}" --request-rates 24 --attack-kinds spin --attack-levels 0 --repeats 1 \
+          --first-repeat "$rep" --resume --frontend-cpus 0-1 --engine-cpus 2-13 --client-cpus 14-15 \
+          --point-seconds 15 --drain-seconds 8 --server-start-s 30 --dataset-name random --random-input-len 512 \
+          --random-output-len 128 --random-range-ratio 0.0 --ignore-eos --disable-tqdm --result-dir "$dir" \
+          "${extra[@]}" 2>&1 | grep --line-buffered -aE "FATAL|Error|plan:" | tee -a "$OUT/gc_ab.log"
+      done; done
+      grep -A40 "Whole-server pauses" "$dir/results.md" | tee "$OUT/gc_ab_pauses.md"
+      tar czf "$OUT/gc_ab.tgz" -C /tmp gc-ab;;
     prefix-interference)  # the shared-prefix workload, device vs host, under the interference lab's CPU attack
       python3 -m blink bench interference --model llama3-8b --modes device,host --frontend-cpus 0-1 --engine-cpus 2-7 \
         --max-model-len 4096 --request-rates "${PREFIX_RATES:-2,8}" --attack-levels 0,2 --attack-kinds spin \
