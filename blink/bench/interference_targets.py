@@ -75,7 +75,7 @@ def parse_named(items: list[str]) -> dict[str, str]:
 
 
 def frontend_nice_args(args: argparse.Namespace) -> tuple[str, ...]:
-    nice = getattr(args, "frontend_nice", None)
+    nice = args.frontend_nice
     return () if nice is None else ("--frontend-nice", str(nice))
 
 

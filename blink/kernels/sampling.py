@@ -185,7 +185,7 @@ class _Plan:
         self.grid = (num_rows, self.num_chunks)
         self.scratch = torch.empty_like(logits)  # the one-program searches' gathers
         self.part_f32 = torch.empty(3, num_rows, self.num_chunks, dtype=torch.float32, device=device)
-        self.part_i32 = torch.empty(6, num_rows, self.num_chunks, dtype=torch.int32, device=device)
+        self.part_i32 = torch.empty(5, num_rows, self.num_chunks, dtype=torch.int32, device=device)
         self.top_keys = torch.empty(num_rows, self.num_chunks * TOP_WIDTH, dtype=torch.int32, device=device)
         self.part_total = torch.empty(num_rows, self.num_chunks, dtype=torch.int64, device=device)
         self.hist = torch.empty(num_rows, 2 * num_buckets, dtype=torch.int32, device=device)  # coarse, fine
@@ -196,11 +196,11 @@ class _Plan:
 
     @property
     def row_max(self) -> torch.Tensor:  # chunk maxima of the processed rows (keys)
-        return self.part_i32[4]
+        return self.part_i32[3]
 
     @property
     def kept_min(self) -> torch.Tensor:  # chunk minima of the tokens min_p keeps (keys)
-        return self.part_i32[5]
+        return self.part_i32[4]
 
 
 def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_top_logprobs: int = 0) -> torch.Tensor:
