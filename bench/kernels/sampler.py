@@ -11,8 +11,8 @@ tokens, thresholds and rows of top-logprob ids that differ (expected 0; a rare 1
 differing by an ulp between the GPU and the CPU), then after "/" the rows that took the one-program search.
 max_top_logprobs is 20 in every call, as in the engine.
 --buckets / --programs: one "new" column per threshold bucket count (sampling_bucket.NUM_BUCKETS is the
-engine's) and programs per multi-program kernel (sampling.PROGRAMS; fewer where a chunk would go below 2k
-tokens), each with its own mismatch count; the speedup is the first column's.
+engine's) and programs per multi-program kernel (default: the engine's sampling.programs_for(S); fewer where a
+chunk would go below 2k tokens), each with its own mismatch count; the speedup is the first column's.
 """
 from __future__ import annotations
 
@@ -100,19 +100,24 @@ def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs
     return f"{bad}/{int(fell_back.sum())}"
 
 
+ENG = "eng"  # column label of the engine's programs_for(S)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32, 128])
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--buckets", default=str(NUM_BUCKETS), help="comma-separated bucket counts to time")
-    parser.add_argument("--programs", default=str(sampling.PROGRAMS),
-                        help="comma-separated programs per multi-program kernel to time")
+    parser.add_argument("--programs", default="engine",
+                        help="comma-separated programs per multi-program kernel to time; engine: "
+                             "sampling.programs_for(S)")
     parser.add_argument("--no-old", action="store_true", help="skip the old sampler's column")
     parser.add_argument("--no-check", action="store_true", help="skip the CPU-reference comparison")
     args = parser.parse_args()
-    columns = [(int(b), int(p)) for b in args.buckets.split(",") for p in args.programs.split(",")]
+    columns = [(int(b), None if p == "engine" else int(p))
+               for b in args.buckets.split(",") for p in args.programs.split(",")]
     print(f"V={VOCAB}, {torch.cuda.get_device_name()}, old = git e896288 (bench/kernels/sampling_old.py)")
-    print(f"{'scenario':<13}{'S':>5}" + "".join(f"{f'nb={nb} p={p} us':>16}{'bad/fb':>7}" for nb, p in columns)
+    print(f"{'scenario':<13}{'S':>5}" + "".join(f"{f'nb={nb} p={p or ENG} us':>16}{'bad/fb':>7}" for nb, p in columns)
           + f"{'old us':>10}{'speedup':>9}")
     for name in args.scenarios.split(","):
         for num_rows in args.sizes:

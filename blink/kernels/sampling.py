@@ -2,7 +2,7 @@
 
 The semantics are sampling_ref's (order, exponential race, thresholds, raw logprobs); this is its Triton
 pipeline, equal to it token for token. Fixed grids, no host sync; every kernel but the resolve and the
-finish splits the vocabulary in the same chunks (about 256 programs in all):
+finish splits the vocabulary in the same chunks (256-1,024 programs in all, programs_for):
   1. penalties: rows whose slot has penalties or logit_bias get processed logits in a side buffer (the
      other rows are never copied); rows with a filter also write each chunk's maximum, rows that ask for
      top-K logprobs each chunk's floor certificate (sampling_topk), and every row zeroes its scratch.
@@ -152,13 +152,21 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
 
 
 # ---- launches -------------------------------------------------------------------------------------
-# Programs per multi-program kernel (all rows together), where the 2k-token smallest chunk allows: a parameter
-# so the micro-bench can weigh more, shorter programs (latency hidden) against each program's fixed scans.
+# Programs per multi-program kernel (all rows together), where the 2k-token smallest chunk allows. More, shorter
+# programs hide latency but repeat each program's fixed scans: on the H200 at V = 128k (docs/perf.md, session 10)
+# 512 beat 256 at 32 rows (top_k 145 -> 129 us) and 1,024 beat 512 at 128 rows (top_p 477 -> 431); at one row
+# every count gives the same 2k chunks. Between those sizes the steps are a guess.
 PROGRAMS = 256
 
 
-def _chunk_size(num_rows: int, vocab_size: int, programs: int = PROGRAMS) -> int:
+def programs_for(num_rows: int) -> int:
+    """The engine's programs per multi-program kernel for a batch of num_rows (a graph bucket fixes it)."""
+    return PROGRAMS if num_rows <= 16 else 2 * PROGRAMS if num_rows <= 32 else 4 * PROGRAMS
+
+
+def _chunk_size(num_rows: int, vocab_size: int, programs: int | None = None) -> int:
     """Vocabulary per multi-program kernel: about `programs` programs in all, 2k..32k tokens each."""
+    programs = programs or programs_for(num_rows)
     smallest = max(16, min(2048, triton.next_power_of_2(vocab_size) // 4))
     wanted = triton.next_power_of_2(triton.cdiv(vocab_size, max(1, programs // num_rows)))
     return max(smallest, min(32768, wanted))
@@ -172,7 +180,7 @@ def _row_block(vocab_size: int) -> int:
 class _Plan:
     """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
 
-    def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int = PROGRAMS):
+    def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int | None = None):
         num_rows, vocab_size = logits.shape
         self.num_buckets, self.log2_buckets = num_buckets, log2_buckets(num_buckets)
         device = logits.device
@@ -263,7 +271,7 @@ def apply_penalties_triton(logits: torch.Tensor, slots: torch.Tensor, state: Sam
 
 def keep_thresholds_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState,
                            num_buckets: int = NUM_BUCKETS, fell_back: torch.Tensor | None = None,
-                           programs: int = PROGRAMS) -> torch.Tensor:
+                           programs: int | None = None) -> torch.Tensor:
     """keep_thresholds on already processed logits; `fell_back` [S] int32, if given, gets 1 for the rows that
     took the one-program search."""
     plan = _Plan(logits, num_buckets, programs)
@@ -282,7 +290,7 @@ def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: t
 
 
 def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
-                  max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int = PROGRAMS) -> SampleOutput:
+                  max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int | None = None) -> SampleOutput:
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
     plan = _Plan(logits, num_buckets, programs)

@@ -5,7 +5,15 @@ import math
 import pytest
 import torch
 
-from blink.kernels.sampling import PROGRAMS, keep_thresholds, keep_thresholds_triton, sample_ref, sample_triton
+from blink.kernels.sampling import (
+    PROGRAMS,
+    _chunk_size,
+    keep_thresholds,
+    keep_thresholds_triton,
+    programs_for,
+    sample_ref,
+    sample_triton,
+)
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
 from tests.kernels.test_sampling import LOGITS_8
@@ -187,6 +195,15 @@ def test_wide_thresholds_resolve_without_the_row_search(programs):
     ref = sample_ref(logits, slots, positions, state, 5)
     tri = sample_triton(logits, slots, positions, state, 5, programs=programs)
     assert torch.equal(tri.token_ids, ref.token_ids) and torch.equal(tri.top_ids, ref.top_ids)
+
+
+def test_the_engine_cuts_larger_batches_into_shorter_chunks():
+    """programs_for's sizes at llama-3's vocabulary: the chunks the H200 timed best (docs/perf.md, session 10):
+    2k tokens at one row (any count), 8k at 32 rows (512 programs), 16k at 128 (1,024); an explicit count wins."""
+    vocab = 128256
+    assert [programs_for(s) // PROGRAMS for s in (1, 16, 17, 32, 33, 128)] == [1, 1, 2, 2, 4, 4]
+    assert [_chunk_size(s, vocab) for s in (1, 32, 128)] == [2048, 8192, 16384]
+    assert _chunk_size(32, vocab, PROGRAMS) == 16384 and _chunk_size(128, vocab, PROGRAMS) == 32768
 
 
 def test_a_real_vocabulary_resolves_flat_and_peaked_rows_without_the_row_search():
