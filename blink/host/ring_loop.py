@@ -10,6 +10,7 @@ from blink.core.interface import Engine
 from blink.core.limits import publish_limits
 from blink.request import FinishReason, TokenEvent
 from blink.transport.commands import apply_prefix_cache_reset
+from blink.transport.layout import step_interval_bucket
 
 MAX_INGEST = 256  # descriptors taken per loop turn
 IDLE_SLEEP_MAX = 1e-3
@@ -27,6 +28,16 @@ def publish_stats(engine: Engine, ctl) -> None:
     ctl.heartbeat += 1
 
 
+def observe_step_interval(ctl, busy_since: int) -> int:
+    """A step just ended: count its busy interval (from the last one's end, if no idle turn came between) in
+    ControlBlock.step_intervals, as the GPU scheduler does; returns the new reference."""
+    now = time.perf_counter_ns()
+    if busy_since:
+        ctl.step_intervals[step_interval_bucket(now - busy_since)] += 1
+        ctl.step_intervals_sum_ns += now - busy_since
+    return now
+
+
 def serve_rings(engine: Engine, segment, should_stop=lambda: False) -> None:
     from blink.transport.rings import EgressProducer, IngressConsumer
 
@@ -38,6 +49,7 @@ def serve_rings(engine: Engine, segment, should_stop=lambda: False) -> None:
     publish_stats(engine, ctl)
     ctl.ready = 1
     idle = 0.0
+    busy_since = 0  # perf_counter_ns at the last step's end; 0 after an idle turn (its interval is not busy)
     while not ctl.stop_flag and not should_stop():
         events: list[TokenEvent] = []
         apply_prefix_cache_reset(ctl, engine.reset_prefix_cache)  # between steps, as the GPU loop
@@ -52,12 +64,14 @@ def serve_rings(engine: Engine, segment, should_stop=lambda: False) -> None:
                 events.append(TokenEvent(item.req_id, -1, 0, FinishReason.ERROR))
         if engine.has_unfinished():
             events += engine.step()
+            busy_since = observe_step_interval(ctl, busy_since)
             idle = 0.0
         elif not events:
             # The drain is over once the front end closed ingress (after its last descriptor: the
             # flag is read first, the tail second) and everything it sent has finished.
             if ctl.ingress_closed and not ingress.descriptors.used():
                 break
+            busy_since = 0
             idle = min(IDLE_SLEEP_MAX, idle * 2 or 20e-6)  # back off, never burn a core while idle
             time.sleep(idle)
         if events:

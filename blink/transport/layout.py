@@ -9,13 +9,15 @@ single consumer, no read-modify-write across PCIe). Producer: write the payload,
 """
 from __future__ import annotations
 
+import bisect
 import ctypes as C
 from dataclasses import dataclass
 
 from blink.request import MAX_STOP_TOKEN_IDS, MAX_TOP_LOGPROBS
 
 MAGIC = 0x4B4E494C42  # "BLINK"
-VERSION = 4  # 2: the control block publishes the engine's limits; 3: prefix caching; 4: grammar staging
+VERSION = 5  # 2: the control block publishes the engine's limits; 3: prefix caching; 4: grammar staging;
+# 5: busy step intervals
 MAX_PUBLISHED_BUCKETS = 16
 CACHE_LINE = 64
 PAGE = 4096
@@ -38,7 +40,13 @@ ENGINE_MODE_NONE = 0  # ControlBlock.engine_mode
 ENGINE_MODE_HOST = 1
 ENGINE_MODE_DEVICE = 2
 ITERATION_TOKEN_BOUNDS = (1, 8, 32, 128, 512, 2048)  # ControlBlock.iteration_tokens buckets, plus one above
+STEP_INTERVAL_BOUNDS_NS = tuple(ms * 1_000_000 for ms in (5, 10, 25, 50, 100, 250))  # ControlBlock.step_intervals
 DTYPE_NAMES = ("unknown", "float32", "float16", "bfloat16")  # ControlBlock.dtype
+
+
+def step_interval_bucket(ns: int) -> int:
+    """ControlBlock.step_intervals' bucket of a busy step interval (layout.h's step_interval_bucket)."""
+    return bisect.bisect_left(STEP_INTERVAL_BOUNDS_NS, ns)
 
 
 class ControlBlock(C.Structure):
@@ -99,6 +107,11 @@ class ControlBlock(C.Structure):
         ("prefix_cache_resets", C.c_uint32),  # reset_prefix_cache commands applied (equal: the last is done)
         ("prefix_caching", C.c_uint32),  # 1 when the engine caches prefixes, written before `ready`
         ("_pad4", C.c_uint8 * 40),
+        # line 7: busy step intervals, one step's completion to the next's with no idle turn between (the floor
+        # under every stream's inter-token gap: an engine stall shows here, a front-end one does not): a count
+        # per STEP_INTERVAL_BOUNDS_NS bucket (ns <= bound, the last unbounded) and their sum in ns
+        ("step_intervals", C.c_uint64 * 7),
+        ("step_intervals_sum_ns", C.c_uint64),
     ]
 
 

@@ -1,5 +1,6 @@
 """Host mode's ring loop drains: once the front end closes ingress it serves everything already sent
-(queued beyond max_num_seqs included) and only then returns, marking the segment exited."""
+(queued beyond max_num_seqs included) and only then returns, marking the segment exited; its busy steps are
+counted in the control block's step intervals."""
 from __future__ import annotations
 
 import os
@@ -34,6 +35,9 @@ def test_serve_rings_returns_only_after_serving_what_was_sent():
         loop.join(60)
         assert not loop.is_alive(), "the loop did not end after the drain"
         assert seg.control.exited == 1 and seg.control.stop_flag == 0
+        # every step after the first ran with work waiting: each one a busy step interval (as the GPU loop)
+        ctl = seg.control
+        assert ctl.steps >= 5 and sum(ctl.step_intervals) == ctl.steps - 1 and ctl.step_intervals_sum_ns > 0
         events = consumer.poll()
         for req_id in range(1, 6):
             mine = [e for e in events if e.req_id == req_id]

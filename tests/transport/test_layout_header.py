@@ -1,5 +1,6 @@
 """blink/device/csrc/layout.h must match blink/transport/layout.py field by field (tests/abi_dump.py):
 every field's offset, size and kind, every sizeof, every constant and the section offsets of a segment."""
+import bisect
 import ctypes as C
 import shutil
 
@@ -39,9 +40,23 @@ def section_dump() -> tuple[list[str], list[str]]:
     return code, lines
 
 
+def bucket_dump() -> tuple[list[str], list[str]]:
+    """(C++ statements, expected lines) for the two /metrics histograms' bucket functions at and around every
+    bound: iteration_bucket (tokens per step) and step_interval_bucket (ns)."""
+    code, lines = [], []
+    for name, fn, bounds in (("iteration_bucket", lambda n: bisect.bisect_left(layout.ITERATION_TOKEN_BOUNDS, n),
+                              layout.ITERATION_TOKEN_BOUNDS),
+                             ("step_interval_bucket", layout.step_interval_bucket, layout.STEP_INTERVAL_BOUNDS_NS)):
+        for value in sorted({0, 1, *(b + d for b in bounds for d in (-1, 0, 1)), 10 * bounds[-1]}):
+            code.append(f'std::printf("{name} {value} %d\\n", blink::{name}({value}));')
+            lines.append(f"{name} {value} {fn(value)}")
+    return code, lines
+
+
 def dump() -> AbiDump:
     code, lines = section_dump()
-    return AbiDump("layout.h", STRUCTS, CONSTANTS, code, lines)
+    more_code, more_lines = bucket_dump()
+    return AbiDump("layout.h", STRUCTS, CONSTANTS, code + more_code, lines + more_lines)
 
 
 def test_python_structs_have_no_implicit_padding():

@@ -28,8 +28,8 @@
 namespace blink {
 
 constexpr uint64_t kMagic = 0x4B4E494C42ull;  // "BLINK"
-constexpr uint32_t kVersion = 4;  // 2: the control block publishes the engine's limits; 3: prefix caching;
-                                  // 4: grammar staging
+constexpr uint32_t kVersion = 5;  // 2: the control block publishes the engine's limits; 3: prefix caching;
+                                  // 4: grammar staging; 5: busy step intervals
 constexpr int kMaxPublishedBuckets = 16;
 constexpr uint64_t kCacheLine = 64;
 constexpr uint64_t kPage = 4096;
@@ -52,6 +52,14 @@ constexpr uint32_t kEngineModeDevice = 2;
 BLINK_HD inline int iteration_bucket(int tokens) {
   return tokens <= 1 ? 0 : tokens <= 8 ? 1 : tokens <= 32 ? 2 : tokens <= 128 ? 3 : tokens <= 512 ? 4
        : tokens <= 2048 ? 5 : 6;
+}
+
+// The ControlBlock.step_intervals bucket of a busy step interval of `ns`: bounds 5, 10, 25, 50, 100, 250 ms
+// (layout.py's STEP_INTERVAL_BOUNDS_NS), then one unbounded bucket.
+BLINK_HD inline int step_interval_bucket(uint64_t ns) {
+  constexpr uint64_t ms = 1000000ull;
+  return ns <= 5 * ms ? 0 : ns <= 10 * ms ? 1 : ns <= 25 * ms ? 2 : ns <= 50 * ms ? 3 : ns <= 100 * ms ? 4
+       : ns <= 250 * ms ? 5 : 6;
 }
 
 // Finish reasons, as blink.request.FinishReason.
@@ -117,6 +125,11 @@ struct ControlBlock {
   uint32_t prefix_cache_resets;   // reset_prefix_cache commands applied (equal: the last is done)
   uint32_t prefix_caching;        // 1 when the engine caches prefixes, written before `ready`
   uint8_t _pad4[40];
+  // line 7: busy step intervals, from one step's completion to the next one's with no idle turn between (the
+  // floor under every decoding stream's inter-token gap; a stall of the engine shows here, one of the front
+  // end does not): a count per step_interval_bucket and their sum in ns; written once per step
+  uint64_t step_intervals[7];
+  uint64_t step_intervals_sum_ns;
 };
 
 // Head and tail on their own cache lines so producer and consumer never share one.
@@ -172,7 +185,8 @@ struct TokenRecord {
   float top_logprobs[kMaxTopLogprobs];
 };
 
-static_assert(sizeof(ControlBlock) == 448, "ControlBlock must match layout.py");
+static_assert(sizeof(ControlBlock) == 512, "ControlBlock must match layout.py");
+static_assert(offsetof(ControlBlock, step_intervals) == 448, "step intervals start cache line 7");
 static_assert(offsetof(ControlBlock, prefix_cache_queries) == 384, "prefix-cache counters start cache line 6");
 static_assert(offsetof(ControlBlock, max_model_len) == 192, "limits start cache line 3");
 static_assert(offsetof(ControlBlock, stop_flag) == 64, "stop_flag starts cache line 1");

@@ -37,7 +37,10 @@ BLINK_HD inline int sched_prepare(const Team& t, const LoopParams& p) {
     t.sync();
   }
   const int rows = load_volatile(&s->plan_rows);
-  if (rows == 0) return 0;
+  if (rows == 0) {
+    if (t.leader()) s->busy_since_ns = 0;  // idle: the time until the next step is not a busy interval
+    return 0;
+  }
   write_admissions(t, s, c, p.sampling, p.rings);
   if (t.leader()) s->t_plan = now_ns();
   write_inputs(t, s, c, p.buffers[s->launched & 1]);
@@ -74,6 +77,13 @@ BLINK_HD inline void sched_complete(const Team& t, const LoopParams& p, bool pub
   if (t.leader()) {
     s->t_finish = now_ns();
     if (p.trace) p.trace[((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords + 3] = s->t_finish;
+    if (s->busy_since_ns != 0) {  // two posted stores: /metrics' busy step interval histogram
+      const uint64_t ns = s->t_finish - s->busy_since_ns;
+      const int bucket = step_interval_bucket(ns);
+      store_volatile(&p.rings.control->step_intervals[bucket], ++s->step_intervals[bucket]);
+      store_volatile(&p.rings.control->step_intervals_sum_ns, s->step_intervals_sum_ns += ns);
+    }
+    s->busy_since_ns = s->t_finish;
   }
 }
 

@@ -214,6 +214,8 @@ struct SchedState {
   uint64_t launched;  // forward launches so far (parity = launched & 1)
   uint64_t steps, tokens, preemptions, heartbeat, fast_plans;  // fast_plans: plan_decodes_fast applied
   uint64_t iteration_tokens[7], iteration_tokens_sum;  // the steps' sizes (ControlBlock line 4)
+  uint64_t step_intervals[7], step_intervals_sum_ns;  // busy step intervals (ControlBlock line 7)
+  uint64_t busy_since_ns;  // the last step's finish; 0 after a plan with no rows (the next interval is not busy)
   uint64_t ingress_head, arena_head, egress_tail;  // our own ring counters (we are their only writer)
   // Cached copies of the other side's counters: each fresh read is a PCIe round trip (~1-2 us).
   uint64_t egress_head_seen;    // the reader has consumed at least this far
