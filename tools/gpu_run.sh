@@ -13,7 +13,9 @@ if [ -d .gpu_cache ] && [ ! -e /tmp/.gpu_cache_restored ]; then
     && echo "restored caches: triton $(du -sh /tmp/triton-cache | cut -f1), $(ls /tmp/triton-cache | wc -l) kernels"
 fi
 if [ -d .whl ]; then
+  # vllm-router (24 MB, the replicas stage only) lives in .whl_router/ so that the other calls' carry stays small
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    $(ls .whl_router/*.whl 2> /dev/null) \
     && export PYTHONPATH=/tmp/site:$PWD || exit 1
 else
   export PYTHONPATH=$PWD
@@ -220,7 +222,8 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
       done;;
     gc-ab)  # issue 17/19: the front end's GC freeze on the GPU machine: isolated, 24 req/s, the priority-1 workload and
       # cores, the default (--gc-freeze) against --no-gc-freeze, GCAB_REPEATS interleaved repeats (about 55 s a point
-      # with its server start); results.md's pauses section holds each repeat's whole-server pauses and full GCs
+      # with its server start; a machine's first start compiled for 4 minutes in session 10); results.md's pauses
+      # section holds each repeat's whole-server pauses and full GCs
       dir=/tmp/gc-ab; mkdir -p "$dir"
       for rep in $(seq 0 $(( ${GCAB_REPEATS:-3} - 1 ))); do for v in default no-gc-freeze; do
         extra=(); [ "$v" = no-gc-freeze ] && extra=(--serve-args=--no-gc-freeze)
@@ -230,9 +233,9 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
           --point-seconds 15 --drain-seconds 8 --server-start-s 30 --dataset-name random --random-input-len 512 \
           --random-output-len 128 --random-range-ratio 0.0 --ignore-eos --disable-tqdm --result-dir "$dir" \
           "${extra[@]}" 2>&1 | grep --line-buffered -aE "FATAL|Error|plan:" | tee -a "$OUT/gc_ab.log"
+        tar czf "$OUT/gc_ab.tgz" -C /tmp gc-ab  # after every point: session 10's timeout cut the stage before its end
       done; done
-      grep -A40 "Whole-server pauses" "$dir/results.md" | tee "$OUT/gc_ab_pauses.md"
-      tar czf "$OUT/gc_ab.tgz" -C /tmp gc-ab;;
+      grep -A40 "Whole-server pauses" "$dir/results.md" | tee "$OUT/gc_ab_pauses.md";;
     prefix-interference)  # the shared-prefix workload, device vs host, under the interference lab's CPU attack
       python3 -m blink bench interference --model llama3-8b --modes device,host --frontend-cpus 0-1 --engine-cpus 2-7 \
         --max-model-len 4096 --request-rates "${PREFIX_RATES:-2,8}" --attack-levels 0,2 --attack-kinds spin \
@@ -245,6 +248,7 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
       # carried in as .intf/<p1|p2>/ (merge the returned tgz files there first: blink bench interference --merge-from).
       m=${stage#interference-}; dir=/tmp/intf-$m; mkdir -p "$dir"
       [ -d ".intf/$m" ] && cp -rn ".intf/$m/." "$dir/"
+      [ -f ".intf/$m.tgz" ] && tar xzf ".intf/$m.tgz" -C "$dir" --skip-old-files  # points + runs only: a smaller carry
       touch /tmp/intf-stamp; sleep 1
       python3 -m blink bench interference --model llama3-8b --matrix "priority${m#p}" --frontend-cpus 0-1 \
         --engine-cpus 2-13 --client-cpus 14-15 --point-seconds "${INTF_POINT_SECONDS:-15}" \

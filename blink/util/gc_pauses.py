@@ -7,7 +7,9 @@ lab's isolated device-mode points showed whole-server pauses of 140-196 ms with 
 (sgl-project/sglang#9241). Almost everything a process holds once it serves (imports, the tokenizer, the
 app, the model's Python objects) lives until exit, so `freeze_heap` moves it out of every later collection
 (gc.freeze); what requests allocate afterwards is still collected. `GcPauses` reports each collection's
-length, so /metrics shows what is left.
+length, so /metrics shows what is left. On the H200 (session 10) no full collection ran inside those 15 s
+points with or without the freeze, so it was not their cause; where full collections do run (32 req/s) the
+freeze keeps them at 5-13 ms in the isolated points.
 """
 from __future__ import annotations
 
