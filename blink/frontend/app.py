@@ -32,6 +32,7 @@ from blink.frontend.worker_routes import install_worker_routes
 from blink.text.tokenizer import load_tokenizer
 from blink.transport.commands import request_prefix_cache_reset
 from blink.util.gc_pauses import GcPauses, freeze_heap, unfreeze_heap
+from blink.util.loop_lag import LoopLagMonitor
 
 DEFAULT_MAX_BODY_BYTES = 32 << 20
 log = logging.getLogger("blink.frontend")
@@ -69,20 +70,23 @@ def build_app(config: AppConfig) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        client = EngineClient(config.shm_name, config.heartbeat_timeout_s)
+        metrics = FrontendMetrics(config.engine_pid, config.served_model_name)
+        client = EngineClient(config.shm_name, config.heartbeat_timeout_s, on_egress_gap=metrics.egress_gap.observe)
         client.start()
         text = TextWorkers(tokenizer, config.tokenizer_workers, config.max_pending_tokenizations)
         structured = StructuredOutputs(tokenizer, config.model, config.grammar_arena_mb << 20, config.tokenizer)
-        metrics = FrontendMetrics(config.engine_pid, config.served_model_name)
         holder["state"] = FrontendState(tokenizer, client, metrics, config.served_model_name, text, config.model,
                                         structured)
         banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name))
         if config.gc_freeze:  # last: everything above lives until shutdown
             metrics.gc_frozen.set(freeze_heap())
         gc_pauses = GcPauses(metrics.gc_collected)  # serving's collections (not the freeze's own)
+        loop_lag = LoopLagMonitor(metrics.loop_lag.observe)  # a blocked loop stalls every stream
+        loop_lag.start()
         try:
             yield
         finally:
+            await loop_lag.stop()
             gc_pauses.close()
             if config.gc_freeze:
                 unfreeze_heap()

@@ -3,7 +3,7 @@
 Everything that touches the ingress ring runs on the event loop's thread (the ring has one producer).
 One daemon thread polls the egress ring (every 100 us while requests are in flight; idle, with a backoff
 that a new request cuts short) and hands batches of events to the loop, which puts each into its
-request's asyncio.Queue.
+request's asyncio.Queue. While requests are in flight it also times the engine's silences (EgressGaps).
 """
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import collections
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from blink.request import FinishReason, SamplingParams, TokenEvent
@@ -50,8 +51,36 @@ class PublishedLimits:
     prompt_logprob_rows: int = 0  # 0: the engine refuses prompt logprobs
 
 
+class EgressGaps:
+    """The time between consecutive egress reads that returned records, while requests are in flight: how
+    long the engine was silent as the front end sees it (a step, or a stall of the engine or the transport).
+
+    Fed by the reader thread, and cheap: one clock read per read that returned records. A read made with
+    nothing in flight (the records of aborted requests), and the reader's idle loop, drop the reference, so
+    idle time is never counted; the first read after it starts the next gap. The reader needs the GIL and a
+    CPU: a front-end stall that holds the GIL (a collection) lengthens a gap too, beside a loop lag
+    (blink/util/loop_lag.py); a gap without one is the engine's.
+    """
+
+    def __init__(self, on_gap: Callable[[float], None]):
+        self.on_gap = on_gap
+        self.last: float | None = None
+
+    def read(self, now: float, in_flight: bool) -> None:
+        """A read that returned records, at `now` (perf_counter), with requests in flight or not."""
+        if in_flight and self.last is not None:
+            self.on_gap(now - self.last)
+        self.last = now if in_flight else None
+
+    def idle(self) -> None:
+        """Nothing in flight."""
+        self.last = None
+
+
 class EngineClient:
-    def __init__(self, shm_name: str, heartbeat_timeout_s: float = 10.0):
+    def __init__(self, shm_name: str, heartbeat_timeout_s: float = 10.0,
+                 on_egress_gap: Callable[[float], None] | None = None):
+        """on_egress_gap(seconds), if given, is called on the reader thread with each EgressGaps gap."""
         self.segment = Segment.attach(shm_name)
         self.control = self.segment.control
         self.producer = IngressProducer(self.segment)
@@ -68,6 +97,7 @@ class EngineClient:
         self._reader: threading.Thread | None = None
         self._writer: asyncio.Task | None = None
         self._drain_watch: asyncio.Task | None = None
+        self.egress_gaps = EgressGaps(on_egress_gap) if on_egress_gap is not None else None
         self.ingress_closed = False  # by us, in a drain: nothing more will be submitted
         self.cut_by_shutdown = False  # the engine stopped at the drain timeout: failures read "shutting down"
 
@@ -185,10 +215,13 @@ class EngineClient:
     # egress (reader thread -> loop)
     def _read_egress(self) -> None:
         idle_sleep = FIRST_IDLE_SLEEP_S
+        gaps = self.egress_gaps
         while not self._stopping.is_set():
             events = self.consumer.poll()
             if events:
                 idle_sleep = FIRST_IDLE_SLEEP_S
+                if gaps is not None:
+                    gaps.read(time.perf_counter(), bool(self.queues))
                 self._loop.call_soon_threadsafe(self._dispatch, events)
             elif self.control.exited:
                 late = self.consumer.poll()  # records published just before `exited` (a drain's last ones)
@@ -200,6 +233,8 @@ class EngineClient:
             elif self.queues:  # truthiness of a dict is atomic; a stale answer only changes the backoff
                 time.sleep(ACTIVE_POLL_S)
             else:  # idle: back off, but a new request wakes us at once (its first token must not wait a sleep out)
+                if gaps is not None:
+                    gaps.idle()
                 self._wake.wait(idle_sleep)
                 self._wake.clear()
                 idle_sleep = min(2 * idle_sleep, POLL_TIMEOUT_S)

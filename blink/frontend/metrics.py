@@ -12,13 +12,14 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from blink.transport.layout import ITERATION_TOKEN_BOUNDS
+from blink.transport.layout import ITERATION_TOKEN_BOUNDS, STEP_INTERVAL_BOUNDS_NS
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5, 5, 10,
                    20, 40, 80)
 TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
 N_BUCKETS = (1, 2, 5, 10, 20, 50, 100)
 GC_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+STALL_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)  # loop lags, egress gaps
 
 
 class EngineCollector:
@@ -55,20 +56,25 @@ class EngineCollector:
                      ctl.prefix_cache_queries)
         yield family(CounterMetricFamily, "blink:prefix_cache_hits", "Prompt tokens found in the prefix cache",
                      ctl.prefix_cache_hits)
-        yield self._iteration_tokens(ctl, labels)
+        yield histogram_family("blink:iteration_tokens_total", "Tokens (prompt + generated) per engine step",
+                               labels, map(str, ITERATION_TOKEN_BOUNDS), ctl.iteration_tokens,
+                               ctl.iteration_tokens_sum)
+        yield histogram_family("blink:engine_step_interval_seconds",
+                               "Busy step intervals: one step's completion to the next's with no idle turn between, "
+                               "on the engine's clock (the GPU's in device mode)", labels,
+                               (f"{b / 1e9:g}" for b in STEP_INTERVAL_BOUNDS_NS), ctl.step_intervals,
+                               ctl.step_intervals_sum_ns / 1e9)
 
-    @staticmethod
-    def _iteration_tokens(ctl, labels: list[str]) -> HistogramMetricFamily:
-        """Tokens per engine step, from the engine's per-bucket step counts (cumulated here)."""
-        counts = list(ctl.iteration_tokens)
-        cumulative, buckets = 0, []
-        for bound, count in zip([*map(str, ITERATION_TOKEN_BOUNDS), "+Inf"], counts, strict=True):
-            cumulative += count
-            buckets.append((bound, cumulative))
-        metric = HistogramMetricFamily("blink:iteration_tokens_total", "Tokens (prompt + generated) per engine step",
-                                       labels=["model_name"])
-        metric.add_metric(labels, buckets, sum_value=ctl.iteration_tokens_sum)
-        return metric
+
+def histogram_family(name: str, doc: str, labels: list[str], bounds, counts, total) -> HistogramMetricFamily:
+    """A histogram from the engine's per-bucket counts (the last bucket unbounded), cumulated here."""
+    cumulative, buckets = 0, []
+    for bound, count in zip([*bounds, "+Inf"], list(counts), strict=True):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    metric = HistogramMetricFamily(name, doc, labels=["model_name"])
+    metric.add_metric(labels, buckets, sum_value=total)
+    return metric
 
 
 class FrontendMetrics:
@@ -120,6 +126,14 @@ class FrontendMetrics:
                                   registry=r)
         self.gc_frozen = Gauge("blink:frontend_gc_frozen_objects", "Startup objects frozen out of the collector "
                                "(--gc-freeze; 0: off)", m, registry=r).labels(model_name)
+        # Whole-server pauses, attributed: the front end's loop blocked, or the engine silent
+        self.loop_lag = histogram("blink:frontend_loop_lag_seconds",
+                                  "Lateness of the front end's event-loop timer (5 ms tick): how long the loop "
+                                  "could not run anything (every stream waits)", STALL_BUCKETS)
+        self.egress_gap = histogram("blink:frontend_egress_gap_seconds",
+                                    "While requests are in flight, the time between consecutive egress reads that "
+                                    "returned records: the engine's silence as the front end sees it",
+                                    STALL_BUCKETS)
         self.engine = EngineCollector(model_name)
         r.register(self.engine)
 

@@ -57,7 +57,7 @@ def test_the_report_lists_each_timed_repeat_and_counts_the_untimed(tmp_path):
 
 
 def test_front_end_collections_are_read_from_metrics_as_a_difference(monkeypatch):
-    from blink.bench import frontend_gc
+    from blink.bench import server_stalls
 
     texts = iter([
         '# TYPE blink:frontend_gc_pause_seconds histogram\n'
@@ -74,8 +74,8 @@ def test_front_end_collections_are_read_from_metrics_as_a_difference(monkeypatch
         def __init__(self):
             self.text = next(texts)
 
-    monkeypatch.setattr(frontend_gc.httpx, "get", lambda url, timeout: Response())
-    before = frontend_gc.read_gc_totals("http://x")
-    after = frontend_gc.read_gc_totals("http://x")
-    assert frontend_gc.gc_delta(before, after) == {"gen2_count": 2.0, "gen2_seconds": 0.3}
-    assert frontend_gc.gc_delta(None, after) is None
+    monkeypatch.setattr(server_stalls.httpx, "get", lambda url, timeout: Response())
+    before = server_stalls.read_gc_totals("http://x")
+    after = server_stalls.read_gc_totals("http://x")
+    assert server_stalls.gc_delta(before, after) == {"gen2_count": 2.0, "gen2_seconds": 0.3}
+    assert server_stalls.gc_delta(None, after) is None

@@ -237,13 +237,16 @@ def test_health_and_metrics(http, server):
                  "blink:request_params_n_bucket", "blink:request_params_max_tokens_bucket",
                  "blink:num_requests_running", "blink:num_requests_waiting", "blink:kv_cache_usage_perc",
                  "blink:num_preemptions_total", "blink:engine_steps_total", "blink:iteration_tokens_total_bucket",
-                 "blink:request_queue_time_seconds_bucket", "blink:request_prefill_time_seconds_bucket"):
+                 "blink:request_queue_time_seconds_bucket", "blink:request_prefill_time_seconds_bucket",
+                 "blink:frontend_loop_lag_seconds_bucket", "blink:frontend_egress_gap_seconds_bucket"):
         assert re.search(rf"^{re.escape(name)}{{[^}}]*model_name=\"fake\"", text, re.M), name
     assert re.search(r"^# TYPE blink:num_preemptions(_total)? counter$", text, re.M)
     assert metric(http, "blink:request_generation_tokens_count") >= 1
     count = metric(http, "blink:request_queue_time_seconds_count")
     assert count >= 1 and metric(http, "blink:request_queue_time_seconds_sum") == pytest.approx(0.0015 * count)
     assert metric(http, "blink:request_prefill_time_seconds_count") == count
+    assert metric(http, "blink:frontend_loop_lag_seconds_count") >= 1  # the loop's timer ticks
+    assert metric(http, "blink:frontend_egress_gap_seconds_count") >= 1  # 3 tokens, one engine step apart
     assert metric(http, "blink:engine_pid") in [float(p) for p in server.children()]
 
 
