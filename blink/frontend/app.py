@@ -81,7 +81,8 @@ def build_app(config: AppConfig) -> FastAPI:
         if config.gc_freeze:  # last: everything above lives until shutdown
             metrics.gc_frozen.set(freeze_heap())
         gc_pauses = GcPauses(metrics.gc_collected)  # serving's collections (not the freeze's own)
-        loop_lag = LoopLagMonitor(metrics.loop_lag.observe)  # a blocked loop stalls every stream
+        loop_lag = LoopLagMonitor(metrics.loop_lag.observe, busy=lambda: bool(client.queues))  # a blocked loop
+        # stalls every stream; ticks every 20 ms while requests are in flight, every 250 ms idle
         loop_lag.start()
         try:
             yield

@@ -128,8 +128,8 @@ class FrontendMetrics:
                                "(--gc-freeze; 0: off)", m, registry=r).labels(model_name)
         # Whole-server pauses, attributed: the front end's loop blocked, or the engine silent
         self.loop_lag = histogram("blink:frontend_loop_lag_seconds",
-                                  "Lateness of the front end's event-loop timer (5 ms tick): how long the loop "
-                                  "could not run anything (every stream waits)", STALL_BUCKETS)
+                                  "Lateness of the front end's event-loop timer (20 ms tick, 250 ms idle): how long "
+                                  "the loop could not run anything (every stream waits)", STALL_BUCKETS)
         self.egress_gap = histogram("blink:frontend_egress_gap_seconds",
                                     "While requests are in flight, the time between consecutive egress reads that "
                                     "returned records: the engine's silence as the front end sees it",

@@ -33,7 +33,7 @@ def test_the_loop_lag_is_the_time_a_blocking_callback_held_the_loop():
     lags: list[float] = []
 
     async def main():
-        monitor = LoopLagMonitor(lags.append)
+        monitor = LoopLagMonitor(lags.append, tick_s=0.005)
         monitor.start()
         await asyncio.sleep(0.1)
         quiet = len(lags)
@@ -109,6 +109,26 @@ def test_without_a_callback_the_client_times_nothing(segment):
     assert asyncio.run(main()) is None
 
 
+def test_the_monitor_ticks_slower_while_idle():
+    lags: list[float] = []
+    busy = [True]
+
+    async def main():
+        monitor = LoopLagMonitor(lags.append, tick_s=0.01, idle_tick_s=0.2, busy=lambda: busy[0])
+        monitor.start()
+        await asyncio.sleep(0.3)
+        serving = len(lags)
+        busy[0] = False
+        await asyncio.sleep(0.05)  # the tick already asked for ends; from then on idle ticks
+        before_idle = len(lags)
+        await asyncio.sleep(0.5)
+        await monitor.stop()
+        return serving, len(lags) - before_idle
+
+    serving, idle = asyncio.run(main())
+    assert serving >= 10 and 1 <= idle <= 4  # 100 Hz while busy, 5 Hz idle
+
+
 def test_the_new_histograms_are_in_the_exposition_with_their_buckets():
     metrics = FrontendMetrics(None, "m")
     metrics.loop_lag.observe(0.07)
@@ -134,7 +154,7 @@ def test_the_app_runs_the_loop_lag_monitor_while_serving(segment, tmp_path):
 
     with TestClient(build_app(config)) as client:
         first = count(client.get("/metrics").text)
-        time.sleep(0.1)
+        time.sleep(0.6)  # idle: a tick every 250 ms
         text = client.get("/metrics").text
     assert count(text) > first  # the timer ticks on the app's loop
     assert 'blink:frontend_egress_gap_seconds_count{model_name="m"} 0.0' in text  # nothing in flight
