@@ -24,7 +24,7 @@ from blink.bench.result_folder import ISOLATED, raw_requests
 from blink.bench.runner import requests_for_window, run_load
 from blink.bench.sched_knobs import AttackerKnobs
 from blink.bench.serve import load_config, run_config
-from blink.bench.server_stalls import gc_delta, read_frontend, stall_delta
+from blink.bench.server_stalls import engine_delta, gc_delta, read_server, stall_delta
 from blink.util.cpus import format_cpu_list
 
 
@@ -91,7 +91,7 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
     config = load_config(args, sweep.base_url, sweep.model, rate, args.point_seconds, args.drain_seconds)
     cpu = CpuMeter(sweep.engine_pid)
     cache_reset = reset_prefix_cache(sweep.base_url)
-    frontend_before = read_frontend(sweep.base_url)
+    server_before = read_server(sweep.base_url)
     try:
         if attack:
             attack.start()
@@ -105,7 +105,7 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         attackers_alive = attack.running if attack else 0
     finally:
         reports = attack.stop() if attack else []
-    frontend_after = read_frontend(sweep.base_url)
+    server_after = read_server(sweep.base_url)
     bench = outcome.summary()
     tokens = bench["total_output_tokens"]
     per_token = lambda total, scale: total * scale / tokens if total is not None and tokens else None
@@ -122,9 +122,10 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         "engine_cpu_s_per_1k_tokens": per_token(cpu_seconds, 1000),
         "gpu_energy_mj": gpu.energy_mj, "energy_per_output_token_mj": per_token(gpu.energy_mj, 1),
         "gpu_mean_utilization_pct": gpu.mean_utilization_pct, "gpu_mean_power_w": gpu.mean_power_w,
-        # the front end's collections, loop lags and egress gaps during the load (and its drain): server_stalls.py
-        "frontend_gc": gc_delta(frontend_before.gc, frontend_after.gc),
-        "frontend_stalls": stall_delta(frontend_before.stalls, frontend_after.stalls),
+        # the front end's collections, loop lags, egress gaps and the engine's steps during the load and its drain
+        "frontend_gc": gc_delta(server_before.gc, server_after.gc),
+        "frontend_stalls": stall_delta(server_before.stalls, server_after.stalls),
+        "engine_steps": engine_delta(server_before.engine, server_after.engine),  # steps, tokens per step
         "attacker_knobs": {**knobs.as_dict(), "cgroup": sweep.cgroup},
         "attackers": [{k: r.get(k) for k in ("cpu", "iterations", "returncode", "nice", "policy", "cgroup")}
                       for r in reports],

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 
-from blink.bench.pauses import server_pauses
 from blink.bench.result_folder import (
     ISOLATED,
     condition,
@@ -21,6 +20,7 @@ from blink.bench.result_folder import (
     point_key,
     request_samples,
 )
+from blink.bench.server_report import pauses_section, steps_section
 from blink.bench.stats import pooled_percentile, ratio_spread, spread
 
 # name -> how one repeat gives it
@@ -175,65 +175,6 @@ def runs_section(runs: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def full_gcs_cell(gc: dict | None) -> str:
-    """The point's full (generation 2) collections: "n / t ms", "0" when none, "-" when unknown. A front end
-    that had made no full collection before the point reports no generation-2 series at all, one that had
-    made some reports a difference of 0: both are none."""
-    if gc is None:
-        return "-"
-    count = gc.get("gen2_count", 0)
-    return f"{count:g} / {gc.get('gen2_seconds', 0.0) * 1000:.0f} ms" if count else "0"
-
-
-def stall_cell(stalls: dict | None, series: str) -> str:
-    """Over 50 / over 100 ms, and the longest's bucket bound: "2 / 1, <= 250 ms"; "-" when unknown."""
-    found = (stalls or {}).get(series)
-    if found is None:
-        return "-"
-    le = found["longest_le"]
-    if le is None:
-        return f"{found['over_50ms']} / {found['over_100ms']}"
-    finite = [float(b) for b in found["buckets"] if b != "+Inf"]
-    bound = f"<= {float(le) * 1000:g} ms" if le != "+Inf" else f"> {max(finite, default=0.0) * 1000:g} ms"
-    return f"{found['over_50ms']} / {found['over_100ms']}, {bound}"
-
-
-def pauses_section(rows: list[dict]) -> str:
-    """Each repeat's whole-server pauses (pauses.server_pauses): when at least 80% of the decoding streams
-    wait over 60 ms for a token at once; beside them what the front end saw over the point."""
-    lines = ["## Whole-server pauses\n", "Moments when at least 80% of the streams decoding (and 5 or more) sat in "
-             "an inter-token gap over 60 ms at once (blink/bench/pauses.py): start s from the first send, length "
-             "ms, streams waiting / decoding. Beside them, over the whole point, from the front end's /metrics "
-             "(blink/bench/server_stalls.py): its full (generation 2) garbage collections, count / total ms; its "
-             "event loop's lags (a blocked loop) and the egress gaps while requests were in flight (the engine "
-             "silent, or the front end's reader held up with the loop), and the engine's own busy step intervals "
-             "(its clock: the GPU's in device mode; a stalled engine shows here, a front end that stopped reading "
-             "does not), each as count over 50 ms / over 100 ms and the histogram bound of the longest; - where "
-             "the server does not report it.\n",
-             "| layout | mode | condition | rate (req/s) | repeat | pauses | front-end full GCs | "
-             "loop lags > 50 / > 100 ms | egress gaps > 50 / > 100 ms | engine step intervals > 50 / > 100 ms |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    untimed = 0
-    for row in rows:
-        for point in row["_repeats"]:
-            found = server_pauses(point.get("requests") or {})
-            if found is None:
-                untimed += 1
-                continue
-            cells = "; ".join(f"{p.start_s:.2f} s {p.length_s * 1000:.0f} ms {p.streams}/{p.decoding}"
-                              for p in found) or "none"
-            stalls = point.get("frontend_stalls")  # None or absent: not measured
-            front = [full_gcs_cell(point.get("frontend_gc")),
-                     *(stall_cell(stalls, series) for series in ("loop_lag", "egress_gap", "engine_interval"))]
-            lines.append(f"| {row['layout']} | {row['mode']} | {condition(row)} | {row['request_rate']:.2f} | "
-                         f"{point['run_id']}-r{point['repeat']} | {cells} | {' | '.join(front)} |")
-    if len(lines) == 4:
-        lines = lines[:2]  # no timed repeat: no table
-    if untimed:
-        lines.append(f"\n{untimed} repeats were saved before send times were recorded: no pauses read from them.")
-    return "\n".join(lines) + "\n"
-
-
 def write_report(result_dir: str) -> list[str]:
     """Regenerate results.md, summary.json and the plots from every repeat in the folder."""
     from blink.bench.interference_plots import plot_layout
@@ -246,6 +187,7 @@ def write_report(result_dir: str) -> list[str]:
                 "repeats' requests with a 95% bootstrap interval.\n\n")
         f.write(markdown_table(rows))
         f.write("\n" + ratios_section(rows))
+        f.write("\n" + steps_section(rows))
         f.write("\n" + pauses_section(rows))
         f.write("\n" + runs_section(load_runs(result_dir)))
     with open(written[1], "w", encoding="utf-8") as f:

@@ -8,7 +8,9 @@ the point's):
   longest). Together they tell a whole-server pause (blink/bench/pauses.py) of a blocked front end from one
   of a silent engine;
 - the engine's busy step intervals (blink:engine_step_interval_seconds, from the control block: on the GPU's
-  clock in device mode): an engine that really stalled shows here, a front end that stopped reading does not.
+  clock in device mode): an engine that really stalled shows here, a front end that stopped reading does not;
+- the engine's steps and generated tokens (blink:engine_steps, blink:engine_generated_tokens): tokens per step
+  and energy per step, beside energy per token (a faster engine at a fixed rate runs more, smaller steps).
 
 A server without a series (the HF peer; a blink before 2026-12-01 session 9 for the collections, before
 session 10 for the stalls) gives None for it.
@@ -26,12 +28,17 @@ STALL_SERIES = {"loop_lag": "blink:frontend_loop_lag_seconds", "egress_gap": "bl
 OVER_S = {"over_50ms": 0.05, "over_100ms": 0.1}
 
 
+ENGINE_COUNTERS = {"steps": "blink:engine_steps", "generated_tokens": "blink:engine_generated_tokens"}
+
+
 @dataclass(frozen=True)
-class FrontendReading:
-    """One scrape: the collections' totals and the stall histograms' cumulative buckets ({le: count})."""
+class ServerReading:
+    """One scrape: the collections' totals, the stall histograms' cumulative buckets ({le: count}) and the
+    engine's step and token counters."""
 
     gc: dict[str, float] | None
     stalls: dict[str, dict[str, float] | None] | None
+    engine: dict[str, float] | None = None
 
 
 def metric_families(base_url: str) -> list | None:
@@ -77,9 +84,24 @@ def stall_buckets(families: list | None) -> dict[str, dict[str, float] | None] |
     return found if any(v is not None for v in found.values()) else None
 
 
-def read_frontend(base_url: str) -> FrontendReading:
+def engine_counters(families: list | None) -> dict[str, float] | None:
+    """{"steps": n, "generated_tokens": n} over the engine's life (the control block's counters), or None."""
+    by_name = {series: key for key, series in ENGINE_COUNTERS.items()}
+    found = {by_name[f.name]: sum(x.value for x in f.samples) for f in families or () if f.name in by_name}
+    return found if len(found) == len(ENGINE_COUNTERS) else None
+
+
+def read_server(base_url: str) -> ServerReading:
     families = metric_families(base_url)
-    return FrontendReading(gc_totals(families), stall_buckets(families))
+    return ServerReading(gc_totals(families), stall_buckets(families), engine_counters(families))
+
+
+def engine_delta(before: dict | None, after: dict | None) -> dict | None:
+    """The point's engine steps and generated tokens, and their ratio (tokens per step), or None."""
+    if before is None or after is None:
+        return None
+    steps, tokens = after["steps"] - before["steps"], after["generated_tokens"] - before["generated_tokens"]
+    return {"steps": steps, "generated_tokens": tokens, "tokens_per_step": tokens / steps if steps else None}
 
 
 def read_gc_totals(base_url: str) -> dict[str, float] | None:

@@ -31,7 +31,7 @@ def test_repeated_sweep_keeps_every_repeat_and_summarises(fake_server, tmp_path)
         assert p["mode"] == "fake" and p["layout"] == "shared" and p["model"] == MODEL
         assert p["bench"]["completed"] > 0 and p["bench"]["failed"] == 0
         assert p["engine_pid"] == os.getpid()  # read from the fake's blink:engine_pid gauge
-        assert p["frontend_gc"] is None and p["frontend_stalls"] is None  # the fake has no front-end series
+        assert p["frontend_gc"] is None and p["frontend_stalls"] is None and p["engine_steps"] is None  # no series
         # the raw per-request latencies are kept, and give back the summary's percentiles' inputs
         assert len(request_samples(p, "ttft")) == p["bench"]["completed"]
         assert len(request_samples(p, "itl")) > 0

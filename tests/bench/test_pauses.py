@@ -45,7 +45,7 @@ def test_repeats_saved_without_send_times_give_none():
 
 
 def test_the_report_lists_each_timed_repeat_and_counts_the_untimed(tmp_path):
-    from blink.bench.interference_report import pauses_section
+    from blink.bench.server_report import pauses_section
     timed = {"run_id": "a", "repeat": 0, "requests": raw_requests(streams(lambda i: 70 - 5 * i)),
              "frontend_gc": {"gen0_count": 40.0, "gen0_seconds": 0.004, "gen2_count": 1.0, "gen2_seconds": 0.142}}
     untimed = {"run_id": "b", "repeat": 1, "requests": {}}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from blink.bench import server_stalls
-from blink.bench.interference_report import full_gcs_cell, pauses_section
 from blink.bench.result_folder import raw_requests
+from blink.bench.server_report import full_gcs_cell, pauses_section, steps_section
 from blink.frontend.metrics import FrontendMetrics
 from blink.transport.layout import ControlBlock, step_interval_bucket
 from tests.bench.test_pauses import streams
@@ -41,7 +41,7 @@ def test_stalls_over_a_point_are_the_bucket_differences(monkeypatch):
     metrics.egress_gap.observe(0.02)
     metrics.gc_collected(2, 0.005)
     serve(monkeypatch, [before, exposition(metrics)])
-    first, second = server_stalls.read_frontend("http://x"), server_stalls.read_frontend("http://x")
+    first, second = server_stalls.read_server("http://x"), server_stalls.read_server("http://x")
     stalls = server_stalls.stall_delta(first.stalls, second.stalls)
     lag, gap = stalls["loop_lag"], stalls["egress_gap"]
     assert (lag["count"], lag["over_50ms"], lag["over_100ms"], lag["longest_le"]) == (4, 3, 2, "0.25")
@@ -55,7 +55,7 @@ def test_a_quiet_point_and_a_server_without_the_series(monkeypatch):
     text = exposition(metrics)  # the histograms are there from the start, empty
     peer = '# TYPE blink:engine_pid gauge\nblink:engine_pid{model_name="fake"} 1.0\n'
     serve(monkeypatch, [text, text, peer])
-    first, second, other = (server_stalls.read_frontend("http://x") for _ in range(3))
+    first, second, other = (server_stalls.read_server("http://x") for _ in range(3))
     quiet = server_stalls.stall_delta(first.stalls, second.stalls)
     lag = quiet["loop_lag"]
     assert (lag["count"], lag["over_50ms"], lag["over_100ms"], lag["longest_le"]) == (0, 0, 0, None)
@@ -78,7 +78,7 @@ def test_the_engine_step_intervals_come_from_the_control_block(monkeypatch):
     assert 'blink:engine_step_interval_seconds_bucket{le="0.005",model_name="m"} 50.0' in after
     assert 'blink:engine_step_interval_seconds_bucket{le="+Inf",model_name="m"} 53.0' in after
     serve(monkeypatch, [before, after])
-    first, second = server_stalls.read_frontend("http://x"), server_stalls.read_frontend("http://x")
+    first, second = server_stalls.read_server("http://x"), server_stalls.read_server("http://x")
     engine = server_stalls.stall_delta(first.stalls, second.stalls)["engine_interval"]
     assert (engine["count"], engine["over_50ms"], engine["over_100ms"], engine["longest_le"]) == (53, 1, 1, "0.25")
 
@@ -114,3 +114,27 @@ def test_the_pauses_table_shows_stalls_where_measured_and_a_dash_elsewhere():
     assert "| c-r0 | 0.72 s 150 ms 10/10 | - | - | - | - |" in text
     header = next(line for line in text.splitlines() if line.startswith("| layout"))
     assert all(line.count("|") == header.count("|") for line in text.splitlines() if line.startswith("| split"))
+
+
+def test_the_engine_steps_of_a_point_and_their_table(monkeypatch):
+    """blink:engine_steps / _generated_tokens before and after a point give its steps and tokens per step; the
+    report's steps section shows them with the GPU's energy per step, and skips points without them."""
+    metrics = FrontendMetrics(None, "m")
+    ctl = ControlBlock()
+    ctl.steps, ctl.tokens = 100, 900
+    before = exposition(metrics, ctl)
+    ctl.steps, ctl.tokens = 150, 1300
+    serve(monkeypatch, [before, exposition(metrics, ctl), "# nothing\n"])
+    first, second, peer = (server_stalls.read_server("http://x") for _ in range(3))
+    steps = server_stalls.engine_delta(first.engine, second.engine)
+    assert steps == {"steps": 50, "generated_tokens": 400, "tokens_per_step": 8.0}
+    assert peer.engine is None and server_stalls.engine_delta(first.engine, peer.engine) is None
+    other = {"steps": 40, "generated_tokens": 400, "tokens_per_step": 10.0}
+    row = {"layout": "split", "mode": "device", "attack_kind": "none", "attack_level": 0.0, "variant": "",
+           "request_rate": 24.0, "_repeats": [{"engine_steps": steps, "gpu_energy_mj": 25_000.0},
+                                              {"engine_steps": other, "gpu_energy_mj": 24_000.0}]}
+    old = {**row, "mode": "host", "_repeats": [{"gpu_energy_mj": 1.0}]}  # before session 10: no steps
+    text = steps_section([row, old])
+    assert "| split | device | isolated | 24.00 | 2 | 45 [40-50] | 9.00 [8.00-10.00] | 550.0 [500.0-600.0] |" in text
+    assert "| host |" not in text
+    assert "No repeat recorded" in steps_section([old])
