@@ -27,7 +27,7 @@ import triton.language as tl
 
 from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _refine_kernel, _resolve_kernel
 from blink.kernels.sampling_penalties import prologue
-from blink.kernels.sampling_plan import log2_buckets
+from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, log2_buckets
 from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the reference lives there)
     SampleOutput,
     apply_penalties_ref,
@@ -142,7 +142,7 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
             largest = tl.max(tl.load(part_largest_ptr + part, mask=in_range, other=-_INT32_MAX - 1), 0)
             write_top_from_candidates(
                 raw_row, scratch_ptr + row.to(tl.int64) * vocab_size, cand_key_ptr + row * CAND,
-                cand_id_ptr + row * CAND, tl.load(counter_ptr + row * 2 + 1),
+                cand_id_ptr + row * CAND, tl.load(counter_ptr + row * COUNTERS + 1),
                 top_floor(top_keys_ptr, part_smallest_ptr, row, K, NUM_CHUNKS, CHUNKS_PAD), largest, normalizer,
                 ids_out, logprobs_out, vocab_size, K, K_PAD, CAND, SMALL, BLOCK)
         else:
@@ -198,7 +198,8 @@ class _Plan:
         self.part_total = torch.empty(num_rows, self.num_chunks, dtype=torch.int64, device=device)
         self.hist = torch.empty(num_rows, 2 * num_buckets, dtype=torch.int32, device=device)  # coarse, fine
         self.sums = torch.empty(num_rows, 2, dtype=torch.int64, device=device)
-        self.counters = torch.empty(num_rows, 2, dtype=torch.int32, device=device)
+        self.counters = torch.empty(num_rows, COUNTERS.value, dtype=torch.int32, device=device)
+        self.row_plans = torch.empty(num_rows, PLAN_WORDS.value, dtype=torch.int64, device=device)  # refine's
         self.fell_back = torch.empty(num_rows, dtype=torch.int32, device=device)  # rows the resolve searched
         self.cand_i32 = torch.empty(3, num_rows, self.cand, dtype=torch.int32, device=device)
 
@@ -220,17 +221,18 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
     _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
                               vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION)
     _refine_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
-                              vocab_size, **levels, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION)
-    _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
-                               plan.counters, plan.cand_i32[0], state.num_logprobs, plan.top_keys, plan.part_i32[1],
-                               plan.cand_i32[1], plan.cand_i32[2], vocab_size, **levels, CAND=plan.cand,
+                              plan.counters, plan.row_plans, vocab_size, **levels, CHUNK=plan.chunk, BLOCK=plan.block,
+                              num_warps=4, **_NO_FUSION)
+    _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.row_plans, plan.sums, plan.counters,
+                               plan.cand_i32[0], state.num_logprobs, plan.top_keys, plan.part_i32[1],
+                               plan.cand_i32[1], plan.cand_i32[2], vocab_size, **sizes, CAND=plan.cand,
                                K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=8,
-                               **_NO_FUSION)  # 8 warps: the plans' NB-wide scans
+                               **_NO_FUSION)  # 8 warps: chosen when it also ran the plans' NB-wide scans
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
     _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, plan.fell_back, *params, plan.row_max,
-                                 plan.kept_min, plan.part_total, plan.hist, plan.sums, plan.cand_i32[0], vocab_size,
-                                 **levels, CAND=plan.cand, SMALL=plan.small, BLOCK=_row_block(vocab_size),
-                                 num_warps=_ROW_WARPS, **_NO_FUSION)
+                                 plan.kept_min, plan.row_plans, plan.sums, plan.cand_i32[0], vocab_size,
+                                 P=plan.num_chunks, P_PAD=plan.chunks_pad, CAND=plan.cand, SMALL=plan.small,
+                                 BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS, **_NO_FUSION)
     return out
 
 

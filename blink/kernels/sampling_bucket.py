@@ -8,17 +8,19 @@ the threshold is narrowed in two histogram levels (sampling_plan):
      kept key.
   2. _refine_kernel: every program plans the same coarse range [J_lo, J_hi] that must hold the threshold and
      histograms the kept tokens inside it into fine buckets; the exact weight of the kept tokens before J_lo
-     goes to one per-row sum (int64, so order does not matter).
-  3. _compact_kernel: the fine plan's range [f_lo, f_hi] inside it; its tokens are copied into a per-row
-     candidate list, and the exact weight of the range's tokens before f_lo to a second sum.
+     goes to one per-row sum (int64, so order does not matter). The row's last program to finish (a ticket)
+     plans the fine range [f_lo, f_hi] and stores both plans for the two kernels after it (row_plans).
+  3. _compact_kernel: the fine range's tokens are copied into a per-row candidate list, and the exact weight
+     of the coarse range's tokens before f_lo goes to a second sum.
   4. _resolve_kernel: one program per row sorts the candidates and applies sampling_ref's definition to
      them, offset by the exact count and weight before them: the same threshold, ties included.
 Triton's histogram costs per token in proportion to its bucket count (perf.md, 2026-12-01 session 8: 4,096
 buckets were 459 of a 632 us sampler at S = 32), so two small levels replace one fine one; the fine level also
 keeps a flat row's candidates few, where one coarse level overflowed them. A row whose candidates still do not
 fit (or whose maximum is not finite) runs sampling_select's search instead: still exact, only slower. Scratch:
-hist [S, 2 * NB] i32 (coarse, then fine) and sums [S, 2] i64, zeroed by the penalties kernel; part_max /
-part_min [S, P] i32, part_total [S, P] i64, candidates [S, CAND] i32.
+hist [S, 2 * NB] i32 (coarse, then fine), sums [S, 2] i64 and counters [S, COUNTERS] i32, zeroed by the
+penalties kernel; part_max / part_min [S, P] i32, part_total [S, P] i64, row_plans [S, PLAN_WORDS] i64,
+candidates [S, CAND] i32.
 """
 from __future__ import annotations
 
@@ -26,12 +28,16 @@ import triton
 import triton.language as tl
 
 from blink.kernels.sampling_plan import (
+    COUNTERS,
+    PLAN_WORDS,
     coarse_bucket,
     fine_bucket,
+    load_row_plan,
     plan_coarse,
     plan_fine,
     refinement,
     scaled_distance,
+    store_row_plan,
 )
 from blink.kernels.sampling_select import canonical, key_value, search_threshold, sortable_key
 from blink.kernels.sampling_topk import asks_for_logprobs, compact_top_chunk
@@ -140,10 +146,11 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
 
 @triton.jit
 def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-                   key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, vocab_size: tl.constexpr, NB: tl.constexpr,
-                   LOG2_NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CHUNK: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    """The fine histogram of the coarse range, and the exact weight of the kept tokens before it."""
+                   key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, plan_ptr, vocab_size: tl.constexpr,
+                   NB: tl.constexpr, LOG2_NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
+                   CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """The fine histogram of the coarse range, and the exact weight of the kept tokens before it; the row's last
+    program to finish plans the fine level for the kernels after (store_row_plan)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
@@ -151,12 +158,13 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
     top, finite = _row_top(key_max_ptr, row, P, P_PAD)
     if filtered & finite:
         hist_row = hist_ptr + row * (2 * NB)
-        _, j_lo, j_hi, _, _, _, _, _ = plan_coarse(hist_row, part_total_ptr + row * P, top_k, top_p, NB, P, P_PAD)
+        top_k_active, j_lo, j_hi, num_above, _, num_kept, total, budget = plan_coarse(
+            hist_row, part_total_ptr + row * P, top_k, top_p, NB, P, P_PAD)
+        span = j_hi - j_lo + 1
+        r = refinement(span, NB, LOG2_NB)
         if j_lo <= j_hi:
             src, inv_temperature, s_max, cutoff = _row_scale(logits_ptr, processed_ptr, row, processed, temperature,
                                                              min_p, top, vocab_size)
-            span = j_hi - j_lo + 1
-            r = refinement(span, NB, LOG2_NB)
             fine = tl.zeros([NB], tl.int32)
             before = tl.zeros([BLOCK], tl.int64)
             for start in range(0, CHUNK, BLOCK):
@@ -170,15 +178,25 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
             weight_before = tl.sum(before, 0)
             if weight_before != 0:
                 tl.atomic_add(sums_ptr + row * 2, weight_before)
+        # A ticket per row (acq_rel): the program that takes the last one sees every chunk's counts and weight.
+        if tl.atomic_add(counter_ptr + row * COUNTERS + 2, 1) == P - 1:
+            f_lo = tl.full([], 1, tl.int32)
+            f_hi = tl.zeros([], tl.int32)
+            num_candidates = tl.zeros([], tl.int32)
+            if j_lo <= j_hi:
+                _fine_top_k, f_lo, f_hi, num_above, num_candidates = plan_fine(
+                    hist_row, j_lo, j_hi, r, num_above, tl.load(sums_ptr + row * 2), total, num_kept, top_k, top_p,
+                    budget, NB)
+            store_row_plan(plan_ptr + row * PLAN_WORDS, top_k_active, j_lo, j_hi, r, f_lo, f_hi, num_above,
+                           num_candidates, total)
 
 
 @triton.jit
 def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
-                    min_p_ptr, key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, cand_ptr,
-                    num_logprobs_ptr, top_keys_ptr, part_smallest_ptr, cand_key_ptr, cand_id_ptr,
-                    vocab_size: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr, P: tl.constexpr,
-                    P_PAD: tl.constexpr, CAND: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr,
-                    BLOCK: tl.constexpr):
+                    min_p_ptr, key_max_ptr, plan_ptr, sums_ptr, counter_ptr, cand_ptr, num_logprobs_ptr,
+                    top_keys_ptr, part_smallest_ptr, cand_key_ptr, cand_id_ptr, vocab_size: tl.constexpr,
+                    NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CAND: tl.constexpr, K: tl.constexpr,
+                    CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """The threshold's candidates (filtered rows) and, with K > 0, the top-K logprobs' (rows that ask)."""
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -186,15 +204,9 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
     top, finite = _row_top(key_max_ptr, row, P, P_PAD)
     if filtered & finite:
-        hist_row = hist_ptr + row * (2 * NB)
-        _, j_lo, j_hi, num_above, _, num_kept, total, budget = plan_coarse(hist_row, part_total_ptr + row * P, top_k,
-                                                                           top_p, NB, P, P_PAD)
+        _, j_lo, j_hi, r, f_lo, f_hi, _, num_candidates, _ = load_row_plan(plan_ptr + row * PLAN_WORDS)
         if j_lo <= j_hi:
             span = j_hi - j_lo + 1
-            r = refinement(span, NB, LOG2_NB)
-            mass_coarse = tl.load(sums_ptr + row * 2)
-            _, f_lo, f_hi, _, num_candidates = plan_fine(hist_row, j_lo, j_hi, r, num_above, mass_coarse, total,
-                                                         num_kept, top_k, top_p, budget, NB)
             if num_candidates <= CAND:  # else the resolve kernel searches the whole row
                 src, inv_temperature, s_max, cutoff = _row_scale(logits_ptr, processed_ptr, row, processed,
                                                                  temperature, min_p, top, vocab_size)
@@ -214,7 +226,7 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
                     tl.atomic_add(sums_ptr + row * 2 + 1, weight_before)
                 total_inside = tl.sum(num_inside, 0)
                 if total_inside > 0:
-                    base = tl.atomic_add(counter_ptr + row * 2, total_inside)
+                    base = tl.atomic_add(counter_ptr + row * COUNTERS, total_inside)
                     for start in range(0, CHUNK, BLOCK):
                         offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
                         x, kept, coarse, in_range, fine = _classify(src, offs, inv_temperature, s_max, cutoff, j_lo,
@@ -254,10 +266,9 @@ def _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor, 
 
 @triton.jit
 def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_ptr, slots_ptr, flags_ptr,
-                    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, kept_min_ptr, part_total_ptr,
-                    hist_ptr, sums_ptr, cand_ptr, vocab_size: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr,
-                    P: tl.constexpr, P_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr,
-                    BLOCK: tl.constexpr):
+                    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, kept_min_ptr, plan_ptr, sums_ptr,
+                    cand_ptr, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CAND: tl.constexpr,
+                    SMALL: tl.constexpr, BLOCK: tl.constexpr):
     """out[row] = sampling_ref.keep_thresholds; rows with no filter write -inf. fell_back[row]: 1 where the
     row took the one-program search (the plan's candidates did not fit), else 0."""
     row = tl.program_id(0)
@@ -267,17 +278,15 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_p
     fell_back = tl.zeros([], tl.int32)
     if filtered:
         top, finite = _row_top(key_max_ptr, row, P, P_PAD)
-        hist_row = hist_ptr + row * (2 * NB)
-        top_k_active, j_lo, j_hi, num_above, num_candidates, num_kept, total, budget = plan_coarse(
-            hist_row, part_total_ptr + row * P, top_k, top_p, NB, P, P_PAD)
         c = tl.arange(0, P_PAD)
         floor = tl.min(tl.load(kept_min_ptr + row * P + c, mask=c < P, other=_INT32_MAX), 0)  # smallest kept
         searched = finite.to(tl.int32)
+        # the refine kernel planned finite rows only: the others' words are never read
+        top_k_active, j_lo, j_hi, _, f_lo, f_hi, num_above, num_candidates, total = load_row_plan(
+            plan_ptr + row * PLAN_WORDS)
         if finite & (j_lo <= j_hi):
-            r = refinement(j_hi - j_lo + 1, NB, LOG2_NB)
+            budget = top_p.to(tl.float64) * total.to(tl.float64)  # plan_coarse's
             mass_coarse = tl.load(sums_ptr + row * 2)
-            _, f_lo, f_hi, num_above, num_candidates = plan_fine(hist_row, j_lo, j_hi, r, num_above, mass_coarse,
-                                                                 total, num_kept, top_k, top_p, budget, NB)
             searched = ((num_candidates <= CAND) & (f_lo <= f_hi)).to(tl.int32)  # f_lo <= f_hi: the plan is sound
             if searched:
                 inv_temperature = tl.math.div_rn(1.0, temperature)

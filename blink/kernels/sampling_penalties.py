@@ -9,6 +9,7 @@ import triton.language as tl
 
 from blink.kernels.sampling_bucket import is_filtered
 from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
+from blink.kernels.sampling_plan import COUNTERS
 from blink.kernels.sampling_select import canonical, sortable_key
 from blink.kernels.sampling_topk import asks_for_logprobs, store_chunk_top
 
@@ -87,7 +88,7 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
     tl.store(hist_ptr + row * NB + z, tl.zeros([ZERO], tl.int32), mask=z < NB)
     if tl.program_id(1) == 0:
         tl.store(sums_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int64))
-        tl.store(counter_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int32))
+        tl.store(counter_ptr + row * COUNTERS + tl.arange(0, COUNTERS), tl.zeros([COUNTERS], tl.int32))
     # Rows with a filter: this chunk's largest processed logit (the buckets are relative to the row's).
     if is_filtered(slot, tl.load(temperature_ptr + safe_slot), tl.load(top_k_ptr + safe_slot),
                    tl.load(top_p_ptr + safe_slot), tl.load(min_p_ptr + safe_slot)):

@@ -126,6 +126,37 @@ def plan_fine(hist_row, j_lo, j_hi, r, num_above, mass_above, total, num_kept, t
                       total, tl.sum(after * w_min, 0), tl.sum(after * w_max, 0), num_kept, top_k, top_p, budget, NB)
 
 
+# The row's plan, computed once (by the refine kernel's last program of the row) and read by the compaction
+# and the resolve, which before recomputed both levels in every program (about 2 us each on the H200's
+# profile, session 10). int64 words: top_k_active, j_lo, j_hi, r, f_lo, f_hi, num_above, num_candidates,
+# total (f_lo > f_hi and no candidates when the coarse range is empty).
+PLAN_WORDS = tl.constexpr(16)
+# int32 words per row of the selection's `counters`: candidates taken, top-K candidates taken, the refine
+# kernel's ticket, spare (the penalties kernel zeroes them)
+COUNTERS = tl.constexpr(4)
+
+
+@triton.jit
+def store_row_plan(plan_row, top_k_active, j_lo, j_hi, r, f_lo, f_hi, num_above, num_candidates, total):
+    tl.store(plan_row + 0, top_k_active.to(tl.int64))
+    tl.store(plan_row + 1, j_lo.to(tl.int64))
+    tl.store(plan_row + 2, j_hi.to(tl.int64))
+    tl.store(plan_row + 3, r.to(tl.int64))
+    tl.store(plan_row + 4, f_lo.to(tl.int64))
+    tl.store(plan_row + 5, f_hi.to(tl.int64))
+    tl.store(plan_row + 6, num_above.to(tl.int64))
+    tl.store(plan_row + 7, num_candidates.to(tl.int64))
+    tl.store(plan_row + 8, total.to(tl.int64))
+
+
+@triton.jit
+def load_row_plan(plan_row):
+    """(top_k_active, j_lo, j_hi, r, f_lo, f_hi, num_above, num_candidates, total), as store_row_plan took them."""
+    return (tl.load(plan_row + 0) != 0, tl.load(plan_row + 1).to(tl.int32), tl.load(plan_row + 2).to(tl.int32),
+            tl.load(plan_row + 3).to(tl.int32), tl.load(plan_row + 4).to(tl.int32), tl.load(plan_row + 5).to(tl.int32),
+            tl.load(plan_row + 6).to(tl.int32), tl.load(plan_row + 7).to(tl.int32), tl.load(plan_row + 8))
+
+
 def log2_buckets(num_buckets: int) -> int:
     """LOG2_NB for the launches."""
     assert num_buckets >= 32 and num_buckets & (num_buckets - 1) == 0, "num_buckets: a power of two >= 32"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from blink.kernels.sampling_plan import COUNTERS
 from blink.kernels.sampling_select import canonical, key_value, sortable_key, write_top_logprobs
 
 _INT32_MIN = tl.constexpr(-0x7FFFFFFF - 1)
@@ -75,7 +76,7 @@ def compact_top_chunk(logits_ptr, row, chunk, top_keys_ptr, part_smallest_ptr, c
         taken = (offs < vocab_size) & (key >= floor)
         num_taken = tl.sum(taken.to(tl.int32), 0)
         if num_taken > 0:
-            base = tl.atomic_add(counter_ptr + row * 2 + 1, num_taken)
+            base = tl.atomic_add(counter_ptr + row * COUNTERS + 1, num_taken)
             slot = base + tl.cumsum(taken.to(tl.int32), 0) - 1
             tl.store(cand_key_ptr + row * CAND + slot, key, mask=taken & (slot < CAND))
             tl.store(cand_id_ptr + row * CAND + slot, offs, mask=taken & (slot < CAND))

@@ -238,7 +238,7 @@ ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_p
         "top_ids_ptr": "*i64", "gstate_ptr": "*i32", "gid_ptr": "*i32", "classes_ptr": "*i32", "row_base_ptr": "*i32",
         "cells_ptr": "*i32", "state_ptr": "*i32", "tokens_ptr": "*i64", "key_max_ptr": "*i32", "kept_min_ptr": "*i32",
         "part_total_ptr": "*i64", "hist_ptr": "*i32", "sums_ptr": "*i64", "counter_ptr": "*i32", "cand_ptr": "*i32",
-        "fell_back_ptr": "*i32",
+        "fell_back_ptr": "*i32", "plan_ptr": "*i64",
         "top_keys_ptr": "*i32", "cand_key_ptr": "*i32", "cand_id_ptr": "*i32"}
 NB = sampling_bucket.NUM_BUCKETS
 rows = dict(vocab_size=V, NB=NB, P=63, P_PAD=64)
@@ -249,8 +249,8 @@ kernels = [
                                                 BLOCK=1024), 4),
     (sampling_bucket._bucket_kernel, dict(rows, CHUNK=2048, BLOCK=1024), 4),
     (sampling_bucket._refine_kernel, dict(levels, CHUNK=2048, BLOCK=1024), 4),
-    (sampling_bucket._compact_kernel, dict(levels, CAND=4096, K=20, CHUNK=2048, BLOCK=1024), 8),
-    (sampling_bucket._resolve_kernel, dict(levels, CAND=4096, SMALL=256, BLOCK=4096), 16),
+    (sampling_bucket._compact_kernel, dict(rows, CAND=4096, K=20, CHUNK=2048, BLOCK=1024), 8),
+    (sampling_bucket._resolve_kernel, dict(vocab_size=V, P=63, P_PAD=64, CAND=4096, SMALL=256, BLOCK=4096), 16),
     (sampling_select.keep_threshold_kernel, dict(vocab_size=V, BLOCK=4096), 16),
     (sampling._choose_kernel, dict(vocab_size=V, NUM_CHUNKS=63, KEY_BYTES=12, CHUNK=2048, BLOCK=1024), 4),
     (sampling._finish_kernel, dict(vocab_size=V, NUM_CHUNKS=63, CHUNKS_PAD=64, K=20, K_PAD=32, CAND=4096,
