@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _refine_kernel, _resolve_kernel
+from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _refine_kernel
 from blink.kernels.sampling_penalties import prologue
 from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, log2_buckets
 from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the reference lives there)
@@ -35,6 +35,7 @@ from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the referen
     keep_thresholds,
     sample_ref,
 )
+from blink.kernels.sampling_resolve import _resolve_kernel
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, race_uniform_ref, row_hash  # noqa: F401
 from blink.kernels.sampling_select import canonical, sortable_key
 from blink.kernels.sampling_topk import (

@@ -12,8 +12,9 @@ the threshold is narrowed in two histogram levels (sampling_plan):
      plans the fine range [f_lo, f_hi] and stores both plans for the two kernels after it (row_plans).
   3. _compact_kernel: the fine range's tokens are copied into a per-row candidate list, and the exact weight
      of the coarse range's tokens before f_lo goes to a second sum.
-  4. _resolve_kernel: one program per row sorts the candidates and applies sampling_ref's definition to
-     them, offset by the exact count and weight before them: the same threshold, ties included.
+  4. _resolve_kernel (sampling_resolve.py): one program per row sorts the candidates and applies
+     sampling_ref's definition to them, offset by the exact count and weight before them: the same threshold,
+     ties included.
 Triton's histogram costs per token in proportion to its bucket count (perf.md, 2026-12-01 session 8: 4,096
 buckets were 459 of a 632 us sampler at S = 32), so two small levels replace one fine one; the fine level also
 keeps a flat row's candidates few, where one coarse level overflowed them. A row whose candidates still do not
@@ -39,7 +40,7 @@ from blink.kernels.sampling_plan import (
     scaled_distance,
     store_row_plan,
 )
-from blink.kernels.sampling_select import canonical, key_value, search_threshold, sortable_key
+from blink.kernels.sampling_select import canonical, key_value, sortable_key
 from blink.kernels.sampling_topk import asks_for_logprobs, compact_top_chunk
 
 # Buckets per level over d in [0, 32): NB / 32 per unit, a power of two. Any such NB gives the same
@@ -239,73 +240,3 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
         if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
             compact_top_chunk(logits_ptr, row, chunk, top_keys_ptr, part_smallest_ptr, counter_ptr, cand_key_ptr,
                               cand_id_ptr, vocab_size, K, P, P_PAD, CAND, CHUNK, BLOCK)
-
-
-@triton.jit
-def _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor, budget, top_k_active, top_k, top_p,
-                        inv_temperature, s_max, SIZE: tl.constexpr):
-    """sampling_ref's threshold over the sorted candidates (SIZE >= num_candidates), offset by the
-    num_above tokens of weight mass_above before them. Returns (key, 1), or (_, 0) if it fell outside."""
-    i = tl.arange(0, SIZE)
-    ordered = tl.sort(tl.load(cand_row + i, mask=i < num_candidates, other=_INT32_MIN), 0, descending=True)
-    searched = tl.full([], 1, tl.int32)
-    if top_k_active:  # the k-th largest (its ties stay too)
-        floor = tl.max(tl.where(i == top_k - 1 - num_above, ordered, _INT32_MIN), 0)
-    if top_p < 1.0:
-        in_set = (i < num_candidates) & (ordered >= floor)
-        weight = tl.where(in_set, top_p_weight(key_value(ordered), inv_temperature, s_max), 0)
-        if top_k_active:  # j_lo is 0: the whole top_k set is here
-            budget = top_p.to(tl.float64) * tl.sum(weight, 0).to(tl.float64)
-        mass_before = mass_above + tl.cumsum(weight, 0) - weight
-        kept = in_set & (mass_before.to(tl.float64) < budget)
-        position = tl.maximum(num_above + tl.sum(kept.to(tl.int32), 0), 1) - 1 - num_above
-        searched = ((position >= 0) & (position < num_candidates)).to(tl.int32)  # always: the plan is sound
-        floor = tl.max(tl.where(i == position, ordered, _INT32_MIN), 0)
-    return floor, searched
-
-
-@triton.jit
-def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_ptr, slots_ptr, flags_ptr,
-                    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, kept_min_ptr, plan_ptr, sums_ptr,
-                    cand_ptr, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CAND: tl.constexpr,
-                    SMALL: tl.constexpr, BLOCK: tl.constexpr):
-    """out[row] = sampling_ref.keep_thresholds; rows with no filter write -inf. fell_back[row]: 1 where the
-    row took the one-program search (the plan's candidates did not fit), else 0."""
-    row = tl.program_id(0)
-    filtered, processed, temperature, top_k, top_p, min_p = row_params(
-        row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
-    threshold = tl.full([], float("-inf"), tl.float32)
-    fell_back = tl.zeros([], tl.int32)
-    if filtered:
-        top, finite = _row_top(key_max_ptr, row, P, P_PAD)
-        c = tl.arange(0, P_PAD)
-        floor = tl.min(tl.load(kept_min_ptr + row * P + c, mask=c < P, other=_INT32_MAX), 0)  # smallest kept
-        searched = finite.to(tl.int32)
-        # the refine kernel planned finite rows only: the others' words are never read
-        top_k_active, j_lo, j_hi, _, f_lo, f_hi, num_above, num_candidates, total = load_row_plan(
-            plan_ptr + row * PLAN_WORDS)
-        if finite & (j_lo <= j_hi):
-            budget = top_p.to(tl.float64) * total.to(tl.float64)  # plan_coarse's
-            mass_coarse = tl.load(sums_ptr + row * 2)
-            searched = ((num_candidates <= CAND) & (f_lo <= f_hi)).to(tl.int32)  # f_lo <= f_hi: the plan is sound
-            if searched:
-                inv_temperature = tl.math.div_rn(1.0, temperature)
-                s_max = key_value(top) * inv_temperature
-                cand_row = cand_ptr + row * CAND
-                mass_above = mass_coarse + tl.load(sums_ptr + row * 2 + 1)
-                if num_candidates <= SMALL:  # the usual case: a short sort
-                    floor, searched = _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor,
-                                                          budget, top_k_active, top_k, top_p, inv_temperature, s_max,
-                                                          SMALL)
-                else:
-                    floor, searched = _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor,
-                                                          budget, top_k_active, top_k, top_p, inv_temperature, s_max,
-                                                          CAND)
-        threshold = key_value(floor)
-        if searched == 0:
-            fell_back = tl.full([], 1, tl.int32)
-            src = _row_source(logits_ptr, processed_ptr, row, processed, vocab_size)
-            threshold = search_threshold(src, scratch_ptr + row.to(tl.int64) * vocab_size, temperature, top_k, top_p,
-                                         min_p, vocab_size, BLOCK)
-    tl.store(out_ptr + row, threshold)
-    tl.store(fell_back_ptr + row, fell_back)

@@ -228,7 +228,7 @@ import inspect
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from blink.kernels import sampling, sampling_bucket, sampling_grammar, sampling_penalties
+from blink.kernels import sampling, sampling_bucket, sampling_grammar, sampling_penalties, sampling_resolve
 from blink.kernels import sampling_select
 
 V = 128256
@@ -250,7 +250,7 @@ kernels = [
     (sampling_bucket._bucket_kernel, dict(rows, CHUNK=2048, BLOCK=1024), 4),
     (sampling_bucket._refine_kernel, dict(levels, CHUNK=2048, BLOCK=1024), 4),
     (sampling_bucket._compact_kernel, dict(rows, CAND=4096, K=20, CHUNK=2048, BLOCK=1024), 8),
-    (sampling_bucket._resolve_kernel, dict(vocab_size=V, P=63, P_PAD=64, CAND=4096, SMALL=256, BLOCK=4096), 16),
+    (sampling_resolve._resolve_kernel, dict(vocab_size=V, P=63, P_PAD=64, CAND=4096, SMALL=256, BLOCK=4096), 16),
     (sampling_select.keep_threshold_kernel, dict(vocab_size=V, BLOCK=4096), 16),
     (sampling._choose_kernel, dict(vocab_size=V, NUM_CHUNKS=63, KEY_BYTES=12, CHUNK=2048, BLOCK=1024), 4),
     (sampling._finish_kernel, dict(vocab_size=V, NUM_CHUNKS=63, CHUNKS_PAD=64, K=20, K_PAD=32, CAND=4096,
