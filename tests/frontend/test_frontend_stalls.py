@@ -3,7 +3,6 @@ flight (a silent engine), to tell the two kinds of whole-server pause apart."""
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import time
 
@@ -15,18 +14,8 @@ from blink.frontend.engine_client import EgressGaps, EngineClient
 from blink.frontend.metrics import FrontendMetrics
 from blink.request import FinishReason, SamplingParams, TokenEvent
 from blink.transport.egress import EgressProducer
-from blink.transport.layout import SegmentLayout
-from blink.transport.shm import Segment
 from blink.util.loop_lag import LoopLagMonitor
 from tests.frontend.server_process import make_tokenizer_only_model
-
-
-@pytest.fixture()
-def segment():
-    seg = Segment.create(f"blink-stalls-{os.getpid()}", SegmentLayout(8, 1024, 8))
-    yield seg
-    seg.close()
-    seg.unlink()
 
 
 def test_the_loop_lag_is_the_time_a_blocking_callback_held_the_loop():

@@ -1,24 +1,13 @@
 """/health follows the engine loop: ready, heartbeat advancing, not exited (in-process app, no engine)."""
 from __future__ import annotations
 
-import os
 import time
 
 import pytest
 from fastapi.testclient import TestClient
 
 from blink.frontend.app import AppConfig, build_app
-from blink.transport.layout import SegmentLayout
-from blink.transport.shm import Segment
 from tests.frontend.server_process import make_tokenizer_only_model
-
-
-@pytest.fixture()
-def segment():
-    seg = Segment.create(f"blink-health-{os.getpid()}", SegmentLayout(8, 1024, 8))
-    yield seg
-    seg.close()
-    seg.unlink()
 
 
 def test_health_tracks_the_engine(segment, tmp_path):
