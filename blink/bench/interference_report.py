@@ -21,7 +21,7 @@ from blink.bench.result_folder import (
     request_samples,
 )
 from blink.bench.server_report import pauses_section, steps_section
-from blink.bench.stats import pooled_percentile, ratio_spread, spread
+from blink.bench.stats import cell, pooled_percentile, ratio_spread, spread
 
 # name -> how one repeat gives it
 METRICS = {
@@ -84,14 +84,6 @@ def with_repeats(points: list[dict]) -> list[dict]:
     for row in rows:
         row["_repeats"] = groups[point_key(row)]
     return rows
-
-
-def cell(s: dict, digits: int = 1) -> str:
-    if not s or s.get("median") is None:
-        return "-"
-    if s["n"] == 1 or s["min"] == s["max"]:
-        return f"{s['median']:.{digits}f}"
-    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
 
 
 def pooled_cell(s: dict) -> str:

@@ -5,16 +5,7 @@ from __future__ import annotations
 
 from blink.bench.pauses import server_pauses
 from blink.bench.result_folder import condition
-from blink.bench.stats import spread
-
-
-def _median_cell(values: list, fmt: str) -> str:
-    s = spread(values)
-    if s["median"] is None:
-        return "-"
-    if s["n"] == 1 or s["min"] == s["max"]:
-        return fmt.format(s["median"])
-    return f"{fmt.format(s['median'])} [{fmt.format(s['min'])}-{fmt.format(s['max'])}]"
+from blink.bench.stats import cell, spread
 
 
 def steps_section(rows: list[dict]) -> str:
@@ -27,15 +18,14 @@ def steps_section(rows: list[dict]) -> str:
              "| layout | mode | condition | rate (req/s) | repeats | steps | tokens / step | mJ / step |",
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
-        found = [(p["engine_steps"], p.get("gpu_energy_mj")) for p in row["_repeats"] if p.get("engine_steps")]
-        found = [(e, mj) for e, mj in found if e["steps"]]
+        found = [(p["engine_steps"], p.get("gpu_energy_mj")) for p in row["_repeats"]
+                 if p.get("engine_steps") and p["engine_steps"]["steps"]]
         if not found:
             continue
         per_step = [mj / e["steps"] if mj is not None else None for e, mj in found]
         lines.append(f"| {row['layout']} | {row['mode']} | {condition(row)} | {row['request_rate']:.2f} | "
-                     f"{len(found)} | {_median_cell([e['steps'] for e, _ in found], '{:.0f}')} | "
-                     f"{_median_cell([e['tokens_per_step'] for e, _ in found], '{:.2f}')} | "
-                     f"{_median_cell(per_step, '{:.1f}')} |")
+                     f"{len(found)} | {cell(spread([e['steps'] for e, _ in found]), 0)} | "
+                     f"{cell(spread([e['tokens_per_step'] for e, _ in found]), 2)} | {cell(spread(per_step))} |")
     if len(lines) == 4:
         lines = lines[:2] + ["No repeat recorded the engine's steps.\n"]
     return "\n".join(lines) + "\n"

@@ -26,8 +26,6 @@ SERIES = "blink:frontend_gc_pause_seconds"
 STALL_SERIES = {"loop_lag": "blink:frontend_loop_lag_seconds", "egress_gap": "blink:frontend_egress_gap_seconds",
                 "engine_interval": "blink:engine_step_interval_seconds"}
 OVER_S = {"over_50ms": 0.05, "over_100ms": 0.1}
-
-
 ENGINE_COUNTERS = {"steps": "blink:engine_steps", "generated_tokens": "blink:engine_generated_tokens"}
 
 
@@ -68,8 +66,8 @@ def gc_totals(families: list | None) -> dict[str, float] | None:
 
 
 def stall_buckets(families: list | None) -> dict[str, dict[str, float] | None] | None:
-    """{"loop_lag": {le: cumulative count}, "egress_gap": ...} (each None without its series), summed over
-    the labels; None without either series."""
+    """{"loop_lag": {le: cumulative count}, "egress_gap": ..., "engine_interval": ...} (each None without its
+    series), summed over the labels; None without any of them."""
     found: dict[str, dict[str, float] | None] = dict.fromkeys(STALL_SERIES)
     by_name = {series: key for key, series in STALL_SERIES.items()}
     for family in families or ():
@@ -103,9 +101,6 @@ def engine_delta(before: dict | None, after: dict | None) -> dict | None:
     steps, tokens = after["steps"] - before["steps"], after["generated_tokens"] - before["generated_tokens"]
     return {"steps": steps, "generated_tokens": tokens, "tokens_per_step": tokens / steps if steps else None}
 
-
-def read_gc_totals(base_url: str) -> dict[str, float] | None:
-    return gc_totals(metric_families(base_url))
 
 
 def gc_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:

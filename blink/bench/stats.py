@@ -55,6 +55,15 @@ def spread(values: Sequence[float | None], seed: int = 0) -> dict:
             "ci_low": low, "ci_high": high}
 
 
+def cell(s: dict, digits: int = 1) -> str:
+    """A spread as a report cell: "median [min-max]", the median alone when the repeats agree, "-" when none."""
+    if not s or s.get("median") is None:
+        return "-"
+    if s["n"] == 1 or s["min"] == s["max"]:
+        return f"{s['median']:.{digits}f}"
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}-{s['max']:.{digits}f}]"
+
+
 def pooled_percentile(groups: Sequence[Sequence[float]], q: float, resamples: int = DEFAULT_RESAMPLES,
                       level: float = DEFAULT_LEVEL, seed: int = 0) -> dict:
     """The q-th percentile over all groups' samples pooled, with a bootstrap interval that resamples

@@ -75,7 +75,7 @@ def test_front_end_collections_are_read_from_metrics_as_a_difference(monkeypatch
             self.text = next(texts)
 
     monkeypatch.setattr(server_stalls.httpx, "get", lambda url, timeout: Response())
-    before = server_stalls.read_gc_totals("http://x")
-    after = server_stalls.read_gc_totals("http://x")
+    before = server_stalls.read_server("http://x").gc
+    after = server_stalls.read_server("http://x").gc
     assert server_stalls.gc_delta(before, after) == {"gen2_count": 2.0, "gen2_seconds": 0.3}
     assert server_stalls.gc_delta(None, after) is None
