@@ -78,9 +78,11 @@ for stage in "$@"; do
       python3 -m bench.kernels.fusion 2>&1 | tee "$OUT/fusion.log" | tail -70;;
     fusion-tests) python3 -m pytest -q -s -m gpu tests/model/test_fusion_gpu.py tests/kernels/test_kernels_gpu.py \
         2>&1 | tee "$OUT/fusion_tests.log" | tail -30;;
-    fusion-step)  # the official step bench (sampling included) with the levers off, then on (FUSION_ENV)
-      python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 | tee "$OUT/fusion_step_off.log"
-      env ${FUSION_ENV:-BLINK_GEMV=all BLINK_PDL=1} python3 -m blink.bench.step step --presets llama3-8b \
+    fusion-step)  # the official step bench (sampling included) with the levers off, then on (FUSION_ENV; default:
+      # the defaults, the GEMV at one row and PDL since 2026-12-02)
+      BLINK_GEMV= BLINK_PDL=0 python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 \
+        | tee "$OUT/fusion_step_off.log"
+      env ${FUSION_ENV:-BLINK_PDL=1} python3 -m blink.bench.step step --presets llama3-8b \
         --batches 1,8,32 2>&1 | tee "$OUT/fusion_step_on.log";;
     sampling)  # issue 17: the selection rows at S = 1/8/32/128, 128 buckets per level (sampling_bucket.NUM_BUCKETS),
       # at the engine's programs per kernel (sampling.programs_for) and at 2,048; mismatches vs the CPU reference / rows

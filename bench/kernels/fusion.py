@@ -23,7 +23,7 @@ import triton
 from bench.kernels import step_kernels as sk
 from blink.kernels.activation import silu_and_mul_triton
 from blink.kernels.gemv import GemvConfig, gemv_ref, gemv_triton
-from blink.kernels.pdl import set_pdl
+from blink.kernels.pdl import pdl_switched
 from blink.kernels.rmsnorm import rms_norm_triton
 from blink.model.fusion import PROJECTIONS, FusionPolicy, apply_fusion_policy
 
@@ -68,15 +68,13 @@ def bench_projection(name: str, k: int, n: int, m: int, sweep: bool) -> dict[str
             variants[label] = (new(config), False)
     results = {}
     for label, (fn, pdl) in variants.items():
-        set_pdl(pdl)
         try:
-            err = sk.rel_err(fn(weights[0]), ref)
-            us = sk.graph_time_us([lambda w=w, fn=fn: fn(w) for w in weights])
+            with pdl_switched(pdl):
+                err = sk.rel_err(fn(weights[0]), ref)
+                us = sk.graph_time_us([lambda w=w, fn=fn: fn(w) for w in weights])
         except Exception as e:  # noqa: BLE001 - one failing variant must not cost the lead the whole run
             print(f"  {label:<34} FAILED: {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
-        finally:
-            set_pdl(False)
         sk.row(label, us, n * k * 2, err)
         results[label] = us
     return results
@@ -109,17 +107,14 @@ def bench_step(model_name: str, batches: list[int], context: int, max_model_len:
         baseline_logits = None
         for label, (gemv, pdl) in LEVERS.items():
             taken = apply_fusion_policy(model, FusionPolicy.parse(gemv))
-            set_pdl(pdl)
             try:
-                with torch.inference_mode():
+                with torch.inference_mode(), pdl_switched(pdl):
                     logits = step().float()
                     kernels = count_kernels(step)
                     us = sk.graph_time_us([step], replays=20)
             except Exception as e:  # noqa: BLE001 - e.g. a driver that cannot capture PDL edges
                 print(f"  {label:<34} FAILED: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 continue
-            finally:
-                set_pdl(False)
             if baseline_logits is None:
                 baseline_logits = logits
             err = sk.rel_err(logits, baseline_logits)

@@ -133,4 +133,5 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         "workload": run_config(args, sweep.base_url, sweep.model, rate),
         "bench": bench,
         "requests": raw_requests(outcome.results),
+        "client_stalls": outcome.client_stalls(),  # the load generator's own loop lags and collections
     }

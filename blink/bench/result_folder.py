@@ -71,12 +71,17 @@ def unpack_gaps(packed: dict) -> list[list[float]]:
     return [flat[end - n:end].tolist() for n, end in zip(packed["counts"], ends, strict=True)]
 
 
+def first_send(results: list[RequestResult]) -> float:
+    """The perf_counter time of the first request sent: time zero of a repeat's raw lists."""
+    return min((r.start_time for r in results if r.start_time > 0), default=0.0)
+
+
 def raw_requests(results: list[RequestResult]) -> dict:
     """Per-request lists (seconds, rounded to the microsecond), the gaps packed (pack_gaps). The lists are in
     completion order; `sent_s` (each request's send time from the first send) puts them on one clock."""
     details = per_request_details(results)
     us = lambda x: round(x, 6)
-    first = min((r.start_time for r in results if r.start_time > 0), default=0.0)
+    first = first_send(results)
     return {"success": [r.success for r in results], "input_lens": details["input_lens"],
             "output_lens": details["output_lens"], "ttfts": [us(x) for x in details["ttfts"]],
             "e2els": [us(x) for x in details["e2els"]], "itls": pack_gaps(details["itls"]),

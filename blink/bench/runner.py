@@ -12,7 +12,9 @@ import httpx
 from tqdm.auto import tqdm
 
 from blink.bench.client import completion_payload, stream_completion
+from blink.bench.client_stalls import ClientStallRecorder
 from blink.bench.metrics import RequestResult, summarize
+from blink.bench.result_folder import first_send
 from blink.bench.workload import SampleRequest, arrival_offsets
 
 READ_BUFSIZE = 1 << 24  # the client reads SSE lines up to 2x this (aiohttp's default: 512 KiB)
@@ -43,6 +45,11 @@ class LoadOutcome:
     results: list[RequestResult]  # finished requests, successful or failed, in completion order
     sent: int
     duration_s: float
+    stalls: ClientStallRecorder | None = None  # the client's own loop lags and collections during the run
+
+    def client_stalls(self) -> dict | None:
+        """The client's stalls on the clock of the raw requests' send times (ClientStallRecorder.relative_to)."""
+        return self.stalls.relative_to(first_send(self.results)) if self.stalls else None
 
     @property
     def incomplete(self) -> int:
@@ -74,10 +81,22 @@ async def run_load(config: LoadConfig, requests: list[SampleRequest]) -> LoadOut
         results.append(result)
         progress.update(1)
 
+    tasks: list[asyncio.Task] = []
+    stalls = ClientStallRecorder()
+    stalls.start()
+    try:
+        duration = await _send_all(config, requests, offsets, one, tasks)
+    finally:
+        await stalls.stop()
+    progress.close()
+    return LoadOutcome(results=results, sent=len(tasks), duration_s=duration, stalls=stalls)
+
+
+async def _send_all(config: LoadConfig, requests: list[SampleRequest], offsets, one, tasks: list) -> float:
+    """Send each request at its offset, wait for them up to the drain deadline; returns the run's seconds."""
     # No connection limit: the arrival schedule (and --max-concurrency), not the pool, bounds the load.
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None, connect=60.0)
-    tasks: list[asyncio.Task] = []
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, read_bufsize=READ_BUFSIZE) as http:
         start = time.perf_counter()
         send_deadline = start + config.max_duration_s if config.max_duration_s else math.inf
@@ -94,9 +113,7 @@ async def run_load(config: LoadConfig, requests: list[SampleRequest]) -> LoadOut
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        duration = time.perf_counter() - start
-    progress.close()
-    return LoadOutcome(results=results, sent=len(tasks), duration_s=duration)
+        return time.perf_counter() - start
 
 
 async def fetch_model_name(base_url: str) -> str:

@@ -1,8 +1,9 @@
 """What the server saw during each point, beside the client's numbers (interference_report.py writes both):
-its engine steps (tokens per step, energy per step) and its whole-server pauses with the stalls the server
-recorded around them (server_stalls.py)."""
+its engine steps (tokens per step, energy per step, preemptions) and its whole-server pauses with the stalls
+the server recorded around them (server_stalls.py) and the client's own (client_stalls.py)."""
 from __future__ import annotations
 
+from blink.bench.client_stalls import stalls_in
 from blink.bench.pauses import server_pauses
 from blink.bench.result_folder import condition
 from blink.bench.stats import cell, spread
@@ -15,17 +16,19 @@ def steps_section(rows: list[dict]) -> str:
     lines = ["## Engine steps\n", "Steps the engine ran over each repeat's load (blink:engine_steps before and after), "
              "generated tokens per step, and the GPU's energy per step (the point's NVML energy over its steps); "
              "median [min-max] over the repeats that recorded them (since 2026-12-01 session 10).\n",
-             "| layout | mode | condition | rate (req/s) | repeats | steps | tokens / step | mJ / step |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| layout | mode | condition | rate (req/s) | repeats | steps | tokens / step | mJ / step | preemptions |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         found = [(p["engine_steps"], p.get("gpu_energy_mj")) for p in row["_repeats"]
                  if p.get("engine_steps") and p["engine_steps"]["steps"]]
         if not found:
             continue
         per_step = [mj / e["steps"] if mj is not None else None for e, mj in found]
+        preempted = [e.get("preemptions") for e, _ in found]
         lines.append(f"| {row['layout']} | {row['mode']} | {condition(row)} | {row['request_rate']:.2f} | "
                      f"{len(found)} | {cell(spread([e['steps'] for e, _ in found]), 0)} | "
-                     f"{cell(spread([e['tokens_per_step'] for e, _ in found]), 2)} | {cell(spread(per_step))} |")
+                     f"{cell(spread([e['tokens_per_step'] for e, _ in found]), 2)} | {cell(spread(per_step))} | "
+                     f"{cell(spread(preempted), 0)} |")
     if len(lines) == 4:
         lines = lines[:2] + ["No repeat recorded the engine's steps.\n"]
     return "\n".join(lines) + "\n"
@@ -54,6 +57,13 @@ def stall_cell(stalls: dict | None, series: str) -> str:
     return f"{found['over_50ms']} / {found['over_100ms']}, {bound}"
 
 
+def client_mark(stalls: dict | None, start_s: float, length_s: float) -> str:
+    """" (client: lag 230 ms)" for the client's stalls overlapping a pause; " (client: none)"; "" unrecorded."""
+    if stalls is None:
+        return ""
+    return f" (client: {', '.join(stalls_in(stalls, start_s, length_s)) or 'none'})"
+
+
 def pauses_section(rows: list[dict]) -> str:
     """Each repeat's whole-server pauses (pauses.server_pauses): when at least 80% of the decoding streams
     wait over 60 ms for a token at once; beside them what the front end saw over the point."""
@@ -65,7 +75,10 @@ def pauses_section(rows: list[dict]) -> str:
              "silent, or the front end's reader held up with the loop), and the engine's own busy step intervals "
              "(its clock: the GPU's in device mode; a stalled engine shows here, a front end that stopped reading "
              "does not), each as count over 50 ms / over 100 ms and the histogram bound of the longest; - where "
-             "the server does not report it.\n",
+             "the server does not report it. In brackets after a pause, the client's own stalls that overlap it "
+             "(blink/bench/client_stalls.py: its event loop's lags over 20 ms and its collections of generation 1 "
+             "and 2, recorded since 2026-12-02 session 11; a pause the load generator made is not the server's): "
+             "\"client: none\" when it recorded none.\n",
              "| layout | mode | condition | rate (req/s) | repeat | pauses | front-end full GCs | "
              "loop lags > 50 / > 100 ms | egress gaps > 50 / > 100 ms | engine step intervals > 50 / > 100 ms |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -77,6 +90,7 @@ def pauses_section(rows: list[dict]) -> str:
                 untimed += 1
                 continue
             cells = "; ".join(f"{p.start_s:.2f} s {p.length_s * 1000:.0f} ms {p.streams}/{p.decoding}"
+                              + client_mark(point.get("client_stalls"), p.start_s, p.length_s)
                               for p in found) or "none"
             stalls = point.get("frontend_stalls")  # None or absent: not measured
             front = [full_gcs_cell(point.get("frontend_gc")),

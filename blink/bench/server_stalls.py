@@ -9,8 +9,10 @@ the point's):
   of a silent engine;
 - the engine's busy step intervals (blink:engine_step_interval_seconds, from the control block: on the GPU's
   clock in device mode): an engine that really stalled shows here, a front end that stopped reading does not;
-- the engine's steps and generated tokens (blink:engine_steps, blink:engine_generated_tokens): tokens per step
-  and energy per step, beside energy per token (a faster engine at a fixed rate runs more, smaller steps).
+- the engine's steps, generated tokens and preemptions (blink:engine_steps, blink:engine_generated_tokens,
+  blink:num_preemptions): tokens per step and energy per step, beside energy per token (a faster engine at a
+  fixed rate runs more, smaller steps), and whether the KV pool ran out (a preempted stream waits for its
+  recompute, a gap no step interval shows).
 
 A server without a series (the HF peer; a blink before 2026-12-01 session 9 for the collections, before
 session 10 for the stalls) gives None for it.
@@ -26,7 +28,8 @@ SERIES = "blink:frontend_gc_pause_seconds"
 STALL_SERIES = {"loop_lag": "blink:frontend_loop_lag_seconds", "egress_gap": "blink:frontend_egress_gap_seconds",
                 "engine_interval": "blink:engine_step_interval_seconds"}
 OVER_S = {"over_50ms": 0.05, "over_100ms": 0.1}
-ENGINE_COUNTERS = {"steps": "blink:engine_steps", "generated_tokens": "blink:engine_generated_tokens"}
+ENGINE_COUNTERS = {"steps": "blink:engine_steps", "generated_tokens": "blink:engine_generated_tokens",
+                   "preemptions": "blink:num_preemptions"}
 
 
 @dataclass(frozen=True)
@@ -83,10 +86,11 @@ def stall_buckets(families: list | None) -> dict[str, dict[str, float] | None] |
 
 
 def engine_counters(families: list | None) -> dict[str, float] | None:
-    """{"steps": n, "generated_tokens": n} over the engine's life (the control block's counters), or None."""
+    """{"steps": n, "generated_tokens": n, "preemptions": n} over the engine's life (the control block's
+    counters), or None without steps or tokens (preemptions may be missing: a point then has none of them)."""
     by_name = {series: key for key, series in ENGINE_COUNTERS.items()}
     found = {by_name[f.name]: sum(x.value for x in f.samples) for f in families or () if f.name in by_name}
-    return found if len(found) == len(ENGINE_COUNTERS) else None
+    return found if "steps" in found and "generated_tokens" in found else None
 
 
 def read_server(base_url: str) -> ServerReading:
@@ -95,12 +99,14 @@ def read_server(base_url: str) -> ServerReading:
 
 
 def engine_delta(before: dict | None, after: dict | None) -> dict | None:
-    """The point's engine steps and generated tokens, and their ratio (tokens per step), or None."""
+    """The point's engine steps, generated tokens, their ratio (tokens per step) and preemptions, or None."""
     if before is None or after is None:
         return None
     steps, tokens = after["steps"] - before["steps"], after["generated_tokens"] - before["generated_tokens"]
-    return {"steps": steps, "generated_tokens": tokens, "tokens_per_step": tokens / steps if steps else None}
-
+    delta = {"steps": steps, "generated_tokens": tokens, "tokens_per_step": tokens / steps if steps else None}
+    if "preemptions" in before and "preemptions" in after:
+        delta["preemptions"] = after["preemptions"] - before["preemptions"]
+    return delta
 
 
 def gc_delta(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:

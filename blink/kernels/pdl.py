@@ -12,12 +12,14 @@ pdl_wait waits first and only then lets the next kernel launch, so when a kernel
 or more places before it has finished: what they wrote, and the step's inputs written before the graph
 (positions, slots, block tables, seq lens), may be read before the wait. Kernels launched without PDL
 (cuBLAS) wait for their predecessor as usual, so a PDL kernel after a GEMM is correct too. Hopper and
-later only; `BLINK_PDL=1` turns it on (default off until the GPU bench, bench/kernels/fusion.py, says it
-wins). The switch is read at each launch on the host, i.e. when a graph is captured, never per replayed
+later only; on by default (`BLINK_PDL=0` turns it off): with the one-row GEMV it cut llama3-8b's batch-1
+step 4.4% on the H200, and device-launched graphs with its edges passed the device self-test (perf.md,
+2026-12-02). The switch is read at each launch on the host, i.e. when a graph is captured, never per replayed
 step.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
@@ -26,13 +28,20 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-_state = {"on": os.environ.get("BLINK_PDL", "0") == "1"}
+_state = {"on": os.environ.get("BLINK_PDL", "1") == "1"}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def set_pdl(on: bool) -> None:
-    """Switch PDL for launches from now on (benches and tests; graphs captured earlier keep theirs)."""
+@contextlib.contextmanager
+def pdl_switched(on: bool):
+    """PDL on or off for launches inside the block, then as it was (benches and tests that compare the two;
+    graphs captured inside keep what they were captured with)."""
+    before = _state["on"]
     _state["on"] = on
+    try:
+        yield
+    finally:
+        _state["on"] = before
 
 
 def pdl_for(t: torch.Tensor) -> bool:

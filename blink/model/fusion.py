@@ -5,9 +5,11 @@ down_proj and the LM head either hold a GemvPlan (calls with at most max_m rows 
 norm or SiLU-mul before it in its prologue) or None (cuBLAS, as before). Calls with more rows (prefill,
 large decode batches) always go to cuBLAS, so a bucket's graph is the same at every capture.
 
-BLINK_GEMV names the projections ("qkv,o,gate_up,down,lm_head", "all", or "" / unset: none, the default
-until the GPU bench bench/kernels/fusion.py shows where the GEMV beats cuBLAS); BLINK_GEMV_MAX_M caps the
-rows (default gemv.MAX_M). MoE blocks keep their own kernels.
+BLINK_GEMV names the projections ("qkv,o,gate_up,down,lm_head", "all", or "": none); BLINK_GEMV_MAX_M caps
+the rows. Unset, a one-rank model takes "all" at one row (DEFAULT_MAX_M): on the H200 that cut llama3-8b's
+batch-1 step 4.4% with PDL, and the GEMV loses to cuBLAS from M = 2 on (perf.md, 2026-12-02). A sharded
+model (tensor parallel) defaults to none: the TP suite has not run with the GEMV on two GPUs. MoE blocks
+keep their own kernels.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from torch import nn
 from blink.kernels.gemv import MAX_M, GemvPlan
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
+DEFAULT_MAX_M = 1
 
 
 @dataclass(frozen=True)
@@ -38,8 +41,10 @@ class FusionPolicy:
         return FusionPolicy(frozenset(chosen), max_m)
 
 
-def policy_from_env() -> FusionPolicy:
-    return FusionPolicy.parse(os.environ.get("BLINK_GEMV", ""), int(os.environ.get("BLINK_GEMV_MAX_M", MAX_M)))
+def policy_from_env(tp_size: int = 1) -> FusionPolicy:
+    default = ("all", DEFAULT_MAX_M) if tp_size == 1 else ("", MAX_M)
+    return FusionPolicy.parse(os.environ.get("BLINK_GEMV", default[0]),
+                              int(os.environ.get("BLINK_GEMV_MAX_M", default[1])))
 
 
 def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int]:

@@ -144,7 +144,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, device, dtype, tp)
         max_positions = max_positions or cfg.max_position_embeddings
         self.register_buffer("cos_sin", rope_cos_sin(cfg, max_positions, device), persistent=False)
-        apply_fusion_policy(self, policy_from_env())  # per projection and shape, once
+        apply_fusion_policy(self, policy_from_env(1 if tp is None else tp.size))  # per projection and shape, once
 
     def gemv_projections(self):
         """(role, linear) of every projection the decode GEMV may take (model/fusion.py): the LM head, each

@@ -76,6 +76,8 @@ def test_server_errors_count_as_failed(fake_server):
     assert (summary["completed"], summary["failed"]) == (2, 2)
     assert summary["total_output_tokens"] == 8
     assert sorted(r.error[:8] for r in outcome.results if not r.success) == ["HTTP 500"] * 2
+    stalls = outcome.client_stalls()  # the client's own loop lags and collections, on the send-time clock
+    assert set(stalls) == {"loop_lags", "gcs"} and all(lag >= 0.02 for _, lag in stalls["loop_lags"])
 
 
 def test_a_time_box_stops_sending_and_cancels_stragglers(fake_server):

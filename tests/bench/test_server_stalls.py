@@ -121,20 +121,21 @@ def test_the_engine_steps_of_a_point_and_their_table(monkeypatch):
     report's steps section shows them with the GPU's energy per step, and skips points without them."""
     metrics = FrontendMetrics(None, "m")
     ctl = ControlBlock()
-    ctl.steps, ctl.tokens = 100, 900
+    ctl.steps, ctl.tokens, ctl.preemptions = 100, 900, 3
     before = exposition(metrics, ctl)
-    ctl.steps, ctl.tokens = 150, 1300
+    ctl.steps, ctl.tokens, ctl.preemptions = 150, 1300, 7
     serve(monkeypatch, [before, exposition(metrics, ctl), "# nothing\n"])
     first, second, peer = (server_stalls.read_server("http://x") for _ in range(3))
     steps = server_stalls.engine_delta(first.engine, second.engine)
-    assert steps == {"steps": 50, "generated_tokens": 400, "tokens_per_step": 8.0}
+    assert steps == {"steps": 50, "generated_tokens": 400, "tokens_per_step": 8.0, "preemptions": 4}
     assert peer.engine is None and server_stalls.engine_delta(first.engine, peer.engine) is None
-    other = {"steps": 40, "generated_tokens": 400, "tokens_per_step": 10.0}
+    other = {"steps": 40, "generated_tokens": 400, "tokens_per_step": 10.0}  # before session 11: no preemptions
     row = {"layout": "split", "mode": "device", "attack_kind": "none", "attack_level": 0.0, "variant": "",
            "request_rate": 24.0, "_repeats": [{"engine_steps": steps, "gpu_energy_mj": 25_000.0},
                                               {"engine_steps": other, "gpu_energy_mj": 24_000.0}]}
     old = {**row, "mode": "host", "_repeats": [{"gpu_energy_mj": 1.0}]}  # before session 10: no steps
     text = steps_section([row, old])
-    assert "| split | device | isolated | 24.00 | 2 | 45 [40-50] | 9.00 [8.00-10.00] | 550.0 [500.0-600.0] |" in text
+    assert ("| split | device | isolated | 24.00 | 2 | 45 [40-50] | 9.00 [8.00-10.00] | 550.0 [500.0-600.0] | 4 |"
+            in text)
     assert "| host |" not in text
     assert "No repeat recorded" in steps_section([old])

@@ -1,5 +1,7 @@
 """The decode GEMV (blink/kernels/gemv.py) and its prologues against the kernels they replace, under the
 interpreter; the load-time policy (blink/model/fusion.py); the model with every projection on the GEMV."""
+import os
+
 import pytest
 import torch
 import triton
@@ -139,10 +141,32 @@ def test_plan_max_m_sends_larger_calls_to_cublas(monkeypatch):
 
 
 def test_pdl_only_on_cuda_tensors_when_on():
-    from blink.kernels.pdl import pdl_for, set_pdl
+    from blink.kernels.pdl import pdl_for, pdl_switched
 
-    set_pdl(True)
-    try:
+    with pdl_switched(True):
         assert not pdl_for(torch.zeros(1))  # CPU (and the interpreter): plain launches
-    finally:
-        set_pdl(False)
+
+
+def test_default_policy_is_the_one_row_gemv_on_one_rank_only(monkeypatch):
+    """Unset: every projection at M = 1 on one rank (measured on the H200), none when sharded; set: as given."""
+    from blink.model.fusion import PROJECTIONS, policy_from_env
+
+    monkeypatch.delenv("BLINK_GEMV", raising=False)
+    monkeypatch.delenv("BLINK_GEMV_MAX_M", raising=False)
+    assert policy_from_env() == FusionPolicy(frozenset(PROJECTIONS), 1)
+    assert policy_from_env(tp_size=2).gemv == frozenset()
+    monkeypatch.setenv("BLINK_GEMV", "")
+    assert policy_from_env().gemv == frozenset()
+    monkeypatch.setenv("BLINK_GEMV", "qkv,o")
+    monkeypatch.setenv("BLINK_GEMV_MAX_M", "4")
+    assert policy_from_env() == FusionPolicy(frozenset({"qkv", "o"}), 4)
+
+
+def test_pdl_is_on_by_default_and_switches_back():
+    from blink.kernels import pdl
+
+    assert pdl._state["on"] is (os.environ.get("BLINK_PDL", "1") == "1")
+    before = pdl._state["on"]
+    with pdl.pdl_switched(not before):
+        assert pdl._state["on"] is (not before)
+    assert pdl._state["on"] is before

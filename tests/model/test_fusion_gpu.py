@@ -9,7 +9,7 @@ from bench.kernels.step_kernels import _decode_step
 from blink.config import EngineArgs
 from blink.host.engine import HostEngine
 from blink.kernels import gemv
-from blink.kernels.pdl import set_pdl
+from blink.kernels.pdl import pdl_switched
 from blink.model import presets
 from blink.model.fusion import FusionPolicy, apply_fusion_policy
 from blink.model.llama import LlamaForCausalLM
@@ -24,9 +24,8 @@ SHAPES = {"none": (4096, 128256), "norm": (4096, 6144), "add_norm": (4096, 28672
 
 @pytest.fixture
 def pdl():
-    set_pdl(True)
-    yield
-    set_pdl(False)
+    with pdl_switched(True):
+        yield
 
 
 def _rel(got, ref):
@@ -74,10 +73,11 @@ def test_step_graph_with_levers_matches_eager_and_the_baseline(batch):
     model, cfg = _short_llama()
     step = _decode_step(model, cfg, batch, 1000, 2048)
     with torch.inference_mode():
-        baseline = step().float()
+        apply_fusion_policy(model, FusionPolicy())  # the unfused cuBLAS path, whatever the default is
+        with pdl_switched(False):
+            baseline = step().float()
         apply_fusion_policy(model, FusionPolicy.parse("all"))
-        set_pdl(True)
-        try:
+        with pdl_switched(True):
             eager = step().float()
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -94,8 +94,6 @@ def test_step_graph_with_levers_matches_eager_and_the_baseline(batch):
             torch.cuda.synchronize()
             replayed = captured.float()
             eager_new = step().float()
-        finally:
-            set_pdl(False)
     assert torch.isfinite(replayed).all()
     assert _rel(replayed, eager_new) < 1e-2  # the same kernels; only cuBLAS may pick another algorithm in capture
     assert _same_choice(replayed, eager_new)
@@ -108,16 +106,14 @@ def test_host_engine_graphs_vs_eager_with_every_lever_on():
     args = LLAMA3_8B_4L
     loaded, requests = llama3_8b_4l_workload()
     prompts = [q for q, _ in requests.values()]
-    baseline, _, _ = run_all(HostEngine(EngineArgs(**args), loaded), requests)
+    apply_fusion_policy(loaded.model, FusionPolicy())  # the unfused graphs, whatever the default is
+    with pdl_switched(False):
+        baseline, _, _ = run_all(HostEngine(EngineArgs(**args), loaded), requests)
     taken = apply_fusion_policy(loaded.model, FusionPolicy.parse("all"))
     assert taken == {"qkv": 4, "o": 4, "gate_up": 4, "down": 4, "lm_head": 1}
-    set_pdl(True)
-    try:
+    with pdl_switched(True):
         graphs, _, _ = run_all(HostEngine(EngineArgs(**args), loaded), requests)
         eager, _, _ = run_all(HostEngine(EngineArgs(**args, enforce_eager=True), loaded), requests)
-    finally:
-        set_pdl(False)
-        apply_fusion_policy(loaded.model, FusionPolicy())
     same = sum(graphs[i] == eager[i] for i in range(len(prompts)))
     vs_base = sum(graphs[i] == baseline[i] for i in range(len(prompts)))
     print(f"llama3-8b (4 layers) bf16, GEMV + PDL: {same}/{len(prompts)} requests identical between graphs and "
