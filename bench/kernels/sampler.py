@@ -1,7 +1,7 @@
 """GPU micro-benchmark of the sampler: one captured sample() per scenario and batch size, new vs old.
 
     python -m bench.kernels.sampler [--sizes 1 8 32 128] [--scenarios top_p,min_p] [--no-old] [--no-check]
-                                    [--buckets 4096,512] [--programs 256,1024]
+                                    [--buckets 4096,512] [--programs 256,1024] [--pdl off,on]
 
 Each (scenario, S) runs sample() at V = 128256 captured in a CUDA graph, as the engine runs it, timed
 with triton.testing.do_bench (median, L2 flushed before each replay). "old" is the sampler of git e896288
@@ -11,8 +11,10 @@ tokens, thresholds and rows of top-logprob ids that differ (expected 0; a rare 1
 differing by an ulp between the GPU and the CPU), then after "/" the rows that took the one-program search.
 max_top_logprobs is 20 in every call, as in the engine.
 --buckets / --programs: one "new" column per threshold bucket count (sampling_bucket.NUM_BUCKETS is the
-engine's) and programs per multi-program kernel (default: the engine's sampling.programs_for(S); fewer where a
+engine's) and programs per multi-program kernel (default: the engine's sampling_grid.programs_for(S); fewer where a
 chunk would go below 2k tokens), each with its own mismatch count; the speedup is the first column's.
+--pdl off,on: each column also with the sampler's seven kernels launched with programmatic dependent launch
+(kernels/pdl.py; BLINK_SAMPLER_PDL in the engine), captured the same way, side by side in the same run.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import triton
 
 from bench.kernels import sampling_old
 from blink.kernels import sampling
+from blink.kernels.pdl import pdl_switched
 from blink.kernels.sampling_bucket import NUM_BUCKETS
 from blink.kernels.sampling_state import SamplingState
 from blink.request import MAX_TOP_LOGPROBS, SamplingParams
@@ -110,14 +113,16 @@ def main() -> None:
     parser.add_argument("--buckets", default=str(NUM_BUCKETS), help="comma-separated bucket counts to time")
     parser.add_argument("--programs", default="engine",
                         help="comma-separated programs per multi-program kernel to time; engine: "
-                             "sampling.programs_for(S)")
+                             "sampling_grid.programs_for(S)")
+    parser.add_argument("--pdl", default="off", help="off, on or off,on: the sampler's kernels with PDL")
     parser.add_argument("--no-old", action="store_true", help="skip the old sampler's column")
     parser.add_argument("--no-check", action="store_true", help="skip the CPU-reference comparison")
     args = parser.parse_args()
-    columns = [(int(b), None if p == "engine" else int(p))
-               for b in args.buckets.split(",") for p in args.programs.split(",")]
+    columns = [(int(b), None if p == "engine" else int(p), pdl == "on")
+               for b in args.buckets.split(",") for p in args.programs.split(",") for pdl in args.pdl.split(",")]
     print(f"V={VOCAB}, {torch.cuda.get_device_name()}, old = git e896288 (bench/kernels/sampling_old.py)")
-    print(f"{'scenario':<13}{'S':>5}" + "".join(f"{f'nb={nb} p={p or ENG} us':>16}{'bad/fb':>7}" for nb, p in columns)
+    label = lambda nb, p, pdl: f"nb={nb} p={p or ENG}{'+pdl' if pdl else ''} us"
+    print(f"{'scenario':<13}{'S':>5}" + "".join(f"{label(*c):>20}{'bad/fb':>7}" for c in columns)
           + f"{'old us':>10}{'speedup':>9}")
     for name in args.scenarios.split(","):
         for num_rows in args.sizes:
@@ -125,11 +130,12 @@ def main() -> None:
             state = to_cuda(cpu_state)
             gpu = (logits.cuda(), slots.cuda(), positions.cuda())
             cells, first_us = "", None
-            for nb, p in columns:
-                us = time_graph(lambda: sampling.sample_triton(*gpu, state, MAX_TOP_LOGPROBS, nb, p))  # noqa: B023
+            for nb, p, pdl in columns:
+                with pdl_switched(pdl, "sampler"):  # read at each launch, so at the capture
+                    us = time_graph(lambda: sampling.sample_triton(*gpu, state, MAX_TOP_LOGPROBS, nb, p))  # noqa: B023
+                    bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb, p)
                 first_us = first_us or us
-                bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb, p)
-                cells += f"{us:>16.1f}{bad:>7}"
+                cells += f"{us:>20.1f}{bad:>7}"
             old_us = (float("nan") if args.no_old else
                       time_graph(lambda: sampling_old.sample(*gpu, state, MAX_TOP_LOGPROBS)))  # noqa: B023
             print(f"{name:<13}{num_rows:>5}{cells}{old_us:>10.1f}{old_us / first_us:>9.2f}", flush=True)

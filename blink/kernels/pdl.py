@@ -28,20 +28,22 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-_state = {"on": os.environ.get("BLINK_PDL", "1") == "1"}
+# "on": the model's kernels; "sampler": the sampler's seven (BLINK_SAMPLER_PDL=1, off until the H200 times it:
+# docs/roadmap.md), which also needs "on"
+_state = {"on": os.environ.get("BLINK_PDL", "1") == "1", "sampler": os.environ.get("BLINK_SAMPLER_PDL", "0") == "1"}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @contextlib.contextmanager
-def pdl_switched(on: bool):
+def pdl_switched(on: bool, part: str = "on"):
     """PDL on or off for launches inside the block, then as it was (benches and tests that compare the two;
-    graphs captured inside keep what they were captured with)."""
-    before = _state["on"]
-    _state["on"] = on
+    graphs captured inside keep what they were captured with). part="sampler": the sampler's switch."""
+    before = _state[part]
+    _state[part] = on
     try:
         yield
     finally:
-        _state["on"] = before
+        _state[part] = before
 
 
 def pdl_for(t: torch.Tensor) -> bool:
@@ -49,6 +51,11 @@ def pdl_for(t: torch.Tensor) -> bool:
     if not (_state["on"] and t.is_cuda) or _INTERPRETED:
         return False
     return _hopper_or_later(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+def sampler_pdl_for(t: torch.Tensor) -> bool:
+    """pdl_for, for the sampler's kernels: only with their own switch on as well."""
+    return _state["sampler"] and pdl_for(t)
 
 
 @functools.cache

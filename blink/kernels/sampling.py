@@ -2,7 +2,7 @@
 
 The semantics are sampling_ref's (order, exponential race, thresholds, raw logprobs); this is its Triton
 pipeline, equal to it token for token. Fixed grids, no host sync; every kernel but the resolve and the
-finish splits the vocabulary in the same chunks (256-1,024 programs in all, programs_for):
+finish splits the vocabulary in the same chunks (256-1,024 programs in all, sampling_grid.programs_for):
   1. penalties: rows whose slot has penalties or logit_bias get processed logits in a side buffer (the
      other rows are never copied); rows with a filter also write each chunk's maximum, rows that ask for
      top-K logprobs each chunk's floor certificate (sampling_topk), and every row zeroes its scratch.
@@ -25,9 +25,11 @@ import torch
 import triton
 import triton.language as tl
 
+from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _refine_kernel
+from blink.kernels.sampling_grid import _pdl_args, _Plan, _row_block
 from blink.kernels.sampling_penalties import prologue
-from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, log2_buckets
+from blink.kernels.sampling_plan import COUNTERS
 from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the reference lives there)
     SampleOutput,
     apply_penalties_ref,
@@ -39,7 +41,6 @@ from blink.kernels.sampling_resolve import _resolve_kernel
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, race_uniform_ref, row_hash  # noqa: F401
 from blink.kernels.sampling_select import canonical, sortable_key
 from blink.kernels.sampling_topk import (
-    TOP_WIDTH,
     asks_for_logprobs,
     top_floor,
     write_top_from_candidates,
@@ -50,8 +51,6 @@ if TYPE_CHECKING:
 
 _NO_FUSION = {"enable_fp_fusion": False}
 _ROW_WARPS = 16  # one program per row: as many loads in flight as an SM takes
-CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
-SHORT_SORT = 256  # fewer candidates than this (the usual case) take a short sort
 _INT32_MAX = tl.constexpr(0x7FFFFFFF)
 
 
@@ -60,7 +59,9 @@ _INT32_MAX = tl.constexpr(0x7FFFFFFF)
 def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, positions_ptr, flags_ptr, temperature_ptr,
                    seed_ptr, part_max_ptr, part_sum_ptr, part_best_ptr, part_token_ptr, part_largest_ptr,
                    vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr, KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr,
-                   BLOCK: tl.constexpr):
+                   BLOCK: tl.constexpr,
+                   USE_PDL: tl.constexpr = False):
+    pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     slot = tl.load(slots_ptr + row)
@@ -117,7 +118,9 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
                    part_best_ptr, part_token_ptr, part_smallest_ptr, part_largest_ptr, top_keys_ptr, counter_ptr,
                    cand_key_ptr, cand_id_ptr, token_ptr, logprob_ptr, top_ids_ptr, top_logprobs_ptr,
                    vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr, K: tl.constexpr,
-                   K_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr):
+                   K_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr,
+                   USE_PDL: tl.constexpr = False):
+    pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     c = tl.arange(0, CHUNKS_PAD)
     part = row * NUM_CHUNKS + c
@@ -153,87 +156,29 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
 
 
 # ---- launches -------------------------------------------------------------------------------------
-# Programs per multi-program kernel (all rows together), where the 2k-token smallest chunk allows. More, shorter
-# programs hide latency but repeat each program's fixed scans: on the H200 at V = 128k (docs/perf.md, session 10)
-# 512 beat 256 at 32 rows (top_k 145 -> 129 us) and 1,024 beat 512 at 128 rows (top_p 477 -> 431); at one row
-# every count gives the same 2k chunks. Between those sizes the steps are a guess.
-PROGRAMS = 256
-
-
-def programs_for(num_rows: int) -> int:
-    """The engine's programs per multi-program kernel for a batch of num_rows (a graph bucket fixes it)."""
-    return PROGRAMS if num_rows <= 16 else 2 * PROGRAMS if num_rows <= 32 else 4 * PROGRAMS
-
-
-def _chunk_size(num_rows: int, vocab_size: int, programs: int | None = None) -> int:
-    """Vocabulary per multi-program kernel: about `programs` programs in all, 2k..32k tokens each."""
-    programs = programs or programs_for(num_rows)
-    smallest = max(16, min(2048, triton.next_power_of_2(vocab_size) // 4))
-    wanted = triton.next_power_of_2(triton.cdiv(vocab_size, max(1, programs // num_rows)))
-    return max(smallest, min(32768, wanted))
-
-
-def _row_block(vocab_size: int) -> int:
-    """BLOCK of the one-program-per-row searches (a few blocks per row even in small tests)."""
-    return max(16, min(4096, triton.next_power_of_2(vocab_size) // 4))
-
-
-class _Plan:
-    """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
-
-    def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int | None = None):
-        num_rows, vocab_size = logits.shape
-        self.num_buckets, self.log2_buckets = num_buckets, log2_buckets(num_buckets)
-        device = logits.device
-        self.chunk = _chunk_size(num_rows, vocab_size, programs)
-        self.num_chunks = triton.cdiv(vocab_size, self.chunk)
-        self.chunks_pad = triton.next_power_of_2(self.num_chunks)
-        self.block = min(self.chunk, 1024)
-        self.cand = min(CANDIDATES, triton.next_power_of_2(vocab_size))
-        self.small = min(SHORT_SORT, self.cand)
-        self.grid = (num_rows, self.num_chunks)
-        self.scratch = torch.empty_like(logits)  # the one-program searches' gathers
-        self.part_f32 = torch.empty(3, num_rows, self.num_chunks, dtype=torch.float32, device=device)
-        self.part_i32 = torch.empty(5, num_rows, self.num_chunks, dtype=torch.int32, device=device)
-        self.top_keys = torch.empty(num_rows, self.num_chunks * TOP_WIDTH, dtype=torch.int32, device=device)
-        self.part_total = torch.empty(num_rows, self.num_chunks, dtype=torch.int64, device=device)
-        self.hist = torch.empty(num_rows, 2 * num_buckets, dtype=torch.int32, device=device)  # coarse, fine
-        self.sums = torch.empty(num_rows, 2, dtype=torch.int64, device=device)
-        self.counters = torch.empty(num_rows, COUNTERS.value, dtype=torch.int32, device=device)
-        self.row_plans = torch.empty(num_rows, PLAN_WORDS.value, dtype=torch.int64, device=device)  # refine's
-        self.fell_back = torch.empty(num_rows, dtype=torch.int32, device=device)  # rows the resolve searched
-        self.cand_i32 = torch.empty(3, num_rows, self.cand, dtype=torch.int32, device=device)
-
-    @property
-    def row_max(self) -> torch.Tensor:  # chunk maxima of the processed rows (keys)
-        return self.part_i32[3]
-
-    @property
-    def kept_min(self) -> torch.Tensor:  # chunk minima of the tokens min_p keeps (keys)
-        return self.part_i32[4]
-
-
 def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_top_logprobs: int = 0) -> torch.Tensor:
     """Steps 2-5; the compaction also gathers the top-K logprobs' candidates when max_top_logprobs > 0."""
     num_rows, vocab_size = logits.shape
     params = (slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p)
     sizes = dict(NB=plan.num_buckets, P=plan.num_chunks, P_PAD=plan.chunks_pad)
     levels = dict(sizes, LOG2_NB=plan.log2_buckets)
+    pdl = _pdl_args(logits)
     _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
-                              vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION)
+                              vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **pdl,
+                              **_NO_FUSION)
     _refine_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
                               plan.counters, plan.row_plans, vocab_size, **levels, CHUNK=plan.chunk, BLOCK=plan.block,
-                              num_warps=4, **_NO_FUSION)
+                              num_warps=4, **pdl, **_NO_FUSION)
     _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.row_plans, plan.sums, plan.counters,
                                plan.cand_i32[0], state.num_logprobs, plan.top_keys, plan.part_i32[1],
                                plan.cand_i32[1], plan.cand_i32[2], vocab_size, **sizes, CAND=plan.cand,
                                K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=8,
-                               **_NO_FUSION)  # 8 warps: chosen when it also ran the plans' NB-wide scans
+                               **pdl, **_NO_FUSION)  # 8 warps: chosen when it also ran the plans' NB-wide scans
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
     _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, plan.fell_back, *params, plan.row_max,
                                  plan.kept_min, plan.row_plans, plan.sums, plan.cand_i32[0], vocab_size,
                                  P=plan.num_chunks, P_PAD=plan.chunks_pad, CAND=plan.cand, SMALL=plan.small,
-                                 BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS, **_NO_FUSION)
+                                 BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS, **pdl, **_NO_FUSION)
     return out
 
 
@@ -247,7 +192,7 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
         logits, processed, threshold, slots, positions, state.flags, state.temperature, state.seed,
         f32[0], f32[1], f32[2], i32[0], i32[2], vocab_size,
         NUM_CHUNKS=plan.num_chunks, KEY_BYTES=KEY_BYTES, CHUNK=plan.chunk, BLOCK=plan.block,
-        num_warps=4, **_NO_FUSION,
+        num_warps=4, **_pdl_args(logits), **_NO_FUSION,
     )
     token_ids = torch.empty(num_rows, dtype=torch.int64, device=device)
     logprobs = torch.empty(num_rows, dtype=torch.float32, device=device)
@@ -259,7 +204,7 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
         NUM_CHUNKS=plan.num_chunks, CHUNKS_PAD=plan.chunks_pad, K=max_top_logprobs,
         K_PAD=triton.next_power_of_2(max(max_top_logprobs, 1)), CAND=plan.cand, SMALL=plan.small,
         BLOCK=_row_block(vocab_size),
-        num_warps=_ROW_WARPS, **_NO_FUSION,
+        num_warps=_ROW_WARPS, **_pdl_args(logits), **_NO_FUSION,
     )
     return SampleOutput(token_ids, logprobs, top_ids, top_logprobs)
 

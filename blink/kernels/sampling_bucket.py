@@ -28,6 +28,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_plan import (
     COUNTERS,
     PLAN_WORDS,
@@ -121,7 +122,9 @@ def _classify(src, offs, inv_temperature, s_max, cutoff, j_lo, j_hi, r, span, vo
 @triton.jit
 def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
                    key_max_ptr, kept_min_ptr, part_total_ptr, hist_ptr, vocab_size: tl.constexpr,
-                   NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                   NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                   USE_PDL: tl.constexpr = False):
+    pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
@@ -149,9 +152,10 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
 def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
                    key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, plan_ptr, vocab_size: tl.constexpr,
                    NB: tl.constexpr, LOG2_NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
-                   CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
     """The fine histogram of the coarse range, and the exact weight of the kept tokens before it; the row's last
     program to finish plans the fine level for the kernels after (store_row_plan)."""
+    pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
@@ -197,8 +201,9 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
                     min_p_ptr, key_max_ptr, plan_ptr, sums_ptr, counter_ptr, cand_ptr, num_logprobs_ptr,
                     top_keys_ptr, part_smallest_ptr, cand_key_ptr, cand_id_ptr, vocab_size: tl.constexpr,
                     NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CAND: tl.constexpr, K: tl.constexpr,
-                    CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
     """The threshold's candidates (filtered rows) and, with K > 0, the top-K logprobs' (rows that ask)."""
+    pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(

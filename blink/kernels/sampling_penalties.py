@@ -7,6 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from blink.kernels.pdl import pdl_wait, sampler_pdl_for
 from blink.kernels.sampling_bucket import is_filtered
 from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
 from blink.kernels.sampling_plan import COUNTERS
@@ -32,8 +33,9 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                       hist_ptr, sums_ptr, counter_ptr, num_logprobs_ptr, top_keys_ptr, part_smallest_ptr,
                       vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr, BIAS_BLOCK: tl.constexpr,
                       PENALIZE: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, ZERO: tl.constexpr, K: tl.constexpr,
-                      CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                      CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
     """PENALIZE=0: the logits are already processed; only the chunk maxima and the zeroing."""
+    pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk_start = tl.program_id(1) * CHUNK
     slot = tl.load(slots_ptr + row)
@@ -120,7 +122,7 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
 
 def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: int = 0) -> None:
     """Penalties into `out` (penalize), the selection's chunk maxima and zeroing and, for
-    max_top_logprobs > 0, the top-K floor certificates (plan: sampling._Plan)."""
+    max_top_logprobs > 0, the top-K floor certificates (plan: sampling_grid._Plan)."""
     num_rows, vocab_size = logits.shape
     num_bias = state.bias_ids.shape[1]
     _penalties_kernel[plan.grid](
@@ -132,5 +134,6 @@ def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: 
         BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=2 * plan.num_buckets,
         P=plan.num_chunks,
         ZERO=triton.next_power_of_2(triton.cdiv(2 * plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,
-        CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **_NO_FUSION,
+        CHUNK=plan.chunk, BLOCK=plan.block, USE_PDL=sampler_pdl_for(logits), num_warps=4,
+        launch_pdl=sampler_pdl_for(logits), **_NO_FUSION,
     )

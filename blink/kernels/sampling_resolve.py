@@ -7,6 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _INT32_MAX, _INT32_MIN, _row_source, _row_top, row_params, top_p_weight
 from blink.kernels.sampling_plan import PLAN_WORDS, load_row_plan
 from blink.kernels.sampling_select import key_value, search_threshold
@@ -39,9 +40,10 @@ def _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor, 
 def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_ptr, slots_ptr, flags_ptr,
                     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, kept_min_ptr, plan_ptr, sums_ptr,
                     cand_ptr, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CAND: tl.constexpr,
-                    SMALL: tl.constexpr, BLOCK: tl.constexpr):
+                    SMALL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
     """out[row] = sampling_ref.keep_thresholds; rows with no filter write -inf. fell_back[row]: 1 where the
     row took the one-program search (the plan's candidates did not fit), else 0."""
+    pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)

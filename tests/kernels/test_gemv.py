@@ -162,11 +162,15 @@ def test_default_policy_is_the_one_row_gemv_on_one_rank_only(monkeypatch):
     assert policy_from_env() == FusionPolicy(frozenset({"qkv", "o"}), 4)
 
 
-def test_pdl_is_on_by_default_and_switches_back():
+def test_pdl_is_on_by_default_the_samplers_off_and_both_switch_back():
     from blink.kernels import pdl
 
     assert pdl._state["on"] is (os.environ.get("BLINK_PDL", "1") == "1")
-    before = pdl._state["on"]
-    with pdl.pdl_switched(not before):
-        assert pdl._state["on"] is (not before)
-    assert pdl._state["on"] is before
+    assert pdl._state["sampler"] is (os.environ.get("BLINK_SAMPLER_PDL", "0") == "1")
+    for part in ("on", "sampler"):
+        before = pdl._state[part]
+        with pdl.pdl_switched(not before, part):
+            assert pdl._state[part] is (not before)
+        assert pdl._state[part] is before
+    with pdl.pdl_switched(True, "sampler"):
+        assert not pdl.sampler_pdl_for(torch.zeros(1))  # CPU (and the interpreter): plain launches

@@ -259,10 +259,17 @@ kernels = [
 ]
 for kernel, constants, warps in kernels:
     names = list(inspect.signature(kernel.fn).parameters)
-    signature = {n: "constexpr" if n in constants else ints.get(n, "*fp32") for n in names}
-    constexprs = {(names.index(n),): v for n, v in constants.items()}
-    triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32),
-                   options={"enable_fp_fusion": False, "num_warps": warps})
+    # the sampler's seven kernels also build with PDL (BLINK_SAMPLER_PDL): that variant must wait (kernels/pdl.py)
+    for pdl in (False, True) if "USE_PDL" in names else (None,):
+        given = constants if pdl is None else {**constants, "USE_PDL": pdl}
+        signature = {n: "constexpr" if n in given else ints.get(n, "*fp32") for n in names}
+        constexprs = {(names.index(n),): v for n, v in given.items()}
+        options = {"enable_fp_fusion": False, "num_warps": warps, **({} if pdl is None else {"launch_pdl": pdl})}
+        built = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                               target=GPUTarget("cuda", 90, 32), options=options)
+        if pdl is not None:
+            assert ("griddepcontrol.wait" in built.asm["ptx"]) == pdl, (kernel.fn.__name__, pdl)
+print("pdl variants:", sum("USE_PDL" in inspect.signature(k.fn).parameters for k, _, _ in kernels))
 """
 
 

@@ -6,14 +6,12 @@ import pytest
 import torch
 
 from blink.kernels.sampling import (
-    PROGRAMS,
-    _chunk_size,
     keep_thresholds,
     keep_thresholds_triton,
-    programs_for,
     sample_ref,
     sample_triton,
 )
+from blink.kernels.sampling_grid import PROGRAMS, _chunk_size, programs_for
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
 from tests.kernels.test_sampling import LOGITS_8
@@ -227,7 +225,8 @@ def test_the_top_logprobs_floor_pools_every_chunks_top_lanes():
     """One row at Llama-3's vocabulary is cut into 63 chunks; the best chunk's own 20th-largest lane maximum let
     814 tokens of a peaked row through to the top-20 sort (more than the short sort takes). The floor from all
     chunks' top lanes pooled leaves a few dozen, and the top 20 stay exactly the reference's."""
-    from blink.kernels.sampling import SHORT_SORT, _keep_thresholds_triton, _Plan
+    from blink.kernels.sampling import _keep_thresholds_triton
+    from blink.kernels.sampling_grid import SHORT_SORT, _Plan
     from blink.kernels.sampling_penalties import prologue
 
     vocab = 128256

@@ -8,7 +8,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from blink.kernels import sampling
+from blink.kernels import sampling_grid
+from blink.kernels.pdl import pdl_switched
 from blink.kernels.sampling import keep_thresholds, keep_thresholds_triton, sample, sample_ref, sample_triton
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
@@ -27,7 +28,7 @@ def filter_state(vocab: int, device: str = "cpu", logprobs: bool = False) -> Sam
 
 def test_the_fallback_search_gives_the_same_thresholds_and_top_logprobs(monkeypatch):
     """Two candidates fit: nearly every row runs the one-program search instead, with the same result."""
-    monkeypatch.setattr(sampling, "CANDIDATES", 2)
+    monkeypatch.setattr(sampling_grid, "CANDIDATES", 2)
     vocab = 200
     state = filter_state(vocab)
     rows = 2 * len(FILTER_PARAMS)
@@ -43,7 +44,7 @@ def test_the_fallback_search_gives_the_same_thresholds_and_top_logprobs(monkeypa
 
 def test_the_long_sort_gives_the_same_thresholds_and_top_logprobs(monkeypatch):
     """Short sorts hold 2 candidates: rows with more take the full-size sort, with the same result."""
-    monkeypatch.setattr(sampling, "SHORT_SORT", 2)
+    monkeypatch.setattr(sampling_grid, "SHORT_SORT", 2)
     vocab = 200
     state = filter_state(vocab, logprobs=True)
     rows = len(FILTER_PARAMS)
@@ -79,7 +80,14 @@ def test_thresholds_and_top_logprobs_equal_the_reference_on_random_rows(seed, sc
 # ---- GPU -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_rows", [1, 32])
-def test_gpu_sampler_in_a_cuda_graph_matches_the_reference(num_rows):
+@pytest.mark.parametrize("pdl", [False, True], ids=["plain", "pdl"])
+def test_gpu_sampler_in_a_cuda_graph_matches_the_reference(num_rows, pdl):
+    """Captured as the engine captures it; with pdl, the seven kernels launch early and wait in-kernel (Hopper)."""
+    with pdl_switched(pdl, "sampler"):  # read at each launch: the capture keeps it
+        _sampler_in_a_graph_matches_the_reference(num_rows)
+
+
+def _sampler_in_a_graph_matches_the_reference(num_rows):
     vocab = 128256
     cpu_state = filter_state(vocab, logprobs=True)
     cuda_state = filter_state(vocab, "cuda", logprobs=True)

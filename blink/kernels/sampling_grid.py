@@ -1,0 +1,80 @@
+"""The geometry and scratch of one sampling call (blink/kernels/sampling.py): how many programs its
+multi-program kernels take and how much vocabulary each reads, the candidate capacities, the scratch buffers
+they share, and the launch options (PDL) of its seven kernels."""
+from __future__ import annotations
+
+import torch
+import triton
+
+from blink.kernels.pdl import sampler_pdl_for
+from blink.kernels.sampling_bucket import NUM_BUCKETS
+from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, log2_buckets
+from blink.kernels.sampling_topk import TOP_WIDTH
+
+CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
+SHORT_SORT = 256  # fewer candidates than this (the usual case) take a short sort
+
+# Programs per multi-program kernel (all rows together), where the 2k-token smallest chunk allows. More, shorter
+# programs hide latency but repeat each program's fixed scans: on the H200 at V = 128k (docs/perf.md, session 10)
+# 512 beat 256 at 32 rows (top_k 145 -> 129 us) and 1,024 beat 512 at 128 rows (top_p 477 -> 431); at one row
+# every count gives the same 2k chunks. Between those sizes the steps are a guess.
+PROGRAMS = 256
+
+
+def programs_for(num_rows: int) -> int:
+    """The engine's programs per multi-program kernel for a batch of num_rows (a graph bucket fixes it)."""
+    return PROGRAMS if num_rows <= 16 else 2 * PROGRAMS if num_rows <= 32 else 4 * PROGRAMS
+
+
+def _chunk_size(num_rows: int, vocab_size: int, programs: int | None = None) -> int:
+    """Vocabulary per multi-program kernel: about `programs` programs in all, 2k..32k tokens each."""
+    programs = programs or programs_for(num_rows)
+    smallest = max(16, min(2048, triton.next_power_of_2(vocab_size) // 4))
+    wanted = triton.next_power_of_2(triton.cdiv(vocab_size, max(1, programs // num_rows)))
+    return max(smallest, min(32768, wanted))
+
+
+def _row_block(vocab_size: int) -> int:
+    """BLOCK of the one-program-per-row searches (a few blocks per row even in small tests)."""
+    return max(16, min(4096, triton.next_power_of_2(vocab_size) // 4))
+
+
+class _Plan:
+    """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
+
+    def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int | None = None):
+        num_rows, vocab_size = logits.shape
+        self.num_buckets, self.log2_buckets = num_buckets, log2_buckets(num_buckets)
+        device = logits.device
+        self.chunk = _chunk_size(num_rows, vocab_size, programs)
+        self.num_chunks = triton.cdiv(vocab_size, self.chunk)
+        self.chunks_pad = triton.next_power_of_2(self.num_chunks)
+        self.block = min(self.chunk, 1024)
+        self.cand = min(CANDIDATES, triton.next_power_of_2(vocab_size))
+        self.small = min(SHORT_SORT, self.cand)
+        self.grid = (num_rows, self.num_chunks)
+        self.scratch = torch.empty_like(logits)  # the one-program searches' gathers
+        self.part_f32 = torch.empty(3, num_rows, self.num_chunks, dtype=torch.float32, device=device)
+        self.part_i32 = torch.empty(5, num_rows, self.num_chunks, dtype=torch.int32, device=device)
+        self.top_keys = torch.empty(num_rows, self.num_chunks * TOP_WIDTH, dtype=torch.int32, device=device)
+        self.part_total = torch.empty(num_rows, self.num_chunks, dtype=torch.int64, device=device)
+        self.hist = torch.empty(num_rows, 2 * num_buckets, dtype=torch.int32, device=device)  # coarse, fine
+        self.sums = torch.empty(num_rows, 2, dtype=torch.int64, device=device)
+        self.counters = torch.empty(num_rows, COUNTERS.value, dtype=torch.int32, device=device)
+        self.row_plans = torch.empty(num_rows, PLAN_WORDS.value, dtype=torch.int64, device=device)  # refine's
+        self.fell_back = torch.empty(num_rows, dtype=torch.int32, device=device)  # rows the resolve searched
+        self.cand_i32 = torch.empty(3, num_rows, self.cand, dtype=torch.int32, device=device)
+
+    @property
+    def row_max(self) -> torch.Tensor:  # chunk maxima of the processed rows (keys)
+        return self.part_i32[3]
+
+    @property
+    def kept_min(self) -> torch.Tensor:  # chunk minima of the tokens min_p keeps (keys)
+        return self.part_i32[4]
+
+
+def _pdl_args(logits: torch.Tensor) -> dict:
+    """The sampler's kernels wait first thing in every program (pdl_wait), so each may launch early."""
+    on = sampler_pdl_for(logits)
+    return {"USE_PDL": on, "launch_pdl": on}
