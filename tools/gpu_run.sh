@@ -244,6 +244,15 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
         --point-seconds "${PREFIX_POINT_S:-30}" --ignore-eos --random-prefix-len 2000 --random-input-len 100 --random-output-len 128 \
         --result-dir /tmp/prefix-interference
       tar czf "$OUT/prefix_interference.tgz" -C /tmp prefix-interference;;
+    defaults-serve)  # after a change of defaults (the levers, the sampler): llama3-8b served at 24 req/s isolated, split
+      # layout, both modes, 2 interleaved repeats, the priority-1 workload and cores; its points record the client's
+      # own stalls beside any whole-server pause (results.md's pauses table)
+      python3 -m blink bench interference --model llama3-8b --modes device,host --layouts split --request-rates 24 \
+        --attack-levels 0 --repeats 2 --random-input-len 512 --random-output-len 128 --random-range-ratio 0.0 \
+        --ignore-eos --frontend-cpus 0-1 --engine-cpus 2-13 --client-cpus 14-15 --point-seconds 15 --drain-seconds 8 \
+        --server-start-s "${INTF_START_S:-90}" --disable-tqdm --result-dir /tmp/defaults-serve 2>&1 \
+        | grep --line-buffered -v "it/s" | tee "$OUT/defaults_serve.log"
+      tar czf "$OUT/defaults_serve.tgz" -C /tmp/defaults-serve points runs results.md;;
     interference-p1|interference-p2)  # issue 19's matrices (blink/bench/sweep_plan.py), in chunks that fit one
       # 10-minute command: each call measures what fits in INTF_BUDGET s and returns only its own new files; the
       # same stage again continues (--resume) on the same machine, or on a fresh one with the earlier folder
