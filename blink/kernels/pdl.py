@@ -28,14 +28,15 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-# "on": the model's kernels; "sampler": the sampler's seven (BLINK_SAMPLER_PDL=1, off until the H200 times it:
-# docs/roadmap.md), which also needs "on"
-_state = {"on": os.environ.get("BLINK_PDL", "1") == "1", "sampler": os.environ.get("BLINK_SAMPLER_PDL", "0") == "1"}
+# "model": the model's kernels; "sampler": the sampler's seven (BLINK_SAMPLER_PDL=1, off until the H200 times
+# it: docs/roadmap.md), which also needs "model"
+_state = {"model": os.environ.get("BLINK_PDL", "1") == "1",
+          "sampler": os.environ.get("BLINK_SAMPLER_PDL", "0") == "1"}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @contextlib.contextmanager
-def pdl_switched(on: bool, part: str = "on"):
+def pdl_switched(on: bool, part: str = "model"):
     """PDL on or off for launches inside the block, then as it was (benches and tests that compare the two;
     graphs captured inside keep what they were captured with). part="sampler": the sampler's switch."""
     before = _state[part]
@@ -48,7 +49,7 @@ def pdl_switched(on: bool, part: str = "on"):
 
 def pdl_for(t: torch.Tensor) -> bool:
     """Whether to launch a kernel on t's device with PDL: on, CUDA, compute capability >= 9.0."""
-    if not (_state["on"] and t.is_cuda) or _INTERPRETED:
+    if not (_state["model"] and t.is_cuda) or _INTERPRETED:
         return False
     return _hopper_or_later(t.device.index if t.device.index is not None else torch.cuda.current_device())
 

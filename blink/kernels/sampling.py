@@ -27,7 +27,7 @@ import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _refine_kernel
-from blink.kernels.sampling_grid import _pdl_args, _Plan, _row_block
+from blink.kernels.sampling_grid import _Plan, _row_block
 from blink.kernels.sampling_penalties import prologue
 from blink.kernels.sampling_plan import COUNTERS
 from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the reference lives there)
@@ -162,7 +162,7 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
     params = (slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p)
     sizes = dict(NB=plan.num_buckets, P=plan.num_chunks, P_PAD=plan.chunks_pad)
     levels = dict(sizes, LOG2_NB=plan.log2_buckets)
-    pdl = _pdl_args(logits)
+    pdl = plan.pdl
     _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
                               vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **pdl,
                               **_NO_FUSION)
@@ -192,7 +192,7 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
         logits, processed, threshold, slots, positions, state.flags, state.temperature, state.seed,
         f32[0], f32[1], f32[2], i32[0], i32[2], vocab_size,
         NUM_CHUNKS=plan.num_chunks, KEY_BYTES=KEY_BYTES, CHUNK=plan.chunk, BLOCK=plan.block,
-        num_warps=4, **_pdl_args(logits), **_NO_FUSION,
+        num_warps=4, **plan.pdl, **_NO_FUSION,
     )
     token_ids = torch.empty(num_rows, dtype=torch.int64, device=device)
     logprobs = torch.empty(num_rows, dtype=torch.float32, device=device)
@@ -204,7 +204,7 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
         NUM_CHUNKS=plan.num_chunks, CHUNKS_PAD=plan.chunks_pad, K=max_top_logprobs,
         K_PAD=triton.next_power_of_2(max(max_top_logprobs, 1)), CAND=plan.cand, SMALL=plan.small,
         BLOCK=_row_block(vocab_size),
-        num_warps=_ROW_WARPS, **_pdl_args(logits), **_NO_FUSION,
+        num_warps=_ROW_WARPS, **plan.pdl, **_NO_FUSION,
     )
     return SampleOutput(token_ids, logprobs, top_ids, top_logprobs)
 

@@ -64,6 +64,10 @@ class _Plan:
         self.row_plans = torch.empty(num_rows, PLAN_WORDS.value, dtype=torch.int64, device=device)  # refine's
         self.fell_back = torch.empty(num_rows, dtype=torch.int32, device=device)  # rows the resolve searched
         self.cand_i32 = torch.empty(3, num_rows, self.cand, dtype=torch.int32, device=device)
+        # the seven launches' PDL options, decided once per call: each kernel then waits first thing in every
+        # program (pdl_wait), so it may launch early
+        use_pdl = sampler_pdl_for(logits)
+        self.pdl = {"USE_PDL": use_pdl, "launch_pdl": use_pdl}
 
     @property
     def row_max(self) -> torch.Tensor:  # chunk maxima of the processed rows (keys)
@@ -72,9 +76,3 @@ class _Plan:
     @property
     def kept_min(self) -> torch.Tensor:  # chunk minima of the tokens min_p keeps (keys)
         return self.part_i32[4]
-
-
-def _pdl_args(logits: torch.Tensor) -> dict:
-    """The sampler's kernels wait first thing in every program (pdl_wait), so each may launch early."""
-    on = sampler_pdl_for(logits)
-    return {"USE_PDL": on, "launch_pdl": on}

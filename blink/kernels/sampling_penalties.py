@@ -7,7 +7,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from blink.kernels.pdl import pdl_wait, sampler_pdl_for
+from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import is_filtered
 from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
 from blink.kernels.sampling_plan import COUNTERS
@@ -134,6 +134,5 @@ def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: 
         BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=2 * plan.num_buckets,
         P=plan.num_chunks,
         ZERO=triton.next_power_of_2(triton.cdiv(2 * plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,
-        CHUNK=plan.chunk, BLOCK=plan.block, USE_PDL=sampler_pdl_for(logits), num_warps=4,
-        launch_pdl=sampler_pdl_for(logits), **_NO_FUSION,
+        CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **plan.pdl, **_NO_FUSION,
     )

@@ -165,9 +165,9 @@ def test_default_policy_is_the_one_row_gemv_on_one_rank_only(monkeypatch):
 def test_pdl_is_on_by_default_the_samplers_off_and_both_switch_back():
     from blink.kernels import pdl
 
-    assert pdl._state["on"] is (os.environ.get("BLINK_PDL", "1") == "1")
+    assert pdl._state["model"] is (os.environ.get("BLINK_PDL", "1") == "1")
     assert pdl._state["sampler"] is (os.environ.get("BLINK_SAMPLER_PDL", "0") == "1")
-    for part in ("on", "sampler"):
+    for part in ("model", "sampler"):
         before = pdl._state[part]
         with pdl.pdl_switched(not before, part):
             assert pdl._state[part] is (not before)
