@@ -1,6 +1,8 @@
 """GPU diagnostics (not a test): bf16 error per kernel swapped to its reference, and a kernel-time profile
-of one decode step. Usage: python tools/diag.py precision|profile"""
+of one decode step, and the timeline of one replayed decode graph (kernel by kernel, with the gaps between
+them). Usage: python tools/diag.py precision|profile|timeline"""
 import copy
+import os
 import sys
 
 import torch
@@ -142,6 +144,61 @@ def profile(name="llama3-8b", batch=1, ctx=1024):
     print(f"  total {total:.1f} us")
 
 
+def timeline(name="llama3-8b", batch=1, ctx=1024):
+    """One decode step as the step bench replays it (graph, greedy sampling, the default levers): kernel time
+    by name, and a mid-step window of kernels in order, each with the time from the previous kernel's end to
+    its own (with PDL the kernels overlap, so that, not the duration, is what a kernel adds to the step)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as prof
+
+    from blink.bench.roofline import ModelShape
+    from blink.bench.step import decode_plan, graph_replay_ms
+    from blink.config import EngineArgs
+    from blink.core.loaded_model import LoadedModel
+    from blink.core.runner import ModelRunner
+
+    args = EngineArgs(model=name, dtype="bfloat16", device="cuda", max_num_seqs=batch, max_num_batched_tokens=batch,
+                      num_kv_blocks=batch * 80, max_model_len=ctx + 16)
+    m = LoadedModel.load(args)
+    r = ModelRunner.for_model(m, use_graphs=True)
+    bucket = r.bucket_for(batch, batch)
+    r.prepare(decode_plan(None, batch, ctx, 16), r.buffers, bucket)
+    graph = r.graphs[bucket]
+    wall_us = graph_replay_ms(graph, 50) * 1e3
+    floor_us = ModelShape.of(m.cfg).decode_floor_s(batch, ctx) * 1e6
+    steps = 5
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            graph.replay()
+            torch.cuda.synchronize()
+    kernels = sorted((e for e in p.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    per_step = len(kernels) // steps
+    one = kernels[-per_step:]  # the last replay
+    busy = sum(e.time_range.end - e.time_range.start for e in one)
+    span = one[-1].time_range.end - one[0].time_range.start
+    print(f"{name} batch {batch} ctx {ctx}: replay {wall_us:.1f} us (floor {floor_us:.1f}, {wall_us / floor_us:.3f}x); "
+          f"{per_step} kernels, their durations sum to {busy:.1f} us over a first-to-last span of {span:.1f} us "
+          f"(with PDL a kernel starts before the one ahead ends, so durations overlap; profiled replays run slower)")
+    by_name: dict[str, list[float]] = {}
+    for e in one:
+        by_name.setdefault(e.name[:90], []).append(e.time_range.end - e.time_range.start)
+    for key, ts in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {sum(ts):9.1f} us  x{len(ts):4d}  mean {sum(ts) / len(ts):7.2f}  {key}")
+    mid = per_step // 2  # a window in mid-step: one layer's kernels and a few more
+    print(f"  kernels {mid}..{mid + 15} of the step (us: gap before (< 0: overlap), duration, end since the "
+          "previous end):")
+    for prev, e in zip(one[mid - 1:mid + 15], one[mid:mid + 16], strict=False):
+        print(f"    {e.time_range.start - prev.time_range.end:6.2f}  {e.time_range.end - e.time_range.start:8.2f}  "
+              f"{e.time_range.end - prev.time_range.end:8.2f}  {e.name[:90]}")
+    print("  the step's last kernels (us: gap before, duration, end since the previous end):")
+    for prev, e in zip(one[-13:-1], one[-12:], strict=True):
+        print(f"    {e.time_range.start - prev.time_range.end:6.2f}  {e.time_range.end - e.time_range.start:8.2f}  "
+              f"{e.time_range.end - prev.time_range.end:8.2f}  {e.name[:90]}", flush=True)
+    del r, m
+    torch.cuda.empty_cache()
+
+
 if __name__ == "__main__":
     for what in sys.argv[1:]:
         if what == "fp32":
@@ -152,3 +209,6 @@ if __name__ == "__main__":
         elif what == "profile":
             profile(batch=1)
             profile(batch=32)
+        elif what == "timeline":  # TIMELINE_BATCHES: comma-separated batch sizes (default 1)
+            for b in os.environ.get("TIMELINE_BATCHES", "1").split(","):
+                timeline(batch=int(b))

@@ -13,10 +13,13 @@ if [ -d .gpu_cache ] && [ ! -e /tmp/.gpu_cache_restored ]; then
     && echo "restored caches: triton $(du -sh /tmp/triton-cache | cut -f1), $(ls /tmp/triton-cache | wc -l) kernels"
 fi
 if [ -d .whl ]; then
-  # vllm-router (24 MB, the replicas stage only) lives in .whl_router/ so that the other calls' carry stays small
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    $(ls .whl_router/*.whl 2> /dev/null) \
-    && export PYTHONPATH=/tmp/site:$PWD || exit 1
+  # vllm-router (24 MB, the replicas stage only) lives in .whl_router/ so that the other calls' carry stays small;
+  # installed once per machine (each later gpu_run.sh of a call chain reuses /tmp/site)
+  if [ ! -e /tmp/site/.blink_installed ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+      .whl/*.whl $(ls .whl_router/*.whl 2> /dev/null) && touch /tmp/site/.blink_installed || exit 1
+  fi
+  export PYTHONPATH=/tmp/site:$PWD
 else
   export PYTHONPATH=$PWD
 fi
@@ -101,6 +104,15 @@ for stage in "$@"; do
     step8b) python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 | tee "$OUT/step8b.log";;
     precision) python3 tools/diag.py precision 2>&1 | grep -v Warn | tee "$OUT/precision.log";;
     profile) python3 tools/diag.py profile 2>&1 | grep -v Warn | tee "$OUT/profile.log";;
+    timeline)  # issue 17: one replayed decode graph kernel by kernel (llama3-8b, TIMELINE_BATCHES, default 1): time by
+      # name and a mid-step window; with PDL kernels overlap, so read a kernel's cost as completion to completion
+      python3 tools/diag.py timeline 2>&1 | grep -v Warn | tee "$OUT/timeline.log";;
+    gemv-proj)  # issue 17: each projection alone at M = GEMV_MS rows: cuBLAS (+ the norm / SiLU kernel) vs the GEMV, GB/s
+      python3 -m bench.kernels.fusion --sections gemv --ms "${GEMV_MS:-1}" --projections "${GEMV_PROJ:-all}" 2>&1 \
+        | tee "$OUT/gemv_proj.log" | tail -30;;
+    fusion-levers)  # issue 17: the whole step with each lever, session 11's kernels vs today's side by side
+      python3 -m bench.kernels.fusion --sections step --batches "${FUSION_BATCHES:-1,8,32}" --levers "${LEVERS:-all}" 2>&1 \
+        | tee "$OUT/fusion_levers.log" | tail -30;;
     serve-gpu) python3 -m pytest -q -m gpu tests/frontend 2>&1 | tee "$OUT/serve_gpu.log" | tail -30;;
     tests-k) python3 -m pytest -q -m gpu tests/kernels tests/model 2>&1 | tee "$OUT/gpu_tests_k.log" | tail -30;;
     step) python3 -m blink.bench.step step --result-json "$OUT/step.json" 2>&1 | tee "$OUT/step.log";;

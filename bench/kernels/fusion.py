@@ -6,7 +6,8 @@
    SiLU-mul kernel, then cuBLAS) against the GEMV with that op in its prologue, PDL off and on, and a few
    tile configs besides the default; err is the max relative error against the torch reference (bf16).
 2. step: the whole decode step (forward + logits, one CUDA graph, context tokens per sequence) at each
-   batch with each lever off and on: baseline, PDL, GEMV, GEMV + PDL; kernels per step from a profiled
+   batch with each lever off and on: baseline, PDL, GEMV, GEMV + PDL (with session 11's down_proj tiles, and as
+   today); kernels per step from a profiled
    eager step; the logits' agreement with the baseline (max relative error, argmax equal).
 The closing table gives what to set: the projections where the GEMV wins (BLINK_GEMV), up to which M
 (BLINK_GEMV_MAX_M), and whether PDL pays (BLINK_PDL). Times are medians of graph replays, inputs cycled
@@ -22,7 +23,7 @@ import triton
 
 from bench.kernels import step_kernels as sk
 from blink.kernels.activation import silu_and_mul_triton
-from blink.kernels.gemv import GemvConfig, gemv_ref, gemv_triton
+from blink.kernels.gemv import GemvConfig, GemvPlan, gemv_ref, gemv_triton
 from blink.kernels.pdl import pdl_switched
 from blink.kernels.rmsnorm import rms_norm_triton
 from blink.model.fusion import PROJECTIONS, FusionPolicy, apply_fusion_policy
@@ -30,8 +31,13 @@ from blink.model.fusion import PROJECTIONS, FusionPolicy, apply_fusion_policy
 PROLOGUE_OF = {"qkv": "add_norm", "o": "none", "gate_up": "add_norm", "down": "silu_mul", "lm_head": "none"}
 SWEEP = [GemvConfig(block_n=8, block_k=512), GemvConfig(block_n=16, block_k=256), GemvConfig(block_n=2, block_k=2048),
          GemvConfig(block_n=8, block_k=512, num_warps=8), GemvConfig(block_n=4, block_k=1024, num_stages=3),
-         GemvConfig(block_n=16, block_k=256, dot=True), GemvConfig(block_n=32, block_k=128, dot=True)]
-LEVERS = {"baseline": ("", False), "pdl": ("", True), "gemv": ("all", False), "gemv+pdl": ("all", True)}
+         GemvConfig(block_n=16, block_k=256, dot=True), GemvConfig(block_n=32, block_k=128, dot=True),
+         GemvConfig(block_n=16, block_k=512, num_warps=8), GemvConfig(block_n=8, block_k=1024, num_warps=8),
+         GemvConfig(block_n=4, block_k=1024)]
+SESSION11_DOWN = GemvConfig(block_n=4, block_k=1024)  # down_proj's tiles before session 12
+# label: (BLINK_GEMV, PDL, session 11's down_proj tiles): the last two weigh down_proj's 8-row tiles side by side
+LEVERS = {"baseline": ("", False, False), "pdl": ("", True, False), "gemv": ("all", False, False),
+          "gemv+pdl, session-11 down tiles": ("all", True, True), "gemv+pdl": ("all", True, False)}
 
 
 def bench_projection(name: str, k: int, n: int, m: int, sweep: bool) -> dict[str, float]:
@@ -61,6 +67,9 @@ def bench_projection(name: str, k: int, n: int, m: int, sweep: bool) -> dict[str
 
     variants = {"today (kernel + cuBLAS)": (today, False), "gemv": (new(None), False),
                 "gemv + pdl": (new(None), True)}
+    if prologue == "silu_mul":  # the bound a SiLU computed once (in gate_up's epilogue) would leave
+        x_act = silu_and_mul_triton(x)
+        variants["gemv on silu(gate)*up (bound)"] = (lambda w: gemv_triton(x_act, w, None), False)
     if sweep:
         for config in SWEEP:
             label = (f"gemv n{config.block_n} k{config.block_k} w{config.num_warps} s{config.num_stages}"
@@ -94,7 +103,8 @@ def count_kernels(step) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def bench_step(model_name: str, batches: list[int], context: int, max_model_len: int) -> list[tuple]:
+def bench_step(model_name: str, batches: list[int], context: int, max_model_len: int,
+               levers: str = "all") -> list[tuple]:
     from blink.model.weights import load_model
 
     model, cfg = load_model(model_name, sk.DEVICE, sk.DTYPE, max_positions=max_model_len)
@@ -105,8 +115,15 @@ def bench_step(model_name: str, batches: list[int], context: int, max_model_len:
         print(f"whole decode step: batch {batch}, context {context}, floor {floor_us:.0f} us")
         step = sk._decode_step(model, cfg, batch, context, max_model_len)
         baseline_logits = None
-        for label, (gemv, pdl) in LEVERS.items():
+        for label, (gemv, pdl, old_down) in LEVERS.items():
+            if levers != "all" and label not in levers.split(";"):
+                continue
             taken = apply_fusion_policy(model, FusionPolicy.parse(gemv))
+            if old_down and gemv:
+                for layer in model.model.layers:
+                    down = getattr(layer.mlp, "down_proj", None)  # dense layers (MoE blocks keep their kernels)
+                    if down is not None and down.gemv is not None:
+                        down.gemv = GemvPlan(SESSION11_DOWN, down.gemv.max_m)
             try:
                 with torch.inference_mode(), pdl_switched(pdl):
                     logits = step().float()
@@ -137,6 +154,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--ms", default="1,2,4,8", help="rows for the per-projection GEMV section")
     parser.add_argument("--sections", default="gemv,step")
+    parser.add_argument("--projections", default="all", help="comma-separated projections for the gemv section")
+    parser.add_argument("--levers", default="all", help="';'-separated LEVERS labels for the step section")
     args = parser.parse_args()
     cfg = presets.get(args.model)
     sections = args.sections.split(",")
@@ -146,6 +165,8 @@ def main() -> None:
     if "gemv" in sections:
         ms = [int(m) for m in args.ms.split(",")]
         for name, (k, n) in sk.gemm_shapes(cfg).items():
+            if args.projections != "all" and name not in args.projections.split(","):
+                continue
             for m in ms:
                 res = bench_projection(name, k, n, m, sweep=m in (ms[0], ms[-1]))
                 if "today (kernel + cuBLAS)" not in res or "gemv" not in res:
@@ -157,7 +178,7 @@ def main() -> None:
                 if new < old:
                     wins[name].append(m)
     step_rows = bench_step(args.model, [int(b) for b in args.batches.split(",")], args.context,
-                           args.max_model_len) if "step" in sections else []
+                           args.max_model_len, args.levers) if "step" in sections else []
     print("\nSUMMARY per projection (us per call; 'default' = GEMV with default_config, PDL off)")
     print(f"  {'what':<20} {'today':>9} {'default':>9} {'best':>9}  best variant")
     for what, old, default, best, which in summary:

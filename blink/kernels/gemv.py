@@ -60,12 +60,19 @@ def _last_wave_fill(programs: int) -> float:
     return programs / (triton.cdiv(programs, slots) * slots)
 
 
-def default_config(n: int, k: int, m: int = 1) -> GemvConfig:
+def default_config(n: int, k: int, m: int = 1, prologue: str = "none") -> GemvConfig:
     """W tiles of 4096 elements (8 KB in bf16). One or two rows: 4 x 1024 first (one W row per warp, so the
     reduction over K stays inside a warp: 64 registers, ptxas). Each program re-reads x from L2, M / BLOCK_N
     of the weight traffic, so more rows want wider tiles. The first width whose programs fill the last wave
-    to >= 90% (a part-empty last wave leaves HBM idle), else the best-filling one."""
-    widths = (4, 8, 2) if m <= 2 else (16, 8)
+    to >= 90% (a part-empty last wave leaves HBM idle), else the best-filling one.
+
+    The SiLU-mul prologue is the exception: every program computes silu(gate) * up over all of K, a sigmoid
+    per element of x per program, so it wants 8 rows per program from one row on (llama3-8b's down_proj at
+    M = 1 on the H200: 41.8 us at 4 x 1024, 32.4 at 8 x 512; perf.md, 2026-12-02 session 12)."""
+    if prologue == "silu_mul":
+        widths = (8, 16) if m <= 2 else (16, 8)
+    else:
+        widths = (4, 8, 2) if m <= 2 else (16, 8)
     full = [bn for bn in widths if _last_wave_fill(triton.cdiv(n, bn)) >= 0.9]
     block_n = full[0] if full else max(widths, key=lambda bn: _last_wave_fill(triton.cdiv(n, bn)))
     return GemvConfig(block_n=block_n, block_k=min(4096 // block_n, triton.next_power_of_2(k)))
@@ -206,7 +213,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     assert (prologue in ("norm", "add_norm")) == (norm_weight is not None)
     m = x.shape[0]
     n, k = weight.shape
-    config = config or default_config(n, k, m)
+    config = config or default_config(n, k, m, prologue)
     assert not config.dot or config.block_n >= 16, "tl.dot needs 16 rows of W"
     block_m = max(16, triton.next_power_of_2(m)) if config.dot else triton.next_power_of_2(m)
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)

@@ -28,10 +28,20 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-# "model": the model's kernels; "sampler": the sampler's seven (BLINK_SAMPLER_PDL=1, off until the H200 times
-# it: docs/roadmap.md), which also needs "model"
-_state = {"model": os.environ.get("BLINK_PDL", "1") == "1",
-          "sampler": os.environ.get("BLINK_SAMPLER_PDL", "0") == "1"}
+# "model": the model's kernels; "sampler": the sampler's seven, which also needs "model". The sampler's default
+# ("one_row") takes PDL for one-row calls only: on the H200, top_p at S = 1 went 43.8 -> 40.5 us, at S = 8
+# 61.8 -> 62.1, at S = 32 128.5 -> 133.7 (perf.md, 2026-12-02 session 12). BLINK_SAMPLER_PDL=1 / 0: always / never.
+_SAMPLER_ENV = {"1": True, "0": False, "one_row": "one_row"}
+
+
+def _sampler_setting() -> bool | str:
+    value = os.environ.get("BLINK_SAMPLER_PDL", "one_row")
+    if value not in _SAMPLER_ENV:
+        raise ValueError(f"BLINK_SAMPLER_PDL must be one of {sorted(_SAMPLER_ENV)}, got {value!r}")
+    return _SAMPLER_ENV[value]
+
+
+_state = {"model": os.environ.get("BLINK_PDL", "1") == "1", "sampler": _sampler_setting()}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
@@ -54,9 +64,11 @@ def pdl_for(t: torch.Tensor) -> bool:
     return _hopper_or_later(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
 
-def sampler_pdl_for(t: torch.Tensor) -> bool:
-    """pdl_for, for the sampler's kernels: only with their own switch on as well."""
-    return _state["sampler"] and pdl_for(t)
+def sampler_pdl_for(logits: torch.Tensor) -> bool:
+    """pdl_for, for the sampler's kernels over `logits` [rows, V]: only with their own switch on as well (or at
+    "one_row", for a one-row call)."""
+    on = _state["sampler"]
+    return (on is True or (on == "one_row" and logits.shape[0] == 1)) and pdl_for(logits)
 
 
 @functools.cache

@@ -90,6 +90,9 @@ def test_default_config_fills_the_last_wave_and_widens_with_m():
         assert gemv.default_config(n, k, 1) == GemvConfig(block_n=4, block_k=1024)
     assert gemv.default_config(6144, 4096, 8).block_n == 16  # 384 programs of 16 rows fill 73% of a wave
     assert gemv.default_config(4096, 4096, 8).block_n == 8  # 256 programs of 16 would fill 48%
+    # the SiLU-mul prologue computes a sigmoid per x element per program: 8 rows a program from M = 1 on
+    assert gemv.default_config(4096, 14336, 1, "silu_mul") == GemvConfig(block_n=8, block_k=512)
+    assert gemv.default_config(4096, 14336, 1, "add_norm") == GemvConfig(block_n=4, block_k=1024)
 
 
 def test_policy_parsing_and_load_time_choice():
@@ -122,7 +125,7 @@ def test_model_on_the_gemv_gives_the_reference_logits(monkeypatch, preset):
     real = gemv.gemv_triton
     monkeypatch.setattr(kernels, "gemv_triton", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
     monkeypatch.setattr(kernels, "_triton_device", lambda x: True)
-    monkeypatch.setattr(gemv, "default_config", lambda n, k, m: GemvConfig(block_n=32, block_k=32))  # fewer programs
+    monkeypatch.setattr(gemv, "default_config", lambda *_: GemvConfig(block_n=32, block_k=32))  # fewer programs
     apply_fusion_policy(model, FusionPolicy.parse("all"))
     driver = PagedDriver(model)
     for step, c in enumerate(chunks):
@@ -162,15 +165,24 @@ def test_default_policy_is_the_one_row_gemv_on_one_rank_only(monkeypatch):
     assert policy_from_env() == FusionPolicy(frozenset({"qkv", "o"}), 4)
 
 
-def test_pdl_is_on_by_default_the_samplers_off_and_both_switch_back():
+def test_pdl_is_on_by_default_the_samplers_for_one_row_and_both_switch_back(monkeypatch):
     from blink.kernels import pdl
 
     assert pdl._state["model"] is (os.environ.get("BLINK_PDL", "1") == "1")
-    assert pdl._state["sampler"] is (os.environ.get("BLINK_SAMPLER_PDL", "0") == "1")
+    assert pdl._state["sampler"] == pdl._SAMPLER_ENV[os.environ.get("BLINK_SAMPLER_PDL", "one_row")]
+    monkeypatch.setattr(pdl, "_state", {"model": True, "sampler": "one_row"})
+    monkeypatch.setattr(pdl, "pdl_for", lambda t: True)  # as on a Hopper GPU
+    assert pdl.sampler_pdl_for(torch.zeros(1, 8)) and not pdl.sampler_pdl_for(torch.zeros(2, 8))
+    monkeypatch.setattr(pdl, "_state", {"model": True, "sampler": True})
+    assert pdl.sampler_pdl_for(torch.zeros(2, 8))
+    monkeypatch.setenv("BLINK_SAMPLER_PDL", "yes")
+    with pytest.raises(ValueError, match="BLINK_SAMPLER_PDL"):
+        pdl._sampler_setting()
+    monkeypatch.undo()
     for part in ("model", "sampler"):
         before = pdl._state[part]
         with pdl.pdl_switched(not before, part):
             assert pdl._state[part] is (not before)
         assert pdl._state[part] is before
     with pdl.pdl_switched(True, "sampler"):
-        assert not pdl.sampler_pdl_for(torch.zeros(1))  # CPU (and the interpreter): plain launches
+        assert not pdl.sampler_pdl_for(torch.zeros(1, 8))  # CPU (and the interpreter): plain launches

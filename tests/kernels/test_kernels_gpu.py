@@ -93,6 +93,65 @@ def test_attention_cuda_graph_replay_with_new_contents():
         torch.testing.assert_close(out[:n], expected[:n], **BF16_TOL)
 
 
+@pytest.mark.parametrize("seq_lens", [[1000], [1, 64, 65, 2000]])
+def test_split_attention_after_rope_in_a_graph_with_pdl(seq_lens):
+    """The model's order on llama3-8b's heads, 8 layers in one captured graph with PDL (the default): rope and
+    the KV write of this step's token, then split-KV attention and its merge. The new token's slot holds NaN
+    until the rope kernel writes it, so an attention that read it before its PDL wait would poison the output.
+    Replayed twice on new q/k/v."""
+    from blink.kernels.pdl import pdl_switched
+    from blink.model import presets
+    from blink.model.config import ModelConfig
+    from blink.model.rope import rope_cos_sin
+
+    layers, hq, hkv, d = 8, 32, 8, 128
+    batches = [make_paged_batch([1] * len(seq_lens), seq_lens, hq, hkv, d, 16, torch.bfloat16, "cuda", seed=i)
+               for i in range(layers)]
+    b0 = batches[0]  # its block tables serve every layer (each layer has its own cache)
+    cos_sin = rope_cos_sin(ModelConfig.from_hf_dict(presets.PRESETS["llama3-8b"]), 4096, "cuda")
+    positions = (b0.seq_lens.long() - 1).cuda()
+    last_block = b0.block_tables.gather(1, (positions // 16)[:, None].int()).squeeze(1).long()
+    slots = last_block * 16 + positions % 16
+    qkv = torch.empty(layers, len(seq_lens), (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+    outs = []
+
+    def step():
+        outs.clear()
+        for i, batch in enumerate(batches):
+            q, k, v = qkv[i].split([hq * d, hkv * d, hkv * d], dim=-1)
+            q, k = rope_and_write_kv_triton(q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d), positions,
+                                            cos_sin, batch.k_cache, batch.v_cache, slots)
+            outs.append(paged_attention_triton(q, batch.k_cache, batch.v_cache, b0.query_start_loc, b0.seq_lens,
+                                               b0.block_tables, d**-0.5))
+
+    with pdl_switched(True):
+        qkv.normal_()
+        step()  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        qkv.normal_()
+        qkv_before = qkv.clone()  # the graph ropes q and k in place
+        caches = []
+        for batch in batches:
+            for cache in (batch.k_cache, batch.v_cache):
+                cache.view(-1, hkv, d)[slots] = float("nan")  # the new token's slot before this step writes it
+            caches.append((batch.k_cache.clone(), batch.v_cache.clone()))
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, (k_cache, v_cache) in enumerate(caches):
+            q, k, v = qkv_before[i].split([hq * d, hkv * d, hkv * d], dim=-1)
+            q, k = rope_and_write_kv_ref(q.reshape(-1, hq, d), k.reshape(-1, hkv, d), v.reshape(-1, hkv, d),
+                                         positions, cos_sin, k_cache, v_cache, slots)
+            expected = paged_attention_ref(q, k_cache, v_cache, b0.query_start_loc, b0.seq_lens, b0.block_tables,
+                                           d**-0.5)
+            assert torch.isfinite(outs[i]).all(), f"layer {i}: the new token's stale slot was read"
+            torch.testing.assert_close(outs[i], expected, **BF16_TOL)
+
+
 def test_write_kv_real_shapes():
     tokens, heads, dim = 512, 8, 128
     qkv = torch.randn(tokens, (32 + 2 * heads) * dim, device="cuda", dtype=torch.bfloat16)
