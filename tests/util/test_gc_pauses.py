@@ -9,7 +9,9 @@ from blink.util.gc_pauses import GcPauses, freeze_heap, unfreeze_heap
 def test_freeze_moves_the_live_heap_out_and_unfreeze_gives_it_back():
     try:
         frozen = freeze_heap()
-        assert frozen == gc.get_freeze_count() > 1000
+        # frozen objects can still die (a thread of an earlier test freeing some), so the count may shrink a little
+        # between the two reads; it never grows without another freeze
+        assert frozen > 1000 and frozen - 100 <= gc.get_freeze_count() <= frozen
     finally:
         unfreeze_heap()
     assert gc.get_freeze_count() == 0
