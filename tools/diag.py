@@ -186,15 +186,13 @@ def timeline(name="llama3-8b", batch=1, ctx=1024):
     for key, ts in sorted(by_name.items(), key=lambda kv: -sum(kv[1])):
         print(f"  {sum(ts):9.1f} us  x{len(ts):4d}  mean {sum(ts) / len(ts):7.2f}  {key}")
     mid = per_step // 2  # a window in mid-step: one layer's kernels and a few more
-    print(f"  kernels {mid}..{mid + 15} of the step (us: gap before (< 0: overlap), duration, end since the "
-          "previous end):")
-    for prev, e in zip(one[mid - 1:mid + 15], one[mid:mid + 16], strict=False):
-        print(f"    {e.time_range.start - prev.time_range.end:6.2f}  {e.time_range.end - e.time_range.start:8.2f}  "
-              f"{e.time_range.end - prev.time_range.end:8.2f}  {e.name[:90]}")
-    print("  the step's last kernels (us: gap before, duration, end since the previous end):")
-    for prev, e in zip(one[-13:-1], one[-12:], strict=True):
-        print(f"    {e.time_range.start - prev.time_range.end:6.2f}  {e.time_range.end - e.time_range.start:8.2f}  "
-              f"{e.time_range.end - prev.time_range.end:8.2f}  {e.name[:90]}", flush=True)
+    columns = "us: gap before (< 0: overlap), duration, end since the previous end"
+    for title, first, last in ((f"kernels {mid}..{mid + 15} of the step", mid, mid + 16),
+                               ("the step's last kernels", per_step - 12, per_step)):
+        print(f"  {title} ({columns}):")
+        for prev, e in zip(one[first - 1:last - 1], one[first:last], strict=True):
+            print(f"    {e.time_range.start - prev.time_range.end:6.2f}  {e.time_range.end - e.time_range.start:8.2f}  "
+                  f"{e.time_range.end - prev.time_range.end:8.2f}  {e.name[:90]}", flush=True)
     del r, m
     torch.cuda.empty_cache()
 

@@ -29,12 +29,12 @@ from blink.kernels.rmsnorm import rms_norm_triton
 from blink.model.fusion import PROJECTIONS, FusionPolicy, apply_fusion_policy
 
 PROLOGUE_OF = {"qkv": "add_norm", "o": "none", "gate_up": "add_norm", "down": "silu_mul", "lm_head": "none"}
+SESSION11_DOWN = GemvConfig(block_n=4, block_k=1024)  # down_proj's tiles before session 12 (a sweep row too)
 SWEEP = [GemvConfig(block_n=8, block_k=512), GemvConfig(block_n=16, block_k=256), GemvConfig(block_n=2, block_k=2048),
          GemvConfig(block_n=8, block_k=512, num_warps=8), GemvConfig(block_n=4, block_k=1024, num_stages=3),
          GemvConfig(block_n=16, block_k=256, dot=True), GemvConfig(block_n=32, block_k=128, dot=True),
          GemvConfig(block_n=16, block_k=512, num_warps=8), GemvConfig(block_n=8, block_k=1024, num_warps=8),
-         GemvConfig(block_n=4, block_k=1024)]
-SESSION11_DOWN = GemvConfig(block_n=4, block_k=1024)  # down_proj's tiles before session 12
+         SESSION11_DOWN]
 # label: (BLINK_GEMV, PDL, session 11's down_proj tiles): the last two weigh down_proj's 8-row tiles side by side
 LEVERS = {"baseline": ("", False, False), "pdl": ("", True, False), "gemv": ("all", False, False),
           "gemv+pdl, session-11 down tiles": ("all", True, True), "gemv+pdl": ("all", True, False)}
