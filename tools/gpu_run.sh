@@ -76,7 +76,8 @@ for stage in "$@"; do
     grammar-step)  # issue 15: a constrained decode step (typical schema) vs unconstrained, llama3-8b, batch 1/8/32
       python3 -m bench.grammar.constrained_step --preset llama3-8b --batches 1,8,32 --context 1024 \
         --result-json "$OUT/grammar_step.json" 2>&1 | tee "$OUT/grammar_step.log" | tail -20;;
-    kernels) python3 bench/kernels/step_kernels.py 2>&1 | tee "$OUT/kernels.log" | tail -60;;
+    kernels)  # KERNELS_ARGS: e.g. "--sections attention --batches 1,8 --context 4096"; KERNELS_TAG names the log
+      python3 bench/kernels/step_kernels.py ${KERNELS_ARGS:-} 2>&1 | tee "$OUT/kernels${KERNELS_TAG:-}.log" | tail -60;;
     fusion)  # issue 17's per-layer levers: GEMV vs today's kernels per projection, the step with each lever on/off
       python3 -m bench.kernels.fusion 2>&1 | tee "$OUT/fusion.log" | tail -70;;
     fusion-tests) python3 -m pytest -q -s -m gpu tests/model/test_fusion_gpu.py tests/kernels/test_kernels_gpu.py \
@@ -111,7 +112,8 @@ for stage in "$@"; do
       python3 -m bench.kernels.fusion --sections gemv --ms "${GEMV_MS:-1}" --projections "${GEMV_PROJ:-all}" 2>&1 \
         | tee "$OUT/gemv_proj.log" | tail -30;;
     fusion-levers)  # issue 17: the whole step with each lever, session 11's kernels vs today's side by side
-      python3 -m bench.kernels.fusion --sections step --batches "${FUSION_BATCHES:-1,8,32}" --levers "${LEVERS:-all}" 2>&1 \
+      python3 -m bench.kernels.fusion --sections step --batches "${FUSION_BATCHES:-1,8,32}" --levers "${LEVERS:-all}" \
+        --context "${FUSION_CONTEXT:-1024}" 2>&1 \
         | tee "$OUT/fusion_levers.log" | tail -30;;
     serve-gpu) python3 -m pytest -q -m gpu tests/frontend 2>&1 | tee "$OUT/serve_gpu.log" | tail -30;;
     tests-k) python3 -m pytest -q -m gpu tests/kernels tests/model 2>&1 | tee "$OUT/gpu_tests_k.log" | tail -30;;

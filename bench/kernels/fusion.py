@@ -23,10 +23,11 @@ import triton
 
 from bench.kernels import step_kernels as sk
 from blink.kernels.activation import silu_and_mul_triton
+from blink.kernels.attention import AttentionTuning, default_tuning_switched
 from blink.kernels.gemv import GemvConfig, GemvPlan, gemv_ref, gemv_triton
 from blink.kernels.pdl import pdl_switched
 from blink.kernels.rmsnorm import rms_norm_triton
-from blink.model.fusion import PROJECTIONS, FusionPolicy, apply_fusion_policy
+from blink.model.fusion import DEFAULT_MAX_M, PROJECTIONS, FusionPolicy, apply_fusion_policy
 
 PROLOGUE_OF = {"qkv": "add_norm", "o": "none", "gate_up": "add_norm", "down": "silu_mul", "lm_head": "none"}
 SESSION11_DOWN = GemvConfig(block_n=4, block_k=1024)  # down_proj's tiles before session 12 (a sweep row too)
@@ -35,9 +36,19 @@ SWEEP = [GemvConfig(block_n=8, block_k=512), GemvConfig(block_n=16, block_k=256)
          GemvConfig(block_n=16, block_k=256, dot=True), GemvConfig(block_n=32, block_k=128, dot=True),
          GemvConfig(block_n=16, block_k=512, num_warps=8), GemvConfig(block_n=8, block_k=1024, num_warps=8),
          SESSION11_DOWN]
-# label: (BLINK_GEMV, PDL, session 11's down_proj tiles): the last two weigh down_proj's 8-row tiles side by side
-LEVERS = {"baseline": ("", False, False), "pdl": ("", True, False), "gemv": ("all", False, False),
-          "gemv+pdl, session-11 down tiles": ("all", True, True), "gemv+pdl": ("all", True, False)}
+# label: (BLINK_GEMV, PDL, session 11's down_proj tiles, the attention's tuning); the "gemv+pdl, ..." rows weigh
+# one change each against today's defaults ("gemv+pdl")
+DEFAULT_ATTENTION = AttentionTuning()
+LEVERS = {"baseline": ("", False, False, DEFAULT_ATTENTION), "pdl": ("", True, False, DEFAULT_ATTENTION),
+          "gemv": ("all", False, False, DEFAULT_ATTENTION),
+          "gemv+pdl, session-11 down tiles": ("all", True, True, DEFAULT_ATTENTION),
+          "gemv+pdl": ("all", True, False, DEFAULT_ATTENTION)}
+SPLIT_BELOW_2 = dict(num_stages=2, split_below_per_sm=2, programs_per_sm=2)  # session 13's candidates
+LEVERS.update({f"gemv+pdl, attention {name}": ("all", True, False, tuning) for name, tuning in [
+    ("stages 3 (before session 13)", AttentionTuning(num_stages=3)),
+    ("stages 2, split < 2/SM", AttentionTuning(**SPLIT_BELOW_2)),
+    ("stages 2, split < 2/SM, small-grid n32", AttentionTuning(**SPLIT_BELOW_2, small_grid_programs=16)),
+    ("n32, 32 splits, stages 2", AttentionTuning(block_n=32, max_splits=32, num_stages=2))]})
 
 
 def bench_projection(name: str, k: int, n: int, m: int, sweep: bool) -> dict[str, float]:
@@ -115,17 +126,17 @@ def bench_step(model_name: str, batches: list[int], context: int, max_model_len:
         print(f"whole decode step: batch {batch}, context {context}, floor {floor_us:.0f} us")
         step = sk._decode_step(model, cfg, batch, context, max_model_len)
         baseline_logits = None
-        for label, (gemv, pdl, old_down) in LEVERS.items():
+        for label, (gemv, pdl, old_down, attention) in LEVERS.items():
             if levers != "all" and label not in levers.split(";"):
                 continue
-            taken = apply_fusion_policy(model, FusionPolicy.parse(gemv))
+            taken = apply_fusion_policy(model, FusionPolicy.parse(gemv, DEFAULT_MAX_M))  # as served: one row
             if old_down and gemv:
                 for layer in model.model.layers:
                     down = getattr(layer.mlp, "down_proj", None)  # dense layers (MoE blocks keep their kernels)
                     if down is not None and down.gemv is not None:
                         down.gemv = GemvPlan(SESSION11_DOWN, down.gemv.max_m)
             try:
-                with torch.inference_mode(), pdl_switched(pdl):
+                with torch.inference_mode(), pdl_switched(pdl), default_tuning_switched(attention):
                     logits = step().float()
                     kernels = count_kernels(step)
                     us = sk.graph_time_us([step], replays=20)

@@ -15,7 +15,7 @@ from blink.core.limits import EngineLimits
 from blink.core.outputs import PromptLogprob, SampledToken, SchedulerOutput
 from blink.core.step_buffers import StepBuffers
 from blink.kernels.prompt_logprobs import prompt_logprobs
-from blink.kernels.sampling import sample
+from blink.kernels.sampling import SampleOutput, sample
 from blink.kernels.sampling_grammar import advance_grammar
 from blink.request import MAX_TOP_LOGPROBS
 
@@ -73,11 +73,9 @@ class ModelRunner:
         if not self.samples:
             return
         slots = buf.sample_slots[:num_seqs]
-        out = sample(logits, slots, buf.sample_positions[:num_seqs], self.sampling_state, MAX_TOP_LOGPROBS)
-        buf.sampled_ids[:num_seqs].copy_(out.token_ids)
-        buf.logprobs[:num_seqs].copy_(out.logprobs)
-        buf.top_ids[:num_seqs].copy_(out.top_ids)
-        buf.top_logprobs[:num_seqs].copy_(out.top_logprobs)
+        out = SampleOutput(buf.sampled_ids[:num_seqs], buf.logprobs[:num_seqs], buf.top_ids[:num_seqs],
+                           buf.top_logprobs[:num_seqs])  # the sampler writes the step's outputs in place
+        sample(logits, slots, buf.sample_positions[:num_seqs], self.sampling_state, MAX_TOP_LOGPROBS, out=out)
         self.sampling_state.record_tokens(slots, out.token_ids)
         advance_grammar(slots, out.token_ids, self.sampling_state)  # constrained slots' DFA states
 

@@ -17,6 +17,7 @@ blink/kernels/bench_step_kernels.py sweeps the alternatives on the GPU.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -34,10 +35,33 @@ class AttentionTuning:
 
     block_n: int | None = None  # KV positions per tile; None: 64 for head_dim <= 128, else 32
     num_warps: int = 4
-    num_stages: int = 3  # cp.async pipeline depth over the KV loop (K+V tile: 32 KB at 64 x 128 bf16)
+    # cp.async pipeline depth over the KV loop (K+V tile: 32 KB at 64 x 128 bf16), for decode tiles: 2 beat 3 in
+    # llama3-8b's whole step at batch 1 / 8 / 32 on the H200 (-0.3% / -2.0% / -1.1%, perf.md 2026-12-02 session 13)
+    num_stages: int = 2
+    prefill_num_stages: int = 3  # tiles of 64-token chunks: the 2026-11-29 choice, not measured against 2 since
     split_below_per_sm: float = 1.0  # split the KV range only if fewer programs than this per SM have work,
     programs_per_sm: int = 3  # and then until about this many programs per SM are busy
     max_splits: int = 16
+    # A grid this small before splitting (batch 1: 8 programs for 8 KV heads) is latency-bound: thinner KV tiles
+    # over more splits finish sooner. None: the block_n and max_splits above everywhere.
+    small_grid_programs: int | None = None
+    small_grid_block_n: int = 32
+    small_grid_max_splits: int = 32
+
+
+_default = {"tuning": AttentionTuning()}
+
+
+@contextlib.contextmanager
+def default_tuning_switched(tuning: AttentionTuning):
+    """The tuning of calls that pass none, inside the block (benches that weigh a tuning in the whole step;
+    graphs captured inside keep it)."""
+    before = _default["tuning"]
+    _default["tuning"] = tuning
+    try:
+        yield
+    finally:
+        _default["tuning"] = before
 
 
 def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
@@ -145,11 +169,14 @@ def _paged_attention_kernel(
         out_offs = token_ids[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :]
         tl.store(out_ptr + out_offs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        # Partials are [T, Hq, NUM_SPLITS] (+ [D]) fp32, unnormalized; merged by _merge_splits_kernel.
+        # Partials are [T, Hq, NUM_SPLITS] (+ [D]) fp32, unnormalized; merged by _merge_splits_kernel. A split
+        # without tiles (short sequences: 16 splits of a 300-token context) writes its maximum alone (-1e30), and
+        # the merge reads no partial where it finds that.
         stat_offs = (token_ids * num_q_heads + heads) * NUM_SPLITS + split
         tl.store(max_ptr + stat_offs, m_i, mask=row_valid)
         tl.store(sum_ptr + stat_offs, l_i, mask=row_valid)
-        tl.store(partial_ptr + stat_offs[:, None] * BLOCK_D + dims[None, :], acc, mask=out_mask)
+        has_work = kv_tile_begin < kv_tile_end
+        tl.store(partial_ptr + stat_offs[:, None] * BLOCK_D + dims[None, :], acc, mask=out_mask & has_work)
 
 
 @triton.jit
@@ -167,21 +194,23 @@ def _merge_splits_kernel(partial_ptr, max_ptr, sum_ptr, out_ptr, query_start_loc
     m = tl.load(max_ptr + row * NUM_SPLITS + splits)
     weights = tl.exp2(m - tl.max(m, axis=0))  # maxima are in the log2 domain
     total = tl.sum(weights * tl.load(sum_ptr + row * NUM_SPLITS + splits), axis=0)
-    partial = tl.load(partial_ptr + (row * NUM_SPLITS + splits)[:, None] * BLOCK_D + dims[None, :])
+    worked = m > -1.0e30  # a split without KV tiles wrote no partial (its weight is 0)
+    partial = tl.load(partial_ptr + (row * NUM_SPLITS + splits)[:, None] * BLOCK_D + dims[None, :],
+                      mask=worked[:, None], other=0.0)
     out = tl.sum(partial * weights[:, None], axis=0) / total
     out_offs = token.to(tl.int64) * stride_ot + head * stride_oh + dims
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
 
 
 def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int,
-                   tuning: AttentionTuning) -> int:
+                   tuning: AttentionTuning, max_splits: int) -> int:
     """Split the KV range only when the tiles with work leave SMs short (graph-safe: shapes only)."""
     programs = working_tiles * num_kv_heads
     if programs >= tuning.split_below_per_sm * _NUM_SMS_H200:
         return 1  # a full wave already streams the KV at bandwidth; a merge kernel would only add time
     wanted = triton.cdiv(tuning.programs_per_sm * _NUM_SMS_H200, programs)
     useful = triton.cdiv(max_kv_len, 2 * block_n)  # keep at least a couple of KV tiles per split
-    splits = min(wanted, useful, tuning.max_splits)
+    splits = min(wanted, useful, max_splits)
     return triton.next_power_of_2(splits) if splits > 1 else 1
 
 
@@ -191,6 +220,7 @@ class LaunchPlan:
     block_n: int
     num_tiles: int
     num_splits: int
+    num_stages: int
 
 
 def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -204,6 +234,7 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     block_m = max(16, group_pad) if decode_heavy else max(64, group_pad)  # tl.dot needs M >= 16
     block_q = block_m // group_pad
     block_n = tuning.block_n or (64 if head_dim <= 128 else 32)
+    max_splits = tuning.max_splits
     num_tiles = num_tokens // block_q + num_seqs
     # Tiles with work, in the composition that needs the splits most: a decode bucket's rows may each be
     # a sequence (one tile per token); a bucket that carries a chunk may hold that one chunk, whose tiles are
@@ -211,10 +242,13 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     # a 100-token prefix hit then ran 56 programs over 2,100 keys each, 82 us per layer; split 8 ways, 58
     # (perf.md, 2026-12-01 session 8).
     working = min(num_tiles, num_tokens) if decode_heavy else max(1, num_tokens // block_q)
+    if tuning.small_grid_programs is not None and working * num_kv_heads <= tuning.small_grid_programs:
+        block_n, max_splits = min(block_n, tuning.small_grid_block_n), tuning.small_grid_max_splits
     if num_splits is None:
-        num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, tuning)
+        num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, tuning, max_splits)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
-    return LaunchPlan(block_q, block_n, num_tiles, num_splits)
+    return LaunchPlan(block_q, block_n, num_tiles, num_splits,
+                      tuning.num_stages if decode_heavy else tuning.prefill_num_stages)
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -227,7 +261,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     group = num_q_heads // num_kv_heads
     num_seqs = seq_lens.shape[0]
-    tuning = tuning or AttentionTuning()
+    tuning = tuning or _default["tuning"]
     plan = launch_plan(num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim,
                        block_tables.shape[1] * block_size, tuning, num_splits)
     num_splits = plan.num_splits
@@ -250,7 +284,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=plan.block_q, BLOCK_N=plan.block_n,
         BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact: Triton's default is TF32
-        USE_PDL=use_pdl, num_warps=tuning.num_warps, num_stages=tuning.num_stages, launch_pdl=use_pdl,
+        USE_PDL=use_pdl, num_warps=tuning.num_warps, num_stages=plan.num_stages, launch_pdl=use_pdl,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](

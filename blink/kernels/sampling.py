@@ -183,7 +183,7 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
 
 
 def _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs,
-                      plan: _Plan) -> SampleOutput:
+                      plan: _Plan, out: SampleOutput | None = None) -> SampleOutput:
     num_rows, vocab_size = logits.shape
     assert max_top_logprobs <= vocab_size
     device = logits.device
@@ -194,10 +194,13 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
         NUM_CHUNKS=plan.num_chunks, KEY_BYTES=KEY_BYTES, CHUNK=plan.chunk, BLOCK=plan.block,
         num_warps=4, **plan.pdl, **_NO_FUSION,
     )
-    token_ids = torch.empty(num_rows, dtype=torch.int64, device=device)
-    logprobs = torch.empty(num_rows, dtype=torch.float32, device=device)
-    top_ids = torch.empty(num_rows, max_top_logprobs, dtype=torch.int64, device=device)
-    top_logprobs = torch.empty(num_rows, max_top_logprobs, dtype=torch.float32, device=device)
+    if out is None:
+        out = SampleOutput(torch.empty(num_rows, dtype=torch.int64, device=device),
+                           torch.empty(num_rows, dtype=torch.float32, device=device),
+                           torch.empty(num_rows, max_top_logprobs, dtype=torch.int64, device=device),
+                           torch.empty(num_rows, max_top_logprobs, dtype=torch.float32, device=device))
+    token_ids, logprobs, top_ids, top_logprobs = out
+    assert all(t.is_contiguous() for t in out) and top_ids.shape == (num_rows, max_top_logprobs)
     _finish_kernel[(num_rows,)](
         logits, plan.scratch, slots, state.num_logprobs, f32[0], f32[1], f32[2], i32[0], i32[1], i32[2], plan.top_keys,
         plan.counters, plan.cand_i32[1], plan.cand_i32[2], token_ids, logprobs, top_ids, top_logprobs, vocab_size,
@@ -206,7 +209,7 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
         BLOCK=_row_block(vocab_size),
         num_warps=_ROW_WARPS, **plan.pdl, **_NO_FUSION,
     )
-    return SampleOutput(token_ids, logprobs, top_ids, top_logprobs)
+    return out
 
 
 # ---- pieces on their own (tests, benchmark) and the whole step ------------------------------------
@@ -238,18 +241,27 @@ def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: t
 
 
 def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
-                  max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int | None = None) -> SampleOutput:
+                  max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
+                  out: SampleOutput | None = None) -> SampleOutput:
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
     plan = _Plan(logits, num_buckets, programs)
     processed = torch.empty_like(logits)
     prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs)
     threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)
-    return _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs, plan)
+    return _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs, plan, out)
 
 
 def sample(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
-           max_top_logprobs: int) -> SampleOutput:
-    """logits [S, V] f32, slots [S] int32 (-1: padding), positions [S] int64 (of the sampled token)."""
-    impl = sample_triton if logits.is_cuda else sample_ref
-    return impl(logits, slots, positions, state, max_top_logprobs)
+           max_top_logprobs: int, out: SampleOutput | None = None) -> SampleOutput:
+    """logits [S, V] f32, slots [S] int32 (-1: padding), positions [S] int64 (of the sampled token). With `out`
+    (contiguous tensors of SampleOutput's dtypes, e.g. a step's buffers) the results land there, copy-free on
+    CUDA."""
+    if logits.is_cuda:
+        return sample_triton(logits, slots, positions, state, max_top_logprobs, out=out)
+    got = sample_ref(logits, slots, positions, state, max_top_logprobs)
+    if out is None:
+        return got
+    for dst, src in zip(out, got, strict=True):
+        dst.copy_(src)
+    return out

@@ -43,6 +43,7 @@ from collections.abc import Sequence
 
 import torch
 
+from blink.kernels import sampling_record
 from blink.request import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
 
 FLAG_PENALTIES = 1
@@ -148,10 +149,4 @@ class SamplingState:
         Rows whose slot is negative, whose token is negative, or whose slot has no penalties are
         skipped (they add 0), so padding rows may point anywhere valid or at -1.
         """
-        valid_slot = slots >= 0
-        safe_slots = torch.where(valid_slot, slots, 0).long()
-        counted = (self.flags[safe_slots] & FLAG_PENALTIES) != 0
-        counted &= valid_slot & (token_ids >= 0)
-        flat_index = safe_slots * self.vocab_size + token_ids.clamp(min=0)
-        # index_add_ accumulates duplicates correctly (atomics on CUDA), unlike an indexed +=.
-        self.output_counts.view(-1).index_add_(0, flat_index, counted.to(torch.int32))
+        sampling_record.record_tokens(self.output_counts, self.flags, FLAG_PENALTIES, slots, token_ids)

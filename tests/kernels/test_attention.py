@@ -57,6 +57,19 @@ def test_triton_long_context_split_kv(num_splits):
     torch.testing.assert_close(out[:4], expected[:4], atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("block_n", [16, 32])
+def test_the_merge_skips_splits_without_kv_tiles(block_n, monkeypatch):
+    """Splits past a short sequence's KV tiles write no partial, so the merge must not read one: the partials
+    start as NaN here, and any read of an empty split's would show."""
+    q_lens, seq_lens = [1, 1, 1, 2], [300, 150, 40, 2]  # 19, 10, 3 and 1 tiles of 16: 8 splits leave some empty
+    batch = make_paged_batch(q_lens, seq_lens, 4, 2, head_dim=32, block_size=16, pad_tokens=1)
+    expected = _run(paged_attention_ref, batch, 0.2)
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    out = _run(paged_attention_triton, batch, 0.2, num_splits=8, tuning=AttentionTuning(block_n=block_n))
+    torch.testing.assert_close(out[:5], expected[:5], atol=2e-5, rtol=2e-5)
+
+
 def test_triton_half_precision_inputs():
     """fp16 here; bf16 only in the GPU tests: Triton 3.6's interpreter computes bf16 tl.dot wrongly."""
     batch = make_paged_batch(*MIXED, 4, 2, head_dim=48, block_size=4, dtype=torch.float16)
@@ -110,3 +123,18 @@ def test_a_bucket_that_can_hold_one_chunk_splits_its_kv_range():
     assert splits(256, 64) == 4
     assert splits(512, 64) == splits(2048, 64) == 1  # 32+ tiles x 8 heads: a wave of work already
     assert splits(64, 64) == splits(32, 32) == 1 and splits(1, 1) == 16  # decode buckets: as before
+
+
+def test_decode_tiles_and_chunk_tiles_take_their_own_pipeline_depths():
+    tuning = AttentionTuning(num_stages=2, prefill_num_stages=3)
+    stages = lambda tokens, rows: launch_plan(tokens, rows, 32, 8, 128, 4096, tuning).num_stages
+    assert stages(1, 1) == stages(32, 32) == 2  # decode buckets
+    assert stages(128, 64) == stages(2048, 1) == 3  # buckets that can carry a chunk
+
+
+@pytest.mark.parametrize("tokens,rows,small", [(1, 1, True), (2, 2, True), (8, 8, False), (128, 64, False)])
+def test_a_small_grid_takes_thin_kv_tiles_over_more_splits(tokens, rows, small):
+    tuning = AttentionTuning(small_grid_programs=16)
+    plan = launch_plan(tokens, rows, 32, 8, 128, 8192, tuning)
+    assert (plan.block_n, plan.num_splits > 16) == ((32, True) if small else (64, False))
+    assert launch_plan(tokens, rows, 32, 8, 128, 8192, AttentionTuning()).block_n == 64  # off by default
