@@ -43,12 +43,10 @@ LEVERS = {"baseline": ("", False, False, DEFAULT_ATTENTION), "pdl": ("", True, F
           "gemv": ("all", False, False, DEFAULT_ATTENTION),
           "gemv+pdl, session-11 down tiles": ("all", True, True, DEFAULT_ATTENTION),
           "gemv+pdl": ("all", True, False, DEFAULT_ATTENTION)}
-SPLIT_BELOW_2 = dict(num_stages=2, split_below_per_sm=2, programs_per_sm=2)  # session 13's candidates
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", True, False, tuning) for name, tuning in [
-    ("stages 3 (before session 13)", AttentionTuning(num_stages=3)),
-    ("stages 2, split < 2/SM", AttentionTuning(**SPLIT_BELOW_2)),
-    ("stages 2, split < 2/SM, small-grid n32", AttentionTuning(**SPLIT_BELOW_2, small_grid_programs=16)),
-    ("n32, 32 splits, stages 2", AttentionTuning(block_n=32, max_splits=32, num_stages=2))]})
+    ("before session 13", AttentionTuning(num_stages=3, split_below_per_sm=1, small_grid_programs=None)),
+    ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),
+    ("no small grid", AttentionTuning(small_grid_programs=None))]})
 
 
 def bench_projection(name: str, k: int, n: int, m: int, sweep: bool) -> dict[str, float]:

@@ -27,22 +27,17 @@ from blink.kernels.rope import apply_rope_triton, rope_and_write_kv_ref, rope_an
 DEVICE, DTYPE = "cuda", torch.bfloat16  # the dry run on CPU (tests) swaps in cpu, float16
 L2_BYTES = 50 * 2**20
 BLOCK_SIZE = 16
-PREVIOUS_ATTENTION = "previous (stages 2, split < 2/SM)"
-ATTENTION_VARIANTS = {  # earlier sessions settled most knobs; session 13 weighs the stages and the split counts
+PREVIOUS_ATTENTION = "before session 13 (stages 3, split < 1/SM)"
+ATTENTION_VARIANTS = {  # session 13 set decode's stages, split rule and batch-1 tiles from these rows
     "default": AttentionTuning(),
-    PREVIOUS_ATTENTION: AttentionTuning(num_stages=2, split_below_per_sm=2, programs_per_sm=2),  # stages: decode's
-    "stages 3 (before session 13)": AttentionTuning(num_stages=3),
-    "stages 1": AttentionTuning(num_stages=1),
-    "8 splits": AttentionTuning(max_splits=8),
-    "n64, 32 splits, stages 2": AttentionTuning(max_splits=32, num_stages=2),
-    "n32, 32 splits": AttentionTuning(block_n=32, max_splits=32),
-    "n32, 32 splits, stages 2": AttentionTuning(block_n=32, max_splits=32, num_stages=2),
-    "n32, 16 splits, stages 2": AttentionTuning(block_n=32, num_stages=2),
-    "n32, 64 splits, stages 2": AttentionTuning(block_n=32, max_splits=64, num_stages=2),
-    "n32, 32 splits, 6/SM, stages 2": AttentionTuning(block_n=32, max_splits=32, programs_per_sm=6, num_stages=2),
+    PREVIOUS_ATTENTION: AttentionTuning(num_stages=3, split_below_per_sm=1, small_grid_programs=None),
+    "stages 3": AttentionTuning(num_stages=3),
+    "split < 1/SM": AttentionTuning(split_below_per_sm=1),
+    "no small grid (n64, 16 splits at batch 1)": AttentionTuning(small_grid_programs=None),
+    "small grid up to 16 programs": AttentionTuning(small_grid_programs=16),
+    "n32, 64 splits at batch 1": AttentionTuning(small_grid_max_splits=64),
+    "n64, 32 splits": AttentionTuning(max_splits=32, small_grid_programs=None),
     "n64, 8 warps": AttentionTuning(num_warps=8),
-    "stages 2, split < 2/SM, small-grid n32": AttentionTuning(num_stages=2, split_below_per_sm=2, programs_per_sm=2,
-                                                             small_grid_programs=16),
 }
 
 
@@ -269,7 +264,7 @@ def main() -> None:
         if "attention" in sections:
             res = bench_attention(cfg, args.context, batch, args.max_model_len)
             best = min(res, key=res.get)
-            summary.append((f"attention b{batch} (baseline: previous config)", res[PREVIOUS_ATTENTION] * layers,
+            summary.append((f"attention b{batch} (baseline: before session 13)", res[PREVIOUS_ATTENTION] * layers,
                             res["default"] * layers, res[best] * layers, best))
         if "small" in sections:
             res = bench_small_kernels(cfg, batch)

@@ -12,8 +12,8 @@ owns program tiles starting at query_start_loc[s] // BLOCK_Q + s; that bound nee
 (T // BLOCK_Q + S, Hkv, splits) and programs past a sequence's queries exit at once. With splits > 1
 (small batches, flash-decoding) each program covers a slice of the KV range and a second kernel merges
 the partial results by their log-sum-exp. AttentionTuning holds the launch knobs (KV tile, warps, pipeline
-stages, how many programs to aim for); the defaults are the decode-oriented guess, and
-blink/kernels/bench_step_kernels.py sweeps the alternatives on the GPU.
+stages, how many programs to aim for); decode's defaults come from H200 sweeps of the whole step, and
+bench/kernels/step_kernels.py (the kernel alone) and bench/kernels/fusion.py (the step) weigh alternatives.
 """
 from __future__ import annotations
 
@@ -35,16 +35,21 @@ class AttentionTuning:
 
     block_n: int | None = None  # KV positions per tile; None: 64 for head_dim <= 128, else 32
     num_warps: int = 4
-    # cp.async pipeline depth over the KV loop (K+V tile: 32 KB at 64 x 128 bf16), for decode tiles: 2 beat 3 in
-    # llama3-8b's whole step at batch 1 / 8 / 32 on the H200 (-0.3% / -2.0% / -1.1%, perf.md 2026-12-02 session 13)
+    # The knobs of decode tiles (pure decode buckets) and of tiles that may carry a prefill chunk. Decode's were
+    # measured in llama3-8b's whole step on the H200 (perf.md, 2026-12-02 session 13): a two-deep cp.async
+    # pipeline over the KV loop beat three at batch 1 / 2 / 8 / 32; splitting below 2 programs per SM (batch 32
+    # in two) took the step at 4k context from 9.91 to 8.91 ms and changed nothing at 1k. Chunk tiles keep the
+    # 2026-11-29 choices, not measured against these since.
     num_stages: int = 2
-    prefill_num_stages: int = 3  # tiles of 64-token chunks: the 2026-11-29 choice, not measured against 2 since
-    split_below_per_sm: float = 1.0  # split the KV range only if fewer programs than this per SM have work,
+    prefill_num_stages: int = 3
+    split_below_per_sm: float = 2.0  # split the KV range only if fewer programs than this per SM have work,
+    prefill_split_below_per_sm: float = 1.0
     programs_per_sm: int = 3  # and then until about this many programs per SM are busy
     max_splits: int = 16
-    # A grid this small before splitting (batch 1: 8 programs for 8 KV heads) is latency-bound: thinner KV tiles
-    # over more splits finish sooner. None: the block_n and max_splits above everywhere.
-    small_grid_programs: int | None = None
+    # A grid this small before splitting (batch 1: 8 programs for 8 KV heads) is latency-bound: 32-position KV
+    # tiles over up to 32 splits finished the batch-1 step 0.6-1.7% sooner (at batch 2, 16 programs, 3% later).
+    # None: the block_n and max_splits above everywhere.
+    small_grid_programs: int | None = 8
     small_grid_block_n: int = 32
     small_grid_max_splits: int = 32
 
@@ -203,10 +208,10 @@ def _merge_splits_kernel(partial_ptr, max_ptr, sum_ptr, out_ptr, query_start_loc
 
 
 def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int,
-                   tuning: AttentionTuning, max_splits: int) -> int:
+                   tuning: AttentionTuning, max_splits: int, split_below_per_sm: float) -> int:
     """Split the KV range only when the tiles with work leave SMs short (graph-safe: shapes only)."""
     programs = working_tiles * num_kv_heads
-    if programs >= tuning.split_below_per_sm * _NUM_SMS_H200:
+    if programs >= split_below_per_sm * _NUM_SMS_H200:
         return 1  # a full wave already streams the KV at bandwidth; a merge kernel would only add time
     wanted = triton.cdiv(tuning.programs_per_sm * _NUM_SMS_H200, programs)
     useful = triton.cdiv(max_kv_len, 2 * block_n)  # keep at least a couple of KV tiles per split
@@ -242,10 +247,12 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     # a 100-token prefix hit then ran 56 programs over 2,100 keys each, 82 us per layer; split 8 ways, 58
     # (perf.md, 2026-12-01 session 8).
     working = min(num_tiles, num_tokens) if decode_heavy else max(1, num_tokens // block_q)
-    if tuning.small_grid_programs is not None and working * num_kv_heads <= tuning.small_grid_programs:
+    small_grid = tuning.small_grid_programs is not None and working * num_kv_heads <= tuning.small_grid_programs
+    if decode_heavy and small_grid:
         block_n, max_splits = min(block_n, tuning.small_grid_block_n), tuning.small_grid_max_splits
     if num_splits is None:
-        num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, tuning, max_splits)
+        split_below = tuning.split_below_per_sm if decode_heavy else tuning.prefill_split_below_per_sm
+        num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, tuning, max_splits, split_below)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     return LaunchPlan(block_q, block_n, num_tiles, num_splits,
                       tuning.num_stages if decode_heavy else tuning.prefill_num_stages)

@@ -122,7 +122,8 @@ def test_a_bucket_that_can_hold_one_chunk_splits_its_kv_range():
     assert splits(128, 64) == splits(128, 1) == 8  # the same chunk, whatever the padding rows
     assert splits(256, 64) == 4
     assert splits(512, 64) == splits(2048, 64) == 1  # 32+ tiles x 8 heads: a wave of work already
-    assert splits(64, 64) == splits(32, 32) == 1 and splits(1, 1) == 16  # decode buckets: as before
+    assert splits(64, 64) == 1 and splits(32, 32) == 2  # decode buckets: split below 2 programs per SM
+    assert splits(8, 8) == 8 and splits(1, 1) == 32  # batch 1: 32-position tiles over up to 32 splits
 
 
 def test_decode_tiles_and_chunk_tiles_take_their_own_pipeline_depths():
@@ -132,9 +133,9 @@ def test_decode_tiles_and_chunk_tiles_take_their_own_pipeline_depths():
     assert stages(128, 64) == stages(2048, 1) == 3  # buckets that can carry a chunk
 
 
-@pytest.mark.parametrize("tokens,rows,small", [(1, 1, True), (2, 2, True), (8, 8, False), (128, 64, False)])
-def test_a_small_grid_takes_thin_kv_tiles_over_more_splits(tokens, rows, small):
-    tuning = AttentionTuning(small_grid_programs=16)
-    plan = launch_plan(tokens, rows, 32, 8, 128, 8192, tuning)
+@pytest.mark.parametrize("tokens,rows,small", [(1, 1, True), (2, 2, False), (8, 8, False), (16, 1, False)])
+def test_a_small_decode_grid_takes_thin_kv_tiles_over_more_splits(tokens, rows, small):
+    """Batch 1 (8 programs for 8 KV heads) only; a 16-token chunk alone (16, 1) is as small, but not a decode."""
+    plan = launch_plan(tokens, rows, 32, 8, 128, 8192, AttentionTuning())
     assert (plan.block_n, plan.num_splits > 16) == ((32, True) if small else (64, False))
-    assert launch_plan(tokens, rows, 32, 8, 128, 8192, AttentionTuning()).block_n == 64  # off by default
+    assert launch_plan(tokens, rows, 32, 8, 128, 8192, AttentionTuning(small_grid_programs=None)).block_n == 64

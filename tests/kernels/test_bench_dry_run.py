@@ -14,7 +14,7 @@ def test_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     monkeypatch.setattr(bench, "graph_time_us", lambda calls, replays=30: [call() for call in calls] and 1.0)
     monkeypatch.setattr(bench, "copies_for", lambda nbytes: 1)
     monkeypatch.setattr(bench, "ATTENTION_VARIANTS", {"default": AttentionTuning(),
-                                                      bench.PREVIOUS_ATTENTION: AttentionTuning(num_stages=2)})
+                                                      bench.PREVIOUS_ATTENTION: AttentionTuning(num_stages=3)})
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
     monkeypatch.setattr(sys, "argv", ["bench", "--model", "tiny-qwen3", "--context", "40",
                                       "--max-model-len", "64", "--batches", "2",
