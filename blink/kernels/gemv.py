@@ -5,7 +5,8 @@ bandwidth, and the job is to keep enough 16-byte loads in flight on every SM. Ea
 rows of W for all M rows of x and walks K in BLOCK_K steps; the next W tile is loaded before the current
 one is used (a register double buffer), and the multiply-adds run on CUDA cores (a few rows of x do not
 feed a tensor core; the earlier tl.dot version, deleted in issue 14, ran at a third of cuBLAS's speed).
-x is a few KB and stays in L2 for all programs.
+x is a few KB and stays in L2 for all programs. Each row of x keeps its products in a [BLOCK_N, BLOCK_K] fp32
+sum that is reduced over K once, after the loop: a reduction per K step put barriers and shuffles in the loop.
 
 The prologue folds the step's small kernels into the GEMV, with the rounding points of the kernels they
 replace (rmsnorm.py, activation.py), so a layer launches fewer kernels:
@@ -72,10 +73,13 @@ def default_config(n: int, k: int, m: int = 1, prologue: str = "none") -> GemvCo
     if prologue == "silu_mul":
         widths = (8, 16) if m <= 2 else (16, 8)
     else:
-        widths = (4, 8, 2) if m <= 2 else (16, 8)
+        widths = (4, 8, 2) if m <= 2 else (8, 16, 4)
     full = [bn for bn in widths if _last_wave_fill(triton.cdiv(n, bn)) >= 0.9]
     block_n = full[0] if full else max(widths, key=lambda bn: _last_wave_fill(triton.cdiv(n, bn)))
-    return GemvConfig(block_n=block_n, block_k=min(4096 // block_n, triton.next_power_of_2(k)))
+    # From two rows on, each row keeps a [BLOCK_N, BLOCK_K] fp32 sum until after the K loop: 32 registers a row
+    # a thread at 4,096 elements, so the tile shrinks with M (not yet timed on a GPU: perf.md, session 13).
+    elements = 4096 if m == 1 else 8192 // triton.next_power_of_2(m)
+    return GemvConfig(block_n=block_n, block_k=max(16, min(elements // block_n, triton.next_power_of_2(k))))
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, prologue: str = "none") -> bool:
@@ -172,8 +176,8 @@ def _gemv_kernel(
             sq += tl.sum(xf * xf, axis=1)
         rstd = tl.rsqrt(sq / K + eps)
 
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # one row: reduce over K once, after the loop
+    acc_3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)  # more rows: the same, per row
     acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # the tensor-core variant's W x^T
     for k0 in range(0, K, BLOCK_K):
         w_raw = w_next
@@ -189,16 +193,15 @@ def _gemv_kernel(
             x = _x_row(x_ptr, r_ptr, nw_ptr, 0, M, k, k_mask, stride_xm, stride_rm, tl.sum(rstd, axis=0), K,
                        PROLOGUE)
             acc_1 += w * x[None, :]
-        else:
-            for m in tl.static_range(BLOCK_M):
-                rstd_m = tl.sum(tl.where(rows == m, rstd, 0.0), axis=0)
-                x = _x_row(x_ptr, r_ptr, nw_ptr, m, M, k, k_mask, stride_xm, stride_rm, rstd_m, K, PROLOGUE)
-                part = tl.sum(w * x[None, :], axis=1)
-                acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
+        else:  # a reduction over K per row and K step put 59 barriers in the M = 8 kernel (ptxas, sm_90a)
+            x_t = _x_tile(x_ptr, r_ptr, nw_ptr, rows, M, k, k_mask, stride_xm, stride_rm, rstd, K, PROLOGUE)
+            acc_3 += x_t.to(tl.float32)[:, None, :] * w[None, :, :]
     if USE_DOT:
         acc = tl.trans(acc_t)
     elif BLOCK_M == 1:
         acc = tl.sum(acc_1, axis=1)[None, :]
+    else:
+        acc = tl.sum(acc_3, axis=2)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     out_offs = rows[:, None] * stride_om + cols[None, :]

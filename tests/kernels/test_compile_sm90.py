@@ -27,6 +27,7 @@ def _compile_all() -> None:
         assert ("griddepcontrol.wait" in kernel.asm["ptx"]) == pdl, (fn.__name__, pdl)
         if os.environ.get("BLINK_PRINT_SMEM"):
             print(fn.__name__, constexprs, options, kernel.metadata.shared, kernel.metadata.num_warps)
+        return kernel
 
     bf16 = lambda *names: {name: "*bf16" for name in names}
     attention_ptrs = {**bf16("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"), "partial_ptr": "*fp32",
@@ -62,12 +63,30 @@ def _compile_all() -> None:
     gemv_configs = [(0, 1, False, False), (1, 1, True, False), (2, 8, True, False), (3, 4, False, False),
                     (3, 2, True, False), (2, 16, True, True), (3, 16, False, True), (0, 16, False, True)]
     for prologue, block_m, pdl, dot in gemv_configs:  # (prologue, BLOCK_M, PDL, tensor cores)
-        for block_n, block_k, num_warps in [(8, 512, 4), (4, 1024, 8), (16, 256, 4), (32, 128, 4)]:
+        tiles = [(8, 512, 4), (4, 1024, 8), (16, 256, 4), (32, 128, 4)]
+        if block_m > 1 and not dot:  # default_config's tiles: M fp32 sums of the tile until after the K loop
+            tiles = [(block_n, 8192 // block_m // block_n, 4) for block_n in (4, 8, 16)]
+        for block_n, block_k, num_warps in tiles:
             if dot and block_n < 16:
                 continue
-            check(gemv._gemv_kernel, gemv_ptrs, dict(PROLOGUE=prologue, HAS_BIAS=prologue == 0, BLOCK_M=block_m,
-                  BLOCK_N=block_n, BLOCK_K=block_k, NORM_K=max(block_k, 4096 // block_m), USE_DOT=dot), pdl=pdl,
-                  num_warps=num_warps, num_stages=1)
+            kernel = check(gemv._gemv_kernel, gemv_ptrs, dict(PROLOGUE=prologue, HAS_BIAS=prologue == 0,
+                           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, NORM_K=max(block_k, 4096 // block_m),
+                           USE_DOT=dot), pdl=pdl, num_warps=num_warps, num_stages=1)
+            if not dot:  # the weight loop (the last loop) reduces nothing across threads: no shuffle in it
+                assert "shfl.sync" not in _last_loop(kernel.asm["ptx"]), (prologue, block_m, block_n, block_k)
+
+
+def _last_loop(ptx: str) -> str:
+    """The PTX of the last loop: from the last label that a later branch jumps back to, to that branch."""
+    lines, labels, loops = ptx.splitlines(), {}, []
+    for i, line in enumerate(lines):
+        text = line.strip()
+        if text.startswith("$L") and ":" in text:
+            labels[text.split(":")[0]] = i
+        elif " bra" in f" {text}" and text.split()[-1].rstrip(";") in labels:
+            loops.append("\n".join(lines[labels[text.split()[-1].rstrip(";")]:i]))
+    assert loops, "no loop in the PTX"
+    return loops[-1]
 
 
 def test_kernels_compile_for_sm90():

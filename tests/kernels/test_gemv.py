@@ -83,13 +83,14 @@ def test_default_config_fills_the_last_wave_and_widens_with_m():
     for n, k in [(6144, 4096), (4096, 14336), (28672, 4096), (128256, 4096), (64, 48)]:
         for m in (1, 2, 8):
             config = gemv.default_config(n, k, m)
-            assert config.block_n * config.block_k == 4096 or config.block_k == triton.next_power_of_2(k)
-            widths = (4, 8, 2) if m <= 2 else (16, 8)
+            elements = 4096 if m == 1 else 8192 // triton.next_power_of_2(m)  # M fp32 sums of the tile, a row each
+            assert config.block_n * config.block_k == elements or config.block_k == triton.next_power_of_2(k)
+            widths = (4, 8, 2) if m <= 2 else (8, 16, 4)
             assert fill(n, config.block_n) >= min(0.9, max(fill(n, w) for w in widths))
     for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:  # llama3-8b
         assert gemv.default_config(n, k, 1) == GemvConfig(block_n=4, block_k=1024)
-    assert gemv.default_config(6144, 4096, 8).block_n == 16  # 384 programs of 16 rows fill 73% of a wave
-    assert gemv.default_config(4096, 4096, 8).block_n == 8  # 256 programs of 16 would fill 48%
+    assert gemv.default_config(6144, 4096, 8) == GemvConfig(block_n=4, block_k=256)  # 8 or 16 rows: 73% of a wave
+    assert gemv.default_config(4096, 4096, 8) == GemvConfig(block_n=8, block_k=128)  # 512 programs: 97%
     # the SiLU-mul prologue computes a sigmoid per x element per program: 8 rows a program from M = 1 on
     assert gemv.default_config(4096, 14336, 1, "silu_mul") == GemvConfig(block_n=8, block_k=512)
     assert gemv.default_config(4096, 14336, 1, "add_norm") == GemvConfig(block_n=4, block_k=1024)
