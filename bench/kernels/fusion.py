@@ -24,7 +24,7 @@ import triton
 from bench.kernels import step_kernels as sk
 from blink.kernels.activation import silu_and_mul_triton
 from blink.kernels.attention import AttentionTuning, default_tuning_switched
-from blink.kernels.gemv import GemvConfig, GemvPlan, gemv_ref, gemv_triton
+from blink.kernels.gemv import MAX_M, GemvConfig, GemvPlan, gemv_ref, gemv_triton
 from blink.kernels.pdl import pdl_switched
 from blink.kernels.rmsnorm import rms_norm_triton
 from blink.model.fusion import DEFAULT_MAX_M, PROJECTIONS, FusionPolicy, apply_fusion_policy
@@ -36,18 +36,19 @@ SWEEP = [GemvConfig(block_n=8, block_k=512), GemvConfig(block_n=16, block_k=256)
          GemvConfig(block_n=16, block_k=256, dot=True), GemvConfig(block_n=32, block_k=128, dot=True),
          GemvConfig(block_n=16, block_k=512, num_warps=8), GemvConfig(block_n=8, block_k=1024, num_warps=8),
          SESSION11_DOWN]
-# label: (BLINK_GEMV, PDL, session 11's down_proj tiles, the attention's tuning); the "gemv+pdl, ..." rows weigh
-# one change each against today's defaults ("gemv+pdl")
+# label: (BLINK_GEMV, BLINK_GEMV_MAX_M, PDL, session 11's down_proj tiles, the attention's tuning); the
+# "gemv+pdl, ..." rows weigh one change each against today's defaults ("gemv+pdl")
 DEFAULT_ATTENTION = AttentionTuning()
-LEVERS = {"baseline": ("", False, False, DEFAULT_ATTENTION), "pdl": ("", True, False, DEFAULT_ATTENTION),
-          "gemv": ("all", False, False, DEFAULT_ATTENTION),
-          "gemv+pdl, session-11 down tiles": ("all", True, True, DEFAULT_ATTENTION),
-          "gemv+pdl": ("all", True, False, DEFAULT_ATTENTION)}
-LEVERS.update({f"gemv+pdl, attention {name}": ("all", True, False, tuning) for name, tuning in [
+LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
+          "pdl": ("", DEFAULT_MAX_M, True, False, DEFAULT_ATTENTION),
+          "gemv": ("all", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
+          "gemv+pdl, session-11 down tiles": ("all", DEFAULT_MAX_M, True, True, DEFAULT_ATTENTION),
+          "gemv+pdl": ("all", DEFAULT_MAX_M, True, False, DEFAULT_ATTENTION),
+          "gemv+pdl, up to 8 rows": ("all", MAX_M, True, False, DEFAULT_ATTENTION)}  # session 13's M > 1 loop
+LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
     ("before session 13", AttentionTuning(num_stages=3, split_below_per_sm=1, small_grid_programs=None)),
     ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),
     ("no small grid", AttentionTuning(small_grid_programs=None))]})
-
 
 def bench_projection(name: str, k: int, n: int, m: int, sweep: bool) -> dict[str, float]:
     """us per call: today's kernels vs the GEMV (default config, PDL off/on, the sweep)."""
@@ -124,10 +125,10 @@ def bench_step(model_name: str, batches: list[int], context: int, max_model_len:
         print(f"whole decode step: batch {batch}, context {context}, floor {floor_us:.0f} us")
         step = sk._decode_step(model, cfg, batch, context, max_model_len)
         baseline_logits = None
-        for label, (gemv, pdl, old_down, attention) in LEVERS.items():
+        for label, (gemv, max_m, pdl, old_down, attention) in LEVERS.items():
             if levers != "all" and label not in levers.split(";"):
                 continue
-            taken = apply_fusion_policy(model, FusionPolicy.parse(gemv, DEFAULT_MAX_M))  # as served: one row
+            taken = apply_fusion_policy(model, FusionPolicy.parse(gemv, max_m))
             if old_down and gemv:
                 for layer in model.model.layers:
                     down = getattr(layer.mlp, "down_proj", None)  # dense layers (MoE blocks keep their kernels)
