@@ -46,7 +46,7 @@ LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
           "gemv+pdl": ("all", DEFAULT_MAX_M, True, False, DEFAULT_ATTENTION),
           "gemv+pdl, up to 8 rows": ("all", MAX_M, True, False, DEFAULT_ATTENTION)}  # session 13's M > 1 loop
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
-    ("before session 13", AttentionTuning(num_stages=3, split_below_per_sm=1, small_grid_programs=None)),
+    ("before session 13", sk.BEFORE_SESSION_13),
     ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),
     ("no small grid", AttentionTuning(small_grid_programs=None))]})
 

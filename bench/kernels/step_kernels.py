@@ -28,9 +28,10 @@ DEVICE, DTYPE = "cuda", torch.bfloat16  # the dry run on CPU (tests) swaps in cp
 L2_BYTES = 50 * 2**20
 BLOCK_SIZE = 16
 PREVIOUS_ATTENTION = "before session 13 (stages 3, split < 1/SM)"
+BEFORE_SESSION_13 = AttentionTuning(num_stages=3, split_below_per_sm=1, small_grid_programs=None)
 ATTENTION_VARIANTS = {  # session 13 set decode's stages, split rule and batch-1 tiles from these rows
     "default": AttentionTuning(),
-    PREVIOUS_ATTENTION: AttentionTuning(num_stages=3, split_below_per_sm=1, small_grid_programs=None),
+    PREVIOUS_ATTENTION: BEFORE_SESSION_13,
     "stages 3": AttentionTuning(num_stages=3),
     "split < 1/SM": AttentionTuning(split_below_per_sm=1),
     "no small grid (n64, 16 splits at batch 1)": AttentionTuning(small_grid_programs=None),

@@ -207,13 +207,13 @@ def _merge_splits_kernel(partial_ptr, max_ptr, sum_ptr, out_ptr, query_start_loc
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
 
 
-def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int,
-                   tuning: AttentionTuning, max_splits: int, split_below_per_sm: float) -> int:
+def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int, programs_per_sm: int,
+                   max_splits: int, split_below_per_sm: float) -> int:
     """Split the KV range only when the tiles with work leave SMs short (graph-safe: shapes only)."""
     programs = working_tiles * num_kv_heads
     if programs >= split_below_per_sm * _NUM_SMS_H200:
         return 1  # a full wave already streams the KV at bandwidth; a merge kernel would only add time
-    wanted = triton.cdiv(tuning.programs_per_sm * _NUM_SMS_H200, programs)
+    wanted = triton.cdiv(programs_per_sm * _NUM_SMS_H200, programs)
     useful = triton.cdiv(max_kv_len, 2 * block_n)  # keep at least a couple of KV tiles per split
     splits = min(wanted, useful, max_splits)
     return triton.next_power_of_2(splits) if splits > 1 else 1
@@ -252,7 +252,8 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
         block_n, max_splits = min(block_n, tuning.small_grid_block_n), tuning.small_grid_max_splits
     if num_splits is None:
         split_below = tuning.split_below_per_sm if decode_heavy else tuning.prefill_split_below_per_sm
-        num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, tuning, max_splits, split_below)
+        num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, tuning.programs_per_sm, max_splits,
+                                    split_below)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     return LaunchPlan(block_q, block_n, num_tiles, num_splits,
                       tuning.num_stages if decode_heavy else tuning.prefill_num_stages)
