@@ -80,6 +80,8 @@ for stage in "$@"; do
       python3 bench/kernels/step_kernels.py ${KERNELS_ARGS:-} 2>&1 | tee "$OUT/kernels${KERNELS_TAG:-}.log" | tail -60;;
     fusion)  # issue 17's per-layer levers: GEMV vs today's kernels per projection, the step with each lever on/off
       python3 -m bench.kernels.fusion 2>&1 | tee "$OUT/fusion.log" | tail -70;;
+    graph-eager)  # issue 17: graphs vs eager (padded to the buckets, exact) under attention tunings and PDL off
+      python3 -m tools.diag_graph_eager 2>&1 | grep -v Warn | tee "$OUT/graph_eager.log";;
     fusion-tests) python3 -m pytest -q -s -m gpu tests/model/test_fusion_gpu.py tests/kernels/test_kernels_gpu.py \
         2>&1 | tee "$OUT/fusion_tests.log" | tail -30;;
     fusion-step)  # the official step bench (sampling included) with the levers off, then on (FUSION_ENV; default:
@@ -98,8 +100,8 @@ for stage in "$@"; do
       python3 -m pytest -q -m gpu tests/kernels/test_sampling_select.py tests/kernels/test_sampling.py 2>&1 \
         | tee "$OUT/sampling_tests.log" | tail -10;;
     step-sampling)  # issue 17: llama3-8b decode rows greedy vs top_p / top_k, and prefill rows with their floors
-      python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 --sampling greedy,top_p,top_k \
-        --prefill-tokens 2048,8192,32768,100@2000 --result-json "$OUT/step_sampling.json" 2>&1 | tee "$OUT/step_sampling.log";;
+      python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 --sampling "${STEP_SAMPLING:-greedy,top_p,top_k}" \
+        --prefill-tokens "${STEP_PREFILL:-2048,8192,32768,100@2000}" --result-json "$OUT/step_sampling.json" 2>&1 | tee "$OUT/step_sampling.log";;
     diag) python3 tools/diag.py precision profile 2>&1 | tee "$OUT/diag.log";;
     fp32) python3 tools/diag.py fp32 2>&1 | grep -v Warn | tee "$OUT/fp32.log";;
     step8b) python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 | tee "$OUT/step8b.log";;
@@ -109,7 +111,8 @@ for stage in "$@"; do
       # name and a mid-step window; with PDL kernels overlap, so read a kernel's cost as completion to completion
       python3 tools/diag.py timeline 2>&1 | grep -v Warn | tee "$OUT/timeline.log";;
     gemv-proj)  # issue 17: each projection alone at M = GEMV_MS rows: cuBLAS (+ the norm / SiLU kernel) vs the GEMV, GB/s
-      python3 -m bench.kernels.fusion --sections gemv --ms "${GEMV_MS:-1}" --projections "${GEMV_PROJ:-all}" 2>&1 \
+      python3 -m bench.kernels.fusion --sections gemv --ms "${GEMV_MS:-1}" --projections "${GEMV_PROJ:-all}" \
+        --sweep "${GEMV_SWEEP:-all}" 2>&1 \
         | tee "$OUT/gemv_proj.log" | tail -30;;
     fusion-levers)  # issue 17: the whole step with each lever, session 11's kernels vs today's side by side
       python3 -m bench.kernels.fusion --sections step --batches "${FUSION_BATCHES:-1,8,32}" --levers "${LEVERS:-all}" \

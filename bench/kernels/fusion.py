@@ -24,7 +24,7 @@ import triton
 from bench.kernels import step_kernels as sk
 from blink.kernels.activation import silu_and_mul_triton
 from blink.kernels.attention import AttentionTuning, default_tuning_switched
-from blink.kernels.gemv import MAX_M, GemvConfig, GemvPlan, gemv_ref, gemv_triton
+from blink.kernels.gemv import GemvConfig, GemvPlan, gemv_ref, gemv_triton
 from blink.kernels.pdl import pdl_switched
 from blink.kernels.rmsnorm import rms_norm_triton
 from blink.model.fusion import DEFAULT_MAX_M, PROJECTIONS, FusionPolicy, apply_fusion_policy
@@ -36,6 +36,16 @@ SWEEP = [GemvConfig(block_n=8, block_k=512), GemvConfig(block_n=16, block_k=256)
          GemvConfig(block_n=16, block_k=256, dot=True), GemvConfig(block_n=32, block_k=128, dot=True),
          GemvConfig(block_n=16, block_k=512, num_warps=8), GemvConfig(block_n=8, block_k=1024, num_warps=8),
          SESSION11_DOWN]
+# Tensor cores fed by Triton's pipeliner (num_stages - 1 W tiles in flight through shared memory): the
+# candidates for M > 1, where the CUDA-core loop ran at 0.27x cuBLAS at M = 8 (session 14)
+DOT_SWEEP = [GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s, dot=True) for bn, bk, w, s in [
+    (16, 256, 4, 3), (16, 512, 4, 4), (16, 512, 2, 4), (16, 1024, 4, 3), (32, 256, 4, 4), (32, 512, 4, 3),
+    (64, 128, 4, 4), (64, 256, 4, 3)]]
+SWEEPS = ("all", "dot", "both", "none")
+
+
+def sweep_named(name: str) -> list[GemvConfig]:
+    return {"all": SWEEP, "dot": DOT_SWEEP, "both": SWEEP + DOT_SWEEP, "none": []}[name]
 # label: (BLINK_GEMV, BLINK_GEMV_MAX_M, PDL, session 11's down_proj tiles, the attention's tuning); the
 # "gemv+pdl, ..." rows weigh one change each against today's defaults ("gemv+pdl")
 DEFAULT_ATTENTION = AttentionTuning()
@@ -44,13 +54,15 @@ LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
           "gemv": ("all", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
           "gemv+pdl, session-11 down tiles": ("all", DEFAULT_MAX_M, True, True, DEFAULT_ATTENTION),
           "gemv+pdl": ("all", DEFAULT_MAX_M, True, False, DEFAULT_ATTENTION),
-          "gemv+pdl, up to 8 rows": ("all", MAX_M, True, False, DEFAULT_ATTENTION)}  # session 13's M > 1 loop
+          # the tensor-core loop at M > 1, default tiles: where it beat cuBLAS alone (o, LM head); everywhere
+          "gemv+pdl, o and lm_head up to 16 rows": ("all", "1,o:16,lm_head:16", True, False, DEFAULT_ATTENTION),
+          "gemv+pdl, up to 16 rows": ("all", 16, True, False, DEFAULT_ATTENTION)}
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
     ("before session 13", sk.BEFORE_SESSION_13),
     ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),
     ("no small grid", AttentionTuning(small_grid_programs=None))]})
 
-def bench_projection(name: str, k: int, n: int, m: int, sweep: bool) -> dict[str, float]:
+def bench_projection(name: str, k: int, n: int, m: int, sweep: list[GemvConfig]) -> dict[str, float]:
     """us per call: today's kernels vs the GEMV (default config, PDL off/on, the sweep)."""
     prologue = PROLOGUE_OF[name]
     dev, dt = sk.DEVICE, sk.DTYPE
@@ -81,7 +93,7 @@ def bench_projection(name: str, k: int, n: int, m: int, sweep: bool) -> dict[str
         x_act = silu_and_mul_triton(x)
         variants["gemv on silu(gate)*up (bound)"] = (lambda w: gemv_triton(x_act, w, None), False)
     if sweep:
-        for config in SWEEP:
+        for config in (c for c in sweep if c.dot or m == 1):  # more rows run on tensor cores only
             label = (f"gemv n{config.block_n} k{config.block_k} w{config.num_warps} s{config.num_stages}"
                      + (" dot" if config.dot else ""))
             variants[label] = (new(config), False)
@@ -164,6 +176,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--ms", default="1,2,4,8", help="rows for the per-projection GEMV section")
     parser.add_argument("--sections", default="gemv,step")
+    parser.add_argument("--sweep", choices=SWEEPS, default="all",
+                        help="GEMV tiles tried at the first and last --ms")
     parser.add_argument("--projections", default="all", help="comma-separated projections for the gemv section")
     parser.add_argument("--levers", default="all", help="';'-separated LEVERS labels for the step section")
     args = parser.parse_args()
@@ -178,7 +192,7 @@ def main() -> None:
             if args.projections != "all" and name not in args.projections.split(","):
                 continue
             for m in ms:
-                res = bench_projection(name, k, n, m, sweep=m in (ms[0], ms[-1]))
+                res = bench_projection(name, k, n, m, sweep=sweep_named(args.sweep) if m in (ms[0], ms[-1]) else [])
                 if "today (kernel + cuBLAS)" not in res or "gemv" not in res:
                     continue  # reported as FAILED above
                 new = min(v for label, v in res.items() if label.startswith("gemv"))

@@ -39,6 +39,11 @@ class ModelRunner:
         self.buffers = self.new_buffers()
         self._prompt_rows_idle = False  # self.buffers' P prompt rows are all padding (prepare skips them)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # Eager steps on a GPU run the bucket's padded shape too, so that eager is the graphs minus capture: the
+        # kernels' shape-dependent choices (attention splits, GEMV or cuBLAS, cuBLAS's algorithm) then match and
+        # any difference in output is a capture bug. Unpadded, bf16 greedy on random weights parted in 11 of 24
+        # requests under session 13's attention splits (perf.md, 2026-12-03). The CPU runs the exact shape.
+        self.pad_to_buckets = self.device.type == "cuda"
         # One memory pool for every capture (host mode's and device mode's).
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
         if use_graphs:
@@ -194,7 +199,7 @@ class ModelRunner:
 
     def bucket_of(self, plan: SchedulerOutput) -> tuple[int, int]:
         n, s = plan.num_tokens, len(plan.chunks)
-        return self.bucket_for(n, s) if self.graphs else (n, s)
+        return self.bucket_for(n, s) if self.graphs or self.pad_to_buckets else (n, s)
 
     def read_back(self, plan: SchedulerOutput) -> list[SampledToken | None]:
         s = len(plan.chunks)

@@ -69,14 +69,18 @@ def _gemv_takes(x: torch.Tensor, weight: torch.Tensor, gemv: GemvPlan | None, pr
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           silu_mul_input: bool = False, gemv: GemvPlan | None = None) -> torch.Tensor:
+           silu_mul_input: bool = False, gemv: GemvPlan | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """F.linear (cuBLAS). With silu_mul_input, x is a gate|up output and silu_and_mul is applied first.
-    With a GemvPlan (decided per layer at load time), decode-sized calls run the GEMV, silu_mul fused."""
+    With a GemvPlan (decided per layer at load time), decode-sized calls run the GEMV, silu_mul fused.
+    out_dtype: the output cast to it (the GEMV writes it directly, rounded through x's dtype the same way)."""
     if _gemv_takes(x, weight, gemv, "silu_mul" if silu_mul_input else "none"):
-        return gemv_triton(x, weight, bias, "silu_mul" if silu_mul_input else "none", config=gemv.config)
+        return gemv_triton(x, weight, bias, "silu_mul" if silu_mul_input else "none", config=gemv.config,
+                           out_dtype=out_dtype)
     if silu_mul_input:
         x = silu_and_mul(x)
-    return F.linear(x, weight, bias)
+    out = F.linear(x, weight, bias)
+    return out if out_dtype is None else out.to(out_dtype)
 
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,

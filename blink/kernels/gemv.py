@@ -2,11 +2,13 @@
 
 At decode batch sizes a linear layer is a stream over its weight: the time is the weight bytes over HBM
 bandwidth, and the job is to keep enough 16-byte loads in flight on every SM. Each program owns BLOCK_N
-rows of W for all M rows of x and walks K in BLOCK_K steps; the next W tile is loaded before the current
-one is used (a register double buffer), and the multiply-adds run on CUDA cores (a few rows of x do not
-feed a tensor core; the earlier tl.dot version, deleted in issue 14, ran at a third of cuBLAS's speed).
-x is a few KB and stays in L2 for all programs. Each row of x keeps its products in a [BLOCK_N, BLOCK_K] fp32
-sum that is reduced over K once, after the loop: a reduction per K step put barriers and shuffles in the loop.
+rows of W for all M rows of x and walks K in BLOCK_K steps. x is a few KB and stays in L2 for all programs.
+Two inner loops, by M:
+    M = 1      CUDA cores: the next W tile is loaded before the current one is used (a register double
+               buffer); the products stay in a [BLOCK_N, BLOCK_K] fp32 sum reduced over K once, after the loop.
+    M = 2..16  tensor cores: acc^T = W x^T with W as the A operand and x padded to 16 rows, W tiles fed by
+               Triton's pipeliner (num_stages - 1 tiles in flight through shared memory). The CUDA-core loop
+               over M rows ran at 0.27x cuBLAS at M = 8 on the H200 and was deleted (perf.md, session 14).
 
 The prologue folds the step's small kernels into the GEMV, with the rounding points of the kernels they
 replace (rmsnorm.py, activation.py), so a layer launches fewer kernels:
@@ -31,10 +33,10 @@ from blink.kernels.activation import silu_and_mul_ref
 from blink.kernels.pdl import pdl_for, pdl_wait
 from blink.kernels.rmsnorm import rms_norm_ref
 
-MAX_M = 8  # M multiply-adds per weight element on CUDA cores stay under the HBM stream up to about here
+MAX_M = 16  # one tensor-core tile of rows (tl.dot pads x to 16)
 PROLOGUES = {"none": 0, "norm": 1, "add_norm": 2, "silu_mul": 3}
 _NUM_SMS_H200 = 132
-_RESIDENT_PER_SM = 4  # programs of ~114 registers x 128 threads per SM (ptxas, sm_90)
+_RESIDENT_PER_SM = 4  # one-row programs of ~114 registers x 128 threads per SM (ptxas, sm_90)
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,9 @@ class GemvConfig:
     block_n: int = 8
     block_k: int = 512
     num_warps: int = 4
-    num_stages: int = 1  # the double buffer is explicit; >1 lets Triton's pipeliner add its own
-    dot: bool = False  # tensor cores: acc^T = W x^T with W as the A operand, x padded to 16 rows (needs
-    #                    block_n >= 16); a variant for the bench to weigh against the CUDA-core FMAs at M > 2
+    num_stages: int = 1  # 1: the explicit register double buffer; >1: no explicit buffer, Triton's pipeliner
+    #                      keeps num_stages - 1 W tiles in flight (async copies to shared memory)
+    dot: bool = False  # tensor cores (needs block_n >= 16); the only loop for M > 1, a variant at M = 1
 
 
 @dataclass(frozen=True)
@@ -62,24 +64,24 @@ def _last_wave_fill(programs: int) -> float:
 
 
 def default_config(n: int, k: int, m: int = 1, prologue: str = "none") -> GemvConfig:
-    """W tiles of 4096 elements (8 KB in bf16). One or two rows: 4 x 1024 first (one W row per warp, so the
-    reduction over K stays inside a warp: 64 registers, ptxas). Each program re-reads x from L2, M / BLOCK_N
-    of the weight traffic, so more rows want wider tiles. The first width whose programs fill the last wave
-    to >= 90% (a part-empty last wave leaves HBM idle), else the best-filling one.
+    """One row: W tiles of 4096 elements (8 KB in bf16), 4 x 1024 first (one W row per warp, so the reduction
+    over K stays inside a warp: 64 registers, ptxas); the first width whose programs fill the last wave to
+    >= 90% (a part-empty last wave leaves HBM idle), else the best-filling one. The SiLU-mul prologue is the
+    exception: every program computes silu(gate) * up over all of K, a sigmoid per element of x per program,
+    so it wants 8 rows per program (llama3-8b's down_proj on the H200: 41.8 us at 4 x 1024, 32.4 at 8 x 512;
+    perf.md, 2026-12-02 session 12).
 
-    The SiLU-mul prologue is the exception: every program computes silu(gate) * up over all of K, a sigmoid
-    per element of x per program, so it wants 8 rows per program from one row on (llama3-8b's down_proj at
-    M = 1 on the H200: 41.8 us at 4 x 1024, 32.4 at 8 x 512; perf.md, 2026-12-02 session 12)."""
-    if prologue == "silu_mul":
-        widths = (8, 16) if m <= 2 else (16, 8)
-    else:
-        widths = (4, 8, 2) if m <= 2 else (8, 16, 4)
+    More rows: the tensor-core loop with the pipelined tiles that won session 14's sweep on the H200 (o_proj
+    at M = 8: 32 x 512, 3 stages, 12.4 us against cuBLAS's 14.4; the LM head at M = 8 and 16: 64 x 128,
+    4 stages, 243 us against 254)."""
+    if m > 1:
+        if n >= 32768:
+            return GemvConfig(block_n=64, block_k=128, num_stages=4, dot=True)
+        return GemvConfig(block_n=32, block_k=512 if m <= 8 else 256, num_stages=3 if m <= 8 else 4, dot=True)
+    widths = (8, 16) if prologue == "silu_mul" else (4, 8, 2)
     full = [bn for bn in widths if _last_wave_fill(triton.cdiv(n, bn)) >= 0.9]
     block_n = full[0] if full else max(widths, key=lambda bn: _last_wave_fill(triton.cdiv(n, bn)))
-    # From two rows on, each row keeps a [BLOCK_N, BLOCK_K] fp32 sum until after the K loop: 32 registers a row
-    # a thread at 4,096 elements, so the tile shrinks with M (not yet timed on a GPU: perf.md, session 13).
-    elements = 4096 if m == 1 else 8192 // triton.next_power_of_2(m)
-    return GemvConfig(block_n=block_n, block_k=max(16, min(elements // block_n, triton.next_power_of_2(k))))
+    return GemvConfig(block_n=block_n, block_k=max(16, min(4096 // block_n, triton.next_power_of_2(k))))
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, prologue: str = "none") -> bool:
@@ -91,7 +93,7 @@ def supports(x: torch.Tensor, weight: torch.Tensor, prologue: str = "none") -> b
 
 def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, prologue: str = "none",
              norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None,
-             config: GemvConfig | None = None):
+             config: GemvConfig | None = None, out_dtype: torch.dtype | None = None):
     """The composition of the kernels the prologue replaces; returns (out, new residual) for add_norm."""
     new_residual = None
     if prologue == "norm":
@@ -100,7 +102,7 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
         x, new_residual = rms_norm_ref(x, norm_weight, eps, residual)
     elif prologue == "silu_mul":
         x = silu_and_mul_ref(x)
-    out = F.linear(x, weight, bias)
+    out = F.linear(x, weight, bias).to(out_dtype or x.dtype)
     return (out, new_residual) if prologue == "add_norm" else out
 
 
@@ -149,7 +151,7 @@ def _gemv_kernel(
     M, N, K, stride_xm, stride_rm, stride_wn, stride_om, eps,
     PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_K: tl.constexpr,
-    USE_DOT: tl.constexpr,
+    USE_DOT: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -157,7 +159,8 @@ def _gemv_kernel(
     ks = tl.arange(0, BLOCK_K)
     rows = tl.arange(0, BLOCK_M)
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
-    w_next = tl.load(w_rows + ks[None, :], mask=col_mask[:, None] & (ks < K)[None, :], other=0.0)
+    if PREFETCH:
+        w_next = tl.load(w_rows + ks[None, :], mask=col_mask[:, None] & (ks < K)[None, :], other=0.0)
     pdl_wait(USE_PDL)  # everything below may read the previous kernel's output
 
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -177,40 +180,44 @@ def _gemv_kernel(
         rstd = tl.rsqrt(sq / K + eps)
 
     acc_1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # one row: reduce over K once, after the loop
-    acc_3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], dtype=tl.float32)  # more rows: the same, per row
-    acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # the tensor-core variant's W x^T
+    acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # tensor cores: W x^T
     for k0 in range(0, K, BLOCK_K):
-        w_raw = w_next
-        w = w_raw.to(tl.float32)
-        k_next = k0 + BLOCK_K + ks
-        w_next = tl.load(w_rows + k_next[None, :], mask=col_mask[:, None] & (k_next < K)[None, :], other=0.0)
-        k = k0 + ks
-        k_mask = k < K
+        if PREFETCH:  # the order of the one-row loop that ran at 4.06 ms a step (another order cost ~10%: perf.md)
+            w_raw = w_next
+            w = w_raw.to(tl.float32)
+            k_next = k0 + BLOCK_K + ks
+            w_next = tl.load(w_rows + k_next[None, :], mask=col_mask[:, None] & (k_next < K)[None, :], other=0.0)
+            k = k0 + ks
+            k_mask = k < K
+        else:
+            k = k0 + ks
+            k_mask = k < K
+            w_raw = tl.load(w_rows + k[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+            w = w_raw.to(tl.float32)
         if USE_DOT:
             x_t = _x_tile(x_ptr, r_ptr, nw_ptr, rows, M, k, k_mask, stride_xm, stride_rm, rstd, K, PROLOGUE)
             acc_t = tl.dot(w_raw, tl.trans(x_t), acc_t, input_precision="ieee")
-        elif BLOCK_M == 1:
+        else:
             x = _x_row(x_ptr, r_ptr, nw_ptr, 0, M, k, k_mask, stride_xm, stride_rm, tl.sum(rstd, axis=0), K,
                        PROLOGUE)
             acc_1 += w * x[None, :]
-        else:  # a reduction over K per row and K step put 59 barriers in the M = 8 kernel (ptxas, sm_90a)
-            x_t = _x_tile(x_ptr, r_ptr, nw_ptr, rows, M, k, k_mask, stride_xm, stride_rm, rstd, K, PROLOGUE)
-            acc_3 += x_t.to(tl.float32)[:, None, :] * w[None, :, :]
     if USE_DOT:
         acc = tl.trans(acc_t)
-    elif BLOCK_M == 1:
-        acc = tl.sum(acc_1, axis=1)[None, :]
     else:
-        acc = tl.sum(acc_3, axis=2)
+        acc = tl.sum(acc_1, axis=1)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     out_offs = rows[:, None] * stride_om + cols[None, :]
-    tl.store(out_ptr + out_offs, acc.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & col_mask[None, :])
+    # rounded to x's dtype first, as a linear's output then cast (.float()) would be: one kernel fewer
+    out = acc.to(x_ptr.dtype.element_ty).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + out_offs, out, mask=(rows < M)[:, None] & col_mask[None, :])
 
 
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, prologue: str = "none",
                 norm_weight: torch.Tensor | None = None, eps: float = 0.0, residual: torch.Tensor | None = None,
-                config: GemvConfig | None = None):
+                config: GemvConfig | None = None, out_dtype: torch.dtype | None = None):
+    """out_dtype: the output's dtype (default x's); values are rounded to x's dtype first (the LM head writes
+    its logits as float32 without a cast kernel)."""
     assert supports(x, weight, prologue), "shape/dtype not handled by the GEMV"
     assert (prologue == "add_norm") == (residual is not None)
     assert (prologue in ("norm", "add_norm")) == (norm_weight is not None)
@@ -218,8 +225,9 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     n, k = weight.shape
     config = config or default_config(n, k, m, prologue)
     assert not config.dot or config.block_n >= 16, "tl.dot needs 16 rows of W"
+    assert config.dot or m == 1, "more than one row runs on tensor cores (GemvConfig.dot)"
     block_m = max(16, triton.next_power_of_2(m)) if config.dot else triton.next_power_of_2(m)
-    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     new_residual = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else out
     if residual is not None:
         assert residual.shape == x.shape and residual.stride(-1) == 1
@@ -232,6 +240,6 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         PROLOGUE=PROLOGUES[prologue], HAS_BIAS=bias is not None, USE_PDL=use_pdl,
         BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
         NORM_K=min(triton.next_power_of_2(k), max(config.block_k, 4096 // block_m)), USE_DOT=config.dot,
-        num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=use_pdl,
+        PREFETCH=config.num_stages == 1, num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=use_pdl,
     )
     return (out, new_residual) if prologue == "add_norm" else out

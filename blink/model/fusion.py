@@ -6,10 +6,10 @@ norm or SiLU-mul before it in its prologue) or None (cuBLAS, as before). Calls w
 large decode batches) always go to cuBLAS, so a bucket's graph is the same at every capture.
 
 BLINK_GEMV names the projections ("qkv,o,gate_up,down,lm_head", "all", or "": none); BLINK_GEMV_MAX_M caps
-the rows. Unset, a one-rank model takes "all" at one row (DEFAULT_MAX_M): on the H200 that cut llama3-8b's
-batch-1 step 4.4% with PDL, and the GEMV loses to cuBLAS from M = 2 on (perf.md, 2026-12-02). A sharded
-model (tensor parallel) defaults to none: the TP suite has not run with the GEMV on two GPUs. MoE blocks
-keep their own kernels.
+the rows, for all of them ("8") or with exceptions ("1,o:16,lm_head:16"). Unset, a one-rank model takes "all"
+at one row (DEFAULT_MAX_M): on the H200 that cut llama3-8b's batch-1 step 4.4% with PDL; the CUDA-core loop
+lost to cuBLAS from M = 2 on (perf.md, 2026-12-02). A sharded model (tensor parallel) defaults to none: the TP
+suite has not run with the GEMV on two GPUs. MoE blocks keep their own kernels.
 """
 from __future__ import annotations
 
@@ -21,30 +21,43 @@ from torch import nn
 from blink.kernels.gemv import MAX_M, GemvPlan
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
-DEFAULT_MAX_M = 1
+DEFAULT_MAX_M = "1"
 
 
 @dataclass(frozen=True)
 class FusionPolicy:
     gemv: frozenset[str] = frozenset()  # projections that take the GEMV
-    max_m: int = MAX_M
+    max_m: int = MAX_M  # rows a call may have to take it
+    role_max_m: tuple[tuple[str, int], ...] = ()  # (projection, rows) exceptions to max_m
+
+    def rows_for(self, role: str) -> int:
+        return dict(self.role_max_m).get(role, self.max_m)
 
     @staticmethod
-    def parse(names: str, max_m: int = MAX_M) -> FusionPolicy:
-        """'all', '' or a comma list of PROJECTIONS; ValueError names an unknown one."""
+    def parse(names: str, max_m: int | str = MAX_M) -> FusionPolicy:
+        """names: 'all', '' or a comma list of PROJECTIONS; max_m: rows, or 'rows,role:rows,...'. ValueError names
+        what is wrong."""
         chosen = set(PROJECTIONS) if names.strip() == "all" else {n.strip() for n in names.split(",") if n.strip()}
         unknown = chosen - set(PROJECTIONS)
         if unknown:
             raise ValueError(f"BLINK_GEMV: unknown projection(s) {sorted(unknown)}; choose from {PROJECTIONS}")
-        if not 1 <= max_m <= MAX_M:
-            raise ValueError(f"BLINK_GEMV_MAX_M must be in [1, {MAX_M}], got {max_m}")
-        return FusionPolicy(frozenset(chosen), max_m)
+        default, *exceptions = str(max_m).split(",")
+        try:
+            rows = int(default)
+            role_rows = tuple((role.strip(), int(r)) for role, r in (e.split(":") for e in exceptions))
+        except ValueError:
+            raise ValueError(f"BLINK_GEMV_MAX_M must be ROWS or ROWS,projection:ROWS,..., got {max_m!r}") from None
+        for role, r in (("", rows), *role_rows):
+            if role and role not in PROJECTIONS:
+                raise ValueError(f"BLINK_GEMV_MAX_M: unknown projection {role!r}; choose from {PROJECTIONS}")
+            if not 1 <= r <= MAX_M:
+                raise ValueError(f"BLINK_GEMV_MAX_M must be in [1, {MAX_M}], got {r}")
+        return FusionPolicy(frozenset(chosen), rows, role_rows)
 
 
 def policy_from_env(tp_size: int = 1) -> FusionPolicy:
     default = ("all", DEFAULT_MAX_M) if tp_size == 1 else ("", MAX_M)
-    return FusionPolicy.parse(os.environ.get("BLINK_GEMV", default[0]),
-                              int(os.environ.get("BLINK_GEMV_MAX_M", default[1])))
+    return FusionPolicy.parse(os.environ.get("BLINK_GEMV", default[0]), os.environ.get("BLINK_GEMV_MAX_M", default[1]))
 
 
 def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int]:
@@ -54,6 +67,6 @@ def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int
     for role, module in model.gemv_projections():
         weight = module.weight
         ok = role in policy.gemv and weight.dim() == 2 and weight.shape[1] % 8 == 0
-        module.gemv = GemvPlan(None, policy.max_m) if ok else None  # tiles: gemv.default_config per call shape
+        module.gemv = GemvPlan(None, policy.rows_for(role)) if ok else None  # tiles: gemv.default_config per call shape
         taken[role] += ok
     return taken

@@ -88,7 +88,7 @@ class VocabParallelEmbedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[N, hidden] -> [N, vocab] float32, the same on every rank."""
-        local = linear(hidden, self.weight, None, gemv=self.gemv).float()
+        local = linear(hidden, self.weight, None, gemv=self.gemv, out_dtype=torch.float32)
         if self.tp_size == 1:
             return local
         return self.tp.all_gather(local)[:, : self.vocab_size]

@@ -39,13 +39,27 @@ def llama3_8b_4l_workload() -> tuple[LoadedModel, dict]:
     return LoadedModel.load(EngineArgs(**LLAMA3_8B_4L), num_layers=4), {i: (q, p) for i, q in enumerate(prompts)}
 
 
+def eager_runs(loaded: LoadedModel, requests: dict) -> tuple[dict, dict]:
+    """The workload eagerly, padded to the graphs' buckets (the runner's default on a GPU) and at the exact shape."""
+    padded, _, _ = run_all(HostEngine(EngineArgs(**LLAMA3_8B_4L, enforce_eager=True), loaded), requests)
+    exact_engine = HostEngine(EngineArgs(**LLAMA3_8B_4L, enforce_eager=True), loaded)
+    exact_engine.runner.pad_to_buckets = False
+    exact, _, _ = run_all(exact_engine, requests)
+    return padded, exact
+
+
+def identical(a: dict, b: dict) -> int:
+    return sum(a[i] == b[i] for i in a)
+
+
 def test_llama3_8b_shape_bf16_graphs_vs_eager():
-    args = LLAMA3_8B_4L
     loaded, requests = llama3_8b_4l_workload()
-    prompts = [q for q, _ in requests.values()]
-    graphs, _, _ = run_all(HostEngine(EngineArgs(**args), loaded), requests)
-    eager, _, _ = run_all(HostEngine(EngineArgs(**args, enforce_eager=True), loaded), requests)
-    same = sum(graphs[i] == eager[i] for i in range(len(prompts)))
-    print(f"llama3-8b (4 layers) bf16: {same}/{len(prompts)} requests identical between graphs and eager")
-    first = sum(graphs[i][0] == eager[i][0] for i in range(len(prompts)))
-    assert first >= len(prompts) * 0.75  # bf16 rounding differs with the padded bucket: not all equal
+    graphs, _, _ = run_all(HostEngine(EngineArgs(**LLAMA3_8B_4L), loaded), requests)
+    padded, exact = eager_runs(loaded, requests)
+    print(f"llama3-8b (4 layers) bf16: {identical(graphs, padded)}/{len(requests)} requests identical between graphs "
+          f"and eager at the buckets' shapes, {identical(graphs, exact)}/{len(requests)} with eager at exact shapes")
+    # The same kernels at the same shapes; cuBLAS may still pick another algorithm inside a capture (23/24 on
+    # 2026-12-02 with eager unpadded, the floor issue 17 keeps).
+    assert identical(graphs, padded) >= len(requests) - 1
+    # At exact shapes bf16 rounding differs with the padded bucket: a loose check of the first tokens only.
+    assert sum(graphs[i][0] == exact[i][0] for i in requests) >= len(requests) * 0.75

@@ -39,8 +39,9 @@ def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     monkeypatch.setattr(bench, "copies_for", lambda nbytes: 1)
     monkeypatch.setattr(kernels, "_triton_device", lambda x: True)  # the model's GEMV path, interpreted
     # Wide tiles: the interpreter's time goes with the number of programs.
-    monkeypatch.setattr(gemv, "default_config", lambda *_: gemv.GemvConfig(block_n=64, block_k=64))
-    monkeypatch.setattr(fusion, "SWEEP", [gemv.GemvConfig(block_n=32, block_k=32)])
+    monkeypatch.setattr(gemv, "default_config",  # more rows on tensor cores, as the default's
+                        lambda n, k, m=1, prologue="none": gemv.GemvConfig(block_n=64, block_k=64, dot=m > 1))
+    monkeypatch.setattr(fusion, "SWEEP", [gemv.GemvConfig(block_n=32, block_k=32, dot=True)])
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
     monkeypatch.setattr(sys, "argv", ["fusion", "--model", "tiny-llama", "--context", "40", "--max-model-len", "64",
                                       "--batches", "2", "--ms", "3"])

@@ -25,11 +25,11 @@ def _inputs(m, n, k, prologue, dtype, bias, seed=0):
 
 
 @pytest.mark.parametrize("prologue", list(gemv.PROLOGUES))
-@pytest.mark.parametrize("m", [1, 3, 8])
+@pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gemv_matches_the_composed_references(prologue, m, dtype):
-    # N and K are not multiples of the tiles: the masks at both edges are exercised.
-    args = _inputs(m, 44, 104, prologue, dtype, bias=m != 3)
+def test_gemv_matches_the_composed_references(prologue, bias, dtype):
+    """The one-row CUDA-core loop. N and K are not multiples of the tiles: the masks at both edges are exercised."""
+    args = _inputs(1, 44, 104, prologue, dtype, bias=bias)
     config = GemvConfig(block_n=8, block_k=32)
     got, expected = gemv_triton(**args, config=config), gemv_ref(**args)
     if prologue != "add_norm":
@@ -44,11 +44,12 @@ def test_gemv_matches_the_composed_references(prologue, m, dtype):
 
 
 @pytest.mark.parametrize("prologue", list(gemv.PROLOGUES))
-@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("m", [1, 5, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # the interpreter's bf16 tl.dot is wrong
-def test_tensor_core_variant_matches_the_references(prologue, m, dtype):
+@pytest.mark.parametrize("stages", [1, 3])  # the explicit double buffer, or W loaded in the loop for the pipeliner
+def test_tensor_core_variant_matches_the_references(prologue, m, dtype, stages):
     args = _inputs(m, 40, 96, prologue, dtype, bias=True, seed=3)
-    got = gemv_triton(**args, config=GemvConfig(block_n=16, block_k=32, dot=True))
+    got = gemv_triton(**args, config=GemvConfig(block_n=16, block_k=32, dot=True, num_stages=stages))
     expected = gemv_ref(**args)
     if prologue == "add_norm":
         torch.testing.assert_close(got[1], expected[1], atol=1e-3, rtol=1e-3)
@@ -61,36 +62,56 @@ def test_gemv_reads_strided_rows():
     """x may be a row-strided view (a slice of a wider activation), as the model's inputs can be."""
     wide = torch.randn(4, 160)
     weight = torch.randn(24, 96) / 10
-    got = gemv_triton(wide[:, :96], weight, config=GemvConfig(block_n=4, block_k=64))
+    got = gemv_triton(wide[:, :96], weight, config=GemvConfig(block_n=16, block_k=64, dot=True))
     torch.testing.assert_close(got, wide[:, :96] @ weight.T, atol=1e-5, rtol=1e-5)
+    one = gemv_triton(wide[1:2, :96], weight, config=GemvConfig(block_n=4, block_k=64))
+    torch.testing.assert_close(one, wide[1:2, :96] @ weight.T, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("config", [GemvConfig(block_n=8, block_k=32), GemvConfig(block_n=16, block_k=32, dot=True)])
+def test_float32_output_is_the_rounded_output_cast(config):
+    """The LM head's logits come out as float32 without a cast kernel, equal to x's dtype output then .float()."""
+    args = _inputs(1, 40, 96, "none", torch.float16, bias=True, seed=4)
+    narrow = gemv_triton(**args, config=config)
+    wide = gemv_triton(**args, config=config, out_dtype=torch.float32)
+    assert wide.dtype == torch.float32 and torch.equal(wide, narrow.float())
+    assert gemv_ref(**args, out_dtype=torch.float32).dtype == torch.float32
+
+
+def test_more_than_one_row_needs_the_tensor_core_loop():
+    with pytest.raises(AssertionError, match="tensor cores"):
+        gemv_triton(torch.randn(2, 64), torch.randn(16, 64), config=GemvConfig(block_n=4, block_k=64))
 
 
 def test_supports_only_decode_shapes():
     weight = torch.zeros(32, 64)
-    assert gemv.supports(torch.zeros(8, 64), weight)
-    assert not gemv.supports(torch.zeros(9, 64), weight)  # more rows: cuBLAS
+    assert gemv.supports(torch.zeros(gemv.MAX_M, 64), weight)
+    assert not gemv.supports(torch.zeros(gemv.MAX_M + 1, 64), weight)  # more rows: cuBLAS
     assert not gemv.supports(torch.zeros(2, 64), weight, "silu_mul")  # silu_mul needs gate|up: 2K columns
     assert gemv.supports(torch.zeros(2, 128), weight, "silu_mul")
     assert not gemv.supports(torch.zeros(2, 60), torch.zeros(32, 60))  # K % 8: no 16-byte rows
 
 
-def test_default_config_fills_the_last_wave_and_widens_with_m():
+def test_default_config_fills_the_last_wave_at_one_row_and_takes_tensor_cores_above():
     slots = 4 * 132
 
     def fill(n, bn):
         programs = triton.cdiv(n, bn)
         return programs / (triton.cdiv(programs, slots) * slots)
     for n, k in [(6144, 4096), (4096, 14336), (28672, 4096), (128256, 4096), (64, 48)]:
-        for m in (1, 2, 8):
+        config = gemv.default_config(n, k, 1)
+        assert not config.dot and config.num_stages == 1
+        assert config.block_n * config.block_k == 4096 or config.block_k == triton.next_power_of_2(k)
+        assert fill(n, config.block_n) >= min(0.9, max(fill(n, w) for w in (4, 8, 2)))
+        for m in (2, 8, 16):
             config = gemv.default_config(n, k, m)
-            elements = 4096 if m == 1 else 8192 // triton.next_power_of_2(m)  # M fp32 sums of the tile, a row each
-            assert config.block_n * config.block_k == elements or config.block_k == triton.next_power_of_2(k)
-            widths = (4, 8, 2) if m <= 2 else (8, 16, 4)
-            assert fill(n, config.block_n) >= min(0.9, max(fill(n, w) for w in widths))
+            assert config.dot and config.block_n >= 16 and config.num_stages > 1
     for n, k in [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)]:  # llama3-8b
         assert gemv.default_config(n, k, 1) == GemvConfig(block_n=4, block_k=1024)
-    assert gemv.default_config(6144, 4096, 8) == GemvConfig(block_n=4, block_k=256)  # 8 or 16 rows: 73% of a wave
-    assert gemv.default_config(4096, 4096, 8) == GemvConfig(block_n=8, block_k=128)  # 512 programs: 97%
+    # session 14's sweep on the H200: the o projection at M = 8 and 16, the LM head
+    assert gemv.default_config(4096, 4096, 8) == GemvConfig(block_n=32, block_k=512, num_stages=3, dot=True)
+    assert gemv.default_config(4096, 4096, 16) == GemvConfig(block_n=32, block_k=256, num_stages=4, dot=True)
+    assert gemv.default_config(128256, 4096, 8) == GemvConfig(block_n=64, block_k=128, num_stages=4, dot=True)
     # the SiLU-mul prologue computes a sigmoid per x element per program: 8 rows a program from M = 1 on
     assert gemv.default_config(4096, 14336, 1, "silu_mul") == GemvConfig(block_n=8, block_k=512)
     assert gemv.default_config(4096, 14336, 1, "add_norm") == GemvConfig(block_n=4, block_k=1024)
@@ -103,13 +124,24 @@ def test_policy_parsing_and_load_time_choice():
     with pytest.raises(ValueError, match="unknown projection.*'up'"):
         FusionPolicy.parse("qkv,up")
     with pytest.raises(ValueError, match="BLINK_GEMV_MAX_M"):
-        FusionPolicy.parse("all", max_m=9)
+        FusionPolicy.parse("all", max_m=gemv.MAX_M + 1)
+    with pytest.raises(ValueError, match="BLINK_GEMV_MAX_M.*17"):
+        FusionPolicy.parse("all", max_m="1,o:17")
+    with pytest.raises(ValueError, match="unknown projection 'up'"):
+        FusionPolicy.parse("all", max_m="1,up:4")
+    with pytest.raises(ValueError, match="ROWS,projection:ROWS"):
+        FusionPolicy.parse("all", max_m="1,o=4")
+    wide = FusionPolicy.parse("all", max_m=" 1, o:16,lm_head:8")
+    assert [wide.rows_for(r) for r in ("qkv", "o", "gate_up", "down", "lm_head")] == [1, 16, 1, 1, 8]
     model, cfg = load_model("tiny-qwen3-moe", "cpu", dtype=torch.float32)
     dense = sum(not cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
     taken = apply_fusion_policy(model, FusionPolicy.parse("all", max_m=4))
     layers = cfg.num_hidden_layers
     assert taken == {"qkv": layers, "o": layers, "gate_up": dense, "down": dense, "lm_head": 1}
     assert model.model.layers[0].self_attn.qkv_proj.gemv.max_m == 4
+    apply_fusion_policy(model, FusionPolicy.parse("all", max_m="1,o:16"))
+    attention = model.model.layers[0].self_attn
+    assert (attention.qkv_proj.gemv.max_m, attention.o_proj.gemv.max_m) == (1, 16)
     apply_fusion_policy(model, FusionPolicy())
     assert all(getattr(m, "gemv", None) is None for m in model.modules())
 
@@ -126,7 +158,8 @@ def test_model_on_the_gemv_gives_the_reference_logits(monkeypatch, preset):
     real = gemv.gemv_triton
     monkeypatch.setattr(kernels, "gemv_triton", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
     monkeypatch.setattr(kernels, "_triton_device", lambda x: True)
-    monkeypatch.setattr(gemv, "default_config", lambda *_: GemvConfig(block_n=32, block_k=32))  # fewer programs
+    monkeypatch.setattr(gemv, "default_config",  # fewer programs; more rows on tensor cores, as the default's
+                        lambda n, k, m=1, prologue="none": GemvConfig(block_n=32, block_k=32, dot=m > 1))
     apply_fusion_policy(model, FusionPolicy.parse("all"))
     driver = PagedDriver(model)
     for step, c in enumerate(chunks):
