@@ -36,9 +36,10 @@ def is_token_chunk(choice: dict) -> bool:
 
 
 async def stream_completion(http: aiohttp.ClientSession, url: str, payload: dict,
-                            prompt_len: int) -> RequestResult:
-    """Send one request; TTFT at the first token chunk, one ITL per later token chunk, E2E at the last."""
-    result = RequestResult(prompt_len=prompt_len)
+                            prompt_len: int, result: RequestResult | None = None) -> RequestResult:
+    """Send one request; TTFT at the first token chunk, one ITL per later token chunk, E2E at the last. Fills
+    `result` as the stream goes (the caller keeps what a cancelled request received)."""
+    result = result or RequestResult(prompt_len=prompt_len)
     start = time.perf_counter()
     result.start_time = start
     last_token_time = start
@@ -69,6 +70,7 @@ async def stream_completion(http: aiohttp.ClientSession, url: str, payload: dict
                         result.itl.append(now - last_token_time)
                     last_token_time = now
                     token_chunks += 1
+                    result.streamed_tokens = token_chunks
                     result.generated_text += choices[0].get("text") or ""
                 usage = chunk.get("usage")
                 if usage:

@@ -108,7 +108,8 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
     server_after = read_server(sweep.base_url)
     bench = outcome.summary()
     tokens = bench["total_output_tokens"]
-    per_token = lambda total, scale: total * scale / tokens if total is not None and tokens else None
+    streamed = bench.get("streamed_output_tokens")  # every token received, cancelled requests' too (runner.py)
+    per_token = lambda total, scale, count=tokens: total * scale / count if total is not None and count else None
     return {
         "mode": sweep.target, "layout": sweep.layout, "attack_kind": kind, "attack_level": level,
         "variant": sweep.variant, "attack_procs": procs,
@@ -121,6 +122,7 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         "engine_pid": sweep.engine_pid, "engine_cpu_seconds": cpu_seconds,
         "engine_cpu_s_per_1k_tokens": per_token(cpu_seconds, 1000),
         "gpu_energy_mj": gpu.energy_mj, "energy_per_output_token_mj": per_token(gpu.energy_mj, 1),
+        "energy_per_streamed_token_mj": per_token(gpu.energy_mj, 1, streamed),
         "gpu_mean_utilization_pct": gpu.mean_utilization_pct, "gpu_mean_power_w": gpu.mean_power_w,
         # the front end's collections, loop lags, egress gaps and the engine's steps during the load and its drain
         "frontend_gc": gc_delta(server_before.gc, server_after.gc),

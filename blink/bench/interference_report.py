@@ -5,6 +5,11 @@ A table cell reads `median [min-max]` over the point's repeats. "pooled P99" is 
 requests of all repeats together (from the raw latencies) with its 95% bootstrap interval.
 Retention is the point's output throughput over the isolated point's (same layout, mode, variant, rate),
 median over median, with the extremes of the two sets of repeats.
+
+Throughput and energy per token come in two definitions. Points since 2026-12-03 count every token the client
+received before the drain deadline, cancelled requests' included, over the fixed window (runner.LoadOutcome);
+older points count finished requests' tokens only, over the time to the last one. A cell or ratio uses the
+newer one only where every repeat it reads has it, so no ratio mixes the two.
 """
 from __future__ import annotations
 
@@ -22,6 +27,19 @@ from blink.bench.result_folder import (
 )
 from blink.bench.server_report import pauses_section, steps_section
 from blink.bench.stats import cell, pooled_percentile, ratio_spread, spread
+
+# metric -> (the newer definition's field, where a repeat has it) (the module's docstring)
+WINDOWED = {"output_throughput": lambda p: p["bench"].get("window_output_throughput"),
+            "energy_per_output_token_mj": lambda p: p.get("energy_per_streamed_token_mj")}
+
+
+def values(repeats: list[dict], name: str, *others: list[dict]) -> list:
+    """The metric over these repeats, in the newer definition if these and `others` all have it."""
+    newer = WINDOWED.get(name)
+    if newer and all(newer(p) is not None for p in [*repeats, *(p for o in others for p in o)]):
+        return [newer(p) for p in repeats]
+    return [METRICS[name](p) for p in repeats]
+
 
 # name -> how one repeat gives it
 METRICS = {
@@ -52,8 +70,8 @@ def summarize_point(repeats: list[dict]) -> dict:
     row["completed"] = spread([p["bench"]["completed"] for p in repeats])
     row["failed_total"] = sum(p["bench"]["failed"] for p in repeats)
     row["incomplete_total"] = sum(p["bench"].get("incomplete", 0) for p in repeats)
-    for name, get in METRICS.items():
-        row[name] = spread([get(p) for p in repeats])
+    for name in METRICS:
+        row[name] = spread(values(repeats, name))
     for metric in POOLED:
         groups = [[x * 1000.0 for x in request_samples(p, metric)] for p in repeats]
         row[f"pooled_p99_{metric}_ms"] = pooled_percentile(groups, 99, resamples=500)
@@ -65,8 +83,8 @@ def add_retention(rows: list[dict], groups: dict[tuple, list[dict]]) -> None:
     for row in rows:
         twin = (row["mode"], row["layout"], ISOLATED, 0.0, row["variant"], row["request_rate"])
         base = groups.get(twin)
-        throughput = [r["bench"]["output_throughput"] for r in groups[point_key(row)]]
-        row["retention"] = (ratio_spread(throughput, [r["bench"]["output_throughput"] for r in base])
+        own = groups[point_key(row)]
+        row["retention"] = (ratio_spread(values(own, "output_throughput", base), values(base, "output_throughput", own))
                             if base else spread([]))
 
 
@@ -121,7 +139,7 @@ def mode_ratios(rows: list[dict], base: str = "host", ours: str = "device") -> l
         if base not in by_mode or ours not in by_mode:
             continue
         b, o = by_mode[base]["_repeats"], by_mode[ours]["_repeats"]
-        get = lambda reps, name: [METRICS[name](p) for p in reps]
+        get = lambda reps, name, o=o, b=b: values(reps, name, o, b)
         energy = ratio_spread(get(o, "energy_per_output_token_mj"), get(b, "energy_per_output_token_mj"))
         for field in ("median", "min", "max", "ci_low", "ci_high"):
             if energy[field] is not None:

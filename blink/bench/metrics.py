@@ -31,6 +31,12 @@ class RequestResult:
     start_time: float = 0.0  # perf_counter when the request was sent
     error: str = ""
     generated_text: str = ""
+    streamed_tokens: int = 0  # token chunks received so far: what a request cancelled at the drain deadline did
+
+    @property
+    def tokens_received(self) -> int:
+        """Output tokens that reached the client (all of a finished request's; the chunks of a cut one)."""
+        return max(self.output_tokens, self.streamed_tokens)
 
     @property
     def tpot(self) -> float | None:
