@@ -60,18 +60,18 @@ def _compile_all() -> None:
         check(rope._rope_and_write_kv_kernel, fused_ptrs,
               dict(HAS_NORM=has_norm, BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64), pdl=has_norm)
     gemv_ptrs = bf16("x_ptr", "r_ptr", "nw_ptr", "w_ptr", "bias_ptr", "out_ptr", "new_r_ptr")
-    gemv_configs = [(0, 1, False, False), (1, 1, True, False), (2, 8, True, False), (3, 4, False, False),
-                    (3, 2, True, False), (2, 16, True, True), (3, 16, False, True), (0, 16, False, True)]
+    gemv_configs = [(0, 1, False, False), (1, 1, True, False), (2, 1, True, False), (3, 1, False, False),
+                    (3, 1, True, False), (2, 16, True, True), (3, 16, False, True), (0, 16, False, True),
+                    (0, 1, False, True)]
     for prologue, block_m, pdl, dot in gemv_configs:  # (prologue, BLOCK_M, PDL, tensor cores)
-        tiles = [(8, 512, 4), (4, 1024, 8), (16, 256, 4), (32, 128, 4)]
-        if block_m > 1 and not dot:  # default_config's tiles: M fp32 sums of the tile until after the K loop
-            tiles = [(block_n, 8192 // block_m // block_n, 4) for block_n in (4, 8, 16)]
-        for block_n, block_k, num_warps in tiles:
-            if dot and block_n < 16:
-                continue
+        # (BLOCK_N, BLOCK_K, warps, stages): the one-row loop's tiles; the tensor cores' default_config ones
+        tiles = ([(32, 512, 4, 3), (32, 256, 4, 4), (64, 128, 4, 4), (16, 256, 4, 1)] if dot
+                 else [(8, 512, 4, 1), (4, 1024, 8, 1), (16, 256, 4, 1), (32, 128, 4, 1)])
+        for block_n, block_k, num_warps, num_stages in tiles:
             kernel = check(gemv._gemv_kernel, gemv_ptrs, dict(PROLOGUE=prologue, HAS_BIAS=prologue == 0,
                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, NORM_K=max(block_k, 4096 // block_m),
-                           USE_DOT=dot), pdl=pdl, num_warps=num_warps, num_stages=1)
+                           USE_DOT=dot, PREFETCH=num_stages == 1), pdl=pdl, num_warps=num_warps,
+                           num_stages=num_stages)
             if not dot:  # the weight loop (the last loop) reduces nothing across threads: no shuffle in it
                 assert "shfl.sync" not in _last_loop(kernel.asm["ptx"]), (prologue, block_m, block_n, block_k)
 
