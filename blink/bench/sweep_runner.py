@@ -31,10 +31,10 @@ clock = time.monotonic  # the time budget's clock (a test steps it)
 def measure_group(args: argparse.Namespace, console: Console, repeat: Repeat, group: Group, target: Target,
                   where: Placement, gpu: GpuMonitor, knobs: AttackerKnobs, cgroup: str | None,
                   variant: str, run_id: str, requests: list, num_requests: int, metadata: dict,
-                  deadline: float, starts: list[float]) -> tuple[int, int]:
+                  deadline: float, starts: dict[str, list[float]]) -> tuple[int, int]:
     """One server start and its points, as many as fit before `deadline` (monotonic; the estimate's
     point cost is what one more must fit in); returns (points failed outright, points measured). The
-    seconds the server took to start are appended to `starts`."""
+    seconds the server took to start are appended to `starts[group.mode]`."""
     with contextlib.ExitStack() as stack:
         base_url, pid, command = target.base_url, target.engine_pid, None
         if target.serve is not None:
@@ -42,7 +42,7 @@ def measure_group(args: argparse.Namespace, console: Console, repeat: Repeat, gr
                                f"server-{run_id}-r{repeat.index}-{group.layout}-{target.name}.log")
             began = clock()
             server = stack.enter_context(BlinkServer(target.serve, log, args.server_timeout))
-            starts.append(clock() - began)
+            starts.setdefault(group.mode, []).append(clock() - began)
             base_url, pid = target.serve.base_url, server.engine_pid
             command = shlex.join(target.serve.command())
         elif pid is None:
@@ -84,6 +84,19 @@ def measure_group(args: argparse.Namespace, console: Console, repeat: Repeat, gr
         return failures, measured
 
 
+def start_estimate(flag_s: float, starts: dict[str, list[float]], mode: str) -> float:
+    """Seconds the next start of `mode` should take. A fresh machine's first starts compile every kernel
+    (160-200 s on the H200, 2026-12-01) and later ones reuse the caches (under a minute, 2026-12-03), so: the last
+    start of this mode in this call; a mode not started yet, 1.5x the slowest mode's last start (device mode also
+    builds its scheduler); before any start, the --server-start-s estimate. Charging 240 s for every start of a
+    warm machine stopped a chunk after 216 s of its 470 (2026-12-03)."""
+    if starts.get(mode):
+        return starts[mode][-1]
+    if starts:
+        return 1.5 * max(seen[-1] for seen in starts.values())
+    return flag_s
+
+
 def run_plan(args: argparse.Namespace, console: Console, repeats: list[Repeat],
              by_name: dict[str, dict[str, Target]], placements: dict[str, Placement], gpu: GpuMonitor,
              knobs: AttackerKnobs, cgroup: str | None, variant: str, run_id: str, num_requests: int,
@@ -95,12 +108,10 @@ def run_plan(args: argparse.Namespace, console: Console, repeats: list[Repeat],
     deadline = clock() + budget if budget else float("inf")
     failures = measured = 0
     total = sum(len(g.points) for r in repeats for g in r.groups)
-    # A group must fit its server's start: the estimate, or the slowest start seen so far if longer (a
-    # fresh machine's first starts compile every kernel: 160-200 s on the H200, 2026-12-01).
-    starts: list[float] = []
+    starts: dict[str, list[float]] = {}  # per mode, this call's server starts in seconds
     for repeat in repeats:
         for group in repeat.groups:
-            if clock() + max([args.server_start_s, *starts]) + args.point_cost_s > deadline:
+            if clock() + start_estimate(args.server_start_s, starts, group.mode) + args.point_cost_s > deadline:
                 break
             name = f"r{repeat.index} {group.layout}/{group.mode}"
             try:

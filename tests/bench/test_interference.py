@@ -112,7 +112,16 @@ def test_attacker_knobs_are_applied_recorded_and_keep_points_apart(fake_server, 
     assert "spin x1 [nice5-batch]" in (tmp_path / "results.md").read_text()
 
 
-def test_the_budget_counts_the_slowest_server_start_seen(fake_server, tmp_path, monkeypatch):
+def test_start_estimates_follow_the_starts_seen():
+    assert sweep_runner.start_estimate(240.0, {}, "host") == 240.0  # nothing seen: the flag
+    starts = {"host": [180.0, 20.0]}  # the first start compiled, the second reused the caches
+    assert sweep_runner.start_estimate(240.0, starts, "host") == 20.0
+    assert sweep_runner.start_estimate(240.0, starts, "device") == 30.0  # another mode: 1.5x what was seen
+    starts["device"] = [50.0]
+    assert sweep_runner.start_estimate(240.0, starts, "device") == 50.0
+
+
+def test_the_budget_counts_the_server_starts_seen(fake_server, tmp_path, monkeypatch):
     """A fresh machine's first starts take minutes (compiles): once one is seen, a group that no longer
     fits its start is not begun, whatever --server-start-s estimated."""
     now, starts = [0.0], []
