@@ -182,7 +182,7 @@ def _gemv_kernel(
     acc_1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # one row: reduce over K once, after the loop
     acc_t = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)  # tensor cores: W x^T
     for k0 in range(0, K, BLOCK_K):
-        if PREFETCH:  # the order of the one-row loop that ran at 4.06 ms a step (another order cost ~10%: perf.md)
+        if PREFETCH:  # this order ran at 4.06 ms a step; another cost ~10% (perf.md; python -m tools.gemv_ptx)
             w_raw = w_next
             w = w_raw.to(tl.float32)
             k_next = k0 + BLOCK_K + ks
