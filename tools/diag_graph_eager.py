@@ -16,7 +16,7 @@ from blink.host.engine import HostEngine
 from blink.kernels.attention import AttentionTuning, default_tuning_switched
 from blink.kernels.pdl import pdl_switched
 from tests.host.test_host_engine import run_all
-from tests.host.test_host_engine_gpu import LLAMA3_8B_4L, llama3_8b_4l_workload
+from tests.host.test_host_engine_gpu import LLAMA3_8B_4L, eager_run, llama3_8b_4l_workload
 
 TODAY = AttentionTuning()
 # label: (attention tuning, eager padded to the buckets, PDL)
@@ -35,9 +35,7 @@ def main() -> None:
     for name, (tuning, padded, pdl) in VARIANTS.items():
         with default_tuning_switched(tuning), pdl_switched(pdl):
             graphs, _, _ = run_all(HostEngine(EngineArgs(**LLAMA3_8B_4L), loaded), requests)
-            eager_engine = HostEngine(EngineArgs(**LLAMA3_8B_4L, enforce_eager=True), loaded)
-            eager_engine.runner.pad_to_buckets = padded
-            eager, _, _ = run_all(eager_engine, requests)
+            eager = eager_run(loaded, requests, padded)
         parted = {i: next(j for j, (a, b) in enumerate(zip(graphs[i], eager[i], strict=True)) if a != b)
                   for i in requests if graphs[i] != eager[i]}
         print(f"{name:<40} {len(requests) - len(parted)}/{len(requests)} identical; parted at token "

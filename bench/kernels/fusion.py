@@ -41,11 +41,8 @@ SWEEP = [GemvConfig(block_n=8, block_k=512), GemvConfig(block_n=16, block_k=256)
 DOT_SWEEP = [GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s, dot=True) for bn, bk, w, s in [
     (16, 256, 4, 3), (16, 512, 4, 4), (16, 512, 2, 4), (16, 1024, 4, 3), (32, 256, 4, 4), (32, 512, 4, 3),
     (64, 128, 4, 4), (64, 256, 4, 3)]]
-SWEEPS = ("all", "dot", "both", "none")
-
-
-def sweep_named(name: str) -> list[GemvConfig]:
-    return {"all": SWEEP, "dot": DOT_SWEEP, "both": SWEEP + DOT_SWEEP, "none": []}[name]
+# --sweep NAME -> its tiles, read at call time (the dry-run test swaps SWEEP)
+SWEEPS = {"all": lambda: SWEEP, "dot": lambda: DOT_SWEEP, "both": lambda: SWEEP + DOT_SWEEP, "none": lambda: []}
 # label: (BLINK_GEMV, BLINK_GEMV_MAX_M, PDL, session 11's down_proj tiles, the attention's tuning); the
 # "gemv+pdl, ..." rows weigh one change each against today's defaults ("gemv+pdl")
 DEFAULT_ATTENTION = AttentionTuning()
@@ -176,7 +173,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--ms", default="1,2,4,8", help="rows for the per-projection GEMV section")
     parser.add_argument("--sections", default="gemv,step")
-    parser.add_argument("--sweep", choices=SWEEPS, default="all",
+    parser.add_argument("--sweep", choices=sorted(SWEEPS), default="all",
                         help="GEMV tiles tried at the first and last --ms")
     parser.add_argument("--projections", default="all", help="comma-separated projections for the gemv section")
     parser.add_argument("--levers", default="all", help="';'-separated LEVERS labels for the step section")
@@ -192,7 +189,7 @@ def main() -> None:
             if args.projections != "all" and name not in args.projections.split(","):
                 continue
             for m in ms:
-                res = bench_projection(name, k, n, m, sweep=sweep_named(args.sweep) if m in (ms[0], ms[-1]) else [])
+                res = bench_projection(name, k, n, m, sweep=SWEEPS[args.sweep]() if m in (ms[0], ms[-1]) else [])
                 if "today (kernel + cuBLAS)" not in res or "gemv" not in res:
                     continue  # reported as FAILED above
                 new = min(v for label, v in res.items() if label.startswith("gemv"))

@@ -39,13 +39,16 @@ def llama3_8b_4l_workload() -> tuple[LoadedModel, dict]:
     return LoadedModel.load(EngineArgs(**LLAMA3_8B_4L), num_layers=4), {i: (q, p) for i, q in enumerate(prompts)}
 
 
+def eager_run(loaded: LoadedModel, requests: dict, padded: bool) -> dict:
+    """The workload eagerly, padded to the graphs' buckets (the runner's default on a GPU) or at the exact shape."""
+    engine = HostEngine(EngineArgs(**LLAMA3_8B_4L, enforce_eager=True), loaded)
+    engine.runner.pad_to_buckets = padded
+    return run_all(engine, requests)[0]
+
+
 def eager_runs(loaded: LoadedModel, requests: dict) -> tuple[dict, dict]:
-    """The workload eagerly, padded to the graphs' buckets (the runner's default on a GPU) and at the exact shape."""
-    padded, _, _ = run_all(HostEngine(EngineArgs(**LLAMA3_8B_4L, enforce_eager=True), loaded), requests)
-    exact_engine = HostEngine(EngineArgs(**LLAMA3_8B_4L, enforce_eager=True), loaded)
-    exact_engine.runner.pad_to_buckets = False
-    exact, _, _ = run_all(exact_engine, requests)
-    return padded, exact
+    """eager_run padded and exact."""
+    return eager_run(loaded, requests, padded=True), eager_run(loaded, requests, padded=False)
 
 
 def identical(a: dict, b: dict) -> int:
