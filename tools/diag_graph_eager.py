@@ -13,7 +13,8 @@ import dataclasses
 from bench.kernels.step_kernels import BEFORE_SESSION_13
 from blink.config import EngineArgs
 from blink.host.engine import HostEngine
-from blink.kernels.attention import AttentionTuning, default_tuning_switched
+from blink.kernels.attention import default_tuning_switched
+from blink.kernels.attention_plan import AttentionTuning
 from blink.kernels.pdl import pdl_switched
 from tests.host.test_host_engine import run_all
 from tests.host.test_host_engine_gpu import LLAMA3_8B_4L, eager_run, llama3_8b_4l_workload

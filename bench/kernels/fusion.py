@@ -23,7 +23,8 @@ import triton
 
 from bench.kernels import step_kernels as sk
 from blink.kernels.activation import silu_and_mul_triton
-from blink.kernels.attention import AttentionTuning, default_tuning_switched
+from blink.kernels.attention import default_tuning_switched
+from blink.kernels.attention_plan import AttentionTuning
 from blink.kernels.gemv import GemvConfig, GemvPlan, gemv_ref, gemv_triton
 from blink.kernels.pdl import pdl_switched
 from blink.kernels.rmsnorm import rms_norm_triton

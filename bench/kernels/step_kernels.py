@@ -19,7 +19,8 @@ import torch.nn.functional as F
 import triton
 
 from blink.kernels.activation import silu_and_mul_triton
-from blink.kernels.attention import AttentionTuning, launch_plan, paged_attention_ref, paged_attention_triton
+from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.attention_plan import AttentionTuning, launch_plan
 from blink.kernels.kv_write import write_kv_triton
 from blink.kernels.rmsnorm import rms_norm_triton
 from blink.kernels.rope import apply_rope_triton, rope_and_write_kv_ref, rope_and_write_kv_triton

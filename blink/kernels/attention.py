@@ -11,48 +11,23 @@ share that KV head (BLOCK_M = BLOCK_Q * GROUP rows), so each KV tile is loaded o
 owns program tiles starting at query_start_loc[s] // BLOCK_Q + s; that bound needs no data, so the grid is
 (T // BLOCK_Q + S, Hkv, splits) and programs past a sequence's queries exit at once. With splits > 1
 (small batches, flash-decoding) each program covers a slice of the KV range and a second kernel merges
-the partial results by their log-sum-exp. AttentionTuning holds the launch knobs (KV tile, warps, pipeline
-stages, how many programs to aim for); decode's defaults come from H200 sweeps of the whole step, and
-bench/kernels/step_kernels.py (the kernel alone) and bench/kernels/fusion.py (the step) weigh alternatives.
+the partial results by their log-sum-exp. Tiles that may carry a prefill chunk (CAUSAL_SPLIT) run the KV
+tiles that all their rows see whole without the causal mask, and start with the heaviest tiles.
+attention_plan.py's AttentionTuning holds the launch knobs (tiles, warps, pipeline stages, how many programs
+to aim for); decode's defaults come from H200 sweeps of the whole step, and bench/kernels/step_kernels.py
+(the kernel alone), bench/kernels/fusion.py (the step) and bench/kernels/prefill_attention.py (chunks) weigh
+alternatives.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from blink.kernels.attention_plan import AttentionTuning, launch_plan
 from blink.kernels.pdl import pdl_for, pdl_wait
-
-_NUM_SMS_H200 = 132  # target for split-KV; over-splitting a smaller GPU is harmless
-
-
-@dataclass(frozen=True)
-class AttentionTuning:
-    """Launch knobs. Every choice depends on shapes only, so a captured graph stays valid."""
-
-    block_n: int | None = None  # KV positions per tile; None: 64 for head_dim <= 128, else 32
-    num_warps: int = 4
-    # The knobs of decode tiles (pure decode buckets) and of tiles that may carry a prefill chunk. Decode's were
-    # measured in llama3-8b's whole step on the H200 (perf.md, 2026-12-02 session 13): a two-deep cp.async
-    # pipeline over the KV loop beat three at batch 1 / 2 / 8 / 32; splitting below 2 programs per SM (batch 32
-    # in two) took the step at 4k context from 9.91 to 8.91 ms and changed nothing at 1k. Chunk tiles keep the
-    # 2026-11-29 choices, not measured against these since.
-    num_stages: int = 2
-    prefill_num_stages: int = 3
-    split_below_per_sm: float = 2.0  # split the KV range only if fewer programs than this per SM have work,
-    prefill_split_below_per_sm: float = 1.0
-    programs_per_sm: int = 3  # and then until about this many programs per SM are busy
-    max_splits: int = 16
-    # A grid this small before splitting (batch 1: 8 programs for 8 KV heads) is latency-bound: 32-position KV
-    # tiles over up to 32 splits finished the batch-1 step 0.6-1.7% sooner (at batch 2, 16 programs, 3% later).
-    # None: the block_n and max_splits above everywhere.
-    small_grid_programs: int | None = 8
-    small_grid_block_n: int = 32
-    small_grid_max_splits: int = 32
-
 
 _default = {"tuning": AttentionTuning()}
 
@@ -98,6 +73,35 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 
 @triton.jit
+def _attend_kv_tile(acc, m_i, l_i, kv_tile, q, kv_end, q_pos, table_row, k_cache_ptr, v_cache_ptr, kv_head, dims,
+                    dim_valid, scale_log2, block_size, stride_cb, stride_co, stride_ch,
+                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
+    """One KV tile of the online softmax. MASKED=False: every key is visible to every row (the caller's
+    promise), so the key mask is left out; tl.where(all true) is the identity, so the results are the same."""
+    k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    if MASKED:
+        k_valid = k_pos < kv_end
+        block = tl.load(table_row + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
+        kv_mask = k_valid[:, None] & dim_valid[None, :]
+    else:
+        block = tl.load(table_row + k_pos // block_size).to(tl.int64)
+        kv_mask = dim_valid[None, :]  # broadcast over the keys by the loads
+    kv_offs = block * stride_cb + (k_pos % block_size) * stride_co + kv_head * stride_ch
+    k = tl.load(k_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # log2 domain: exp2 is cheaper than exp
+    if MASKED:
+        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    p = tl.exp2(scores - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, max_ptr, sum_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, scale_log2,
@@ -105,10 +109,14 @@ def _paged_attention_kernel(
     num_seqs, num_q_heads, block_size, head_dim,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, CAUSAL_SPLIT: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if CAUSAL_SPLIT:
+        # Heaviest first: a sequence's last tiles see the most keys, so the grid starts with them and the
+        # causal tail does not run alone at the end (the GPU starts programs in order of program_id(0)).
+        tile = tl.num_programs(0) - 1 - tile
 
     # Which sequence owns this tile: the last s whose first tile index is <= tile.
     if BLOCK_S == 1:
@@ -151,23 +159,17 @@ def _paged_attention_kernel(
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
-    for kv_tile in range(kv_tile_begin, kv_tile_end):
-        k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        k_valid = k_pos < kv_end
-        block = tl.load(table_row + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
-        kv_offs = block * stride_cb + (k_pos % block_size) * stride_co + kv_head * stride_ch
-        kv_mask = k_valid[:, None] & dim_valid[None, :]
-        k = tl.load(k_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # log2 domain: exp2 is cheaper than exp
-        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        scores = tl.where(visible, scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    kv_args = (q, kv_end, q_pos, table_row, k_cache_ptr, v_cache_ptr, kv_head, dims, dim_valid, scale_log2,
+               block_size, stride_cb, stride_co, stride_ch)
+    masked_begin = kv_tile_begin
+    if CAUSAL_SPLIT:
+        # KV tiles ending at or before the tile's first query position are seen whole by every row (they end
+        # before kv_end too): no mask there. The diagonal tiles after them keep the masked loop.
+        masked_begin = tl.minimum(tl.maximum((context + q_first + 1) // BLOCK_N, kv_tile_begin), kv_tile_end)
+        for kv_tile in range(kv_tile_begin, masked_begin):
+            acc, m_i, l_i = _attend_kv_tile(acc, m_i, l_i, kv_tile, *kv_args, BLOCK_N, PRECISION, False)
+    for kv_tile in range(masked_begin, kv_tile_end):
+        acc, m_i, l_i = _attend_kv_tile(acc, m_i, l_i, kv_tile, *kv_args, BLOCK_N, PRECISION, True)
 
     out_mask = row_valid[:, None] & dim_valid[None, :]
     if NUM_SPLITS == 1:
@@ -207,58 +209,6 @@ def _merge_splits_kernel(partial_ptr, max_ptr, sum_ptr, out_ptr, query_start_loc
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
 
 
-def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int, programs_per_sm: int,
-                   max_splits: int, split_below_per_sm: float) -> int:
-    """Split the KV range only when the tiles with work leave SMs short (graph-safe: shapes only)."""
-    programs = working_tiles * num_kv_heads
-    if programs >= split_below_per_sm * _NUM_SMS_H200:
-        return 1  # a full wave already streams the KV at bandwidth; a merge kernel would only add time
-    wanted = triton.cdiv(programs_per_sm * _NUM_SMS_H200, programs)
-    useful = triton.cdiv(max_kv_len, 2 * block_n)  # keep at least a couple of KV tiles per split
-    splits = min(wanted, useful, max_splits)
-    return triton.next_power_of_2(splits) if splits > 1 else 1
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    block_q: int  # query tokens per program (times the padded group: the tile's rows)
-    block_n: int
-    num_tiles: int
-    num_splits: int
-    num_stages: int
-
-
-def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                max_kv_len: int, tuning: AttentionTuning, num_splits: int | None = None) -> LaunchPlan:
-    group_pad = triton.next_power_of_2(num_q_heads // num_kv_heads)  # Qwen2.5 has groups of 5 and 7
-    # Small query tiles only where the rows can all be decodes (tokens <= rows: the pure decode buckets).
-    # A captured bucket holds any step up to its size, so (128 tokens, 64 rows) always carries a chunk,
-    # e.g. 3 decodes + a 100-token prefix hit, which in 4-token tiles re-reads its 2,000-token context 25
-    # times per head (perf.md, 2026-12-01 session 7). A chunk inside a (t, t) bucket keeps small tiles.
-    decode_heavy = num_tokens <= num_seqs
-    block_m = max(16, group_pad) if decode_heavy else max(64, group_pad)  # tl.dot needs M >= 16
-    block_q = block_m // group_pad
-    block_n = tuning.block_n or (64 if head_dim <= 128 else 32)
-    max_splits = tuning.max_splits
-    num_tiles = num_tokens // block_q + num_seqs
-    # Tiles with work, in the composition that needs the splits most: a decode bucket's rows may each be
-    # a sequence (one tile per token); a bucket that carries a chunk may hold that one chunk, whose tiles are
-    # all the work (its padding tiles exit at once). Counting those padding tiles left (128, 64) unsplit:
-    # a 100-token prefix hit then ran 56 programs over 2,100 keys each, 82 us per layer; split 8 ways, 58
-    # (perf.md, 2026-12-01 session 8).
-    working = min(num_tiles, num_tokens) if decode_heavy else max(1, num_tokens // block_q)
-    small_grid = tuning.small_grid_programs is not None and working * num_kv_heads <= tuning.small_grid_programs
-    if decode_heavy and small_grid:
-        block_n, max_splits = min(block_n, tuning.small_grid_block_n), tuning.small_grid_max_splits
-    if num_splits is None:
-        split_below = tuning.split_below_per_sm if decode_heavy else tuning.prefill_split_below_per_sm
-        num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, tuning.programs_per_sm, max_splits,
-                                    split_below)
-    assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
-    return LaunchPlan(block_q, block_n, num_tiles, num_splits,
-                      tuning.num_stages if decode_heavy else tuning.prefill_num_stages)
-
-
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                            scale: float, num_splits: int | None = None,
@@ -292,7 +242,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=plan.block_q, BLOCK_N=plan.block_n,
         BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact: Triton's default is TF32
-        USE_PDL=use_pdl, num_warps=tuning.num_warps, num_stages=plan.num_stages, launch_pdl=use_pdl,
+        USE_PDL=use_pdl, CAUSAL_SPLIT=plan.causal_split, num_warps=plan.num_warps, num_stages=plan.num_stages,
+        launch_pdl=use_pdl,
     )
     if num_splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](

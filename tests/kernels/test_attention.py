@@ -1,8 +1,10 @@
 """Paged attention: the reference against dense causal attention, the Triton kernel against the reference."""
 import pytest
 import torch
+import triton
 
-from blink.kernels.attention import AttentionTuning, launch_plan, paged_attention_ref, paged_attention_triton
+from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.attention_plan import AttentionTuning, launch_plan
 from tests.kernels.paged_batch import make_paged_batch, naive_attention
 
 # (q_lens, seq_lens): decodes, prefills, chunked prefill continuing a context, odd lengths, block crossings.
@@ -139,3 +141,55 @@ def test_a_small_decode_grid_takes_thin_kv_tiles_over_more_splits(tokens, rows, 
     plan = launch_plan(tokens, rows, 32, 8, 128, 8192, AttentionTuning())
     assert (plan.block_n, plan.num_splits > 16) == ((32, True) if small else (64, False))
     assert launch_plan(tokens, rows, 32, 8, 128, 8192, AttentionTuning(small_grid_programs=None)).block_n == 64
+
+
+# Chunk tiles with the causal split (KV tiles that a whole query tile sees run unmasked, heaviest tiles first), with
+# the chunk knobs: (rows, KV tile, KV splits). The interpreter's time goes with programs x KV tiles: small shapes.
+CHUNK_TILES = [(64, None, None), (64, None, 2), (16, 16, 4), (32, 16, None), (128, 128, 4), (128, 32, None)]
+
+
+@pytest.mark.parametrize(
+    "q_lens,seq_lens,heads",
+    [
+        ([70], [70], (8, 2)),  # a prompt alone: unmasked tiles, then the diagonal
+        ([37], [150], (8, 2)),  # a chunk after 113 cached tokens (a tile boundary mid-block)
+        ([1, 29, 1, 17], [40, 90, 7, 17], (4, 4)),  # decodes mixed with a chunk and a prompt, no GQA
+        ([2, 45], [60, 120], (16, 2)),  # group 8
+        ([33], [97], (10, 2)),  # group 5, padded to 8 rows
+    ],
+)
+@pytest.mark.parametrize("rows,block_n,num_splits", CHUNK_TILES)
+def test_chunk_tiles_with_the_causal_split_match_the_reference(q_lens, seq_lens, heads, rows, block_n, num_splits):
+    batch = make_paged_batch(q_lens, seq_lens, *heads, head_dim=32, block_size=8, pad_seqs=1, pad_tokens=2)
+    tuning = AttentionTuning(prefill_block_m=rows, prefill_block_n=block_n, prefill_num_warps=8)
+    plan = launch_plan(batch.q.shape[0], len(seq_lens) + 1, heads[0], heads[1], 32, 8 * batch.block_tables.shape[1],
+                       tuning, num_splits)
+    assert plan.causal_split and plan.block_q * triton.next_power_of_2(heads[0] // heads[1]) == rows
+    expected = _run(paged_attention_ref, batch, 0.2)
+    out = _run(paged_attention_triton, batch, 0.2, num_splits=num_splits, tuning=tuning)
+    n = batch.num_real_tokens
+    torch.testing.assert_close(out[:n], expected[:n], atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("rows,block_n", [(64, None), (32, 16)])
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_the_causal_split_and_heavy_first_order_change_no_bit(rows, block_n, num_splits):
+    """Unmasked tiles are the masked body without its all-true tl.where, so outputs are bitwise today's (under
+    the interpreter; on the GPU the compiler may fuse the unmasked tiles' scale and max into one FMA)."""
+    batch = make_paged_batch([1, 57, 3], [30, 130, 45], 8, 2, head_dim=32, block_size=8, pad_tokens=2)
+    knobs = dict(prefill_block_m=rows, prefill_block_n=block_n)
+    split = _run(paged_attention_triton, batch, 0.2, num_splits=num_splits, tuning=AttentionTuning(**knobs))
+    plain = _run(paged_attention_triton, batch, 0.2, num_splits=num_splits,
+                 tuning=AttentionTuning(**knobs, prefill_causal_split=False))
+    n = batch.num_real_tokens
+    assert torch.equal(split[:n], plain[:n])
+
+
+def test_chunk_knobs_reach_the_plan_and_leave_decode_tiles_alone():
+    knobs = lambda plan: (plan.block_q, plan.block_n, plan.num_warps, plan.num_stages, plan.causal_split)
+    tuning = AttentionTuning(prefill_block_m=128, prefill_block_n=128, prefill_num_warps=8, prefill_num_stages=2)
+    assert knobs(launch_plan(2048, 1, 32, 8, 128, 4096, tuning)) == (32, 128, 8, 2, True)
+    assert knobs(launch_plan(2048, 1, 32, 8, 128, 4096, AttentionTuning())) == (16, 64, 4, 3, True)  # today's
+    for decode_tuning in (tuning, AttentionTuning()):
+        assert knobs(launch_plan(32, 32, 32, 8, 128, 4096, decode_tuning)) == (4, 64, 4, 2, False)
+    assert not launch_plan(2048, 1, 32, 8, 128, 4096, AttentionTuning(prefill_causal_split=False)).causal_split

@@ -5,7 +5,7 @@ import sys
 import torch
 
 from bench.kernels import step_kernels as bench
-from blink.kernels.attention import AttentionTuning
+from blink.kernels.attention_plan import AttentionTuning
 
 
 def test_bench_runs_on_a_tiny_model(monkeypatch, capsys):

@@ -1,0 +1,103 @@
+"""Launch planning of the paged-attention kernel (attention.py): tile sizes, warps, pipeline depth, KV splits.
+
+Every choice depends on shapes only, so a captured graph stays valid. Decode tiles (pure decode buckets) and
+tiles that may carry a prefill chunk take their own knobs: decode is latency-bound, chunks compute-bound.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+
+_NUM_SMS_H200 = 132  # target for split-KV; over-splitting a smaller GPU is harmless
+
+
+@dataclass(frozen=True)
+class AttentionTuning:
+    """Launch knobs. Every choice depends on shapes only, so a captured graph stays valid."""
+
+    block_n: int | None = None  # KV positions per tile; None: 64 for head_dim <= 128, else 32
+    num_warps: int = 4
+    # The knobs of decode tiles (pure decode buckets) and of tiles that may carry a prefill chunk. Decode's were
+    # measured in llama3-8b's whole step on the H200 (perf.md, 2026-12-02 session 13): a two-deep cp.async
+    # pipeline over the KV loop beat three at batch 1 / 2 / 8 / 32; splitting below 2 programs per SM (batch 32
+    # in two) took the step at 4k context from 9.91 to 8.91 ms and changed nothing at 1k. Chunk tiles keep the
+    # 2026-11-29 choices, not measured against these since.
+    num_stages: int = 2
+    prefill_num_stages: int = 3
+    split_below_per_sm: float = 2.0  # split the KV range only if fewer programs than this per SM have work,
+    prefill_split_below_per_sm: float = 1.0
+    programs_per_sm: int = 3  # and then until about this many programs per SM are busy
+    max_splits: int = 16
+    # A grid this small before splitting (batch 1: 8 programs for 8 KV heads) is latency-bound: 32-position KV
+    # tiles over up to 32 splits finished the batch-1 step 0.6-1.7% sooner (at batch 2, 16 programs, 3% later).
+    # None: the block_n and max_splits above everywhere.
+    small_grid_programs: int | None = 8
+    small_grid_block_n: int = 32
+    small_grid_max_splits: int = 32
+    # Chunk tiles (issue 17: prefill attention at ~30% of peak at 8k-32k tokens). These defaults are today's
+    # tiles (64 rows, the block_n rule above, 4 warps), kept until bench/kernels/prefill_attention.py's H200
+    # sweep picks others. prefill_block_n None: block_n's rule. The causal split runs the KV tiles that the
+    # whole query tile sees without the mask and the heaviest tiles first; False: the decode tiles' loop.
+    prefill_block_m: int = 64  # rows: query tokens x the padded group
+    prefill_block_n: int | None = None
+    prefill_num_warps: int = 4
+    prefill_causal_split: bool = True
+
+
+def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int, programs_per_sm: int,
+                   max_splits: int, split_below_per_sm: float) -> int:
+    """Split the KV range only when the tiles with work leave SMs short (graph-safe: shapes only)."""
+    programs = working_tiles * num_kv_heads
+    if programs >= split_below_per_sm * _NUM_SMS_H200:
+        return 1  # a full wave already streams the KV at bandwidth; a merge kernel would only add time
+    wanted = triton.cdiv(programs_per_sm * _NUM_SMS_H200, programs)
+    useful = triton.cdiv(max_kv_len, 2 * block_n)  # keep at least a couple of KV tiles per split
+    splits = min(wanted, useful, max_splits)
+    return triton.next_power_of_2(splits) if splits > 1 else 1
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    block_q: int  # query tokens per program (times the padded group: the tile's rows)
+    block_n: int
+    num_tiles: int
+    num_splits: int
+    num_stages: int
+    num_warps: int
+    causal_split: bool  # the kernel's CAUSAL_SPLIT: chunk tiles only, so decode compiles as before
+
+
+def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                max_kv_len: int, tuning: AttentionTuning, num_splits: int | None = None) -> LaunchPlan:
+    group_pad = triton.next_power_of_2(num_q_heads // num_kv_heads)  # Qwen2.5 has groups of 5 and 7
+    # Small query tiles only where the rows can all be decodes (tokens <= rows: the pure decode buckets).
+    # A captured bucket holds any step up to its size, so (128 tokens, 64 rows) always carries a chunk,
+    # e.g. 3 decodes + a 100-token prefix hit, which in 4-token tiles re-reads its 2,000-token context 25
+    # times per head (perf.md, 2026-12-01 session 7). A chunk inside a (t, t) bucket keeps small tiles.
+    decode_heavy = num_tokens <= num_seqs
+    block_m = max(16, group_pad, 0 if decode_heavy else tuning.prefill_block_m)  # tl.dot needs M >= 16
+    block_q = block_m // group_pad
+    block_n = tuning.block_n or (64 if head_dim <= 128 else 32)
+    if not decode_heavy:
+        block_n = tuning.prefill_block_n or block_n
+    max_splits = tuning.max_splits
+    num_tiles = num_tokens // block_q + num_seqs
+    # Tiles with work, in the composition that needs the splits most: a decode bucket's rows may each be
+    # a sequence (one tile per token); a bucket that carries a chunk may hold that one chunk, whose tiles are
+    # all the work (its padding tiles exit at once). Counting those padding tiles left (128, 64) unsplit:
+    # a 100-token prefix hit then ran 56 programs over 2,100 keys each, 82 us per layer; split 8 ways, 58
+    # (perf.md, 2026-12-01 session 8).
+    working = min(num_tiles, num_tokens) if decode_heavy else max(1, num_tokens // block_q)
+    small_grid = tuning.small_grid_programs is not None and working * num_kv_heads <= tuning.small_grid_programs
+    if decode_heavy and small_grid:
+        block_n, max_splits = min(block_n, tuning.small_grid_block_n), tuning.small_grid_max_splits
+    if num_splits is None:
+        split_below = tuning.split_below_per_sm if decode_heavy else tuning.prefill_split_below_per_sm
+        num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, tuning.programs_per_sm, max_splits,
+                                    split_below)
+    assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
+    if decode_heavy:
+        return LaunchPlan(block_q, block_n, num_tiles, num_splits, tuning.num_stages, tuning.num_warps, False)
+    return LaunchPlan(block_q, block_n, num_tiles, num_splits, tuning.prefill_num_stages, tuning.prefill_num_warps,
+                      tuning.prefill_causal_split)
