@@ -40,8 +40,14 @@ def _compile_all() -> None:
         for block_n, num_warps, num_stages in tunings:
             check(attention._paged_attention_kernel, attention_ptrs,
                   dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
-                       BLOCK_S=1 if splits == 16 else 64, NUM_SPLITS=splits, PRECISION="tf32"), num_warps=num_warps,
-                  num_stages=num_stages, pdl=splits == 16)
+                       BLOCK_S=1 if splits == 16 else 64, NUM_SPLITS=splits, PRECISION="tf32", CAUSAL_SPLIT=False),
+                  num_warps=num_warps, num_stages=num_stages, pdl=splits == 16)
+    # Chunk tiles with the causal split (unmasked loop, then the diagonal): today's 64 rows, the sweep's 128 rows
+    for block_q, splits, block_n, num_warps, num_stages in [(16, 1, 64, 4, 3), (32, 1, 64, 8, 3), (32, 1, 128, 8, 2),
+                                                            (32, 4, 64, 8, 2), (16, 1, 128, 4, 2)]:
+        check(attention._paged_attention_kernel, attention_ptrs,
+              dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=64, NUM_SPLITS=splits,
+                   PRECISION="tf32", CAUSAL_SPLIT=True), num_warps=num_warps, num_stages=num_stages)
     check(attention._merge_splits_kernel,
           {"partial_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32", "out_ptr": "*bf16",
            "query_start_loc_ptr": "*i32"}, dict(NUM_SPLITS=4, BLOCK_D=128), pdl=True)
