@@ -78,6 +78,8 @@ for stage in "$@"; do
         --result-json "$OUT/grammar_step.json" 2>&1 | tee "$OUT/grammar_step.log" | tail -20;;
     kernels)  # KERNELS_ARGS: e.g. "--sections attention --batches 1,8 --context 4096"; KERNELS_TAG names the log
       python3 bench/kernels/step_kernels.py ${KERNELS_ARGS:-} 2>&1 | tee "$OUT/kernels${KERNELS_TAG:-}.log" | tail -60;;
+    prefill-attn)  # issue 17: the attention kernel alone on 2k-32k-token chunks, tile variants (PREFILL_ATTN_ARGS: e.g. "--tokens 8192")
+      python3 -m bench.kernels.prefill_attention ${PREFILL_ATTN_ARGS:-} 2>&1 | tee "$OUT/prefill_attn.log";;
     fusion)  # issue 17's per-layer levers: GEMV vs today's kernels per projection, the step with each lever on/off
       python3 -m bench.kernels.fusion 2>&1 | tee "$OUT/fusion.log" | tail -70;;
     graph-eager)  # issue 17: graphs vs eager (padded to the buckets, exact) under attention tunings and PDL off

@@ -55,3 +55,25 @@ def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     # 5 projections x (today, gemv, gemv+pdl, 1 sweep config), down's bound row, a step row per lever; fp16 vs fp32
     assert len(errors) == 5 * 4 + 1 + len(fusion.LEVERS) and max(errors) < 1e-2
     assert "gemv layers 9" in out  # tiny-llama: 2 layers x 4 projections + the LM head took the plan
+
+
+def test_prefill_attention_bench_runs_on_tiny_shapes(monkeypatch, capsys):
+    """bench/kernels/prefill_attention.py: every variant on a prompt and a chunk after cached tokens."""
+    from bench.kernels import prefill_attention
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "DTYPE", torch.float16)
+    monkeypatch.setattr(bench, "graph_time_us", lambda calls, replays=30: [call() for call in calls] and 1.0)
+    monkeypatch.setattr(bench, "copies_for", lambda nbytes: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
+    monkeypatch.setattr(sys, "argv", ["prefill", "--tokens", "40", "--chunks", "24@50", "--heads", "8/2",
+                                      "--head-dim", "32", "--ref-max", "1700"])
+    prefill_attention.main()
+    out = capsys.readouterr().out
+    assert "SUMMARY" in out and "40@0" in out and "24@50" in out
+    words = out.split()
+    errors = [float(word) for prev, word in zip(words, words[1:], strict=False) if prev in ("err", "ref")]
+    # each variant against the first, and against the reference where T * (T + C) <= 1700 (40 x 40, not 24 x 74)
+    assert len(errors) == 2 * len(prefill_attention.VARIANTS) + len(prefill_attention.VARIANTS)
+    assert max(errors) < 5e-3
+    assert out.count(" unsplit") == sum(not t.prefill_causal_split for t in prefill_attention.VARIANTS.values()) * 2

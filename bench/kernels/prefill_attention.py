@@ -1,0 +1,116 @@
+"""Issue 17: the paged-attention kernel on prefill chunks alone, tile variants against today's (stage `prefill-attn`):
+
+    python -m bench.kernels.prefill_attention [--tokens 2048,8192,32768] [--chunks 2048@30720] [--variants ...]
+
+One sequence of T query tokens after C cached ones (--tokens T: C = 0; --chunks T@C), llama3-8b's heads by default
+(32 q, 8 kv, head_dim 128), bf16, KV paged in 16-token blocks through a shuffled block table. Each variant is an
+AttentionTuning (the chunk tiles' rows, KV tile, warps, pipeline stages, the causal split); its time is the
+median of CUDA-graph replays with the KV cycled through copies beyond the L2 (step_kernels.py's graph_time_us).
+TFLOP/s counts the causal work: 4 * head_dim * q heads * the keys each query sees; "of peak" is against the
+H200's 790 TFLOP/s (bf16 dense). err: the max relative error against the "today" variant's output, and
+against paged_attention_ref where T * (T + C) is at most --ref-max (the torch reference holds every score).
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+import triton
+
+from bench.kernels import step_kernels as sk
+from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.attention_plan import AttentionTuning, launch_plan
+
+PEAK_TFLOPS = 790.0  # H200 bf16 dense
+BLOCK_SIZE = 16
+
+
+def _tiles(rows: int, warps: int, block_n: int, stages: int, split: bool = True) -> AttentionTuning:
+    return AttentionTuning(prefill_block_m=rows, prefill_num_warps=warps, prefill_block_n=block_n,
+                           prefill_num_stages=stages, prefill_causal_split=split)
+
+
+# name -> tuning (names without commas: --variants takes a list); "today" is the default, the others its rivals
+VARIANTS = {
+    "today": AttentionTuning(),  # 64 rows, 4 warps, n64, 3 stages, causal split
+    "today-unsplit": AttentionTuning(prefill_causal_split=False),  # the kernel before the causal split
+    "m128-w8-n64-s3": _tiles(128, 8, 64, 3),
+    "m128-w8-n64-s3-unsplit": _tiles(128, 8, 64, 3, split=False),
+    "m128-w8-n128-s2": _tiles(128, 8, 128, 2),
+    "m128-w8-n64-s2": _tiles(128, 8, 64, 2),
+    "m128-w4-n64-s3": _tiles(128, 4, 64, 3),
+    "m64-w4-n128-s2": _tiles(64, 4, 128, 2),
+}
+
+
+def causal_flops(tokens: int, cached: int, num_q_heads: int, head_dim: int) -> int:
+    """QK^T and PV over the keys each query sees (query i of the chunk sees cached + i + 1 keys)."""
+    visible = tokens * cached + tokens * (tokens + 1) // 2
+    return 4 * head_dim * num_q_heads * visible
+
+
+def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int, variants: dict, ref_max: int):
+    """us per variant for one chunk; prints a row per variant."""
+    hq, hkv = heads
+    dev, dt = sk.DEVICE, sk.DTYPE
+    seq_len = tokens + cached
+    blocks = triton.cdiv(seq_len, BLOCK_SIZE)
+    kv_bytes = 2 * seq_len * hkv * head_dim * torch.finfo(dt).bits // 8
+    caches = [tuple(torch.randn(blocks + 1, BLOCK_SIZE, hkv, head_dim, device=dev, dtype=dt) for _ in range(2))
+              for _ in range(sk.copies_for(kv_bytes))]
+    tables = torch.randperm(blocks + 1, device=dev)[:blocks].int().view(1, blocks)  # a shuffled block table
+    q = torch.randn(tokens, hq, head_dim, device=dev, dtype=dt)
+    starts = torch.tensor([0, tokens], dtype=torch.int32, device=dev)
+    lens = torch.tensor([seq_len], dtype=torch.int32, device=dev)
+    scale = head_dim**-0.5
+    flops = causal_flops(tokens, cached, hq, head_dim)
+    ref = paged_attention_ref(q, *caches[0], starts, lens, tables, scale) if tokens * seq_len <= ref_max else None
+    print(f"prefill attention: {tokens} tokens after {cached} cached, {hq}/{hkv} heads x {head_dim}, "
+          f"{flops / 1e12:.2f} TFLOP (floor {flops / PEAK_TFLOPS / 1e6:.1f} us at {PEAK_TFLOPS:.0f} TFLOP/s), "
+          f"{len(caches)} caches cycled{'' if ref is not None else ', no torch reference (too large)'}", flush=True)
+    results, baseline = {}, None
+    for name, tuning in variants.items():
+        run = lambda kv, tuning=tuning: paged_attention_triton(q, *kv, starts, lens, tables, scale, tuning=tuning)
+        out = run(caches[0])
+        baseline = out if baseline is None else baseline  # the first variant ("today" unless --variants says)
+        err_ref = "" if ref is None else f"ref {sk.rel_err(out, ref):.1e}"
+        us = sk.graph_time_us([lambda kv=kv, run=run: run(kv) for kv in caches])
+        plan = launch_plan(tokens, 1, hq, hkv, head_dim, blocks * BLOCK_SIZE, tuning)
+        tflops, rows = flops / us / 1e6, plan.block_q * triton.next_power_of_2(hq // hkv)
+        print(f"  {name:<24} {us:10.1f} us {tflops:6.0f} TFLOP/s {tflops / PEAK_TFLOPS:5.1%} of peak  "
+              f"err {sk.rel_err(out, baseline):.1e} {err_ref:<12} rows {rows} n{plan.block_n} w{plan.num_warps}"
+              f" s{plan.num_stages} splits {plan.num_splits}"
+              f"{'' if plan.causal_split else ' unsplit'}", flush=True)
+        results[name] = us
+    return flops, results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", default="2048,8192,32768", help="prompts alone (no cached tokens)")
+    parser.add_argument("--chunks", default="2048@30720", help="T@C: T tokens after C cached ones; '' for none")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="names from VARIANTS; the first is the baseline")
+    parser.add_argument("--heads", default="32/8", help="q heads / kv heads")
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--ref-max", type=int, default=2048 * 32768,
+                        help="T * (T + C) up to which to run the torch reference")
+    args = parser.parse_args()
+    shapes = [(int(t), 0) for t in args.tokens.split(",") if t]
+    shapes += [(int(t), int(c)) for t, c in (chunk.split("@") for chunk in args.chunks.split(",") if chunk)]
+    variants = {name: VARIANTS[name] for name in args.variants.split(",")}
+    heads = tuple(int(h) for h in args.heads.split("/"))
+    print(f"{torch.cuda.get_device_name()}  triton {triton.__version__}\n")
+    summary = []
+    for tokens, cached in shapes:
+        flops, res = bench_shape(tokens, cached, heads, args.head_dim, variants, args.ref_max)
+        first, best = next(iter(res)), min(res, key=res.get)
+        summary.append((f"{tokens}@{cached}", flops / PEAK_TFLOPS / 1e6, res[first], res[best], best))
+    print(f"\nSUMMARY: us per layer; the floor at {PEAK_TFLOPS:.0f} TFLOP/s; baseline: the first variant")
+    print(f"  {'tokens@cached':<16} {'floor':>9} {'baseline':>10} {'best':>10} {'x floor':>8} {'speedup':>8}  best")
+    for shape, floor, base, best_us, best in summary:
+        print(f"  {shape:<16} {floor:9.1f} {base:10.1f} {best_us:10.1f} {best_us / floor:8.2f} {base / best_us:8.2f}"
+              f"  {best}")
+
+
+if __name__ == "__main__":
+    main()
