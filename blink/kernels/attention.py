@@ -104,6 +104,22 @@ def _attend_kv_tile(acc, m_i, l_i, kv_tile, q, kv_end, q_pos, table_row, k_cache
 
 
 @triton.jit
+def _kv_tiles_of_split(seq_len, context, q_first, q_len, split, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+                       NUM_SPLITS: tl.constexpr, SPLIT_MIN_TILES: tl.constexpr):
+    """(kv_end, first KV tile, end KV tile) of this split: the tile needs KV positions up to its last query's."""
+    kv_end = tl.minimum(seq_len, context + tl.minimum(q_first + BLOCK_Q, q_len))
+    num_kv_tiles = tl.cdiv(kv_end, BLOCK_N)
+    splits = NUM_SPLITS
+    if SPLIT_MIN_TILES > 0:
+        # The grid is sized for the longest context (attention_plan.py); this sequence keeps the splits its KV
+        # fills with SPLIT_MIN_TILES tiles each (rounded down: only a last split may get fewer).
+        splits = tl.minimum(tl.maximum(num_kv_tiles // SPLIT_MIN_TILES, 1), NUM_SPLITS)
+    tiles_per_split = tl.cdiv(num_kv_tiles, splits)
+    kv_tile_begin = split * tiles_per_split
+    return kv_end, kv_tile_begin, tl.minimum(kv_tile_begin + tiles_per_split, num_kv_tiles)
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, max_ptr, sum_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, scale_log2,
@@ -111,7 +127,7 @@ def _paged_attention_kernel(
     num_seqs, num_q_heads, block_size, head_dim,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr, CAUSAL_SPLIT: tl.constexpr,
+    USE_PDL: tl.constexpr, CAUSAL_SPLIT: tl.constexpr, SPLIT_MIN_TILES: tl.constexpr,
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -147,16 +163,21 @@ def _paged_attention_kernel(
     dims = tl.arange(0, BLOCK_D)
     dim_valid = dims < head_dim
     token_ids = (q_start + tokens).to(tl.int64)
+    if SPLIT_MIN_TILES > 0:
+        # A split past this sequence's own count exits before loading q, leaving the merge's "no tiles" marker.
+        _, kv_tile_begin, kv_tile_end = _kv_tiles_of_split(seq_len, context, q_first, q_len, split, BLOCK_Q,
+                                                           BLOCK_N, NUM_SPLITS, SPLIT_MIN_TILES)
+        if kv_tile_begin >= kv_tile_end:
+            stat_offs = (token_ids * num_q_heads + heads) * NUM_SPLITS + split
+            tl.store(max_ptr + stat_offs, tl.full([BLOCK_M], -1.0e30, dtype=tl.float32), mask=row_valid)
+            tl.store(sum_ptr + stat_offs, tl.zeros([BLOCK_M], dtype=tl.float32), mask=row_valid)
+            return
     q_offs = token_ids[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
 
-    # KV positions this tile needs: up to its last query's position; this split takes a slice of them.
-    kv_end = tl.minimum(seq_len, context + tl.minimum(q_first + BLOCK_Q, q_len))
-    num_kv_tiles = tl.cdiv(kv_end, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_kv_tiles, NUM_SPLITS)
-    kv_tile_begin = split * tiles_per_split
-    kv_tile_end = tl.minimum(kv_tile_begin + tiles_per_split, num_kv_tiles)
-
+    # This split's slice of the KV positions the tile needs.
+    kv_end, kv_tile_begin, kv_tile_end = _kv_tiles_of_split(seq_len, context, q_first, q_len, split, BLOCK_Q,
+                                                            BLOCK_N, NUM_SPLITS, SPLIT_MIN_TILES)
     m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite, so fully masked rows stay NaN-free
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -244,7 +265,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=plan.block_q, BLOCK_N=plan.block_n,
         BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact: Triton's default is TF32
-        USE_PDL=use_pdl, CAUSAL_SPLIT=plan.causal_split, num_warps=plan.num_warps, num_stages=plan.num_stages,
+        USE_PDL=use_pdl, CAUSAL_SPLIT=plan.causal_split, SPLIT_MIN_TILES=plan.split_min_tiles,
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
         launch_pdl=use_pdl,
     )
     if num_splits > 1:

@@ -35,6 +35,13 @@ class AttentionTuning:
     small_grid_programs: int | None = 8
     small_grid_block_n: int = 32
     small_grid_max_splits: int = 32
+    # Splits chosen in the kernel (issue 17): a captured graph cannot know the context, so decode's grid is sized
+    # for the longest (the rule above, aiming at grid_programs_per_sm with up to max_grid_splits) and each program
+    # keeps only the splits its sequence's KV fills with split_min_tiles tiles; the others exit at once.
+    # None: the host's count alone (today's). The rule's useful bound still keeps short max lens from over-splitting.
+    split_min_tiles: int | None = None
+    max_grid_splits: int = 64  # a power of two
+    grid_programs_per_sm: int | None = None  # None: programs_per_sm (a separate knob: chunk splits stay put)
     # Chunk tiles (issue 17: prefill attention at ~30% of peak at 8k-32k tokens). These defaults are today's
     # tiles (64 rows, the block_n rule above, 4 warps), kept until bench/kernels/prefill_attention.py's H200
     # sweep picks others. prefill_block_n None: block_n's rule. The causal split runs the KV tiles that the
@@ -66,6 +73,15 @@ class LaunchPlan:
     num_stages: int
     num_warps: int
     causal_split: bool  # the kernel's CAUSAL_SPLIT: chunk tiles only, so decode compiles as before
+    split_min_tiles: int = 0  # the kernel's SPLIT_MIN_TILES: 0 all num_splits splits, else the kernel's own count
+
+    def splits_with_work(self, kv_len: int) -> int:
+        """Splits that get KV tiles for a decode row at kv_len keys (the kernel's rule, for benches and tests)."""
+        tiles = triton.cdiv(kv_len, self.block_n)
+        splits = self.num_splits
+        if self.split_min_tiles:
+            splits = min(max(tiles // self.split_min_tiles, 1), splits)
+        return triton.cdiv(tiles, triton.cdiv(tiles, splits)) if tiles else 0
 
 
 def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -92,12 +108,17 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     small_grid = tuning.small_grid_programs is not None and working * num_kv_heads <= tuning.small_grid_programs
     if decode_heavy and small_grid:
         block_n, max_splits = min(block_n, tuning.small_grid_block_n), tuning.small_grid_max_splits
+    programs_per_sm = tuning.programs_per_sm
+    split_min_tiles = tuning.split_min_tiles if decode_heavy and tuning.split_min_tiles else 0
+    if split_min_tiles:
+        max_splits, programs_per_sm = tuning.max_grid_splits, tuning.grid_programs_per_sm or programs_per_sm
     if num_splits is None:
         split_below = tuning.split_below_per_sm if decode_heavy else tuning.prefill_split_below_per_sm
-        num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, tuning.programs_per_sm, max_splits,
+        num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, programs_per_sm, max_splits,
                                     split_below)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     if decode_heavy:
-        return LaunchPlan(block_q, block_n, num_tiles, num_splits, tuning.num_stages, tuning.num_warps, False)
+        return LaunchPlan(block_q, block_n, num_tiles, num_splits, tuning.num_stages, tuning.num_warps, False,
+                          split_min_tiles if num_splits > 1 else 0)
     return LaunchPlan(block_q, block_n, num_tiles, num_splits, tuning.prefill_num_stages, tuning.prefill_num_warps,
                       tuning.prefill_causal_split)

@@ -40,17 +40,25 @@ def _compile_all() -> None:
         for block_n, num_warps, num_stages in tunings:
             check(attention._paged_attention_kernel, attention_ptrs,
                   dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
-                       BLOCK_S=1 if splits == 16 else 64, NUM_SPLITS=splits, PRECISION="tf32", CAUSAL_SPLIT=False),
-                  num_warps=num_warps, num_stages=num_stages, pdl=splits == 16)
+                       BLOCK_S=1 if splits == 16 else 64, NUM_SPLITS=splits, PRECISION="tf32", CAUSAL_SPLIT=False,
+                       SPLIT_MIN_TILES=0), num_warps=num_warps, num_stages=num_stages, pdl=splits == 16)
+    # Decode splits chosen in the kernel (split_min_tiles): batch 1's 32-position tiles over a 64 / 128 split grid,
+    # batch 8's 64-position tiles over 16; each early-exiting program must still wait (PDL)
+    for block_s, splits, block_n, min_tiles in [(1, 64, 32, 4), (1, 128, 32, 8), (8, 16, 64, 2)]:
+        check(attention._paged_attention_kernel, attention_ptrs,
+              dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=4, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=block_s, NUM_SPLITS=splits,
+                   PRECISION="tf32", CAUSAL_SPLIT=False, SPLIT_MIN_TILES=min_tiles),
+              num_warps=4, num_stages=2, pdl=True)
     # Chunk tiles with the causal split (unmasked loop, then the diagonal): today's 64 rows, the sweep's 128 rows
     for block_q, splits, block_n, num_warps, num_stages in [(16, 1, 64, 4, 3), (32, 1, 64, 8, 3), (32, 1, 128, 8, 2),
                                                             (32, 4, 64, 8, 2), (16, 1, 128, 4, 2)]:
         check(attention._paged_attention_kernel, attention_ptrs,
               dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=64, NUM_SPLITS=splits,
-                   PRECISION="tf32", CAUSAL_SPLIT=True), num_warps=num_warps, num_stages=num_stages)
-    check(attention._merge_splits_kernel,
-          {"partial_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32", "out_ptr": "*bf16",
-           "query_start_loc_ptr": "*i32"}, dict(NUM_SPLITS=4, BLOCK_D=128), pdl=True)
+                   PRECISION="tf32", CAUSAL_SPLIT=True, SPLIT_MIN_TILES=0), num_warps=num_warps, num_stages=num_stages)
+    for splits in (4, 64, 128):  # the dynamic grid's merge reads up to 128 maxima per row
+        check(attention._merge_splits_kernel,
+              {"partial_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32", "out_ptr": "*bf16",
+               "query_start_loc_ptr": "*i32"}, dict(NUM_SPLITS=splits, BLOCK_D=128), pdl=True)
     check(kv_write._write_kv_kernel, {**bf16("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr"),
                                       "slot_mapping_ptr": "*i64"}, dict(BLOCK_HEADS=8, BLOCK_D=128))
     norm_ptrs = bf16("x_ptr", "residual_ptr", "weight_ptr", "out_ptr", "sum_ptr")
