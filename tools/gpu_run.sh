@@ -76,7 +76,8 @@ for stage in "$@"; do
     grammar-step)  # issue 15: a constrained decode step (typical schema) vs unconstrained, llama3-8b, batch 1/8/32
       python3 -m bench.grammar.constrained_step --preset llama3-8b --batches 1,8,32 --context 1024 \
         --result-json "$OUT/grammar_step.json" 2>&1 | tee "$OUT/grammar_step.log" | tail -20;;
-    kernels)  # KERNELS_ARGS: e.g. "--sections attention --batches 1,8 --context 4096"; KERNELS_TAG names the log
+    kernels)  # KERNELS_ARGS: e.g. "--sections attention --batches 1,8 --context 1024,4096,8192,32768" (one block-table
+      # width for all: the longest context; llama3-8b's step section at 32k fits batch 8, not 32); KERNELS_TAG names the log
       python3 bench/kernels/step_kernels.py ${KERNELS_ARGS:-} 2>&1 | tee "$OUT/kernels${KERNELS_TAG:-}.log" | tail -60;;
     prefill-attn)  # issue 17: the attention kernel alone on 2k-32k-token chunks, tile variants (PREFILL_ATTN_ARGS: e.g. "--tokens 8192")
       python3 -m bench.kernels.prefill_attention ${PREFILL_ATTN_ARGS:-} 2>&1 | tee "$OUT/prefill_attn.log";;
@@ -117,6 +118,7 @@ for stage in "$@"; do
         --sweep "${GEMV_SWEEP:-all}" 2>&1 \
         | tee "$OUT/gemv_proj.log" | tail -30;;
     fusion-levers)  # issue 17: the whole step with each lever, session 11's kernels vs today's side by side
+      # (FUSION_CONTEXT may be a list, e.g. 1024,8192,32768; at 32k llama3-8b's KV fits batch 8, not 32)
       python3 -m bench.kernels.fusion --sections step --batches "${FUSION_BATCHES:-1,8,32}" --levers "${LEVERS:-all}" \
         --context "${FUSION_CONTEXT:-1024}" 2>&1 \
         | tee "$OUT/fusion_levers.log" | tail -30;;

@@ -1,6 +1,6 @@
 """Issue 17's per-layer levers on the GPU, old against new, in one run (stage `fusion` of tools/gpu_run.sh):
 
-    python -m bench.kernels.fusion [--model llama3-8b] [--context 1024] [--batches 1,8,32] [--ms 1,2,4,8]
+    python -m bench.kernels.fusion [--model llama3-8b] [--context 1024[,8192,32768]] [--batches 1,8,32] [--ms 1,2,4,8]
 
 1. gemv: each projection of one layer (and the LM head) at M rows, what the model runs today (the norm or
    SiLU-mul kernel, then cuBLAS) against the GEMV with that op in its prologue, PDL off and on, and a few
@@ -58,7 +58,8 @@ LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
     ("before session 13", sk.BEFORE_SESSION_13),
     ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),
-    ("no small grid", AttentionTuning(small_grid_programs=None))]})
+    ("no small grid", AttentionTuning(small_grid_programs=None)),
+    ("dyn splits: min 4 tiles, up to 64", sk.DYN_SPLITS_GUESS)]})
 
 def bench_projection(name: str, k: int, n: int, m: int, sweep: list[GemvConfig]) -> dict[str, float]:
     """us per call: today's kernels vs the GEMV (default config, PDL off/on, the sweep)."""
@@ -123,14 +124,14 @@ def count_kernels(step) -> int:
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def bench_step(model_name: str, batches: list[int], context: int, max_model_len: int,
+def bench_step(model_name: str, batches: list[int], contexts: list[int], max_model_len: int,
                levers: str = "all") -> list[tuple]:
     from blink.model.weights import load_model
 
     model, cfg = load_model(model_name, sk.DEVICE, sk.DTYPE, max_positions=max_model_len)
     weight_bytes = sk.weight_bytes_read(model, cfg)
     rows = []
-    for batch in batches:
+    for context, batch in ((c, b) for c in contexts for b in batches):  # llama3-8b at 32k: batch 32 needs 137 GB KV
         kv_bytes, floor_us = sk.decode_floor(weight_bytes, cfg, batch, context)
         print(f"whole decode step: batch {batch}, context {context}, floor {floor_us:.0f} us")
         step = sk._decode_step(model, cfg, batch, context, max_model_len)
@@ -159,7 +160,7 @@ def bench_step(model_name: str, batches: list[int], context: int, max_model_len:
             sk.row(label, us, weight_bytes + kv_bytes, err,
                    f"{us / floor_us:.3f} x floor  {kernels} kernels ({kernels / cfg.num_hidden_layers:.1f}/layer)  "
                    f"argmax = baseline {same:.0%}  gemv layers {sum(taken.values())}")
-            rows.append((batch, label, us, us / floor_us, kernels))
+            rows.append((batch, context, label, us, us / floor_us, kernels))
     apply_fusion_policy(model, FusionPolicy())
     return rows
 
@@ -169,8 +170,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama3-8b")
-    parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--max-model-len", type=int, default=8192)
+    parser.add_argument("--context", default="1024", help="a list too: 1024,8192,32768")
+    parser.add_argument("--max-model-len", type=int, default=None, help="default: the longest context, at least 8192")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--ms", default="1,2,4,8", help="rows for the per-projection GEMV section")
     parser.add_argument("--sections", default="gemv,step")
@@ -199,15 +200,17 @@ def main() -> None:
                 summary.append((f"{name} M={m}", old, res["gemv"], new, best))
                 if new < old:
                     wins[name].append(m)
-    step_rows = bench_step(args.model, [int(b) for b in args.batches.split(",")], args.context,
-                           args.max_model_len, args.levers) if "step" in sections else []
+    contexts, max_model_len = sk.parse_contexts(args.context, args.max_model_len)
+    step_rows = bench_step(args.model, [int(b) for b in args.batches.split(",")], contexts, max_model_len,
+                           args.levers) if "step" in sections else []
     print("\nSUMMARY per projection (us per call; 'default' = GEMV with default_config, PDL off)")
     print(f"  {'what':<20} {'today':>9} {'default':>9} {'best':>9}  best variant")
     for what, old, default, best, which in summary:
         print(f"  {what:<20} {old:9.2f} {default:9.2f} {best:9.2f}  {which}")
     print("\nSUMMARY step (ms, x floor, kernels per step)")
-    for batch, label, us, ratio, kernels in step_rows:
-        print(f"  b{batch:<4} {label:<10} {us / 1e3:8.3f} ms  {ratio:6.3f} x  {kernels:5d} kernels")
+    for batch, context, label, us, ratio, kernels in step_rows:
+        at = f"ctx {context:<6} " if len(contexts) > 1 else ""
+        print(f"  b{batch:<4} {at}{label:<10} {us / 1e3:8.3f} ms  {ratio:6.3f} x  {kernels:5d} kernels")
     if summary:
         chosen = [name for name, ms_won in wins.items() if ms_won and min(ms_won) == int(args.ms.split(",")[0])]
         print(f"\nGEMV wins (projection: M where it wins): { {k: v for k, v in wins.items() if v} }")

@@ -1,13 +1,14 @@
 """Times one decode step's kernels on the GPU, variant against variant, each checked against its reference.
 
-    .venv/bin/python bench/kernels/step_kernels.py [--model llama3-8b] [--context 1024] [--batches 1,8,32]
+    .venv/bin/python bench/kernels/step_kernels.py [--model llama3-8b] [--context 1024[,8192,...]] [--batches 1,8,32]
 
 Every time is the median over graph replays of a CUDA graph that runs the kernel on `copies` different
 input sets in a row (one per layer, as in the model), divided by the number of calls: launch gaps are
 those of graph replay, and the inputs cycled through exceed the 50 MB L2, so weights and KV come from HBM.
 GB/s counts the bytes the kernel must move (KV read, weights read). err is the max relative error against
 the torch reference (|got - ref|.max() / |ref|.max()). The summary at the end adds the per-layer numbers
-up to one step of the model.
+up to one step of the model. Several contexts share one block-table width (--max-model-len, default the
+longest context or 8192), as one captured graph serves them all.
 """
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ ATTENTION_VARIANTS = {  # session 13 set decode's stages, split rule and batch-1
     "n64, 32 splits": AttentionTuning(max_splits=32, small_grid_programs=None),
     "n64, 8 warps": AttentionTuning(num_warps=8),
 }
+# Splits chosen in the kernel from each sequence's length, the grid sized for the longest (issue 17: batch 1 wants
+# 64 splits at 4k, fewer at 1k). "N/SM": the grid's target programs per SM (batch 8: 6/SM -> 16 splits, 12 -> 32).
+ATTENTION_VARIANTS.update({f"dyn splits: min {tiles} tiles, up to {grid}" + (f", {per_sm}/SM" if per_sm else ""):
+                           AttentionTuning(split_min_tiles=tiles, max_grid_splits=grid, grid_programs_per_sm=per_sm)
+                           for tiles, grid, per_sm in [(4, 64, None), (2, 64, None), (8, 128, 6), (4, 64, 6),
+                                                       (4, 128, 12)]})
+DYN_SPLITS_GUESS = ATTENTION_VARIANTS["dyn splits: min 4 tiles, up to 64"]
 
 
 def graph_time_us(calls: list, replays: int = 30) -> float:
@@ -106,7 +114,8 @@ def bench_attention(cfg, context: int, batch: int, max_model_len: int) -> dict[s
         err = rel_err(run(caches[0]), ref)
         us = graph_time_us([lambda kv=kv, run=run: run(kv) for kv in caches])
         plan = launch_plan(batch, batch, hq, hkv, d, width * BLOCK_SIZE, tuning)
-        row(name, us, kv_bytes, err, f"splits {plan.num_splits}")
+        used = f" ({plan.splits_with_work(context)} with KV)" if plan.split_min_tiles else ""
+        row(name, us, kv_bytes, err, f"n{plan.block_n} splits {plan.num_splits}{used}")
         results[name] = us
     return results
 
@@ -199,14 +208,15 @@ def decode_floor(weight_bytes: int, cfg, batch: int, context: int) -> tuple[int,
     return kv_bytes, (weight_bytes + kv_bytes) / 4.29e6  # bytes / (4.29 TB/s), in us
 
 
-def bench_step(model_name: str, batches: list[int], context: int, max_model_len: int) -> list[tuple]:
+def bench_step(model_name: str, batches: list[int], contexts: list[int], max_model_len: int) -> list[tuple]:
     """A whole decode step (forward + logits) of the model in one CUDA graph, against its floor."""
     from blink.model.weights import load_model
 
     model, cfg = load_model(model_name, DEVICE, DTYPE, max_positions=max_model_len)
     weight_bytes = weight_bytes_read(model, cfg)
     rows = []
-    for batch in batches:
+    for context, batch in ((c, b) for c in contexts for b in batches):
+        at = f" ctx {context}" if len(contexts) > 1 else ""
         kv_bytes, floor_us = decode_floor(weight_bytes, cfg, batch, context)
         print(f"whole decode step: batch {batch}, context {context}: floor {floor_us:.0f} us "
               f"({weight_bytes / 1e9:.1f} GB weights + {kv_bytes / 1e9:.2f} GB KV at 4.29 TB/s)", flush=True)
@@ -215,7 +225,7 @@ def bench_step(model_name: str, batches: list[int], context: int, max_model_len:
             step()
             us = graph_time_us([step], replays=20)
         row("cuBLAS", us, weight_bytes + kv_bytes, None, f"{us / floor_us:.3f} x floor")
-        rows.append((f"step b{batch} (baseline: floor)", floor_us, us, us, f"{us / floor_us:.3f} x floor"))
+        rows.append((f"step b{batch}{at} (baseline: floor)", floor_us, us, us, f"{us / floor_us:.3f} x floor"))
     return rows
 
 
@@ -246,27 +256,38 @@ def _decode_step(model, cfg, batch: int, context: int, max_model_len: int):
     return step
 
 
+def parse_contexts(text: str, max_model_len: int | None) -> tuple[list[int], int]:
+    """("1024,8192", None) -> ([1024, 8192], 8192): the contexts, and a block-table width that holds the longest."""
+    contexts = [int(c) for c in str(text).split(",")]
+    width = max_model_len or max(8192, *contexts)
+    assert max(contexts) <= width, f"--context {max(contexts)} exceeds --max-model-len {width}"
+    return contexts, width
+
+
 def main() -> None:
     from blink.model import presets
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="llama3-8b")
-    parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--max-model-len", type=int, default=8192, help="block-table width, in tokens")
+    parser.add_argument("--context", default="1024", help="KV tokens per sequence; a list: 1024,8192,32768")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="block-table width, in tokens (default: the longest context, at least 8192)")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--sections", default="attention,small,gemm,step")
     args = parser.parse_args()
     cfg = presets.get(args.model)
     batches = [int(b) for b in args.batches.split(",")]
+    contexts, max_model_len = parse_contexts(args.context, args.max_model_len)
     sections = args.sections.split(",")
     layers = cfg.num_hidden_layers
     print(f"{torch.cuda.get_device_name()}  {args.model}: {layers} layers  triton {triton.__version__}\n")
     summary = []  # (what, baseline, new default, best, best variant's name), us per step
     for batch in batches:
-        if "attention" in sections:
-            res = bench_attention(cfg, args.context, batch, args.max_model_len)
+        for context in contexts if "attention" in sections else []:
+            res = bench_attention(cfg, context, batch, max_model_len)
             best = min(res, key=res.get)
-            summary.append((f"attention b{batch} (baseline: before session 13)", res[PREVIOUS_ATTENTION] * layers,
+            at = f" ctx {context}" if len(contexts) > 1 else ""
+            summary.append((f"attention b{batch}{at} (baseline: before session 13)", res[PREVIOUS_ATTENTION] * layers,
                             res["default"] * layers, res[best] * layers, best))
         if "small" in sections:
             res = bench_small_kernels(cfg, batch)
@@ -283,7 +304,7 @@ def main() -> None:
                 summary.append((f"gemm {name} b{batch}", us, us, us, "cuBLAS"))
             summary.append((f"ALL GEMMs b{batch}", total, total, total, "cuBLAS"))
     if "step" in sections:
-        summary += bench_step(args.model, batches, args.context, args.max_model_len)
+        summary += bench_step(args.model, batches, contexts, max_model_len)
     print("\nSUMMARY: us per decode step (per-layer time x layers); 'default' is what the model now uses")
     print(f"  {'what':<48} {'baseline':>9} {'default':>9} {'best':>9}  best variant")
     for what, base, default, best, which in summary:

@@ -13,18 +13,23 @@ def test_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     monkeypatch.setattr(bench, "DTYPE", torch.float16)  # the interpreter's bf16 tl.dot is wrong
     monkeypatch.setattr(bench, "graph_time_us", lambda calls, replays=30: [call() for call in calls] and 1.0)
     monkeypatch.setattr(bench, "copies_for", lambda nbytes: 1)
+    # splits chosen in the kernel, in 16-position tiles so that a 128-token max len splits (4 ways)
+    dyn = AttentionTuning(block_n=16, split_min_tiles=1, max_grid_splits=4)
     monkeypatch.setattr(bench, "ATTENTION_VARIANTS", {"default": AttentionTuning(),
-                                                      bench.PREVIOUS_ATTENTION: AttentionTuning(num_stages=3)})
+                                                      bench.PREVIOUS_ATTENTION: AttentionTuning(num_stages=3),
+                                                      "dyn": dyn})
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
-    monkeypatch.setattr(sys, "argv", ["bench", "--model", "tiny-qwen3", "--context", "40",
-                                      "--max-model-len", "64", "--batches", "2",
+    monkeypatch.setattr(sys, "argv", ["bench", "--model", "tiny-qwen3", "--context", "40,24",
+                                      "--max-model-len", "128", "--batches", "2",
                                       "--sections", "attention,small,gemm,step"])
     bench.main()
     out = capsys.readouterr().out
     assert "SUMMARY" in out and "ALL GEMMs b2" in out
+    assert "attention b2 ctx 24" in out and "step b2 ctx 40" in out  # a list of contexts
+    assert "splits 4 (3 with KV)" in out and "splits 4 (2 with KV)" in out  # 40 and 24 tokens in tiles of 16
     words = out.split()
     errors = [float(word) for prev, word in zip(words, words[1:], strict=False) if prev == "err"]
-    assert len(errors) >= 9 and max(errors) < 5e-3  # attention variants, small kernels, the cuBLAS GEMMs
+    assert len(errors) >= 12 and max(errors) < 5e-3  # attention variants, small kernels, the cuBLAS GEMMs
 
 
 def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
@@ -43,17 +48,18 @@ def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
                         lambda n, k, m=1, prologue="none": gemv.GemvConfig(block_n=64, block_k=64, dot=m > 1))
     monkeypatch.setattr(fusion, "SWEEP", [gemv.GemvConfig(block_n=32, block_k=32, dot=True)])
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
-    monkeypatch.setattr(sys, "argv", ["fusion", "--model", "tiny-llama", "--context", "40", "--max-model-len", "64",
+    monkeypatch.setattr(sys, "argv", ["fusion", "--model", "tiny-llama", "--context", "40,24", "--max-model-len", "64",
                                       "--batches", "2", "--ms", "3"])
     fusion.main()
     out = capsys.readouterr().out
     assert "SUMMARY step" in out and "suggested BLINK_GEMV=" in out
-    for label in fusion.LEVERS:
-        assert f"b2    {label}" in out
+    for label in fusion.LEVERS:  # each context's step
+        assert f"b2    ctx 40     {label}" in out and f"b2    ctx 24     {label}" in out
     words = out.split()
     errors = [float(word) for prev, word in zip(words, words[1:], strict=False) if prev == "err"]
-    # 5 projections x (today, gemv, gemv+pdl, 1 sweep config), down's bound row, a step row per lever; fp16 vs fp32
-    assert len(errors) == 5 * 4 + 1 + len(fusion.LEVERS) and max(errors) < 1e-2
+    # 5 projections x (today, gemv, gemv+pdl, 1 sweep config), down's bound row, a step row per lever and context;
+    # fp16 vs fp32
+    assert len(errors) == 5 * 4 + 1 + 2 * len(fusion.LEVERS) and max(errors) < 1e-2
     assert "gemv layers 9" in out  # tiny-llama: 2 layers x 4 projections + the LM head took the plan
 
 
