@@ -32,13 +32,13 @@ def _tiles(rows: int, warps: int, block_n: int, stages: int, split: bool = True)
 
 # name -> tuning (names without commas: --variants takes a list); "today" is the default, the others its rivals
 VARIANTS = {
-    "today": AttentionTuning(),  # 64 rows, 4 warps, n64, 3 stages, causal split
-    "today-unsplit": AttentionTuning(prefill_causal_split=False),  # the kernel before the causal split
-    "m128-w8-n64-s3": _tiles(128, 8, 64, 3),
-    "m128-w8-n64-s3-unsplit": _tiles(128, 8, 64, 3, split=False),
-    "m128-w8-n128-s2": _tiles(128, 8, 128, 2),
+    "today": AttentionTuning(),  # 128 rows, 8 warps, n128, 2 stages, causal split (session 16's sweep)
+    "today-unsplit": AttentionTuning(prefill_causal_split=False),
+    "session15": _tiles(64, 4, 64, 3),  # the tiles before session 16, with the causal split
+    "session15-unsplit": _tiles(64, 4, 64, 3, split=False),  # the kernel before session 16
+    "m128-w4-n128-s2": _tiles(128, 4, 128, 2),
+    "m128-w16-n128-s2": _tiles(128, 16, 128, 2),
     "m128-w8-n64-s2": _tiles(128, 8, 64, 2),
-    "m128-w4-n64-s3": _tiles(128, 4, 64, 3),
     "m64-w4-n128-s2": _tiles(64, 4, 128, 2),
 }
 

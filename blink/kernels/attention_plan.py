@@ -21,10 +21,8 @@ class AttentionTuning:
     # The knobs of decode tiles (pure decode buckets) and of tiles that may carry a prefill chunk. Decode's were
     # measured in llama3-8b's whole step on the H200 (perf.md, 2026-12-02 session 13): a two-deep cp.async
     # pipeline over the KV loop beat three at batch 1 / 2 / 8 / 32; splitting below 2 programs per SM (batch 32
-    # in two) took the step at 4k context from 9.91 to 8.91 ms and changed nothing at 1k. Chunk tiles keep the
-    # 2026-11-29 choices, not measured against these since.
+    # in two) took the step at 4k context from 9.91 to 8.91 ms and changed nothing at 1k. Chunk tiles: below.
     num_stages: int = 2
-    prefill_num_stages: int = 3
     split_below_per_sm: float = 2.0  # split the KV range only if fewer programs than this per SM have work,
     prefill_split_below_per_sm: float = 1.0
     programs_per_sm: int = 3  # and then until about this many programs per SM are busy
@@ -42,13 +40,16 @@ class AttentionTuning:
     split_min_tiles: int | None = None
     max_grid_splits: int = 64  # a power of two
     grid_programs_per_sm: int | None = None  # None: programs_per_sm (a separate knob: chunk splits stay put)
-    # Chunk tiles (issue 17: prefill attention at ~30% of peak at 8k-32k tokens). These defaults are today's
-    # tiles (64 rows, the block_n rule above, 4 warps), kept until bench/kernels/prefill_attention.py's H200
-    # sweep picks others. prefill_block_n None: block_n's rule. The causal split runs the KV tiles that the
-    # whole query tile sees without the mask and the heaviest tiles first; False: the decode tiles' loop.
-    prefill_block_m: int = 64  # rows: query tokens x the padded group
+    # Chunk tiles (issue 17: prefill attention ran at 26-37% of peak at 2k-32k tokens). From the H200 sweep of
+    # bench/kernels/prefill_attention.py (perf.md, 2026-12-03 session 16): 128 rows x 128 keys, 8 warps, a two-deep
+    # pipeline (160 KB of shared memory at head_dim 128: Hopper-sized) beat session 15's 64 rows x 64 keys, 4 warps,
+    # 3 stages by 1.12x / 1.23x / 1.21x at 2k / 8k / 32k tokens and 1.20x for 2k after 30k cached. prefill_block_n
+    # None: 128 up to head_dim 128, else block_n's rule. The causal split runs the KV tiles that the whole query
+    # tile sees without the mask and the heaviest tiles first (1.07-1.11x); False: the decode tiles' loop.
+    prefill_block_m: int = 128  # rows: query tokens x the padded group
     prefill_block_n: int | None = None
-    prefill_num_warps: int = 4
+    prefill_num_warps: int = 8
+    prefill_num_stages: int = 2
     prefill_causal_split: bool = True
 
 
@@ -96,7 +97,7 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     block_q = block_m // group_pad
     block_n = tuning.block_n or (64 if head_dim <= 128 else 32)
     if not decode_heavy:
-        block_n = tuning.prefill_block_n or block_n
+        block_n = tuning.prefill_block_n or (128 if head_dim <= 128 else block_n)
     max_splits = tuning.max_splits
     num_tiles = num_tokens // block_q + num_seqs
     # Tiles with work, in the composition that needs the splits most: a decode bucket's rows may each be

@@ -110,9 +110,9 @@ def test_a_bucket_that_can_hold_a_chunk_gets_prefill_tiles():
     bucket whose rows can all be decodes (tokens <= rows) keeps the small tiles (llama3-8b's heads)."""
     def block_q(tokens, rows):
         return launch_plan(tokens, rows, 32, 8, 128, 4096, AttentionTuning()).block_q
-    assert block_q(128, 64) == 16 and block_q(2048, 64) == 16  # chunks in 16-token tiles
+    assert block_q(128, 64) == 32 and block_q(2048, 64) == 32  # chunks in 32-token tiles (128 rows)
     assert block_q(64, 64) == 4 and block_q(1, 1) == 4  # pure decode buckets: one token per tile row group
-    assert block_q(128, 1) == 16  # the step bench's bucket, which timed the chunk at 6.45 ms
+    assert block_q(128, 1) == 32  # the step bench's bucket, which timed the chunk at 6.45 ms (16-token tiles)
 
 
 def test_a_bucket_that_can_hold_one_chunk_splits_its_kv_range():
@@ -121,9 +121,9 @@ def test_a_bucket_that_can_hold_one_chunk_splits_its_kv_range():
     over 2,100 keys each. Pure decode buckets and buckets whose chunk tiles fill the SMs keep their choice."""
     def splits(tokens, rows):
         return launch_plan(tokens, rows, 32, 8, 128, 4096, AttentionTuning()).num_splits
-    assert splits(128, 64) == splits(128, 1) == 8  # the same chunk, whatever the padding rows
-    assert splits(256, 64) == 4
-    assert splits(512, 64) == splits(2048, 64) == 1  # 32+ tiles x 8 heads: a wave of work already
+    assert splits(128, 64) == splits(128, 1) == 16  # the same chunk, whatever the padding rows
+    assert splits(256, 64) == 8 and splits(512, 64) == 4
+    assert splits(1024, 64) == splits(2048, 64) == 1  # 32+ tiles x 8 heads: a wave of work already
     assert splits(64, 64) == 1 and splits(32, 32) == 2  # decode buckets: split below 2 programs per SM
     assert splits(8, 8) == 8 and splits(1, 1) == 32  # batch 1: 32-position tiles over up to 32 splits
 
@@ -139,8 +139,9 @@ def test_decode_tiles_and_chunk_tiles_take_their_own_pipeline_depths():
 def test_a_small_decode_grid_takes_thin_kv_tiles_over_more_splits(tokens, rows, small):
     """Batch 1 (8 programs for 8 KV heads) only; a 16-token chunk alone (16, 1) is as small, but not a decode."""
     plan = launch_plan(tokens, rows, 32, 8, 128, 8192, AttentionTuning())
-    assert (plan.block_n, plan.num_splits > 16) == ((32, True) if small else (64, False))
-    assert launch_plan(tokens, rows, 32, 8, 128, 8192, AttentionTuning(small_grid_programs=None)).block_n == 64
+    wide = 64 if tokens <= rows else 128  # decode tiles' rule; chunk tiles take 128 keys at head_dim 128
+    assert (plan.block_n, plan.num_splits > 16) == ((32, True) if small else (wide, False))
+    assert launch_plan(tokens, rows, 32, 8, 128, 8192, AttentionTuning(small_grid_programs=None)).block_n == wide
 
 
 # Chunk tiles with the causal split (KV tiles that a whole query tile sees run unmasked, heaviest tiles first), with
@@ -187,9 +188,10 @@ def test_the_causal_split_and_heavy_first_order_change_no_bit(rows, block_n, num
 
 def test_chunk_knobs_reach_the_plan_and_leave_decode_tiles_alone():
     knobs = lambda plan: (plan.block_q, plan.block_n, plan.num_warps, plan.num_stages, plan.causal_split)
-    tuning = AttentionTuning(prefill_block_m=128, prefill_block_n=128, prefill_num_warps=8, prefill_num_stages=2)
-    assert knobs(launch_plan(2048, 1, 32, 8, 128, 4096, tuning)) == (32, 128, 8, 2, True)
-    assert knobs(launch_plan(2048, 1, 32, 8, 128, 4096, AttentionTuning())) == (16, 64, 4, 3, True)  # today's
+    tuning = AttentionTuning(prefill_block_m=64, prefill_block_n=64, prefill_num_warps=4, prefill_num_stages=3)
+    assert knobs(launch_plan(2048, 1, 32, 8, 128, 4096, tuning)) == (16, 64, 4, 3, True)
+    assert knobs(launch_plan(2048, 1, 32, 8, 128, 4096, AttentionTuning())) == (32, 128, 8, 2, True)  # the default
+    assert launch_plan(2048, 1, 16, 8, 256, 4096, AttentionTuning()).block_n == 32  # wider heads: smaller KV tiles
     for decode_tuning in (tuning, AttentionTuning()):
         assert knobs(launch_plan(32, 32, 32, 8, 128, 4096, decode_tuning)) == (4, 64, 4, 2, False)
     assert not launch_plan(2048, 1, 32, 8, 128, 4096, AttentionTuning(prefill_causal_split=False)).causal_split
