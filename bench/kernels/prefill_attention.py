@@ -27,7 +27,7 @@ BLOCK_SIZE = 16
 
 def _tiles(rows: int, warps: int, block_n: int, stages: int, split: bool = True) -> AttentionTuning:
     return AttentionTuning(prefill_block_m=rows, prefill_num_warps=warps, prefill_block_n=block_n,
-                           prefill_num_stages=stages, prefill_causal_split=split)
+                           prefill_num_stages=stages, prefill_causal_split=split, prefill_min_tokens=0)
 
 
 # name -> tuning (names without commas: --variants takes a list); "today" is the default, the others its rivals

@@ -36,20 +36,34 @@ class AttentionTuning:
     # Splits chosen in the kernel (issue 17): a captured graph cannot know the context, so decode's grid is sized
     # for the longest (the rule above, aiming at grid_programs_per_sm with up to max_grid_splits) and each program
     # keeps only the splits its sequence's KV fills with split_min_tiles tiles; the others exit at once.
-    # None: the host's count alone (today's). The rule's useful bound still keeps short max lens from over-splitting.
+    # split_min_tiles None: the host's count, except for the batch-1 grid (the small grid above) when the block
+    # table allows split_min_kv_len keys (a server started with a long --max-model-len): there
+    # small_grid_split_min_tiles. H200, attention alone at batch 1 (perf.md, 2026-12-03 session 16): 2 tiles over
+    # up to 64 splits took 1k / 4k / 8k / 32k contexts from 6.94 / 13.46 / 21.41 / 64.57 to 8.51 / 12.13 / 17.89 /
+    # 46.94 us a layer; the step at 32k went 1.33x -> 1.21x its floor. The wider grid costs 1.6 us a layer at 1k,
+    # hence the max len bound. At batch 8 no variant beat the host's count.
     split_min_tiles: int | None = None
+    small_grid_split_min_tiles: int | None = 2
+    split_min_kv_len: int = 16384
     max_grid_splits: int = 64  # a power of two
     grid_programs_per_sm: int | None = None  # None: programs_per_sm (a separate knob: chunk splits stay put)
     # Chunk tiles (issue 17: prefill attention ran at 26-37% of peak at 2k-32k tokens). From the H200 sweep of
     # bench/kernels/prefill_attention.py (perf.md, 2026-12-03 session 16): 128 rows x 128 keys, 8 warps, a two-deep
     # pipeline (160 KB of shared memory at head_dim 128: Hopper-sized) beat session 15's 64 rows x 64 keys, 4 warps,
     # 3 stages by 1.12x / 1.23x / 1.21x at 2k / 8k / 32k tokens and 1.20x for 2k after 30k cached. prefill_block_n
-    # None: 128 up to head_dim 128, else block_n's rule. The causal split runs the KV tiles that the whole query
-    # tile sees without the mask and the heaviest tiles first (1.07-1.11x); False: the decode tiles' loop.
+    # None: 128 up to head_dim 128, else block_n's rule. Buckets of fewer than prefill_min_tokens tokens keep
+    # session 15's tiles (small_chunk_*, the block_n rule): in the (128, 64) bucket the big tiles took a 100-token
+    # chunk after 2,000 cached from 6.66 to 7.85 ms a step, and the buckets between are not measured. The causal
+    # split runs the KV tiles that the whole query tile sees without the mask and the heaviest tiles first
+    # (1.07-1.11x at 2k-32k); False: the decode tiles' loop.
+    prefill_min_tokens: int = 2048
     prefill_block_m: int = 128  # rows: query tokens x the padded group
     prefill_block_n: int | None = None
     prefill_num_warps: int = 8
     prefill_num_stages: int = 2
+    small_chunk_block_m: int = 64
+    small_chunk_num_warps: int = 4
+    small_chunk_num_stages: int = 3
     prefill_causal_split: bool = True
 
 
@@ -93,10 +107,12 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     # e.g. 3 decodes + a 100-token prefix hit, which in 4-token tiles re-reads its 2,000-token context 25
     # times per head (perf.md, 2026-12-01 session 7). A chunk inside a (t, t) bucket keeps small tiles.
     decode_heavy = num_tokens <= num_seqs
-    block_m = max(16, group_pad, 0 if decode_heavy else tuning.prefill_block_m)  # tl.dot needs M >= 16
+    big_chunk = not decode_heavy and num_tokens >= tuning.prefill_min_tokens
+    chunk_rows = tuning.prefill_block_m if big_chunk else tuning.small_chunk_block_m
+    block_m = max(16, group_pad, 0 if decode_heavy else chunk_rows)  # tl.dot needs M >= 16
     block_q = block_m // group_pad
     block_n = tuning.block_n or (64 if head_dim <= 128 else 32)
-    if not decode_heavy:
+    if big_chunk:
         block_n = tuning.prefill_block_n or (128 if head_dim <= 128 else block_n)
     max_splits = tuning.max_splits
     num_tiles = num_tokens // block_q + num_seqs
@@ -110,7 +126,9 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     if decode_heavy and small_grid:
         block_n, max_splits = min(block_n, tuning.small_grid_block_n), tuning.small_grid_max_splits
     programs_per_sm = tuning.programs_per_sm
-    split_min_tiles = tuning.split_min_tiles if decode_heavy and tuning.split_min_tiles else 0
+    split_min_tiles = (tuning.split_min_tiles or 0) if decode_heavy else 0
+    if decode_heavy and small_grid and not split_min_tiles and max_kv_len >= tuning.split_min_kv_len:
+        split_min_tiles = tuning.small_grid_split_min_tiles or 0
     if split_min_tiles:
         max_splits, programs_per_sm = tuning.max_grid_splits, tuning.grid_programs_per_sm or programs_per_sm
     if num_splits is None:
@@ -121,5 +139,8 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     if decode_heavy:
         return LaunchPlan(block_q, block_n, num_tiles, num_splits, tuning.num_stages, tuning.num_warps, False,
                           split_min_tiles if num_splits > 1 else 0)
-    return LaunchPlan(block_q, block_n, num_tiles, num_splits, tuning.prefill_num_stages, tuning.prefill_num_warps,
-                      tuning.prefill_causal_split)
+    if big_chunk:
+        return LaunchPlan(block_q, block_n, num_tiles, num_splits, tuning.prefill_num_stages, tuning.prefill_num_warps,
+                          tuning.prefill_causal_split)
+    return LaunchPlan(block_q, block_n, num_tiles, num_splits, tuning.small_chunk_num_stages,
+                      tuning.small_chunk_num_warps, tuning.prefill_causal_split)

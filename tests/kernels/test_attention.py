@@ -110,9 +110,10 @@ def test_a_bucket_that_can_hold_a_chunk_gets_prefill_tiles():
     bucket whose rows can all be decodes (tokens <= rows) keeps the small tiles (llama3-8b's heads)."""
     def block_q(tokens, rows):
         return launch_plan(tokens, rows, 32, 8, 128, 4096, AttentionTuning()).block_q
-    assert block_q(128, 64) == 32 and block_q(2048, 64) == 32  # chunks in 32-token tiles (128 rows)
+    assert block_q(128, 64) == 16 and block_q(1024, 64) == 16  # chunks in 16-token tiles
+    assert block_q(2048, 64) == 32  # from prefill_min_tokens on: 32-token tiles (128 rows)
     assert block_q(64, 64) == 4 and block_q(1, 1) == 4  # pure decode buckets: one token per tile row group
-    assert block_q(128, 1) == 32  # the step bench's bucket, which timed the chunk at 6.45 ms (16-token tiles)
+    assert block_q(128, 1) == 16  # the step bench's bucket, which timed the chunk at 6.45 ms
 
 
 def test_a_bucket_that_can_hold_one_chunk_splits_its_kv_range():
@@ -121,25 +122,26 @@ def test_a_bucket_that_can_hold_one_chunk_splits_its_kv_range():
     over 2,100 keys each. Pure decode buckets and buckets whose chunk tiles fill the SMs keep their choice."""
     def splits(tokens, rows):
         return launch_plan(tokens, rows, 32, 8, 128, 4096, AttentionTuning()).num_splits
-    assert splits(128, 64) == splits(128, 1) == 16  # the same chunk, whatever the padding rows
-    assert splits(256, 64) == 8 and splits(512, 64) == 4
-    assert splits(1024, 64) == splits(2048, 64) == 1  # 32+ tiles x 8 heads: a wave of work already
+    assert splits(128, 64) == splits(128, 1) == 8  # the same chunk, whatever the padding rows
+    assert splits(256, 64) == 4
+    assert splits(512, 64) == splits(2048, 64) == 1  # 32+ tiles x 8 heads: a wave of work already
     assert splits(64, 64) == 1 and splits(32, 32) == 2  # decode buckets: split below 2 programs per SM
     assert splits(8, 8) == 8 and splits(1, 1) == 32  # batch 1: 32-position tiles over up to 32 splits
 
 
 def test_decode_tiles_and_chunk_tiles_take_their_own_pipeline_depths():
-    tuning = AttentionTuning(num_stages=2, prefill_num_stages=3)
+    tuning = AttentionTuning(num_stages=2, small_chunk_num_stages=3, prefill_num_stages=4)
     stages = lambda tokens, rows: launch_plan(tokens, rows, 32, 8, 128, 4096, tuning).num_stages
     assert stages(1, 1) == stages(32, 32) == 2  # decode buckets
-    assert stages(128, 64) == stages(2048, 1) == 3  # buckets that can carry a chunk
+    assert stages(128, 64) == stages(1024, 1) == 3  # buckets that can carry a chunk, below prefill_min_tokens
+    assert stages(2048, 64) == stages(8192, 1) == 4  # the big chunk tiles
 
 
 @pytest.mark.parametrize("tokens,rows,small", [(1, 1, True), (2, 2, False), (8, 8, False), (16, 1, False)])
 def test_a_small_decode_grid_takes_thin_kv_tiles_over_more_splits(tokens, rows, small):
     """Batch 1 (8 programs for 8 KV heads) only; a 16-token chunk alone (16, 1) is as small, but not a decode."""
     plan = launch_plan(tokens, rows, 32, 8, 128, 8192, AttentionTuning())
-    wide = 64 if tokens <= rows else 128  # decode tiles' rule; chunk tiles take 128 keys at head_dim 128
+    wide = 64  # small buckets' chunk tiles take decode's KV tile rule (big chunk tiles: 128 keys)
     assert (plan.block_n, plan.num_splits > 16) == ((32, True) if small else (wide, False))
     assert launch_plan(tokens, rows, 32, 8, 128, 8192, AttentionTuning(small_grid_programs=None)).block_n == wide
 
@@ -162,7 +164,7 @@ CHUNK_TILES = [(64, None, None), (64, None, 2), (16, 16, 4), (32, 16, None), (12
 @pytest.mark.parametrize("rows,block_n,num_splits", CHUNK_TILES)
 def test_chunk_tiles_with_the_causal_split_match_the_reference(q_lens, seq_lens, heads, rows, block_n, num_splits):
     batch = make_paged_batch(q_lens, seq_lens, *heads, head_dim=32, block_size=8, pad_seqs=1, pad_tokens=2)
-    tuning = AttentionTuning(prefill_block_m=rows, prefill_block_n=block_n, prefill_num_warps=8)
+    tuning = AttentionTuning(prefill_block_m=rows, prefill_block_n=block_n, prefill_num_warps=8, prefill_min_tokens=0)
     plan = launch_plan(batch.q.shape[0], len(seq_lens) + 1, heads[0], heads[1], 32, 8 * batch.block_tables.shape[1],
                        tuning, num_splits)
     assert plan.causal_split and plan.block_q * triton.next_power_of_2(heads[0] // heads[1]) == rows
@@ -178,7 +180,7 @@ def test_the_causal_split_and_heavy_first_order_change_no_bit(rows, block_n, num
     """Unmasked tiles are the masked body without its all-true tl.where, so outputs are bitwise today's (under
     the interpreter; on the GPU the compiler may fuse the unmasked tiles' scale and max into one FMA)."""
     batch = make_paged_batch([1, 57, 3], [30, 130, 45], 8, 2, head_dim=32, block_size=8, pad_tokens=2)
-    knobs = dict(prefill_block_m=rows, prefill_block_n=block_n)
+    knobs = dict(prefill_block_m=rows, prefill_block_n=block_n, prefill_min_tokens=0)
     split = _run(paged_attention_triton, batch, 0.2, num_splits=num_splits, tuning=AttentionTuning(**knobs))
     plain = _run(paged_attention_triton, batch, 0.2, num_splits=num_splits,
                  tuning=AttentionTuning(**knobs, prefill_causal_split=False))
@@ -195,3 +197,7 @@ def test_chunk_knobs_reach_the_plan_and_leave_decode_tiles_alone():
     for decode_tuning in (tuning, AttentionTuning()):
         assert knobs(launch_plan(32, 32, 32, 8, 128, 4096, decode_tuning)) == (4, 64, 4, 2, False)
     assert not launch_plan(2048, 1, 32, 8, 128, 4096, AttentionTuning(prefill_causal_split=False)).causal_split
+    # buckets below prefill_min_tokens (2048) keep session 15's chunk tiles, with the causal split
+    assert knobs(launch_plan(1024, 64, 32, 8, 128, 4096, AttentionTuning())) == (16, 64, 4, 3, True)
+    wide_rows = AttentionTuning(small_chunk_block_m=128)
+    assert knobs(launch_plan(128, 64, 32, 8, 128, 4096, wide_rows)) == (32, 64, 4, 3, True)

@@ -89,19 +89,21 @@ def test_dynamic_splits_leave_prefill_plans_and_one_split_launches_as_today():
     assert launch_plan(1, 1, 32, 8, 128, 32768, dyn, num_splits=1).split_min_tiles == 0
 
 
-def test_the_default_tuning_plans_as_before():
-    """The knob is off by default: every plan (decode and chunk buckets, short and long max lens) is what it was,
-    whatever the dynamic grid's other knobs say, and the kernel gets SPLIT_MIN_TILES=0 (today's code)."""
+def test_the_default_tuning_counts_splits_in_the_kernel_only_at_batch_1_with_a_long_max_len():
+    """By default the kernel counts its splits only in the batch-1 grid and only where the block table allows
+    split_min_kv_len keys; every other plan (decode and chunk buckets, short max lens) is the host's."""
     shapes = [(1, 1), (2, 2), (8, 8), (32, 32), (64, 64), (128, 64), (128, 1), (2048, 64)]
-    off = AttentionTuning(max_grid_splits=128, grid_programs_per_sm=12)
+    off = AttentionTuning(small_grid_split_min_tiles=None)
     for max_len in (1024, 8192, 32768):
         for tokens, rows in shapes:
             plan = launch_plan(tokens, rows, 32, 8, 128, max_len, AttentionTuning())
-            assert plan.split_min_tiles == 0
-            assert plan == launch_plan(tokens, rows, 32, 8, 128, max_len, off)
-    # today's choices at 8192 (decode: perf.md session 13; chunks: session 16's 32-token tiles), pinned
+            dyn = (tokens, rows) == (1, 1) and max_len >= AttentionTuning().split_min_kv_len
+            assert plan.split_min_tiles == (2 if dyn else 0)
+            assert (plan == launch_plan(tokens, rows, 32, 8, 128, max_len, off)) != dyn
+    assert launch_plan(1, 1, 32, 8, 128, 32768, AttentionTuning()).num_splits == 64
+    # the host's choices at 8192 (decode: perf.md session 13; chunks: session 15's tiles below 2,048 tokens), pinned
     splits = {(t, r): launch_plan(t, r, 32, 8, 128, 8192, AttentionTuning()).num_splits for t, r in shapes}
-    assert splits == {(1, 1): 32, (2, 2): 16, (8, 8): 8, (32, 32): 2, (64, 64): 1, (128, 64): 16, (128, 1): 16,
+    assert splits == {(1, 1): 32, (2, 2): 16, (8, 8): 8, (32, 32): 2, (64, 64): 1, (128, 64): 8, (128, 1): 8,
                       (2048, 64): 1}
 
 
