@@ -59,7 +59,7 @@ LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False
     ("before session 13", sk.BEFORE_SESSION_13),
     ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),
     ("no small grid", AttentionTuning(small_grid_programs=None)),
-    ("dyn splits: min 4 tiles, up to 64", sk.DYN_SPLITS_GUESS)]})
+    ("host split count at batch 1", sk.HOST_SPLITS)]})
 
 def bench_projection(name: str, k: int, n: int, m: int, sweep: list[GemvConfig]) -> dict[str, float]:
     """us per call: today's kernels vs the GEMV (default config, PDL off/on, the sweep)."""

@@ -31,24 +31,22 @@ L2_BYTES = 50 * 2**20
 BLOCK_SIZE = 16
 PREVIOUS_ATTENTION = "before session 13 (stages 3, split < 1/SM)"
 BEFORE_SESSION_13 = AttentionTuning(num_stages=3, split_below_per_sm=1, small_grid_programs=None)
-ATTENTION_VARIANTS = {  # session 13 set decode's stages, split rule and batch-1 tiles from these rows
+HOST_SPLITS = AttentionTuning(small_grid_split_min_tiles=None)  # session 15: the host's split count at batch 1 too
+ATTENTION_VARIANTS = {  # sessions 13 and 16 set decode's stages, split rule and batch-1 tiles from these rows
     "default": AttentionTuning(),
     PREVIOUS_ATTENTION: BEFORE_SESSION_13,
+    "host split count at batch 1 (session 15)": HOST_SPLITS,
     "stages 3": AttentionTuning(num_stages=3),
     "split < 1/SM": AttentionTuning(split_below_per_sm=1),
     "no small grid (n64, 16 splits at batch 1)": AttentionTuning(small_grid_programs=None),
-    "small grid up to 16 programs": AttentionTuning(small_grid_programs=16),
-    "n32, 64 splits at batch 1": AttentionTuning(small_grid_max_splits=64),
-    "n64, 32 splits": AttentionTuning(max_splits=32, small_grid_programs=None),
+    "n32, 64 splits at batch 1": AttentionTuning(small_grid_max_splits=64, small_grid_split_min_tiles=None),
     "n64, 8 warps": AttentionTuning(num_warps=8),
 }
-# Splits chosen in the kernel from each sequence's length, the grid sized for the longest (issue 17: batch 1 wants
-# 64 splits at 4k, fewer at 1k). "N/SM": the grid's target programs per SM (batch 8: 6/SM -> 16 splits, 12 -> 32).
+# Splits counted in the kernel from each sequence's length at every decode batch, the grid sized for the longest
+# (the default does so at batch 1 only). "N/SM": the grid's target programs per SM (batch 8: 6/SM -> 16 splits).
 ATTENTION_VARIANTS.update({f"dyn splits: min {tiles} tiles, up to {grid}" + (f", {per_sm}/SM" if per_sm else ""):
                            AttentionTuning(split_min_tiles=tiles, max_grid_splits=grid, grid_programs_per_sm=per_sm)
-                           for tiles, grid, per_sm in [(4, 64, None), (2, 64, None), (8, 128, 6), (4, 64, 6),
-                                                       (4, 128, 12)]})
-DYN_SPLITS_GUESS = ATTENTION_VARIANTS["dyn splits: min 4 tiles, up to 64"]
+                           for tiles, grid, per_sm in [(4, 64, None), (2, 64, 6)]})
 
 
 def graph_time_us(calls: list, replays: int = 30) -> float:
