@@ -40,8 +40,8 @@ class AttentionTuning:
     # table allows split_min_kv_len keys (a server started with a long --max-model-len): there
     # small_grid_split_min_tiles. H200, attention alone at batch 1 (perf.md, 2026-12-03 session 16): 2 tiles over
     # up to 64 splits took 1k / 4k / 8k / 32k contexts from 6.94 / 13.46 / 21.41 / 64.57 to 8.51 / 12.13 / 17.89 /
-    # 46.94 us a layer; the step at 32k went 1.33x -> 1.21x its floor. The wider grid costs 1.6 us a layer at 1k,
-    # hence the max len bound. At batch 8 no variant beat the host's count.
+    # 46.94 us a layer; the whole batch-1 step at 32k 5.812 -> 5.322 ms (1.29x -> 1.18x its floor), at 1k with the
+    # same 32k block table 4.160 -> 4.209 (+1.2%), hence the max len bound. At batch 8 no variant beat the host's count.
     split_min_tiles: int | None = None
     small_grid_split_min_tiles: int | None = 2
     split_min_kv_len: int = 16384
@@ -52,8 +52,8 @@ class AttentionTuning:
     # pipeline (160 KB of shared memory at head_dim 128: Hopper-sized) beat session 15's 64 rows x 64 keys, 4 warps,
     # 3 stages by 1.12x / 1.23x / 1.21x at 2k / 8k / 32k tokens and 1.20x for 2k after 30k cached. prefill_block_n
     # None: 128 up to head_dim 128, else block_n's rule. Buckets of fewer than prefill_min_tokens tokens keep
-    # session 15's tiles (small_chunk_*, the block_n rule): in the (128, 64) bucket the big tiles took a 100-token
-    # chunk after 2,000 cached from 6.66 to 7.85 ms a step, and the buckets between are not measured. The causal
+    # session 15's tiles (small_chunk_*, the block_n rule): in the (128, 64) bucket a 100-token chunk after 2,000
+    # cached took 7.849 ms a step with the big tiles, 6.595 without; the buckets between are not measured. The causal
     # split runs the KV tiles that the whole query tile sees without the mask and the heaviest tiles first
     # (1.07-1.11x at 2k-32k); False: the decode tiles' loop.
     prefill_min_tokens: int = 2048
