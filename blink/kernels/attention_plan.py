@@ -107,13 +107,18 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     # e.g. 3 decodes + a 100-token prefix hit, which in 4-token tiles re-reads its 2,000-token context 25
     # times per head (perf.md, 2026-12-01 session 7). A chunk inside a (t, t) bucket keeps small tiles.
     decode_heavy = num_tokens <= num_seqs
-    big_chunk = not decode_heavy and num_tokens >= tuning.prefill_min_tokens
-    chunk_rows = tuning.prefill_block_m if big_chunk else tuning.small_chunk_block_m
-    block_m = max(16, group_pad, 0 if decode_heavy else chunk_rows)  # tl.dot needs M >= 16
-    block_q = block_m // group_pad
     block_n = tuning.block_n or (64 if head_dim <= 128 else 32)
-    if big_chunk:
+    # Each tile class's rows, warps and pipeline depth (chunk buckets from prefill_min_tokens on: the big tiles)
+    if decode_heavy:
+        rows, num_warps, num_stages = 16, tuning.num_warps, tuning.num_stages
+    elif num_tokens >= tuning.prefill_min_tokens:
+        rows, num_warps, num_stages = tuning.prefill_block_m, tuning.prefill_num_warps, tuning.prefill_num_stages
         block_n = tuning.prefill_block_n or (128 if head_dim <= 128 else block_n)
+    else:
+        rows, num_warps, num_stages = (tuning.small_chunk_block_m, tuning.small_chunk_num_warps,
+                                       tuning.small_chunk_num_stages)
+    block_m = max(16, group_pad, rows)  # tl.dot needs M >= 16
+    block_q = block_m // group_pad
     max_splits = tuning.max_splits
     num_tiles = num_tokens // block_q + num_seqs
     # Tiles with work, in the composition that needs the splits most: a decode bucket's rows may each be
@@ -136,11 +141,5 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
         num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, programs_per_sm, max_splits,
                                     split_below)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
-    if decode_heavy:
-        return LaunchPlan(block_q, block_n, num_tiles, num_splits, tuning.num_stages, tuning.num_warps, False,
-                          split_min_tiles if num_splits > 1 else 0)
-    if big_chunk:
-        return LaunchPlan(block_q, block_n, num_tiles, num_splits, tuning.prefill_num_stages, tuning.prefill_num_warps,
-                          tuning.prefill_causal_split)
-    return LaunchPlan(block_q, block_n, num_tiles, num_splits, tuning.small_chunk_num_stages,
-                      tuning.small_chunk_num_warps, tuning.prefill_causal_split)
+    return LaunchPlan(block_q, block_n, num_tiles, num_splits, num_stages, num_warps,
+                      not decode_heavy and tuning.prefill_causal_split, split_min_tiles if num_splits > 1 else 0)
