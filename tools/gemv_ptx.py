@@ -42,9 +42,10 @@ def ptx(module, prologue: str) -> str:
     pointers = {name: "*bf16" for name in fn.arg_names[:7]}
     constants = dict(PROLOGUE=module.PROLOGUES[prologue], HAS_BIAS=False, USE_PDL=True, BLOCK_M=1,
                      BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-                     NORM_K=min(triton.next_power_of_2(k), max(config.block_k, 4096)), USE_DOT=False)
-    if "PREFETCH" in fn.arg_names:
-        constants["PREFETCH"] = True
+                     NORM_K=min(triton.next_power_of_2(k), max(config.block_k, 4096)))
+    for name, value in (("PREFETCH", True), ("USE_DOT", False)):  # not in every revision's kernel
+        if name in fn.arg_names:
+            constants[name] = value
     # pointers, strides, N and K 16-divisible, as the JIT specializes llama3-8b's calls
     aligned = lambda name: name in pointers or name.startswith("stride") or name in ("N", "K")
     kernel = compile_sm90(fn, pointers, constants, aligned, lambda name: "fp32" if name == "eps" else "i32",

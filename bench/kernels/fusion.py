@@ -42,6 +42,9 @@ SWEEP = [GemvConfig(block_n=8, block_k=512), GemvConfig(block_n=16, block_k=256)
 DOT_SWEEP = [GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s, dot=True) for bn, bk, w, s in [
     (16, 256, 4, 3), (16, 512, 4, 4), (16, 512, 2, 4), (16, 1024, 4, 3), (32, 256, 4, 4), (32, 512, 4, 3),
     (64, 128, 4, 4), (64, 256, 4, 3)]]
+# gate|up with the SiLU-mul epilogue streams two W tiles a step (gemv_rows.py): half the K step for the same memory
+SILU_SWEEP = [GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s, dot=True) for bn, bk, w, s in [
+    (32, 256, 4, 3), (32, 128, 4, 4), (64, 128, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (64, 64, 4, 4)]]
 # --sweep NAME -> its tiles, read at call time (the dry-run test swaps SWEEP)
 SWEEPS = {"all": lambda: SWEEP, "dot": lambda: DOT_SWEEP, "both": lambda: SWEEP + DOT_SWEEP, "none": lambda: []}
 # label: (BLINK_GEMV, BLINK_GEMV_MAX_M, PDL, session 11's down_proj tiles, the attention's tuning); the
@@ -54,30 +57,46 @@ LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
           "gemv+pdl": ("all", DEFAULT_MAX_M, True, False, DEFAULT_ATTENTION),
           # the tensor-core loop at M > 1, default tiles: where it beat cuBLAS alone (o, LM head); everywhere
           "gemv+pdl, o and lm_head up to 16 rows": ("all", "1,o:16,lm_head:16", True, False, DEFAULT_ATTENTION),
-          "gemv+pdl, up to 16 rows": ("all", 16, True, False, DEFAULT_ATTENTION)}
+          "gemv+pdl, up to 16 rows": ("all", 16, True, False, DEFAULT_ATTENTION),
+          # session 17: the one-pass norm and gate|up's SiLU-mul epilogue (gemv_rows.py); down on cuBLAS or not
+          "gemv+pdl, up to 16 rows, down cuBLAS": ("all", "16,down:1", True, False, DEFAULT_ATTENTION),
+          "gemv+pdl, up to 64 rows": ("all", 64, True, False, DEFAULT_ATTENTION),
+          "gemv+pdl, up to 64 rows, down cuBLAS": ("all", "64,down:1", True, False, DEFAULT_ATTENTION)}
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
     ("before session 13", sk.BEFORE_SESSION_13),
     ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),
     ("no small grid", AttentionTuning(small_grid_programs=None)),
     ("host split count at batch 1", sk.HOST_SPLITS)]})
 
+def _call_shape(name: str, m: int) -> tuple[str, str]:
+    """(prologue, epilogue) of a projection at M rows, as the model calls it: from two rows on gate|up applies
+    the SiLU-mul in its epilogue and down reads the activation as is."""
+    if m > 1 and name == "gate_up":
+        return "add_norm", "silu_mul"
+    if m > 1 and name == "down":
+        return "none", "none"
+    return PROLOGUE_OF[name], "none"
+
+
 def bench_projection(name: str, k: int, n: int, m: int, sweep: list[GemvConfig]) -> dict[str, float]:
     """us per call: today's kernels vs the GEMV (default config, PDL off/on, the sweep)."""
-    prologue = PROLOGUE_OF[name]
+    prologue, epilogue = _call_shape(name, m)
     dev, dt = sk.DEVICE, sk.DTYPE
     weights = [torch.randn(n, k, device=dev, dtype=dt) / k**0.5 for _ in range(sk.copies_for(n * k * 2))]
     x = torch.randn(m, 2 * k if prologue == "silu_mul" else k, device=dev, dtype=dt)
     residual = torch.randn(m, k, device=dev, dtype=dt) if prologue == "add_norm" else None
     norm_w = torch.rand(k, device=dev, dtype=dt) + 0.5 if prologue == "add_norm" else None
-    extra = dict(prologue=prologue, norm_weight=norm_w, eps=1e-5, residual=residual)
-    ref = gemv_ref(x.float(), weights[0].float(), None, prologue,
-                   None if norm_w is None else norm_w.float(), 1e-5, None if residual is None else residual.float())
+    extra = dict(prologue=prologue, norm_weight=norm_w, eps=1e-5, residual=residual, epilogue=epilogue)
+    ref = gemv_ref(x.float(), weights[0].float(), None, prologue, None if norm_w is None else norm_w.float(), 1e-5,
+                   None if residual is None else residual.float(), epilogue=epilogue)
     ref = ref[0] if prologue == "add_norm" else ref
-    print(f"{name}: M={m} K={k} N={n} prologue {prologue} ({n * k * 2 / 1e6:.0f} MB, {len(weights)} copies)")
+    print(f"{name}: M={m} K={k} N={n} prologue {prologue} epilogue {epilogue} ({n * k * 2 / 1e6:.0f} MB, "
+          f"{len(weights)} copies)")
 
     def today(w):
         if prologue == "add_norm":
-            return F.linear(rms_norm_triton(x, norm_w, 1e-5, residual)[0], w)
+            out = F.linear(rms_norm_triton(x, norm_w, 1e-5, residual)[0], w)
+            return silu_and_mul_triton(out) if epilogue == "silu_mul" else out
         return F.linear(silu_and_mul_triton(x) if prologue == "silu_mul" else x, w)
 
     def new(config):
@@ -86,13 +105,15 @@ def bench_projection(name: str, k: int, n: int, m: int, sweep: list[GemvConfig])
             return out[0] if prologue == "add_norm" else out
         return call
 
-    variants = {"today (kernel + cuBLAS)": (today, False), "gemv": (new(None), False),
+    variants = {"today (kernels + cuBLAS)": (today, False), "gemv": (new(None), False),
                 "gemv + pdl": (new(None), True)}
     if prologue == "silu_mul":  # the bound a SiLU computed once (in gate_up's epilogue) would leave
         x_act = silu_and_mul_triton(x)
         variants["gemv on silu(gate)*up (bound)"] = (lambda w: gemv_triton(x_act, w, None), False)
     if sweep:
-        for config in (c for c in sweep if c.dot or m == 1):  # more rows run on tensor cores only
+        # more rows run on tensor cores only
+        tiles = SILU_SWEEP if epilogue == "silu_mul" else [c for c in sweep if c.dot or m == 1]
+        for config in tiles:
             label = (f"gemv n{config.block_n} k{config.block_k} w{config.num_warps} s{config.num_stages}"
                      + (" dot" if config.dot else ""))
             variants[label] = (new(config), False)
@@ -192,11 +213,11 @@ def main() -> None:
                 continue
             for m in ms:
                 res = bench_projection(name, k, n, m, sweep=SWEEPS[args.sweep]() if m in (ms[0], ms[-1]) else [])
-                if "today (kernel + cuBLAS)" not in res or "gemv" not in res:
+                if "today (kernels + cuBLAS)" not in res or "gemv" not in res:
                     continue  # reported as FAILED above
                 new = min(v for label, v in res.items() if label.startswith("gemv"))
                 best = min(res, key=res.get)
-                old = res["today (kernel + cuBLAS)"]
+                old = res["today (kernels + cuBLAS)"]
                 summary.append((f"{name} M={m}", old, res["gemv"], new, best))
                 if new < old:
                     wins[name].append(m)

@@ -18,7 +18,7 @@ from blink.kernels.rope import (
 )
 
 __all__ = ["write_kv", "paged_attention", "rms_norm", "apply_rope", "silu_and_mul", "rope_and_write_kv",
-           "linear", "norm_linear"]
+           "linear", "norm_linear", "silu_epilogue_takes"]
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -62,10 +62,17 @@ def _triton_device(x: torch.Tensor) -> bool:
     return x.is_cuda  # tests patch this to run the GEMV path under the interpreter
 
 
-def _gemv_takes(x: torch.Tensor, weight: torch.Tensor, gemv: GemvPlan | None, prologue: str) -> bool:
+def _gemv_takes(x: torch.Tensor, weight: torch.Tensor, gemv: GemvPlan | None, prologue: str,
+                epilogue: str = "none") -> bool:
     """Shapes only, so the same choice is made at every capture of a bucket."""
     return (gemv is not None and _triton_device(x) and x.dim() == 2 and x.shape[0] <= gemv.max_m
-            and gemv_supports(x, weight, prologue))
+            and gemv_supports(x, weight, prologue, epilogue))
+
+
+def silu_epilogue_takes(x: torch.Tensor, gate_up_weight: torch.Tensor, gemv: GemvPlan | None) -> bool:
+    """Whether norm_linear(..., silu_mul_out=True) would fuse the SiLU-mul into gate|up's GEMV: from two rows on.
+    One row keeps it in down_proj's prologue (the CUDA-core loop's tiles were tuned for that: perf.md)."""
+    return x.dim() == 2 and x.shape[0] > 1 and _gemv_takes(x, gate_up_weight, gemv, "add_norm", "silu_mul")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
@@ -85,14 +92,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
                 bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-                gemv: GemvPlan | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                gemv: GemvPlan | None = None, silu_mul_out: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """linear(rms_norm(x [+ residual])): one GEMV kernel when the plan takes the call, else the norm kernel
-    and cuBLAS. Returns (y, the new residual x + residual, or None without a residual)."""
+    and cuBLAS. With silu_mul_out (weight is gate|up) the output is silu(gate) * up, from the GEMV's epilogue
+    or the SiLU-mul kernel. Returns (y, the new residual x + residual, or None without a residual)."""
     prologue = "norm" if residual is None else "add_norm"
-    if _gemv_takes(x, weight, gemv, prologue) and (residual is None or residual.stride(-1) == 1):
-        out = gemv_triton(x, weight, bias, prologue, norm_weight, eps, residual, gemv.config)
+    epilogue = "silu_mul" if silu_mul_out else "none"
+    if _gemv_takes(x, weight, gemv, prologue, epilogue) and (residual is None or residual.stride(-1) == 1):
+        out = gemv_triton(x, weight, bias, prologue, norm_weight, eps, residual, gemv.config, epilogue=epilogue)
         return out if residual is not None else (out, None)
+    new_residual = None
     if residual is None:
-        return F.linear(rms_norm(x, norm_weight, eps), weight, bias), None
-    normed, new_residual = rms_norm(x, norm_weight, eps, residual)
-    return F.linear(normed, weight, bias), new_residual
+        normed = rms_norm(x, norm_weight, eps)
+    else:
+        normed, new_residual = rms_norm(x, norm_weight, eps, residual)
+    out = F.linear(normed, weight, bias)
+    return (silu_and_mul(out) if silu_mul_out else out), new_residual

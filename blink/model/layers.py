@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from blink.kernels import linear, norm_linear, rms_norm
+from blink.kernels import linear, norm_linear, rms_norm, silu_epilogue_takes
 from blink.kernels.gemv import GemvPlan
 
 
@@ -131,10 +131,15 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias, gemv=self.gemv)
 
-    def normed(self, x: torch.Tensor, norm: RMSNorm, residual: torch.Tensor | None = None):
+    def normed(self, x: torch.Tensor, norm: RMSNorm, residual: torch.Tensor | None = None, silu_mul_out: bool = False):
         """self(norm(x [+ residual])), the norm fused into the GEMV where it runs. Returns (y, new residual
-        or None). Column-parallel inputs are replicated, so the norm is the same on every rank."""
-        return norm_linear(x, norm.weight, norm.eps, self.weight, self.bias, residual, self.gemv)
+        or None). Column-parallel inputs are replicated, so the norm is the same on every rank. silu_mul_out
+        (gate|up): y is silu(gate) * up of this rank's shard."""
+        return norm_linear(x, norm.weight, norm.eps, self.weight, self.bias, residual, self.gemv, silu_mul_out)
+
+    def fuses_silu_mul(self, x: torch.Tensor) -> bool:
+        """Whether this gate|up's GEMV applies the SiLU-mul in its epilogue for x (shapes only: graph-safe)."""
+        return silu_epilogue_takes(x, self.weight, self.gemv)
 
     def load_hf(self, param_name: str, hf_tensor, part: str | None) -> None:
         """Copy this rank's rows of one HF projection (`part`) into place. part None: the tensor holds every

@@ -9,8 +9,9 @@ One forward step takes a flat batch of T tokens from any mix of prefills and dec
 
 (q/k norm, rope and write_kv run as one fused kernel.) Where a layer's linears take the GEMV (decode-sized
 steps, chosen at load time by blink/model/fusion.py), each norm(+residual) runs in the prologue of the
-GEMV after it and silu_and_mul in the down projection's, so a dense layer is six launches: qkv, rope+kv,
-attention (+ its split merge), o, gate|up, down. Otherwise they are their own kernels before cuBLAS.
+GEMV after it and silu_and_mul in the down projection's (one row) or gate|up's epilogue (more rows), so a
+dense layer is six launches: qkv, rope+kv, attention (+ its split merge), o, gate|up, down. Otherwise they are
+their own kernels before cuBLAS.
 
 Every shape depends only on T and the config, and nothing reads tensor values on the host, so a step can
 be captured in a CUDA graph. Module and parameter names are HF's except for the fused projections
@@ -102,8 +103,10 @@ class LlamaDecoderLayer(nn.Module):
         residual = hidden if residual is None else new_residual
         hidden = self.self_attn(positions, qkv, attn, k_cache, v_cache, cos_sin)
         if isinstance(self.mlp, LlamaMLP):
-            gate_up, residual = self.mlp.gate_up_proj.normed(hidden, self.post_attention_layernorm, residual)
-            return self.mlp.down_proj(gate_up, silu_mul_input=True), residual
+            # 2+ rows on the GEMV: silu(gate) * up in gate|up's epilogue; else in down's prologue or its kernel
+            fused = self.mlp.gate_up_proj.fuses_silu_mul(hidden)
+            act, residual = self.mlp.gate_up_proj.normed(hidden, self.post_attention_layernorm, residual, fused)
+            return self.mlp.down_proj(act, silu_mul_input=not fused), residual
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 

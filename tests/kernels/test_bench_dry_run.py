@@ -45,8 +45,10 @@ def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     monkeypatch.setattr(kernels, "_triton_device", lambda x: True)  # the model's GEMV path, interpreted
     # Wide tiles: the interpreter's time goes with the number of programs.
     monkeypatch.setattr(gemv, "default_config",  # more rows on tensor cores, as the default's
-                        lambda n, k, m=1, prologue="none": gemv.GemvConfig(block_n=64, block_k=64, dot=m > 1))
+                        lambda n, k, m=1, prologue="none", epilogue="none":
+                        gemv.GemvConfig(block_n=64, block_k=64, dot=m > 1 or epilogue != "none"))
     monkeypatch.setattr(fusion, "SWEEP", [gemv.GemvConfig(block_n=32, block_k=32, dot=True)])
+    monkeypatch.setattr(fusion, "SILU_SWEEP", [gemv.GemvConfig(block_n=32, block_k=32, dot=True)])
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
     monkeypatch.setattr(sys, "argv", ["fusion", "--model", "tiny-llama", "--context", "40,24", "--max-model-len", "64",
                                       "--batches", "2", "--ms", "3"])
@@ -57,9 +59,10 @@ def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
         assert f"b2    ctx 40     {label}" in out and f"b2    ctx 24     {label}" in out
     words = out.split()
     errors = [float(word) for prev, word in zip(words, words[1:], strict=False) if prev == "err"]
-    # 5 projections x (today, gemv, gemv+pdl, 1 sweep config), down's bound row, a step row per lever and context;
-    # fp16 vs fp32
-    assert len(errors) == 5 * 4 + 1 + 2 * len(fusion.LEVERS) and max(errors) < 1e-2
+    # 5 projections x (today, gemv, gemv+pdl, 1 sweep config), a step row per lever and context; fp16 vs fp32.
+    # At 3 rows gate|up runs the SiLU-mul epilogue and down reads the activation (no SiLU-prologue bound row)
+    assert "prologue add_norm epilogue silu_mul" in out and "prologue none epilogue none" in out
+    assert len(errors) == 5 * 4 + 2 * len(fusion.LEVERS) and max(errors) < 1e-2
     assert "gemv layers 9" in out  # tiny-llama: 2 layers x 4 projections + the LM head took the plan
 
 

@@ -15,7 +15,7 @@ _MULTIPLES_OF_16 = ("head_dim", "block_size", "hidden", "inter", "K", "N", "num_
 
 
 def _compile_all() -> None:
-    from blink.kernels import activation, attention, gemv, kv_write, rmsnorm, rope
+    from blink.kernels import activation, attention, gemv, gemv_rows, kv_write, rmsnorm, rope
 
     def check(fn, pointers: dict, constexprs: dict, pdl: bool = False, **options):
         if "USE_PDL" in fn.arg_names:  # the PDL variant must wait on the previous kernel (pdl.py)
@@ -74,20 +74,23 @@ def _compile_all() -> None:
         check(rope._rope_and_write_kv_kernel, fused_ptrs,
               dict(HAS_NORM=has_norm, BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64), pdl=has_norm)
     gemv_ptrs = bf16("x_ptr", "r_ptr", "nw_ptr", "w_ptr", "bias_ptr", "out_ptr", "new_r_ptr")
-    gemv_configs = [(0, 1, False, False), (1, 1, True, False), (2, 1, True, False), (3, 1, False, False),
-                    (3, 1, True, False), (2, 16, True, True), (3, 16, False, True), (0, 16, False, True),
-                    (0, 1, False, True)]
-    for prologue, block_m, pdl, dot in gemv_configs:  # (prologue, BLOCK_M, PDL, tensor cores)
-        # (BLOCK_N, BLOCK_K, warps, stages): the one-row loop's tiles; the tensor cores' default_config ones
-        tiles = ([(32, 512, 4, 3), (32, 256, 4, 4), (64, 128, 4, 4), (16, 256, 4, 1)] if dot
-                 else [(8, 512, 4, 1), (4, 1024, 8, 1), (16, 256, 4, 1), (32, 128, 4, 1)])
-        for block_n, block_k, num_warps, num_stages in tiles:
+    for prologue, pdl in [(0, False), (1, True), (2, True), (3, False), (3, True)]:  # the one-row loop
+        for block_n, block_k, num_warps in [(8, 512, 4), (4, 1024, 8), (16, 256, 4), (32, 128, 4)]:
             kernel = check(gemv._gemv_kernel, gemv_ptrs, dict(PROLOGUE=prologue, HAS_BIAS=prologue == 0,
-                           BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, NORM_K=max(block_k, 4096 // block_m),
-                           USE_DOT=dot, PREFETCH=num_stages == 1), pdl=pdl, num_warps=num_warps,
-                           num_stages=num_stages)
-            if not dot:  # the weight loop (the last loop) reduces nothing across threads: no shuffle in it
-                assert "shfl.sync" not in _last_loop(kernel.asm["ptx"]), (prologue, block_m, block_n, block_k)
+                           BLOCK_M=1, BLOCK_N=block_n, BLOCK_K=block_k, NORM_K=4096, PREFETCH=True), pdl=pdl,
+                           num_warps=num_warps, num_stages=1)
+            # the weight loop (the last loop) reduces nothing across threads: no shuffle in it
+            assert "shfl.sync" not in _last_loop(kernel.asm["ptx"]), (prologue, block_n, block_k)
+    # 2-16 rows on tensor cores (gemv_rows.py): (prologue, SiLU-mul epilogue, PDL), default_config's tiles and the
+    # bench's; the epilogue streams two W tiles a step
+    for prologue, silu_out, pdl in [(2, True, True), (2, False, True), (1, True, False), (3, False, True),
+                                    (0, False, False)]:
+        tiles = [(32, 256, 4, 3), (32, 128, 4, 4), (64, 128, 4, 3)] if silu_out else \
+            [(32, 512, 4, 3), (32, 256, 4, 4), (64, 128, 4, 4), (16, 256, 4, 1)]
+        for block_n, block_k, num_warps, num_stages in tiles:
+            check(gemv_rows._gemv_rows_kernel, gemv_ptrs, dict(PROLOGUE=prologue, SILU_OUT=silu_out,
+                  HAS_BIAS=prologue == 0, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k), pdl=pdl,
+                  num_warps=num_warps, num_stages=num_stages)
 
 
 def _last_loop(ptx: str) -> str:

@@ -125,8 +125,8 @@ def test_policy_parsing_and_load_time_choice():
         FusionPolicy.parse("qkv,up")
     with pytest.raises(ValueError, match="BLINK_GEMV_MAX_M"):
         FusionPolicy.parse("all", max_m=gemv.MAX_M + 1)
-    with pytest.raises(ValueError, match="BLINK_GEMV_MAX_M.*17"):
-        FusionPolicy.parse("all", max_m="1,o:17")
+    with pytest.raises(ValueError, match=f"BLINK_GEMV_MAX_M.*{gemv.MAX_M + 1}"):
+        FusionPolicy.parse("all", max_m=f"1,o:{gemv.MAX_M + 1}")
     with pytest.raises(ValueError, match="unknown projection 'up'"):
         FusionPolicy.parse("all", max_m="1,up:4")
     with pytest.raises(ValueError, match="ROWS,projection:ROWS"):
@@ -154,19 +154,27 @@ def test_model_on_the_gemv_gives_the_reference_logits(monkeypatch, preset):
     chunks = [{0: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}, {0: [11], 1: [12, 13, 14]}, {0: [15], 1: [16]}]
     reference = PagedDriver(model)
     expected = [reference.step(c, pad_tokens=1, pad_seqs=1) for c in chunks]
-    calls = []
+    calls, epilogues = [], []
     real = gemv.gemv_triton
-    monkeypatch.setattr(kernels, "gemv_triton", lambda *a, **k: calls.append(a[0].shape[0]) or real(*a, **k))
+
+    def spy(*a, **k):
+        calls.append(a[0].shape[0])
+        epilogues.append((a[0].shape[0], k.get("epilogue", "none")))
+        return real(*a, **k)
+    monkeypatch.setattr(kernels, "gemv_triton", spy)
     monkeypatch.setattr(kernels, "_triton_device", lambda x: True)
     monkeypatch.setattr(gemv, "default_config",  # fewer programs; more rows on tensor cores, as the default's
-                        lambda n, k, m=1, prologue="none": GemvConfig(block_n=32, block_k=32, dot=m > 1))
-    apply_fusion_policy(model, FusionPolicy.parse("all"))
+                        lambda n, k, m=1, prologue="none", epilogue="none":
+                        GemvConfig(block_n=32, block_k=32, dot=m > 1 or epilogue != "none"))
+    apply_fusion_policy(model, FusionPolicy.parse("all", 8))
     driver = PagedDriver(model)
     for step, c in enumerate(chunks):
         got = driver.step(c, pad_tokens=1, pad_seqs=1)
         for seq in c:
             torch.testing.assert_close(got[seq], expected[step][seq], rtol=1e-4, atol=1e-4)
     assert calls and max(calls) <= gemv.MAX_M and 5 in calls  # the decode steps (4 + 1 pad rows) took it
+    if preset != "tiny-qwen3-moe":  # dense MLPs from two rows on: silu(gate) * up in gate|up's epilogue
+        assert (5, "silu_mul") in epilogues and (1, "silu_mul") not in epilogues
 
 
 def test_plan_max_m_sends_larger_calls_to_cublas(monkeypatch):
