@@ -56,6 +56,9 @@ VARIANTS = {
     "lazy8": AttentionTuning(**LAZY),  # and lazy rescaling
     "s5-exp2": _tiles(128, 8, 128, 5, **EXP2),
     "s5-lazy8": _tiles(128, 8, 128, 5, **LAZY),
+    # 256 rows read each K/V tile for 64 query tokens: half today's L2 stream per FLOP (at 1.3x the floor, 128-row
+    # tiles would pull ~4.7 TB/s of K/V from the L2 at 32k); 16 warps cap registers at 128 (some spills in the loop)
+    "m256-w16-n64-s3": _tiles(256, 16, 64, 3),
 }
 
 

@@ -12,7 +12,8 @@ owns program tiles starting at query_start_loc[s] // BLOCK_Q + s; that bound nee
 (T // BLOCK_Q + S, Hkv, splits) and programs past a sequence's queries exit at once. With splits > 1
 (small batches, flash-decoding) each program covers a slice of the KV range and a second kernel merges
 the partial results by their log-sum-exp. Tiles that may carry a prefill chunk (CAUSAL_SPLIT) run the KV
-tiles that all their rows see whole without the causal mask, and start with the heaviest tiles.
+tiles that all their rows see whole without the causal mask, and start with the heaviest tiles. One KV tile of the
+online softmax (and issue 17's chunk-tile variants of it) lives in attention_tile.py.
 attention_plan.py's AttentionTuning holds the launch knobs (tiles, warps, pipeline stages, how many programs
 to aim for); decode's defaults come from H200 sweeps of the whole step, and bench/kernels/step_kernels.py
 (the kernel alone), bench/kernels/fusion.py (the step) and bench/kernels/prefill_attention.py (chunks) weigh

@@ -56,7 +56,8 @@ def _compile_all() -> None:
     for block_q, splits, block_n, num_warps, num_stages, loop in [
             (16, 1, 64, 4, 3, off), (32, 1, 64, 8, 3, off), (32, 1, 128, 8, 2, off), (32, 4, 64, 8, 2, off),
             (16, 1, 128, 4, 2, off), (32, 1, 128, 8, 5, off), (32, 1, 64, 8, 7, off), (32, 1, 128, 8, 2, exp2),
-            (32, 2, 128, 8, 2, lazy), (32, 1, 128, 8, 5, lazy), (16, 1, 64, 4, 3, dict(off, LAZY_RESCALE=0.5))]:
+            (32, 2, 128, 8, 2, lazy), (32, 1, 128, 8, 5, lazy), (16, 1, 64, 4, 3, dict(off, LAZY_RESCALE=0.5)),
+            (64, 1, 64, 16, 3, off)]:
         check(attention._paged_attention_kernel, attention_ptrs,
               dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=64, NUM_SPLITS=splits,
                    PRECISION="tf32", CAUSAL_SPLIT=True, SPLIT_MIN_TILES=0, **loop), num_warps=num_warps,
