@@ -4,7 +4,8 @@ Triton's own ptxas), so that a variant's cost can be read before it is timed.
 
     python -m tools.attn_sass [--variants today,exp2,...] [--tokens 8192]
 
-llama3-8b's heads (32 q, 8 kv, head_dim 128), bf16, one sequence of --tokens tokens (the plan's tiles for it).
+llama3-8b's heads (32 q, 8 kv, head_dim 128), bf16, 16-token KV blocks, one sequence of --tokens tokens (the plan's
+tiles for it).
 Columns per loop (unmasked, then masked): SASS instructions, MUFU.EX2, FMUL, FFMA, FADD, BAR.SYNC, LDGSTS (cp.async),
 HGMMA, and STL / LDL (spills) inside the loop.
 """
@@ -57,7 +58,7 @@ def compile_variant(tuning, tokens: int, heads=(32, 8), head_dim: int = 128):
     constexprs = dict(GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=plan.block_q,
                       BLOCK_N=plan.block_n, BLOCK_D=head_dim, BLOCK_S=1, NUM_SPLITS=plan.num_splits,
                       PRECISION="tf32", USE_PDL=False, CAUSAL_SPLIT=plan.causal_split, SPLIT_MIN_TILES=0,
-                      SCALE_IN_EXP2=plan.scale_in_exp2, LAZY_RESCALE=plan.lazy_rescale)
+                      SCALE_IN_EXP2=plan.scale_in_exp2, LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(16))
     aligned = lambda name: name in POINTERS or name.startswith("stride") or name in ("head_dim", "block_size")
     scalar = lambda name: "fp32" if name == "scale_log2" else "i32"
     return compile_sm90(attention._paged_attention_kernel, POINTERS, constexprs, aligned, scalar,

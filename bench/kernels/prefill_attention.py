@@ -30,8 +30,10 @@ def _tiles(rows: int, warps: int, block_n: int, stages: int, split: bool = True,
                            prefill_num_stages=stages, prefill_causal_split=split, prefill_min_tokens=0, **loop)
 
 
-EXP2 = dict(prefill_scale_in_exp2=True)  # the inner-loop variants of issue 17 (blink/kernels/attention_tile.py)
-LAZY = dict(EXP2, prefill_lazy_rescale=8.0)  # FA4's threshold: rescale when a row's max grows by more than 2^8
+# the inner-loop variants of issue 17 (blink/kernels/attention_tile.py)
+EXP2 = dict(prefill_scale_in_exp2=True)  # the max over the raw scores, the scale inside exp2's FMA
+PAGE = dict(prefill_const_page=True)  # the KV block size (16) compiled in: the gather's address math out of the loop
+LAZY = dict(prefill_lazy_rescale=8.0)  # FA4's threshold: rescale only when a row's max grows by more than 2^8
 
 
 # name -> tuning (names without commas: --variants takes a list); "today" is the default, the others its rivals
@@ -52,10 +54,15 @@ VARIANTS = {
     "m128-w8-n128-s5": _tiles(128, 8, 128, 5),
     "m128-w8-n64-s5": _tiles(128, 8, 64, 5),
     "m128-w8-n64-s7": _tiles(128, 8, 64, 7),
-    "exp2": AttentionTuning(**EXP2),  # today, with the scale inside exp2's FMA (the max over the raw scores)
-    "lazy8": AttentionTuning(**LAZY),  # and lazy rescaling
-    "s5-exp2": _tiles(128, 8, 128, 5, **EXP2),
-    "s5-lazy8": _tiles(128, 8, 128, 5, **LAZY),
+    # The loop's SASS (tools/attn_sass.py) per tile and warp: today 831 instructions unmasked (1,148 masked), a third
+    # of them integer address math; page 652, exp2 769, both 590 (921 masked); lazy adds 3 barriers a tile
+    "exp2": AttentionTuning(**EXP2),
+    "page": AttentionTuning(**PAGE),
+    "page-exp2": AttentionTuning(**PAGE, **EXP2),
+    "page-exp2-lazy8": AttentionTuning(**PAGE, **EXP2, **LAZY),
+    "s5-page-exp2": _tiles(128, 8, 128, 5, **PAGE, **EXP2),
+    "s5-page-exp2-lazy8": _tiles(128, 8, 128, 5, **PAGE, **EXP2, **LAZY),
+    "n64-s7-page-exp2": _tiles(128, 8, 64, 7, **PAGE, **EXP2),
     # 256 rows read each K/V tile for 64 query tokens: half today's L2 stream per FLOP (at 1.3x the floor, 128-row
     # tiles would pull ~4.7 TB/s of K/V from the L2 at 32k); 16 warps cap registers at 128 (some spills in the loop)
     "m256-w16-n64-s3": _tiles(256, 16, 64, 3),
@@ -99,7 +106,8 @@ def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int,
         print(f"  {name:<24} {us:10.1f} us {tflops:6.0f} TFLOP/s {tflops / PEAK_TFLOPS:5.1%} of peak  "
               f"err {sk.rel_err(out, baseline):.1e} {err_ref:<12} rows {rows} n{plan.block_n} w{plan.num_warps}"
               f" s{plan.num_stages} splits {plan.num_splits}{'' if plan.causal_split else ' unsplit'}"
-              f"{' exp2' if plan.scale_in_exp2 else ''}{f' lazy{plan.lazy_rescale:g}' if plan.lazy_rescale else ''}",
+              f"{' exp2' if plan.scale_in_exp2 else ''}{f' lazy{plan.lazy_rescale:g}' if plan.lazy_rescale else ''}"
+              f"{f' page{plan.page(BLOCK_SIZE)}' if plan.page(BLOCK_SIZE) else ''}",
               flush=True)
         results[name] = us
     return flops, results

@@ -99,7 +99,7 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr, CAUSAL_SPLIT: tl.constexpr, SPLIT_MIN_TILES: tl.constexpr,
-    SCALE_IN_EXP2: tl.constexpr, LAZY_RESCALE: tl.constexpr,  # chunk tiles' variants (attention_tile.py)
+    SCALE_IN_EXP2: tl.constexpr, LAZY_RESCALE: tl.constexpr, PAGE: tl.constexpr,  # chunk tiles' (attention_tile.py)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -163,10 +163,10 @@ def _paged_attention_kernel(
         masked_begin = tl.minimum(tl.maximum((context + q_first + 1) // BLOCK_N, kv_tile_begin), kv_tile_end)
         for kv_tile in range(kv_tile_begin, masked_begin):
             acc, m_i, l_i = _attend_kv_tile(acc, m_i, l_i, kv_tile, *kv_args, BLOCK_N, PRECISION, False,
-                                            SCALE_IN_EXP2, LAZY_RESCALE)
+                                            SCALE_IN_EXP2, LAZY_RESCALE, PAGE)
     for kv_tile in range(masked_begin, kv_tile_end):
         acc, m_i, l_i = _attend_kv_tile(acc, m_i, l_i, kv_tile, *kv_args, BLOCK_N, PRECISION, True, SCALE_IN_EXP2,
-                                        LAZY_RESCALE)
+                                        LAZY_RESCALE, PAGE)
 
     out_mask = row_valid[:, None] & dim_valid[None, :]
     if NUM_SPLITS == 1:
@@ -240,7 +240,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact: Triton's default is TF32
         USE_PDL=use_pdl, CAUSAL_SPLIT=plan.causal_split, SPLIT_MIN_TILES=plan.split_min_tiles,
-        SCALE_IN_EXP2=plan.scale_in_exp2, LAZY_RESCALE=plan.lazy_rescale,
+        SCALE_IN_EXP2=plan.scale_in_exp2, LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(block_size),
         num_warps=plan.num_warps, num_stages=plan.num_stages,
         launch_pdl=use_pdl,
     )

@@ -67,9 +67,10 @@ class AttentionTuning:
     prefill_causal_split: bool = True
     # Issue 17's inner-loop variants of the chunk tiles (attention_tile.py; decode tiles never take them), off
     # until the H200 says otherwise (bench/kernels/prefill_attention.py): the scale inside exp2's FMA, lazy
-    # rescaling above a log2 threshold (0: off).
+    # rescaling above a log2 threshold (0: off), the KV block size compiled in (where it divides the KV tile).
     prefill_scale_in_exp2: bool = False
     prefill_lazy_rescale: float = 0.0
+    prefill_const_page: bool = False
 
 
 def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int, programs_per_sm: int,
@@ -94,9 +95,15 @@ class LaunchPlan:
     num_warps: int
     causal_split: bool  # the kernel's CAUSAL_SPLIT: chunk tiles only, so decode compiles as before
     split_min_tiles: int = 0  # the kernel's SPLIT_MIN_TILES: 0 all num_splits splits, else the kernel's own count
-    # The kernel's SCALE_IN_EXP2 and LAZY_RESCALE: chunk tiles only (off for decode tiles)
+    # The kernel's SCALE_IN_EXP2, LAZY_RESCALE and PAGE (page()): chunk tiles only (off for decode tiles)
     scale_in_exp2: bool = False
     lazy_rescale: float = 0.0
+    const_page: bool = False
+
+    def page(self, block_size: int) -> int:
+        """The kernel's PAGE: the KV block size where it is compiled in (a power of two dividing the KV tile), or 0."""
+        fits = block_size & (block_size - 1) == 0 and self.block_n % block_size == 0
+        return block_size if self.const_page and fits else 0
 
     def splits_with_work(self, kv_len: int) -> int:
         """Splits that get KV tiles for a decode row at kv_len keys (the kernel's rule, for benches and tests)."""
@@ -152,4 +159,5 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     chunk = not decode_heavy
     return LaunchPlan(block_q, block_n, num_tiles, num_splits, num_stages, num_warps,
                       chunk and tuning.prefill_causal_split, split_min_tiles if num_splits > 1 else 0,
-                      chunk and tuning.prefill_scale_in_exp2, tuning.prefill_lazy_rescale if chunk else 0.0)
+                      chunk and tuning.prefill_scale_in_exp2, tuning.prefill_lazy_rescale if chunk else 0.0,
+                      chunk and tuning.prefill_const_page)
