@@ -25,9 +25,15 @@ PEAK_TFLOPS = 790.0  # H200 bf16 dense
 BLOCK_SIZE = 16
 
 
-def _tiles(rows: int, warps: int, block_n: int, stages: int, split: bool = True) -> AttentionTuning:
+def _tiles(rows: int, warps: int, block_n: int, stages: int, split: bool = True, **loop) -> AttentionTuning:
     return AttentionTuning(prefill_block_m=rows, prefill_num_warps=warps, prefill_block_n=block_n,
-                           prefill_num_stages=stages, prefill_causal_split=split, prefill_min_tokens=0)
+                           prefill_num_stages=stages, prefill_causal_split=split, prefill_min_tokens=0, **loop)
+
+
+# the inner-loop variants of issue 17 (blink/kernels/attention_tile.py)
+EXP2 = dict(prefill_scale_in_exp2=True)  # the max over the raw scores, the scale inside exp2's FMA
+PAGE = dict(prefill_const_page=True)  # the KV block size (16) compiled in: the gather's address math out of the loop
+LAZY = dict(prefill_lazy_rescale=8.0)  # FA4's threshold: rescale only when a row's max grows by more than 2^8
 
 
 # name -> tuning (names without commas: --variants takes a list); "today" is the default, the others its rivals
@@ -40,6 +46,26 @@ VARIANTS = {
     "m128-w16-n128-s2": _tiles(128, 16, 128, 2),
     "m128-w8-n64-s2": _tiles(128, 8, 64, 2),
     "m64-w4-n128-s2": _tiles(64, 4, 128, 2),
+    # Session 17. Today's 2 stages issue tile j+1's K/V (cp.async) after tile j's PV dot and wait for them at the top
+    # of j+1, with the block-table loads synchronous in between: the loads overlap only the PV dot. 3 stages move the
+    # table loads onto cp.async a tile ahead (K/V still one tile ahead); 5 stages give K/V two tiles ahead (3 buffers,
+    # 225 KB of shared memory at n128: one program per SM as today), n64 with 7 stages three.
+    "m128-w8-n128-s3": _tiles(128, 8, 128, 3),
+    "m128-w8-n128-s5": _tiles(128, 8, 128, 5),
+    "m128-w8-n64-s5": _tiles(128, 8, 64, 5),
+    "m128-w8-n64-s7": _tiles(128, 8, 64, 7),
+    # The loop's SASS (tools/attn_sass.py) per tile and warp: today 831 instructions unmasked (1,148 masked), a third
+    # of them integer address math; page 652, exp2 769, both 590 (921 masked); lazy adds 3 barriers a tile
+    "exp2": AttentionTuning(**EXP2),
+    "page": AttentionTuning(**PAGE),
+    "page-exp2": AttentionTuning(**PAGE, **EXP2),
+    "page-exp2-lazy8": AttentionTuning(**PAGE, **EXP2, **LAZY),
+    "s5-page-exp2": _tiles(128, 8, 128, 5, **PAGE, **EXP2),
+    "s5-page-exp2-lazy8": _tiles(128, 8, 128, 5, **PAGE, **EXP2, **LAZY),
+    "n64-s7-page-exp2": _tiles(128, 8, 64, 7, **PAGE, **EXP2),
+    # 256 rows read each K/V tile for 64 query tokens: half today's L2 stream per FLOP (at 1.3x the floor, 128-row
+    # tiles would pull ~4.7 TB/s of K/V from the L2 at 32k); 16 warps cap registers at 128 (some spills in the loop)
+    "m256-w16-n64-s3": _tiles(256, 16, 64, 3),
 }
 
 
@@ -79,8 +105,10 @@ def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int,
         tflops, rows = flops / us / 1e6, plan.block_q * triton.next_power_of_2(hq // hkv)
         print(f"  {name:<24} {us:10.1f} us {tflops:6.0f} TFLOP/s {tflops / PEAK_TFLOPS:5.1%} of peak  "
               f"err {sk.rel_err(out, baseline):.1e} {err_ref:<12} rows {rows} n{plan.block_n} w{plan.num_warps}"
-              f" s{plan.num_stages} splits {plan.num_splits}"
-              f"{'' if plan.causal_split else ' unsplit'}", flush=True)
+              f" s{plan.num_stages} splits {plan.num_splits}{'' if plan.causal_split else ' unsplit'}"
+              f"{' exp2' if plan.scale_in_exp2 else ''}{f' lazy{plan.lazy_rescale:g}' if plan.lazy_rescale else ''}"
+              f"{f' page{plan.page(BLOCK_SIZE)}' if plan.page(BLOCK_SIZE) else ''}",
+              flush=True)
         results[name] = us
     return flops, results
 

@@ -12,7 +12,8 @@ owns program tiles starting at query_start_loc[s] // BLOCK_Q + s; that bound nee
 (T // BLOCK_Q + S, Hkv, splits) and programs past a sequence's queries exit at once. With splits > 1
 (small batches, flash-decoding) each program covers a slice of the KV range and a second kernel merges
 the partial results by their log-sum-exp. Tiles that may carry a prefill chunk (CAUSAL_SPLIT) run the KV
-tiles that all their rows see whole without the causal mask, and start with the heaviest tiles.
+tiles that all their rows see whole without the causal mask, and start with the heaviest tiles. One KV tile of the
+online softmax (and issue 17's chunk-tile variants of it) lives in attention_tile.py.
 attention_plan.py's AttentionTuning holds the launch knobs (tiles, warps, pipeline stages, how many programs
 to aim for); decode's defaults come from H200 sweeps of the whole step, and bench/kernels/step_kernels.py
 (the kernel alone), bench/kernels/fusion.py (the step) and bench/kernels/prefill_attention.py (chunks) weigh
@@ -27,6 +28,7 @@ import triton
 import triton.language as tl
 
 from blink.kernels.attention_plan import AttentionTuning, launch_plan
+from blink.kernels.attention_tile import _attend_kv_tile
 from blink.kernels.pdl import pdl_for, pdl_wait
 
 _default = {"tuning": AttentionTuning()}
@@ -73,37 +75,6 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 
 @triton.jit
-def _attend_kv_tile(acc, m_i, l_i, kv_tile, q, kv_end, q_pos, table_row, k_cache_ptr, v_cache_ptr, kv_head, dims,
-                    dim_valid, scale_log2, block_size, stride_cb, stride_co, stride_ch,
-                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr):
-    """One KV tile of the online softmax. MASKED=False: every key is visible to every row (the caller's
-    promise), so the key mask is left out; tl.where(all true) is the identity, so the results are the same:
-    bitwise under the interpreter; compiled for sm_90, the select no longer stands between the scaling and
-    exp2's subtraction, so they fuse into one FMA (one rounding fewer: last-bit differences in exp2's argument)."""
-    k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    if MASKED:
-        k_valid = k_pos < kv_end
-        block = tl.load(table_row + k_pos // block_size, mask=k_valid, other=0).to(tl.int64)
-        kv_mask = k_valid[:, None] & dim_valid[None, :]
-    else:
-        block = tl.load(table_row + k_pos // block_size).to(tl.int64)
-        kv_mask = dim_valid[None, :]  # broadcast over the keys by the loads
-    kv_offs = block * stride_cb + (k_pos % block_size) * stride_co + kv_head * stride_ch
-    k = tl.load(k_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2  # log2 domain: exp2 is cheaper than exp
-    if MASKED:
-        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
-        scores = tl.where(visible, scores, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-    p = tl.exp2(scores - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(v_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return acc, m_new, l_i
-
-
-@triton.jit
 def _kv_tiles_of_split(seq_len, context, q_first, q_len, split, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
                        NUM_SPLITS: tl.constexpr, SPLIT_MIN_TILES: tl.constexpr):
     """(kv_end, first KV tile, end KV tile) of this split: the tile needs KV positions up to its last query's."""
@@ -128,6 +99,7 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr, CAUSAL_SPLIT: tl.constexpr, SPLIT_MIN_TILES: tl.constexpr,
+    SCALE_IN_EXP2: tl.constexpr, LAZY_RESCALE: tl.constexpr, PAGE: tl.constexpr,  # chunk tiles' (attention_tile.py)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -190,9 +162,11 @@ def _paged_attention_kernel(
         # before kv_end too): no mask there. The diagonal tiles after them keep the masked loop.
         masked_begin = tl.minimum(tl.maximum((context + q_first + 1) // BLOCK_N, kv_tile_begin), kv_tile_end)
         for kv_tile in range(kv_tile_begin, masked_begin):
-            acc, m_i, l_i = _attend_kv_tile(acc, m_i, l_i, kv_tile, *kv_args, BLOCK_N, PRECISION, False)
+            acc, m_i, l_i = _attend_kv_tile(acc, m_i, l_i, kv_tile, *kv_args, BLOCK_N, PRECISION, False,
+                                            SCALE_IN_EXP2, LAZY_RESCALE, PAGE)
     for kv_tile in range(masked_begin, kv_tile_end):
-        acc, m_i, l_i = _attend_kv_tile(acc, m_i, l_i, kv_tile, *kv_args, BLOCK_N, PRECISION, True)
+        acc, m_i, l_i = _attend_kv_tile(acc, m_i, l_i, kv_tile, *kv_args, BLOCK_N, PRECISION, True, SCALE_IN_EXP2,
+                                        LAZY_RESCALE, PAGE)
 
     out_mask = row_valid[:, None] & dim_valid[None, :]
     if NUM_SPLITS == 1:
@@ -266,6 +240,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits,
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact: Triton's default is TF32
         USE_PDL=use_pdl, CAUSAL_SPLIT=plan.causal_split, SPLIT_MIN_TILES=plan.split_min_tiles,
+        SCALE_IN_EXP2=plan.scale_in_exp2, LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(block_size),
         num_warps=plan.num_warps, num_stages=plan.num_stages,
         launch_pdl=use_pdl,
     )

@@ -65,6 +65,12 @@ class AttentionTuning:
     small_chunk_num_warps: int = 4
     small_chunk_num_stages: int = 3
     prefill_causal_split: bool = True
+    # Issue 17's inner-loop variants of the chunk tiles (attention_tile.py; decode tiles never take them), off
+    # until the H200 says otherwise (bench/kernels/prefill_attention.py): the scale inside exp2's FMA, lazy
+    # rescaling above a log2 threshold (0: off), the KV block size compiled in (where it divides the KV tile).
+    prefill_scale_in_exp2: bool = False
+    prefill_lazy_rescale: float = 0.0
+    prefill_const_page: bool = False
 
 
 def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int, programs_per_sm: int,
@@ -89,6 +95,15 @@ class LaunchPlan:
     num_warps: int
     causal_split: bool  # the kernel's CAUSAL_SPLIT: chunk tiles only, so decode compiles as before
     split_min_tiles: int = 0  # the kernel's SPLIT_MIN_TILES: 0 all num_splits splits, else the kernel's own count
+    # The kernel's SCALE_IN_EXP2, LAZY_RESCALE and PAGE (page()): chunk tiles only (off for decode tiles)
+    scale_in_exp2: bool = False
+    lazy_rescale: float = 0.0
+    const_page: bool = False
+
+    def page(self, block_size: int) -> int:
+        """The kernel's PAGE: the KV block size where it is compiled in (a power of two dividing the KV tile), or 0."""
+        fits = block_size & (block_size - 1) == 0 and self.block_n % block_size == 0
+        return block_size if self.const_page and fits else 0
 
     def splits_with_work(self, kv_len: int) -> int:
         """Splits that get KV tiles for a decode row at kv_len keys (the kernel's rule, for benches and tests)."""
@@ -141,5 +156,8 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
         num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, programs_per_sm, max_splits,
                                     split_below)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
+    chunk = not decode_heavy
     return LaunchPlan(block_q, block_n, num_tiles, num_splits, num_stages, num_warps,
-                      not decode_heavy and tuning.prefill_causal_split, split_min_tiles if num_splits > 1 else 0)
+                      chunk and tuning.prefill_causal_split, split_min_tiles if num_splits > 1 else 0,
+                      chunk and tuning.prefill_scale_in_exp2, tuning.prefill_lazy_rescale if chunk else 0.0,
+                      chunk and tuning.prefill_const_page)

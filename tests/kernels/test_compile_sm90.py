@@ -33,6 +33,7 @@ def _compile_all() -> None:
     attention_ptrs = {**bf16("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"), "partial_ptr": "*fp32",
                       "max_ptr": "*fp32", "sum_ptr": "*fp32", "query_start_loc_ptr": "*i32",
                       "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32"}
+    off = dict(SCALE_IN_EXP2=False, LAZY_RESCALE=0.0, PAGE=0)  # chunk tiles' loop variants (attention_tile.py)
     configs = [(4, 4, 4, 128, 1), (4, 4, 16, 128, 1), (8, 8, 2, 128, 4), (1, 1, 64, 64, 1),
                (7, 8, 2, 128, 16), (2, 2, 32, 256, 1)]  # (group, padded group, BLOCK_Q, BLOCK_D, splits)
     for group, group_pad, block_q, block_d, splits in configs:
@@ -41,20 +42,27 @@ def _compile_all() -> None:
             check(attention._paged_attention_kernel, attention_ptrs,
                   dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
                        BLOCK_S=1 if splits == 16 else 64, NUM_SPLITS=splits, PRECISION="tf32", CAUSAL_SPLIT=False,
-                       SPLIT_MIN_TILES=0), num_warps=num_warps, num_stages=num_stages, pdl=splits == 16)
+                       SPLIT_MIN_TILES=0, **off), num_warps=num_warps, num_stages=num_stages, pdl=splits == 16)
     # Decode splits chosen in the kernel (split_min_tiles): batch 1's 32-position tiles over a 64 / 128 split grid,
     # batch 8's 64-position tiles over 16; each early-exiting program must still wait (PDL)
     for block_s, splits, block_n, min_tiles in [(1, 64, 32, 4), (1, 128, 32, 8), (8, 16, 64, 2)]:
         check(attention._paged_attention_kernel, attention_ptrs,
               dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=4, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=block_s, NUM_SPLITS=splits,
-                   PRECISION="tf32", CAUSAL_SPLIT=False, SPLIT_MIN_TILES=min_tiles),
+                   PRECISION="tf32", CAUSAL_SPLIT=False, SPLIT_MIN_TILES=min_tiles, **off),
               num_warps=4, num_stages=2, pdl=True)
-    # Chunk tiles with the causal split (unmasked loop, then the diagonal): today's 64 rows, the sweep's 128 rows
-    for block_q, splits, block_n, num_warps, num_stages in [(16, 1, 64, 4, 3), (32, 1, 64, 8, 3), (32, 1, 128, 8, 2),
-                                                            (32, 4, 64, 8, 2), (16, 1, 128, 4, 2)]:
+    # Chunk tiles with the causal split (unmasked loop, then the diagonal): today's 64 rows, the sweep's 128 rows, and
+    # session 17's variants (deeper pipelines: K/V 2-3 tiles ahead in up to 225 KB; the scale in exp2; lazy rescaling;
+    # the KV block size compiled in)
+    exp2, lazy = dict(off, SCALE_IN_EXP2=True, PAGE=16), dict(SCALE_IN_EXP2=True, LAZY_RESCALE=8.0, PAGE=16)
+    for block_q, splits, block_n, num_warps, num_stages, loop in [
+            (16, 1, 64, 4, 3, off), (32, 1, 64, 8, 3, off), (32, 1, 128, 8, 2, off), (32, 4, 64, 8, 2, off),
+            (16, 1, 128, 4, 2, off), (32, 1, 128, 8, 5, off), (32, 1, 64, 8, 7, off), (32, 1, 128, 8, 2, exp2),
+            (32, 2, 128, 8, 2, lazy), (32, 1, 128, 8, 5, lazy), (16, 1, 64, 4, 3, dict(off, LAZY_RESCALE=0.5)),
+            (64, 1, 64, 16, 3, off), (32, 1, 64, 8, 7, exp2), (16, 1, 64, 4, 3, dict(off, PAGE=64))]:
         check(attention._paged_attention_kernel, attention_ptrs,
               dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=64, NUM_SPLITS=splits,
-                   PRECISION="tf32", CAUSAL_SPLIT=True, SPLIT_MIN_TILES=0), num_warps=num_warps, num_stages=num_stages)
+                   PRECISION="tf32", CAUSAL_SPLIT=True, SPLIT_MIN_TILES=0, **loop), num_warps=num_warps,
+              num_stages=num_stages)
     for splits in (4, 64, 128):  # the dynamic grid's merge reads up to 128 maxima per row
         check(attention._merge_splits_kernel,
               {"partial_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32", "out_ptr": "*bf16",

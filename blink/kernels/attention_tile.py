@@ -1,0 +1,101 @@
+"""The KV loop of the paged-attention kernel (attention.py): one KV tile of the online softmax, and issue 17's
+prefill variants of it. Each variant is a constexpr that decode tiles leave off (attention_plan.py), so their
+code is unchanged:
+
+- SCALE_IN_EXP2: the row maximum is taken over the raw scores and the scale applied inside exp2's argument (one
+  FMA per score instead of a multiply, then a subtract or an FMA). Exact for the maximum (rounding is monotone and
+  the scale positive), last bits of p as with the compiler's own fusion.
+- LAZY_RESCALE > 0 (a log2 threshold, FA4's lazy rescaling): the running maximum, the accumulator and the row sums
+  are rescaled only when some row's maximum grew by more than the threshold; otherwise p = exp2(s - old max) stays
+  below 2^threshold. Exact in math: the final division uses the same maximum as the sums.
+- PAGE > 0 (_kv_offsets): the KV block size as a constexpr. With a runtime block size the paged gather's
+  address math (a signed division and remainder per key, 64-bit products) was about a third of the loop's SASS.
+
+Not here: FA3's intra-warpgroup overlap (tile j+1's QK^T issued before tile j's softmax, the scores loop-carried).
+Written out for Triton 3.6 it compiled for sm_90 with the wait right after the issue (warp_group_dot_wait pendings
+0: no overlap) and 236 bytes of spills at 128 x 128 over 8 warps (session 17), so it was dropped.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _kv_offsets(kv_tile, kv_end, table_row, kv_head, block_size, stride_cb, stride_co, stride_ch,
+                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PAGE: tl.constexpr):
+    """(positions, which are < kv_end, cache offsets) of a KV tile's keys: one block-table entry per key.
+    PAGE > 0: the block size as a constexpr that divides BLOCK_N, so each key's table index is the tile's first
+    plus a constant and its place in the block a constant (no division by a runtime block size in the loop)."""
+    k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_valid = k_pos < kv_end
+    if PAGE > 0:
+        entry = kv_tile * (BLOCK_N // PAGE) + tl.arange(0, BLOCK_N) // PAGE
+    else:
+        entry = k_pos // block_size
+    if MASKED:
+        block = tl.load(table_row + entry, mask=k_valid, other=0).to(tl.int64)
+    else:
+        block = tl.load(table_row + entry).to(tl.int64)
+    if PAGE > 0:
+        return k_pos, k_valid, block * stride_cb + (tl.arange(0, BLOCK_N) % PAGE) * stride_co + kv_head * stride_ch
+    return k_pos, k_valid, block * stride_cb + (k_pos % block_size) * stride_co + kv_head * stride_ch
+
+
+@triton.jit
+def _softmax_pv(acc, m_i, l_i, scores, v_cache_ptr, kv_offs, dims, kv_mask, scale_log2, PRECISION: tl.constexpr,
+                SCALE_IN_EXP2: tl.constexpr, LAZY_RESCALE: tl.constexpr):
+    """The online softmax over one tile's masked scores (raw with SCALE_IN_EXP2, else in the log2 domain) and its
+    PV product. m_i stays in the log2 domain (the merge and the epilogue read it so)."""
+    m_tile = tl.max(scores, axis=1)
+    if SCALE_IN_EXP2:
+        m_tile = m_tile * scale_log2
+    m_new = tl.maximum(m_i, m_tile)
+    if LAZY_RESCALE > 0:
+        # One maximum for the whole tile: Triton branches per program, not per warp.
+        if tl.max(m_tile - m_i, axis=0) > LAZY_RESCALE:
+            alpha = tl.exp2(m_i - m_new)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha
+            m_i = m_new
+        m_new = m_i
+    if SCALE_IN_EXP2:
+        p = tl.exp2(scores * scale_log2 - m_new[:, None])
+    else:
+        p = tl.exp2(scores - m_new[:, None])
+    if LAZY_RESCALE > 0:
+        l_i = l_i + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
+    else:
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _attend_kv_tile(acc, m_i, l_i, kv_tile, q, kv_end, q_pos, table_row, k_cache_ptr, v_cache_ptr, kv_head, dims,
+                    dim_valid, scale_log2, block_size, stride_cb, stride_co, stride_ch,
+                    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr,
+                    SCALE_IN_EXP2: tl.constexpr, LAZY_RESCALE: tl.constexpr, PAGE: tl.constexpr):
+    """One KV tile of the online softmax. MASKED=False: every key is visible to every row (the caller's
+    promise), so the key mask is left out; tl.where(all true) is the identity, so the results are the same:
+    bitwise under the interpreter; compiled for sm_90, the select no longer stands between the scaling and
+    exp2's subtraction, so they fuse into one FMA (one rounding fewer: last-bit differences in exp2's argument)."""
+    k_pos, k_valid, kv_offs = _kv_offsets(kv_tile, kv_end, table_row, kv_head, block_size, stride_cb, stride_co,
+                                          stride_ch, BLOCK_N, MASKED, PAGE)
+    if MASKED:
+        kv_mask = k_valid[:, None] & dim_valid[None, :]
+    else:
+        kv_mask = dim_valid[None, :]  # broadcast over the keys by the loads
+    k = tl.load(k_cache_ptr + kv_offs[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+    scores = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    if not SCALE_IN_EXP2:
+        scores = scores * scale_log2  # log2 domain: exp2 is cheaper than exp
+    if MASKED:
+        visible = k_valid[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        scores = tl.where(visible, scores, float("-inf"))
+    return _softmax_pv(acc, m_i, l_i, scores, v_cache_ptr, kv_offs, dims, kv_mask, scale_log2, PRECISION,
+                       SCALE_IN_EXP2, LAZY_RESCALE)

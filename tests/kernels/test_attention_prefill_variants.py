@@ -1,0 +1,70 @@
+"""Issue 17's inner-loop variants of the chunk tiles (blink/kernels/attention_tile.py) against the torch reference."""
+import pytest
+import torch
+
+from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.attention_plan import AttentionTuning, launch_plan
+from tests.kernels.paged_batch import make_paged_batch
+
+VARIANTS = {
+    "exp2": dict(prefill_scale_in_exp2=True),
+    "page": dict(prefill_const_page=True),  # 8-key blocks in 16-key tiles here
+    "all": dict(prefill_scale_in_exp2=True, prefill_lazy_rescale=8.0, prefill_const_page=True),  # the bench's lazy8
+    "lazy-half": dict(prefill_lazy_rescale=0.5),  # without exp2; a threshold low enough that both branches run
+}
+
+
+def _run(fn, batch, scale, **kwargs):
+    return fn(batch.q, batch.k_cache, batch.v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
+              scale, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "q_lens,seq_lens,heads",
+    [
+        ([70], [70], (8, 2)),  # a prompt alone: unmasked tiles, then the diagonal
+        ([37], [150], (8, 2)),  # a chunk after 113 cached tokens
+        ([1, 29, 1, 17], [40, 90, 7, 17], (10, 2)),  # decodes with a chunk and a prompt (ragged), group 5 (8 rows)
+    ],
+)
+# q_scale 8: scores spread over ~2^12, so that the maxima grow past the lazy threshold
+@pytest.mark.parametrize("variant,q_scale", [("exp2", 1.0), ("page", 1.0), ("all", 1.0), ("all", 8.0),
+                                             ("lazy-half", 1.0), ("lazy-half", 8.0)])
+def test_prefill_variants_match_the_reference(q_lens, seq_lens, heads, variant, q_scale):
+    batch = make_paged_batch(q_lens, seq_lens, *heads, head_dim=32, block_size=8, pad_seqs=1, pad_tokens=2)
+    batch.q.mul_(q_scale)
+    tuning = AttentionTuning(prefill_block_m=32, prefill_block_n=16, prefill_min_tokens=0, **VARIANTS[variant])
+    expected = _run(paged_attention_ref, batch, 0.2)
+    out = _run(paged_attention_triton, batch, 0.2, tuning=tuning)
+    n = batch.num_real_tokens
+    torch.testing.assert_close(out[:n], expected[:n], atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("variant", ["exp2", "all"])
+def test_prefill_variants_with_kv_splits(variant):
+    """Split partials keep their maxima in the log2 domain, so the merge is unchanged (the lazy maxima are stale
+    but consistent with their sums)."""
+    batch = make_paged_batch([1, 45], [60, 120], 16, 2, head_dim=32, block_size=8, pad_tokens=2)
+    tuning = AttentionTuning(prefill_block_m=64, prefill_block_n=16, prefill_min_tokens=0, **VARIANTS[variant])
+    expected = _run(paged_attention_ref, batch, 0.2)
+    out = _run(paged_attention_triton, batch, 0.2, num_splits=2, tuning=tuning)
+    torch.testing.assert_close(out[:46], expected[:46], atol=2e-5, rtol=2e-5)
+
+
+def test_a_block_size_that_does_not_divide_the_kv_tile_stays_a_runtime_value():
+    batch = make_paged_batch([30], [75], 8, 2, head_dim=32, block_size=32, pad_tokens=1)
+    tuning = AttentionTuning(prefill_block_m=32, prefill_block_n=16, prefill_min_tokens=0, **VARIANTS["page"])
+    plan = launch_plan(31, 1, 8, 2, 32, 96, tuning)
+    assert plan.page(32) == 0 and plan.page(16) == 16 and plan.page(8) == 8 and plan.page(12) == 0
+    torch.testing.assert_close(_run(paged_attention_triton, batch, 0.2, tuning=tuning)[:30],
+                               _run(paged_attention_ref, batch, 0.2)[:30], atol=2e-5, rtol=2e-5)
+
+
+def test_prefill_variants_leave_decode_tiles_alone():
+    tuning = AttentionTuning(**VARIANTS["all"])
+    loop = lambda plan: (plan.scale_in_exp2, plan.lazy_rescale, plan.page(16))
+    assert loop(launch_plan(32, 32, 32, 8, 128, 4096, tuning)) == (False, 0.0, 0)  # a pure decode bucket
+    assert loop(launch_plan(1, 1, 32, 8, 128, 32768, tuning)) == (False, 0.0, 0)  # batch 1, splits in the kernel
+    assert loop(launch_plan(128, 64, 32, 8, 128, 4096, tuning)) == (True, 8.0, 16)  # small chunk tiles
+    assert loop(launch_plan(8192, 1, 32, 8, 128, 8192, tuning)) == (True, 8.0, 16)  # the big chunk tiles
+    assert loop(launch_plan(8192, 1, 32, 8, 128, 8192, AttentionTuning())) == (False, 0.0, 0)  # off by default
