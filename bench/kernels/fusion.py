@@ -40,11 +40,12 @@ SWEEP = [GemvConfig(block_n=8, block_k=512), GemvConfig(block_n=16, block_k=256)
 # Tensor cores fed by Triton's pipeliner (num_stages - 1 W tiles in flight through shared memory): the
 # candidates for M > 1, where the CUDA-core loop ran at 0.27x cuBLAS at M = 8 (session 14)
 DOT_SWEEP = [GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s, dot=True) for bn, bk, w, s in [
-    (16, 256, 4, 3), (16, 512, 4, 4), (16, 512, 2, 4), (16, 1024, 4, 3), (32, 256, 4, 4), (32, 512, 4, 3),
-    (64, 128, 4, 4), (64, 256, 4, 3)]]
+    (16, 256, 4, 3), (16, 512, 2, 4), (32, 256, 4, 4), (32, 512, 4, 3), (64, 128, 4, 4), (64, 256, 4, 3),
+    (64, 256, 4, 4), (64, 512, 4, 2), (128, 128, 4, 3), (128, 128, 8, 3), (128, 64, 4, 4)]]
 # gate|up with the SiLU-mul epilogue streams two W tiles a step (gemv_rows.py): half the K step for the same memory
 SILU_SWEEP = [GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s, dot=True) for bn, bk, w, s in [
-    (32, 256, 4, 3), (32, 128, 4, 4), (64, 128, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (64, 64, 4, 4)]]
+    (32, 256, 4, 3), (64, 128, 4, 3), (64, 64, 4, 4), (64, 64, 4, 6), (64, 128, 4, 4), (128, 64, 4, 4),
+    (128, 64, 8, 4), (128, 128, 8, 3)]]
 # --sweep NAME -> its tiles, read at call time (the dry-run test swaps SWEEP)
 SWEEPS = {"all": lambda: SWEEP, "dot": lambda: DOT_SWEEP, "both": lambda: SWEEP + DOT_SWEEP, "none": lambda: []}
 # label: (BLINK_GEMV, BLINK_GEMV_MAX_M, PDL, session 11's down_proj tiles, the attention's tuning); the
@@ -58,10 +59,10 @@ LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
           # the tensor-core loop at M > 1, default tiles: where it beat cuBLAS alone (o, LM head); everywhere
           "gemv+pdl, o and lm_head up to 16 rows": ("all", "1,o:16,lm_head:16", True, False, DEFAULT_ATTENTION),
           "gemv+pdl, up to 16 rows": ("all", 16, True, False, DEFAULT_ATTENTION),
-          # session 17: the one-pass norm and gate|up's SiLU-mul epilogue (gemv_rows.py); down on cuBLAS or not
-          "gemv+pdl, up to 16 rows, down cuBLAS": ("all", "16,down:1", True, False, DEFAULT_ATTENTION),
-          "gemv+pdl, up to 64 rows": ("all", 64, True, False, DEFAULT_ATTENTION),
-          "gemv+pdl, up to 64 rows, down cuBLAS": ("all", "64,down:1", True, False, DEFAULT_ATTENTION)}
+          # session 17: the one-pass norm and gate|up's SiLU-mul epilogue (gemv_rows.py); down on cuBLAS above 16
+          "gemv+pdl, up to 32 rows, down 16": ("all", "32,down:16", True, False, DEFAULT_ATTENTION),
+          "gemv+pdl, up to 64 rows, down 16": ("all", "64,down:16", True, False, DEFAULT_ATTENTION),
+          "gemv+pdl, up to 64 rows": ("all", 64, True, False, DEFAULT_ATTENTION)}
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
     ("before session 13", sk.BEFORE_SESSION_13),
     ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),

@@ -38,8 +38,10 @@ LAZY = dict(prefill_lazy_rescale=8.0)  # FA4's threshold: rescale only when a ro
 
 # name -> tuning (names without commas: --variants takes a list); "today" is the default, the others its rivals
 VARIANTS = {
-    "today": AttentionTuning(),  # 128 rows, 8 warps, n128, 2 stages, causal split (session 16's sweep)
+    "today": AttentionTuning(),  # session 17's s5-page-exp2 from 2,048 tokens, page below (attention_plan.py)
     "today-unsplit": AttentionTuning(prefill_causal_split=False),
+    # 128 rows, 8 warps, n128, 2 stages, causal split (session 16's sweep), none of session 17's loop variants
+    "session16": AttentionTuning(prefill_num_stages=2, prefill_scale_in_exp2=False, prefill_const_page=False),
     "session15": _tiles(64, 4, 64, 3),  # the tiles before session 16, with the causal split
     "session15-unsplit": _tiles(64, 4, 64, 3, split=False),  # the kernel before session 16
     "m128-w4-n128-s2": _tiles(128, 4, 128, 2),
@@ -54,8 +56,9 @@ VARIANTS = {
     "m128-w8-n128-s5": _tiles(128, 8, 128, 5),
     "m128-w8-n64-s5": _tiles(128, 8, 64, 5),
     "m128-w8-n64-s7": _tiles(128, 8, 64, 7),
-    # The loop's SASS (tools/attn_sass.py) per tile and warp: today 831 instructions unmasked (1,148 masked), a third
-    # of them integer address math; page 652, exp2 769, both 590 (921 masked); lazy adds 3 barriers a tile
+    # The loop's SASS (tools/attn_sass.py) per tile and warp: session 16's 831 instructions unmasked (1,148 masked), a
+    # third of them integer address math; page 652, exp2 769, both 590 (921 masked); lazy adds 3 barriers a tile.
+    # Since session 17 the defaults include page (and exp2 in the big tiles), so these rows differ from today less.
     "exp2": AttentionTuning(**EXP2),
     "page": AttentionTuning(**PAGE),
     "page-exp2": AttentionTuning(**PAGE, **EXP2),

@@ -56,21 +56,26 @@ class AttentionTuning:
     # cached took 7.849 ms a step with the big tiles, 6.595 without; the buckets between are not measured. The causal
     # split runs the KV tiles that the whole query tile sees without the mask and the heaviest tiles first
     # (1.07-1.11x at 2k-32k); False: the decode tiles' loop.
+    # Session 17 (perf.md): a five-deep pipeline (K/V two tiles ahead; 225 KB of shared memory at head_dim 128, so
+    # larger heads keep 2 stages) with the KV block size compiled in and the scale inside exp2: 1.26x / 1.24x at 8k
+    # / 32k tokens and 1.38x for 2k after 30k cached. Below prefill_min_tokens the compiled-in block size alone
+    # (1.24x at 1k tokens, 1.11x for 100 after 2,000 cached); exp2 there was +/-3%, so it stays off.
     prefill_min_tokens: int = 2048
     prefill_block_m: int = 128  # rows: query tokens x the padded group
     prefill_block_n: int | None = None
     prefill_num_warps: int = 8
-    prefill_num_stages: int = 2
+    prefill_num_stages: int = 5
     small_chunk_block_m: int = 64
     small_chunk_num_warps: int = 4
     small_chunk_num_stages: int = 3
     prefill_causal_split: bool = True
-    # Issue 17's inner-loop variants of the chunk tiles (attention_tile.py; decode tiles never take them), off
-    # until the H200 says otherwise (bench/kernels/prefill_attention.py): the scale inside exp2's FMA, lazy
-    # rescaling above a log2 threshold (0: off), the KV block size compiled in (where it divides the KV tile).
-    prefill_scale_in_exp2: bool = False
+    # Issue 17's inner-loop variants of the chunk tiles (attention_tile.py; decode tiles never take them): the
+    # scale inside exp2's FMA (big tiles; small_chunk_*: the others), lazy rescaling above a log2 threshold (0: off;
+    # it lost 4-10% on the H200), the KV block size compiled in (where it divides the KV tile).
+    prefill_scale_in_exp2: bool = True
+    small_chunk_scale_in_exp2: bool = False
     prefill_lazy_rescale: float = 0.0
-    prefill_const_page: bool = False
+    prefill_const_page: bool = True
 
 
 def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int, programs_per_sm: int,
@@ -124,11 +129,13 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     decode_heavy = num_tokens <= num_seqs
     block_n = tuning.block_n or (64 if head_dim <= 128 else 32)
     # Each tile class's rows, warps and pipeline depth (chunk buckets from prefill_min_tokens on: the big tiles)
+    big = not decode_heavy and num_tokens >= tuning.prefill_min_tokens
     if decode_heavy:
         rows, num_warps, num_stages = 16, tuning.num_warps, tuning.num_stages
-    elif num_tokens >= tuning.prefill_min_tokens:
+    elif big:
         rows, num_warps, num_stages = tuning.prefill_block_m, tuning.prefill_num_warps, tuning.prefill_num_stages
         block_n = tuning.prefill_block_n or (128 if head_dim <= 128 else block_n)
+        num_stages = num_stages if head_dim <= 128 else min(num_stages, 2)  # deeper would not fit 227 KB
     else:
         rows, num_warps, num_stages = (tuning.small_chunk_block_m, tuning.small_chunk_num_warps,
                                        tuning.small_chunk_num_stages)
@@ -159,5 +166,6 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     chunk = not decode_heavy
     return LaunchPlan(block_q, block_n, num_tiles, num_splits, num_stages, num_warps,
                       chunk and tuning.prefill_causal_split, split_min_tiles if num_splits > 1 else 0,
-                      chunk and tuning.prefill_scale_in_exp2, tuning.prefill_lazy_rescale if chunk else 0.0,
+                      chunk and (tuning.prefill_scale_in_exp2 if big else tuning.small_chunk_scale_in_exp2),
+                      tuning.prefill_lazy_rescale if chunk else 0.0,
                       chunk and tuning.prefill_const_page)

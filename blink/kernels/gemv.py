@@ -72,17 +72,19 @@ def default_config(n: int, k: int, m: int = 1, prologue: str = "none", epilogue:
     so it wants 8 rows per program (llama3-8b's down_proj on the H200: 41.8 us at 4 x 1024, 32.4 at 8 x 512;
     perf.md, 2026-12-02 session 12).
 
-    More rows: the tensor-core kernel with the pipelined tiles that won session 14's sweep on the H200 (o_proj
-    at M = 8: 32 x 512, 3 stages, 12.4 us against cuBLAS's 14.4; the LM head at M = 8 and 16: 64 x 128,
-    4 stages, 243 us against 254). Above 16 rows x's tiles grow, so K steps shrink. The SiLU-mul epilogue
-    streams two W tiles (gate and up) per step, so its K step is halved to keep the same shared memory. Neither
-    is swept on a GPU yet."""
+    More rows: the tensor-core kernel (gemv_rows.py) in the tiles that won session 17's sweep on the H200
+    (llama3-8b at M = 8 and 32, perf.md): o and down 32 x 512, 3 stages (o at M = 8: 12.1 us against cuBLAS's
+    14.0); the LM head 64 x 128, 4 stages (238 against 246 us); a norm prologue 64 x 256, 3 stages (64 rows of W
+    a program run on Hopper's warpgroup MMA); gate|up with its SiLU-mul epilogue (two W tiles a step) 64 x 64,
+    4 stages (62.4 us against 68.3 for the norm, cuBLAS and SiLU-mul kernels)."""
     if m > 1 or epilogue != "none":
-        if n >= 32768 and epilogue == "none":
+        if epilogue == "silu_mul":
+            return GemvConfig(block_n=64, block_k=64, num_stages=4, dot=True)
+        if prologue in ("norm", "add_norm"):
+            return GemvConfig(block_n=64, block_k=256 if m <= 32 else 128, num_stages=3, dot=True)
+        if n >= 32768:
             return GemvConfig(block_n=64, block_k=128 if m <= 16 else 64, num_stages=4, dot=True)
-        block_k, stages = (512, 3) if m <= 8 else (256, 4) if m <= 16 else (128, 4)
-        return GemvConfig(block_n=32, block_k=block_k // (2 if epilogue == "silu_mul" else 1), num_stages=stages,
-                          dot=True)
+        return GemvConfig(block_n=32, block_k=512 if m <= 32 else 256, num_stages=3, dot=True)
     widths = (8, 16) if prologue == "silu_mul" else (4, 8, 2)
     full = [bn for bn in widths if _last_wave_fill(triton.cdiv(n, bn)) >= 0.9]
     block_n = full[0] if full else max(widths, key=lambda bn: _last_wave_fill(triton.cdiv(n, bn)))

@@ -32,8 +32,10 @@ TILE_M = 16  # x is padded to at least one tensor-core tile of rows
 @triton.jit
 def _x_tile(x_ptr, r_ptr, nw_ptr, new_r_ptr, rows, M, k, k_mask, stride_xm, stride_rm, K, store_sum,
             PROLOGUE: tl.constexpr):
-    """prologue(x) over the columns k for every row, in x's dtype (the dot's B operand), and the rows'
-    squares of s for the norm (s = x (+ residual) rounded to x's dtype, as rms_norm rounds it)."""
+    """prologue(x) over the columns k for every row, in x's dtype (the dot's B operand), and the squares of s
+    for the norm (s = x (+ residual) rounded to x's dtype, as rms_norm rounds it), element by element: a sum over
+    k here would be a cross-warp reduction and a barrier in every step of the weight stream (on the H200 that
+    made llama3-8b's qkv at 8 rows 2-9x slower than cuBLAS, depending on the tiles; perf.md, session 17)."""
     dtype = x_ptr.dtype.element_ty
     mask = (rows < M)[:, None] & k_mask[None, :]
     offs = rows[:, None] * stride_xm + k[None, :]
@@ -43,10 +45,10 @@ def _x_tile(x_ptr, r_ptr, nw_ptr, new_r_ptr, rows, M, k, k_mask, stride_xm, stri
         x = (x.to(tl.float32) + r.to(tl.float32)).to(dtype)
         if store_sum:
             tl.store(new_r_ptr + rows[:, None] * K + k[None, :], x, mask=mask)
-    squares = tl.zeros([x.shape[0]], dtype=tl.float32)
+    squares = tl.zeros(x.shape, dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:
         xf = x.to(tl.float32)
-        squares = tl.sum(xf * xf, axis=1)
+        squares = xf * xf
         w = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
         x = (xf * w).to(dtype)
     if PROLOGUE == 3:
@@ -74,7 +76,7 @@ def _gemv_rows_kernel(
 
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+    squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # summed over k once, after the loop
     for k0 in range(0, K, BLOCK_K):
         k = k0 + ks
         k_mask = k < K
@@ -82,13 +84,14 @@ def _gemv_rows_kernel(
         w = tl.load(w_rows + k[None, :], mask=w_mask, other=0.0)
         x_t, sq = _x_tile(x_ptr, r_ptr, nw_ptr, new_r_ptr, rows, M, k, k_mask, stride_xm, stride_rm, K, pid == 0,
                           PROLOGUE)
-        squares += sq
+        if PROLOGUE == 1 or PROLOGUE == 2:
+            squares += sq
         acc = tl.dot(w, tl.trans(x_t), acc, input_precision="ieee")
         if SILU_OUT:
             w_up = tl.load(w_up_rows + k[None, :], mask=w_mask, other=0.0)
             acc_up = tl.dot(w_up, tl.trans(x_t), acc_up, input_precision="ieee")
     if PROLOGUE == 1 or PROLOGUE == 2:
-        rstd = tl.rsqrt(squares / K + eps)
+        rstd = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)
         acc = acc * rstd[None, :]
         acc_up = acc_up * rstd[None, :]
     out = tl.trans(acc)

@@ -192,8 +192,14 @@ def test_chunk_knobs_reach_the_plan_and_leave_decode_tiles_alone():
     knobs = lambda plan: (plan.block_q, plan.block_n, plan.num_warps, plan.num_stages, plan.causal_split)
     tuning = AttentionTuning(prefill_block_m=64, prefill_block_n=64, prefill_num_warps=4, prefill_num_stages=3)
     assert knobs(launch_plan(2048, 1, 32, 8, 128, 4096, tuning)) == (16, 64, 4, 3, True)
-    assert knobs(launch_plan(2048, 1, 32, 8, 128, 4096, AttentionTuning())) == (32, 128, 8, 2, True)  # the default
-    assert launch_plan(2048, 1, 16, 8, 256, 4096, AttentionTuning()).block_n == 32  # wider heads: smaller KV tiles
+    assert knobs(launch_plan(2048, 1, 32, 8, 128, 4096, AttentionTuning())) == (32, 128, 8, 5, True)  # the default
+    wide_heads = launch_plan(2048, 1, 16, 8, 256, 4096, AttentionTuning())
+    assert (wide_heads.block_n, wide_heads.num_stages) == (32, 2)  # wider heads: smaller KV tiles, 2 stages (smem)
+    # session 17's loop variants: exp2 in the big tiles only, the block size compiled in for every chunk tile
+    big, small = launch_plan(2048, 1, 32, 8, 128, 4096, AttentionTuning()), launch_plan(1024, 64, 32, 8, 128, 4096,
+                                                                                         AttentionTuning())
+    assert (big.scale_in_exp2, big.const_page, small.scale_in_exp2, small.const_page) == (True, True, False, True)
+    assert not launch_plan(32, 32, 32, 8, 128, 4096, AttentionTuning()).const_page  # decode tiles never
     for decode_tuning in (tuning, AttentionTuning()):
         assert knobs(launch_plan(32, 32, 32, 8, 128, 4096, decode_tuning)) == (4, 64, 4, 2, False)
     assert not launch_plan(2048, 1, 32, 8, 128, 4096, AttentionTuning(prefill_causal_split=False)).causal_split
