@@ -3,13 +3,42 @@ multi-program kernels take and how much vocabulary each reads, the candidate cap
 they share, and the launch options (PDL) of its seven kernels."""
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
 from blink.kernels.pdl import sampler_pdl_for
 from blink.kernels.sampling_bucket import NUM_BUCKETS
 from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, log2_buckets
+from blink.kernels.sampling_race import race_block
 from blink.kernels.sampling_topk import TOP_WIDTH
+
+# The race over a list of the kept tokens (sampling_race) instead of a second stream of the row: BLINK_SAMPLER_RACE
+# = "row" (the default until the H200 times it) or "list", read once at import; sample_triton's `race` overrides it.
+# A row whose filter keeps more than RACE_CAPACITY tokens (a flat row's top_p) still streams its row.
+RACE_CAPACITY = 16384
+_RACE_ENV = {"row": False, "list": True}
+
+
+def _race_setting() -> bool:
+    value = os.environ.get("BLINK_SAMPLER_RACE", "row")
+    if value not in _RACE_ENV:
+        raise ValueError(f"BLINK_SAMPLER_RACE must be one of {sorted(_RACE_ENV)}, got {value!r}")
+    return _RACE_ENV[value]
+
+
+_RACE_DEFAULT = _race_setting()
+
+
+def race_capacity(vocab_size: int, race: int | None = None) -> int:
+    """RACE of the launches: the listed tokens per row (0: every row races over its whole row). race: a power of
+    two, 0, or None for BLINK_SAMPLER_RACE's choice."""
+    if race is None:
+        race = RACE_CAPACITY if _RACE_DEFAULT else 0
+    assert race >= 0 and race & (race - 1) == 0, "race: 0 or a power of two"
+    return min(race, triton.next_power_of_2(vocab_size))
+
 
 CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
 SHORT_SORT = 256  # fewer candidates than this (the usual case) take a short sort
@@ -42,7 +71,8 @@ def _row_block(vocab_size: int) -> int:
 class _Plan:
     """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
 
-    def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int | None = None):
+    def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
+                 race: int | None = None):
         num_rows, vocab_size = logits.shape
         self.num_buckets, self.log2_buckets = num_buckets, log2_buckets(num_buckets)
         device = logits.device
@@ -64,6 +94,10 @@ class _Plan:
         self.row_plans = torch.empty(num_rows, PLAN_WORDS.value, dtype=torch.int64, device=device)  # refine's
         self.fell_back = torch.empty(num_rows, dtype=torch.int32, device=device)  # rows the resolve searched
         self.cand_i32 = torch.empty(3, num_rows, self.cand, dtype=torch.int32, device=device)
+        self.race = race_capacity(vocab_size, race)
+        self.race_block = race_block(self.race, self.num_chunks)
+        self.race_ids = torch.empty(num_rows, max(self.race, 1), dtype=torch.int32, device=device)  # the lists
+        self.race_count = torch.empty(num_rows, dtype=torch.int32, device=device)  # the resolve's marks
         # the seven launches' PDL options, decided once per call: each kernel then waits first thing in every
         # program (pdl_wait), so it may launch early
         use_pdl = sampler_pdl_for(logits)
