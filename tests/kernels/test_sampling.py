@@ -252,7 +252,7 @@ ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_p
         "top_ids_ptr": "*i64", "gstate_ptr": "*i32", "gid_ptr": "*i32", "classes_ptr": "*i32", "row_base_ptr": "*i32",
         "cells_ptr": "*i32", "state_ptr": "*i32", "tokens_ptr": "*i64", "key_max_ptr": "*i32", "kept_min_ptr": "*i32",
         "part_total_ptr": "*i64", "hist_ptr": "*i32", "sums_ptr": "*i64", "counter_ptr": "*i32", "cand_ptr": "*i32",
-        "fell_back_ptr": "*i32", "plan_ptr": "*i64",
+        "fell_back_ptr": "*i32", "plan_ptr": "*i64", "race_count_ptr": "*i32", "race_ids_ptr": "*i32",
         "top_keys_ptr": "*i32", "cand_key_ptr": "*i32", "cand_id_ptr": "*i32"}
 NB = sampling_bucket.NUM_BUCKETS
 rows = dict(vocab_size=V, NB=NB, P=63, P_PAD=64)
@@ -271,6 +271,13 @@ kernels = [
                                    SMALL=256, BLOCK=4096), 16),
     (sampling_grammar._advance_kernel, dict(vocab_size=V, ROWS=64, BLOCK=64), 1),
 ]
+# the four kernels the list race changes (sampling_race, BLINK_SAMPLER_RACE): row race (RACE=0), list race
+for kernel, constants, warps in list(kernels):
+    if "RACE" in inspect.signature(kernel.fn).parameters:
+        block = {"RACE_BLOCK": 512} if kernel is sampling._choose_kernel else {}
+        constants.update(RACE=0, **block)
+        kernels.append((kernel, {**constants, "RACE": 16384}, warps))
+assert len(kernels) == 13
 for kernel, constants, warps in kernels:
     names = list(inspect.signature(kernel.fn).parameters)
     # the sampler's seven kernels also build with PDL (BLINK_SAMPLER_PDL): that variant must wait (kernels/pdl.py)
