@@ -16,6 +16,7 @@ from blink.kernels.sampling import (
     sample_ref,
     sample_triton,
 )
+from blink.kernels.sampling_grid import RACE_CAPACITY
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
 from tests.kernels.sm90 import run_uninterpreted
@@ -301,7 +302,8 @@ def test_kernels_compile_for_hopper():
 
 # ---- GPU -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_gpu_matches_reference_on_a_real_vocab():
+@pytest.mark.parametrize("race", [0, RACE_CAPACITY])  # the row race, the list race (sampling_race)
+def test_gpu_matches_reference_on_a_real_vocab(race):
     vocab, rows = 128256, 64
     cpu_state = mixed_state(vocab)
     cuda_state = SamplingState(cpu_state.max_slots, vocab, "cuda")
@@ -311,7 +313,7 @@ def test_gpu_matches_reference_on_a_real_vocab():
     logits, slots, positions = mixed_rows(rows, vocab)
     logits = (logits * 2).bfloat16().float()  # bf16-rounded like a real model's logits
     ref = sample_ref(logits, slots, positions, cpu_state, 20)
-    got = sample(logits.cuda(), slots.cuda(), positions.cuda(), cuda_state, 20)
+    got = sample_triton(logits.cuda(), slots.cuda(), positions.cuda(), cuda_state, 20, race=race)
     torch.testing.assert_close(apply_penalties_triton(logits.cuda(), slots.cuda(), cuda_state).cpu(),
                                apply_penalties_ref(logits, slots, cpu_state))
     assert got.token_ids.cpu().tolist() == ref.token_ids.tolist()
