@@ -26,7 +26,8 @@ import triton
 import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
-from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _refine_kernel
+from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _refine_kernel
+from blink.kernels.sampling_compact import _compact_kernel
 from blink.kernels.sampling_grid import _Plan, _row_block
 from blink.kernels.sampling_penalties import prologue
 from blink.kernels.sampling_plan import COUNTERS
@@ -168,21 +169,23 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
     sizes = dict(NB=plan.num_buckets, P=plan.num_chunks, P_PAD=plan.chunks_pad)
     levels = dict(sizes, LOG2_NB=plan.log2_buckets)
     pdl = plan.pdl
+    once = plan.compact_once  # the bucket and refine kernels keep each chunk's histograms for the compaction
     _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
-                              vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **pdl,
-                              **_NO_FUSION)
+                              plan.chunk_hist, vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block,
+                              CHUNK_HIST=once and plan.race > 0, num_warps=4, **pdl, **_NO_FUSION)
     _refine_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
-                              plan.counters, plan.row_plans, vocab_size, **levels, CHUNK=plan.chunk, BLOCK=plan.block,
-                              num_warps=4, **pdl, **_NO_FUSION)
+                              plan.counters, plan.row_plans, plan.chunk_hist, vocab_size, **levels, CHUNK=plan.chunk,
+                              BLOCK=plan.block, CHUNK_HIST=once, num_warps=4, **pdl, **_NO_FUSION)
     _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.row_plans, plan.sums, plan.counters,
                                plan.cand_i32[0], state.num_logprobs, plan.top_keys, plan.part_i32[1],
-                               plan.cand_i32[1], plan.cand_i32[2], plan.race_ids, vocab_size, **sizes, CAND=plan.cand,
-                               K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race, num_warps=8,
-                               **pdl, **_NO_FUSION)  # 8 warps: chosen when it also ran the plans' NB-wide scans
+                               plan.cand_i32[1], plan.cand_i32[2], plan.race_ids, plan.chunk_hist, vocab_size, **sizes,
+                               CAND=plan.cand, K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race,
+                               ONCE=once, num_warps=8, **pdl,
+                               **_NO_FUSION)  # 8 warps: chosen when it also ran the plans' NB-wide scans
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
     _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, plan.fell_back, *params, plan.row_max,
-                                 plan.kept_min, plan.row_plans, plan.sums, plan.cand_i32[0], plan.counters,
-                                 plan.race_count, vocab_size, P=plan.num_chunks, P_PAD=plan.chunks_pad, CAND=plan.cand,
+                                 plan.kept_min, plan.row_plans, plan.sums, plan.cand_i32[0], plan.race_count,
+                                 vocab_size, P=plan.num_chunks, P_PAD=plan.chunks_pad, CAND=plan.cand,
                                  SMALL=plan.small, BLOCK=_row_block(vocab_size), RACE=plan.race, num_warps=_ROW_WARPS,
                                  **pdl, **_NO_FUSION)
     return out
@@ -228,10 +231,11 @@ def apply_penalties_triton(logits: torch.Tensor, slots: torch.Tensor, state: Sam
 
 def keep_thresholds_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState,
                            num_buckets: int = NUM_BUCKETS, fell_back: torch.Tensor | None = None,
-                           programs: int | None = None, race: int | None = None) -> torch.Tensor:
+                           programs: int | None = None, race: int | None = None,
+                           compact_once: bool | None = None) -> torch.Tensor:
     """keep_thresholds on already processed logits; `fell_back` [S] int32, if given, gets 1 for the rows that
     took the one-program search."""
-    plan = _Plan(logits, num_buckets, programs, race)
+    plan = _Plan(logits, num_buckets, programs, race, compact_once)
     prologue(logits, logits, slots, state, plan, penalize=False)
     out = _keep_thresholds_triton(logits, logits, slots, state, plan)
     if fell_back is not None:
@@ -248,11 +252,13 @@ def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: t
 
 def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
                   max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
-                  out: SampleOutput | None = None, race: int | None = None) -> SampleOutput:
-    """race: the list race's capacity per row (sampling_grid.race_capacity; None: BLINK_SAMPLER_RACE's)."""
+                  out: SampleOutput | None = None, race: int | None = None,
+                  compact_once: bool | None = None) -> SampleOutput:
+    """race: the list race's capacity per row (sampling_grid.race_capacity; None: BLINK_SAMPLER_RACE's);
+    compact_once: the compaction's one read (sampling_compact; None: BLINK_SAMPLER_COMPACT's)."""
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
-    plan = _Plan(logits, num_buckets, programs, race)
+    plan = _Plan(logits, num_buckets, programs, race, compact_once)
     processed = torch.empty_like(logits)
     prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs)
     threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)

@@ -14,21 +14,22 @@ from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, log2_buckets
 from blink.kernels.sampling_race import race_block
 from blink.kernels.sampling_topk import TOP_WIDTH
 
-# The race over a list of the kept tokens (sampling_race) instead of a second stream of the row: BLINK_SAMPLER_RACE
-# = "row" (the default until the H200 times it) or "list", read once at import; sample_triton's `race` overrides it.
-# A row whose filter keeps more than RACE_CAPACITY tokens (a flat row's top_p) still streams its row.
+
+def _setting(name: str, choices: dict[str, bool], default: str) -> bool:
+    value = os.environ.get(name, default)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+    return choices[value]
+
+
+# Two levers of issue 17, read once at import, the old way the default until the H200 times them (sample_triton's
+# `race` / `compact_once` override them): BLINK_SAMPLER_RACE = "row" | "list", the race over a list of the kept
+# tokens (sampling_race) instead of a second stream of the row (a row whose filter keeps more than RACE_CAPACITY
+# tokens, a flat row's top_p, still streams); BLINK_SAMPLER_COMPACT = "twice" | "once", the compaction's reads of
+# its chunk (sampling_compact).
 RACE_CAPACITY = 16384
-_RACE_ENV = {"row": False, "list": True}
-
-
-def _race_setting() -> bool:
-    value = os.environ.get("BLINK_SAMPLER_RACE", "row")
-    if value not in _RACE_ENV:
-        raise ValueError(f"BLINK_SAMPLER_RACE must be one of {sorted(_RACE_ENV)}, got {value!r}")
-    return _RACE_ENV[value]
-
-
-_RACE_DEFAULT = _race_setting()
+_RACE_DEFAULT = _setting("BLINK_SAMPLER_RACE", {"row": False, "list": True}, "row")
+_ONCE_DEFAULT = _setting("BLINK_SAMPLER_COMPACT", {"twice": False, "once": True}, "twice")
 
 
 def race_capacity(vocab_size: int, race: int | None = None) -> int:
@@ -72,7 +73,7 @@ class _Plan:
     """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
 
     def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
-                 race: int | None = None):
+                 race: int | None = None, compact_once: bool | None = None):
         num_rows, vocab_size = logits.shape
         self.num_buckets, self.log2_buckets = num_buckets, log2_buckets(num_buckets)
         device = logits.device
@@ -98,6 +99,9 @@ class _Plan:
         self.race_block = race_block(self.race, self.num_chunks)
         self.race_ids = torch.empty(num_rows, max(self.race, 1), dtype=torch.int32, device=device)  # the lists
         self.race_count = torch.empty(num_rows, dtype=torch.int32, device=device)  # the resolve's marks
+        self.compact_once = _ONCE_DEFAULT if compact_once is None else compact_once
+        self.chunk_hist = torch.empty(num_rows, self.num_chunks, 2 * num_buckets, dtype=torch.int32, device=device) \
+            if self.compact_once else torch.empty(1, dtype=torch.int32, device=device)  # coarse, fine per chunk
         # the seven launches' PDL options, decided once per call: each kernel then waits first thing in every
         # program (pdl_wait), so it may launch early
         use_pdl = sampler_pdl_for(logits)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from blink.kernels.sampling_plan import COUNTERS
 from blink.kernels.sampling_rng import race_uniform
 from blink.kernels.sampling_select import canonical, sortable_key
 
@@ -54,19 +53,14 @@ def list_fits(j_lo, j_hi, num_above, num_candidates, CAND: tl.constexpr, RACE: t
 
 @triton.jit
 def scan_slots(inside, listed, RACE: tl.constexpr):
-    """Inclusive running counts of the candidates and of the listed tokens in a block: one scan for both (a
-    block holds at most 65,535 of either)."""
+    """Inclusive running counts of a block's candidates and listed tokens, and their totals: one scan and one
+    reduction for both lists (a block holds at most 65,535 of either)."""
     if RACE > 0:
         both = tl.cumsum(inside.to(tl.int32) + (listed.to(tl.int32) << 16), 0)
-        return both & 0xFFFF, both >> 16
+        totals = tl.max(both, 0)
+        return both & 0xFFFF, both >> 16, totals & 0xFFFF, totals >> 16
     else:
-        return tl.cumsum(inside.to(tl.int32), 0), tl.zeros(inside.shape, tl.int32)
-
-
-@triton.jit
-def list_length(counter_ptr, row, listed):
-    """The resolve's mark of a row: the list's length, or -1 (stream the row)."""
-    return tl.where(listed, tl.load(counter_ptr + row * COUNTERS + LIST_COUNTER), -1)
+        return tl.cumsum(inside.to(tl.int32), 0), 0, tl.sum(inside.to(tl.int32), 0), 0
 
 
 @triton.jit

@@ -10,7 +10,7 @@ import triton.language as tl
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _INT32_MAX, _INT32_MIN, _row_source, _row_top, row_params, top_p_weight
 from blink.kernels.sampling_plan import PLAN_WORDS, load_row_plan
-from blink.kernels.sampling_race import list_fits, list_length
+from blink.kernels.sampling_race import list_fits
 from blink.kernels.sampling_select import key_value, search_threshold
 
 
@@ -40,7 +40,7 @@ def _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor, 
 @triton.jit
 def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_ptr, slots_ptr, flags_ptr,
                     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, kept_min_ptr, plan_ptr, sums_ptr,
-                    cand_ptr, counter_ptr, race_count_ptr, vocab_size: tl.constexpr, P: tl.constexpr,
+                    cand_ptr, race_count_ptr, vocab_size: tl.constexpr, P: tl.constexpr,
                     P_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr,
                     RACE: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
     """out[row] = sampling_ref.keep_thresholds; rows with no filter write -inf. fell_back[row]: 1 where the
@@ -53,7 +53,7 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_p
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
     threshold = tl.full([], float("-inf"), tl.float32)
     fell_back = tl.zeros([], tl.int32)
-    listed = tl.zeros([], tl.int32)
+    listed = tl.full([], -1, tl.int32)
     if filtered:
         top, finite = _row_top(key_max_ptr, row, P, P_PAD)
         c = tl.arange(0, P_PAD)
@@ -80,7 +80,8 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_p
                                                           budget, top_k_active, top_k, top_p, inv_temperature, s_max,
                                                           CAND)
         threshold = key_value(floor)
-        listed = (finite & (searched != 0) & list_fits(j_lo, j_hi, num_above, num_candidates, CAND, RACE)).to(tl.int32)
+        complete = finite & (searched != 0) & list_fits(j_lo, j_hi, num_above, num_candidates, CAND, RACE)
+        listed = tl.where(complete, num_above + num_candidates, -1)  # what the compaction listed
         if searched == 0:
             fell_back = tl.full([], 1, tl.int32)
             src = _row_source(logits_ptr, processed_ptr, row, processed, vocab_size)
@@ -89,4 +90,4 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_p
     tl.store(out_ptr + row, threshold)
     tl.store(fell_back_ptr + row, fell_back)
     if RACE > 0:
-        tl.store(race_count_ptr + row, list_length(counter_ptr, row, listed != 0))
+        tl.store(race_count_ptr + row, listed)

@@ -1,5 +1,6 @@
-"""The list race (sampling_race, BLINK_SAMPLER_RACE=list): the same tokens, logprobs and top logprobs as the
-reference and as the row race, whichever rows' lists are complete, overflow or fall back."""
+"""The list race (sampling_race, BLINK_SAMPLER_RACE=list) and the one-read compaction (sampling_compact,
+BLINK_SAMPLER_COMPACT=once): the same tokens, logprobs and top logprobs as the reference and as the row race,
+whichever rows' lists are complete, overflow or fall back; the same candidates and lists as the two reads."""
 import pytest
 import torch
 
@@ -12,10 +13,10 @@ from blink.request import SamplingParams
 from tests.kernels.test_sampling import mixed_rows, mixed_state
 
 
-def sample_with_plan(logits, slots, positions, state, k, race, cand=None):
+def sample_with_plan(logits, slots, positions, state, k, race, cand=None, once=False, programs=None):
     """sample_triton's steps, with the plan kept to read its marks (cand: a smaller candidate capacity, so that
     wide rows fall back to the one-program search)."""
-    plan = _Plan(logits, race=race)
+    plan = _Plan(logits, programs=programs, race=race, compact_once=once)
     if cand is not None:
         plan.cand = plan.small = cand
     processed = torch.empty_like(logits)
@@ -33,6 +34,12 @@ def assert_same(got, ref, row_race):
     assert torch.equal(got.logprobs, row_race.logprobs) and torch.equal(got.top_logprobs, row_race.top_logprobs)
 
 
+def filtered_rows(slots, state):
+    slot = slots.clamp(min=0).long()
+    return (slots >= 0) & (state.temperature[slot] != 0) & ((state.top_k[slot] > 0) | (state.top_p[slot] < 1)
+                                                            | (state.min_p[slot] > 0))
+
+
 def assert_lists_hold_the_kept_tokens(logits, slots, state, plan):
     """A marked row's list holds every token its threshold keeps (and nothing twice)."""
     penalized = apply_penalties_ref(logits, slots, state)
@@ -44,21 +51,21 @@ def assert_lists_hold_the_kept_tokens(logits, slots, state, plan):
                 i for i in ids.tolist() if kept[row, i])
 
 
-@pytest.mark.parametrize("race", [1024, 16])
-def test_mixed_rows_match_the_reference_and_the_row_race(race):
+@pytest.mark.parametrize(("race", "once"), [(1024, False), (1024, True), (16, True), (0, True)])
+def test_mixed_rows_match_the_reference_and_the_row_race(race, once):
     """Penalties, bias, logprobs, greedy and padding rows beside top_p / top_k / min_p rows (S = 24): with room
-    for every list, and with 16 ids a row, where the wider filters overflow and stream their row."""
+    for every list, and with 16 ids a row, where the wider filters overflow and stream their row; the compaction
+    reading its chunk twice or once (over 2 chunks a row: the one read's offsets matter)."""
     vocab = 777
     state = mixed_state(vocab)
     logits, slots, positions = mixed_rows(24, vocab, seed=3)
-    got, plan = sample_with_plan(logits, slots, positions, state, 4, race)
+    got, plan = sample_with_plan(logits, slots, positions, state, 4, race, once=once, programs=48 if once else None)
     assert_same(got, sample_ref(logits, slots, positions, state, 4),
                 sample_triton(logits, slots, positions, state, 4, race=0))
+    if race == 0:
+        return  # no marks
     marks = plan.race_count
-    params = [state.temperature, state.top_k, state.top_p, state.min_p]
-    slot = slots.clamp(min=0).long()
-    filtered = (slots >= 0) & (params[0][slot] != 0) & ((params[1][slot] > 0) | (params[2][slot] < 1)
-                                                        | (params[3][slot] > 0))
+    filtered = filtered_rows(slots, state)
     assert (marks[~filtered] == -1).all()  # greedy, unfiltered and padding rows stream
     listed = marks >= 0
     assert listed.any() and (marks[listed] <= race).all()
@@ -113,3 +120,29 @@ def test_the_knob_and_the_capacity():
     assert race_capacity(777, 16384) == 1024  # never more than a row
     with pytest.raises(AssertionError):
         race_capacity(777, 1000)
+
+
+def test_the_one_read_compaction_lists_what_the_two_reads_do():
+    """Over 4 chunks a row, the last one short (offsets from several earlier chunks): the same candidates and race lists (as sets: the
+    order is free), the same thresholds."""
+    vocab = 2000
+    state = mixed_state(vocab, seed=4)
+    logits, slots, positions = mixed_rows(8, vocab, seed=4)
+    logits[3] = (logits[3] * 2).round() / 2  # a top_p row of ties across chunks
+    runs = {}
+    for once in (False, True):
+        plan = _Plan(logits, programs=32, race=2048, compact_once=once)
+        assert plan.num_chunks == 4
+        processed = torch.empty_like(logits)
+        prologue(logits, processed, slots, state, plan, penalize=True)
+        runs[once] = (_keep_thresholds_triton(logits, processed, slots, state, plan), plan)
+    (twice, plan_twice), (once, plan_once) = runs[False], runs[True]
+    assert torch.equal(once, twice) and torch.equal(plan_once.race_count, plan_twice.race_count)
+    filtered = filtered_rows(slots, state).tolist()
+    for row, mark in enumerate(plan_twice.race_count.tolist()):
+        _, j_lo, j_hi, _, _, _, _, n = plan_twice.row_plans[row, :8].tolist()  # written for filtered rows only
+        if filtered[row] and j_lo <= j_hi and n <= plan_twice.cand:  # n: the candidates the resolve reads
+            assert sorted(plan_once.cand_i32[0, row, :n].tolist()) == sorted(plan_twice.cand_i32[0, row, :n].tolist())
+        if mark >= 0:
+            assert set(plan_once.race_ids[row, :mark].tolist()) == set(plan_twice.race_ids[row, :mark].tolist())
+    assert (plan_twice.race_count >= 0).sum() >= 3
