@@ -122,7 +122,7 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
                    key_max_ptr, kept_min_ptr, part_total_ptr, hist_ptr, chunk_hist_ptr, vocab_size: tl.constexpr,
                    NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                    CHUNK_HIST: tl.constexpr = False, USE_PDL: tl.constexpr = False):
-    """CHUNK_HIST: also keep this chunk's coarse histogram (sampling_compact's one-read compaction)."""
+    """CHUNK_HIST: also keep this chunk's coarse histogram, cumulative (sampling_compact's one-read compaction)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -144,7 +144,7 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
             smallest = tl.minimum(smallest, tl.where(kept, sortable_key(x), _INT32_MAX))
         tl.atomic_add(hist_ptr + row * (2 * NB) + tl.arange(0, NB), hist, mask=hist != 0)
         if CHUNK_HIST:
-            tl.store(chunk_hist_ptr + (row * P + chunk) * (2 * NB) + tl.arange(0, NB), hist)
+            tl.store(chunk_hist_ptr + (row * P + chunk) * (2 * NB) + tl.arange(0, NB), tl.cumsum(hist, 0))
         tl.store(part_total_ptr + row * P + chunk, tl.sum(total, 0))
         tl.store(kept_min_ptr + row * P + chunk, tl.min(smallest, 0))
 
@@ -157,7 +157,7 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
                    USE_PDL: tl.constexpr = False):
     """The fine histogram of the coarse range, and the exact weight of the kept tokens before it; the row's last
     program to finish plans the fine level for the kernels after (store_row_plan). CHUNK_HIST: also keep this
-    chunk's fine histogram (sampling_compact's one-read compaction)."""
+    chunk's fine histogram, cumulative (sampling_compact's one-read compaction)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -184,7 +184,7 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
                     before += tl.where(kept & (coarse < j_lo), top_p_weight(x, inv_temperature, s_max), 0)
             tl.atomic_add(hist_row + NB + tl.arange(0, NB), fine, mask=fine != 0)
             if CHUNK_HIST:
-                tl.store(chunk_hist_ptr + (row * P + chunk) * (2 * NB) + NB + tl.arange(0, NB), fine)
+                tl.store(chunk_hist_ptr + (row * P + chunk) * (2 * NB) + NB + tl.arange(0, NB), tl.cumsum(fine, 0))
             weight_before = tl.sum(before, 0)
             if weight_before != 0:
                 tl.atomic_add(sums_ptr + row * 2, weight_before)

@@ -7,8 +7,9 @@ Where a chunk's tokens go in the lists, two ways (BLINK_SAMPLER_COMPACT, samplin
   twice (the default): count the chunk, reserve its slots with one atomic per list, read the chunk again to copy
     (the second read hits L2; an atomic per block inside the loop had put its round trip on every iteration's
     critical path);
-  once: the bucket and refine kernels kept each chunk's coarse and fine histograms (chunk_hist [S, P, 2 * NB]), so
-    a program sums the chunks before its own over the lists' buckets and knows its offsets: one read.
+  once: the bucket and refine kernels kept each chunk's coarse and fine histograms, cumulative (chunk_hist
+    [S, P, 2 * NB]), so a program sums the chunks before its own at the lists' bounds and knows its offsets: one
+    read.
 Either way the lists hold the same tokens (in another order: the resolve sorts, the race takes the lowest id).
 """
 from __future__ import annotations
@@ -50,19 +51,28 @@ def _copy_block(x, offs, inside, listed, cand_row, list_row, cand_base, list_bas
 
 
 @triton.jit
+def _add_weight_before(sums_ptr, row, before):
+    """The exact weight of this chunk's coarse-range tokens before the fine range, into the row's second sum."""
+    weight_before = tl.sum(before, 0)
+    if weight_before != 0:
+        tl.atomic_add(sums_ptr + row * 2 + 1, weight_before)
+
+
+@triton.jit
 def _chunk_offsets(chunk_hist_ptr, row, chunk, j_lo, j_hi, f_lo, f_hi, NB: tl.constexpr, P: tl.constexpr,
                    P_PAD: tl.constexpr, RACE: tl.constexpr):
-    """The candidates and listed tokens of the row's chunks before this one, from their histograms."""
-    c = tl.arange(0, P_PAD)[:, None]
-    j = tl.arange(0, NB)[None, :]
-    hist = chunk_hist_ptr + (row * P + c) * (2 * NB) + j
-    earlier = c < chunk
-    fine = tl.load(hist + NB, mask=earlier & (j_lo <= j_hi) & (j <= f_hi), other=0)
-    num_candidates = tl.sum(tl.sum(tl.where(j >= f_lo, fine, 0), 1), 0)
+    """The candidates and listed tokens of the row's chunks before this one, from their cumulative histograms:
+    a few values per chunk (a [P, NB] tile took 224 registers at one row's 63 chunks)."""
+    c = tl.arange(0, P_PAD)
+    cumulative = chunk_hist_ptr + (row * P + c) * (2 * NB)  # coarse, then fine, per chunk
+    earlier = (c < chunk) & (j_lo <= j_hi)
+    through_hi = tl.load(cumulative + NB + tl.maximum(f_hi, 0), mask=earlier & (f_hi >= 0), other=0)
+    before_lo = tl.load(cumulative + NB + tl.maximum(f_lo - 1, 0), mask=earlier & (f_lo > 0), other=0)
+    num_candidates = tl.sum(through_hi - before_lo, 0)
     num_listed = tl.zeros([], tl.int32)
-    if RACE > 0:
-        coarse = tl.load(hist, mask=earlier & (j < j_lo), other=0)
-        num_listed = tl.sum(tl.sum(coarse + fine, 1), 0)
+    if RACE > 0:  # the kept tokens of the coarse buckets before j_lo, then the fine ones through f_hi
+        above = tl.load(cumulative + tl.minimum(j_lo, NB) - 1, mask=(c < chunk) & (j_lo > 0), other=0)
+        num_listed = tl.sum(above + through_hi, 0)
     return num_candidates, num_listed
 
 
@@ -98,23 +108,25 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
                 for start in range(0, CHUNK, BLOCK):
                     offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
                     x, inside, listed, early = _select(src, offs, inv_temperature, s_max, cutoff, j_lo, j_hi, r,
-                                                       span, f_lo, f_hi, listing, vocab_size, NB)
+                                                            span, f_lo, f_hi, listing, vocab_size, NB)
                     if top_p < 1.0:
                         before += tl.where(early, top_p_weight(x, inv_temperature, s_max), 0)
                     cand_base, list_base = _copy_block(x, offs, inside, listed, cand_row, list_row, cand_base,
                                                        list_base, CAND, RACE)
+                _add_weight_before(sums_ptr, row, before)
             else:
                 num_inside = tl.zeros([BLOCK], tl.int32)
                 num_listed = tl.zeros([BLOCK], tl.int32)
                 for start in range(0, CHUNK, BLOCK):
                     offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
                     x, inside, listed, early = _select(src, offs, inv_temperature, s_max, cutoff, j_lo, j_hi, r,
-                                                       span, f_lo, f_hi, listing, vocab_size, NB)
+                                                            span, f_lo, f_hi, listing, vocab_size, NB)
                     num_inside += inside.to(tl.int32)
                     if RACE > 0:
                         num_listed += listed.to(tl.int32)
                     if top_p < 1.0:
                         before += tl.where(early, top_p_weight(x, inv_temperature, s_max), 0)
+                _add_weight_before(sums_ptr, row, before)  # before the second pass: its registers are free there
                 total_inside = tl.sum(num_inside, 0)
                 total_listed = tl.zeros([], tl.int32)
                 if RACE > 0:
@@ -128,13 +140,10 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
                         list_base = tl.atomic_add(counter_ptr + row * COUNTERS + LIST_COUNTER, total_listed)
                     for start in range(0, CHUNK, BLOCK):
                         offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-                        x, inside, listed, _ = _select(src, offs, inv_temperature, s_max, cutoff, j_lo, j_hi, r,
-                                                       span, f_lo, f_hi, listing, vocab_size, NB)
+                        x, inside, listed, _early = _select(src, offs, inv_temperature, s_max, cutoff, j_lo, j_hi, r,
+                                                            span, f_lo, f_hi, listing, vocab_size, NB)
                         cand_base, list_base = _copy_block(x, offs, inside, listed, cand_row, list_row, cand_base,
                                                            list_base, CAND, RACE)
-            weight_before = tl.sum(before, 0)
-            if weight_before != 0:
-                tl.atomic_add(sums_ptr + row * 2 + 1, weight_before)
     if K > 0:
         if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
             compact_top_chunk(logits_ptr, row, chunk, top_keys_ptr, part_smallest_ptr, counter_ptr, cand_key_ptr,

@@ -243,8 +243,8 @@ import inspect
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from blink.kernels import sampling, sampling_bucket, sampling_grammar, sampling_penalties, sampling_resolve
-from blink.kernels import sampling_select
+from blink.kernels import sampling, sampling_bucket, sampling_compact, sampling_grammar, sampling_penalties
+from blink.kernels import sampling_resolve, sampling_select
 
 V = 128256
 ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_ptr": "*i32", "prompt_mask_ptr": "*u8",
@@ -254,6 +254,7 @@ ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_p
         "cells_ptr": "*i32", "state_ptr": "*i32", "tokens_ptr": "*i64", "key_max_ptr": "*i32", "kept_min_ptr": "*i32",
         "part_total_ptr": "*i64", "hist_ptr": "*i32", "sums_ptr": "*i64", "counter_ptr": "*i32", "cand_ptr": "*i32",
         "fell_back_ptr": "*i32", "plan_ptr": "*i64", "race_count_ptr": "*i32", "race_ids_ptr": "*i32",
+        "chunk_hist_ptr": "*i32",
         "top_keys_ptr": "*i32", "cand_key_ptr": "*i32", "cand_id_ptr": "*i32"}
 NB = sampling_bucket.NUM_BUCKETS
 rows = dict(vocab_size=V, NB=NB, P=63, P_PAD=64)
@@ -264,7 +265,7 @@ kernels = [
                                                 BLOCK=1024), 4),
     (sampling_bucket._bucket_kernel, dict(rows, CHUNK=2048, BLOCK=1024), 4),
     (sampling_bucket._refine_kernel, dict(levels, CHUNK=2048, BLOCK=1024), 4),
-    (sampling_bucket._compact_kernel, dict(rows, CAND=4096, K=20, CHUNK=2048, BLOCK=1024), 8),
+    (sampling_compact._compact_kernel, dict(rows, CAND=4096, K=20, CHUNK=2048, BLOCK=1024), 8),
     (sampling_resolve._resolve_kernel, dict(vocab_size=V, P=63, P_PAD=64, CAND=4096, SMALL=256, BLOCK=4096), 16),
     (sampling_select.keep_threshold_kernel, dict(vocab_size=V, BLOCK=4096), 16),
     (sampling._choose_kernel, dict(vocab_size=V, NUM_CHUNKS=63, KEY_BYTES=12, CHUNK=2048, BLOCK=1024), 4),
@@ -272,13 +273,18 @@ kernels = [
                                    SMALL=256, BLOCK=4096), 16),
     (sampling_grammar._advance_kernel, dict(vocab_size=V, ROWS=64, BLOCK=64), 1),
 ]
-# the four kernels the list race changes (sampling_race, BLINK_SAMPLER_RACE): row race (RACE=0), list race
+# the old and new ways of issue 17's levers: the row or list race (RACE, sampling_race), the compaction's two reads
+# or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads)
+levers = {"RACE": (0, 16384), "ONCE": (False, True), "CHUNK_HIST": (False, True)}
 for kernel, constants, warps in list(kernels):
-    if "RACE" in inspect.signature(kernel.fn).parameters:
-        block = {"RACE_BLOCK": 512} if kernel is sampling._choose_kernel else {}
-        constants.update(RACE=0, **block)
-        kernels.append((kernel, {**constants, "RACE": 16384}, warps))
-assert len(kernels) == 13
+    names = inspect.signature(kernel.fn).parameters
+    old, new = ({n: v[i] for n, v in levers.items() if n in names} for i in (0, 1))
+    if new:
+        constants.update(old, **({"RACE_BLOCK": 512} if "RACE_BLOCK" in names else {}))
+        kernels.append((kernel, {**constants, **new}, warps))
+        if "ONCE" in names:  # one lever without the other
+            kernels += [(kernel, {**constants, "ONCE": True}, warps), (kernel, {**constants, "RACE": 16384}, warps)]
+assert len(kernels) == 17
 for kernel, constants, warps in kernels:
     names = list(inspect.signature(kernel.fn).parameters)
     # the sampler's seven kernels also build with PDL (BLINK_SAMPLER_PDL): that variant must wait (kernels/pdl.py)

@@ -123,8 +123,8 @@ def test_the_knob_and_the_capacity():
 
 
 def test_the_one_read_compaction_lists_what_the_two_reads_do():
-    """Over 4 chunks a row, the last one short (offsets from several earlier chunks): the same candidates and race lists (as sets: the
-    order is free), the same thresholds."""
+    """Over 4 chunks a row, the last one short (offsets from several earlier chunks): the same candidates and
+    race lists (as sets: the order is free), the same thresholds."""
     vocab = 2000
     state = mixed_state(vocab, seed=4)
     logits, slots, positions = mixed_rows(8, vocab, seed=4)
