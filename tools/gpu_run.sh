@@ -94,11 +94,12 @@ for stage in "$@"; do
       env ${FUSION_ENV:-BLINK_PDL=1} python3 -m blink.bench.step step --presets llama3-8b \
         --batches 1,8,32 2>&1 | tee "$OUT/fusion_step_on.log";;
     sampling)  # issue 17: the selection rows at S = 1/8/32/128, 128 buckets per level (sampling_bucket.NUM_BUCKETS),
-      # at the engine's programs per kernel (sampling_grid.programs_for), the seven kernels without and with PDL
-      # (BLINK_SAMPLER_PDL), the race over the row or over the kept tokens' list (BLINK_SAMPLER_RACE); mismatches vs
+      # at the engine's programs per kernel (sampling_grid.programs_for), PDL as the engine takes it (one row only;
+      # --pdl off,on: both), the old and new ways of session 17's levers: the race over the row or over the kept
+      # tokens' list (BLINK_SAMPLER_RACE), the compaction's two reads or one (BLINK_SAMPLER_COMPACT); mismatches vs
       # the CPU reference / rows that fell back. SAMPLER_ARGS replaces it all (the old sampler: drop --no-old; every
       # scenario: drop --scenarios). Session 11: 2 columns x 4 sizes took ~150 s (4 columns now).
-      python3 -m bench.kernels.sampler ${SAMPLER_ARGS:---buckets 128 --programs engine --pdl off,on --race row,list --no-old --sizes 1 8 32 128 \
+      python3 -m bench.kernels.sampler ${SAMPLER_ARGS:---buckets 128 --programs engine --pdl engine --race row,list --compact twice,once --no-old --sizes 1 8 32 128 \
         --scenarios top_p,top_k,top_k+top_p,min_p,top_p_flat,top_k_flat,logprobs20,greedy} 2>&1 \
         | tee "$OUT/sampling.log" | tail -40
       python3 -m pytest -q -m gpu tests/kernels/test_sampling_select.py tests/kernels/test_sampling.py 2>&1 \

@@ -308,8 +308,10 @@ def test_kernels_compile_for_hopper():
 
 # ---- GPU -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-@pytest.mark.parametrize("race", [0, RACE_CAPACITY])  # the row race, the list race (sampling_race)
-def test_gpu_matches_reference_on_a_real_vocab(race):
+# session 17's levers off and on: the row race and two reads, the list race (sampling_race) and one read
+# (sampling_compact)
+@pytest.mark.parametrize(("race", "once"), [(0, False), (RACE_CAPACITY, True)])
+def test_gpu_matches_reference_on_a_real_vocab(race, once):
     vocab, rows = 128256, 64
     cpu_state = mixed_state(vocab)
     cuda_state = SamplingState(cpu_state.max_slots, vocab, "cuda")
@@ -319,7 +321,7 @@ def test_gpu_matches_reference_on_a_real_vocab(race):
     logits, slots, positions = mixed_rows(rows, vocab)
     logits = (logits * 2).bfloat16().float()  # bf16-rounded like a real model's logits
     ref = sample_ref(logits, slots, positions, cpu_state, 20)
-    got = sample_triton(logits.cuda(), slots.cuda(), positions.cuda(), cuda_state, 20, race=race)
+    got = sample_triton(logits.cuda(), slots.cuda(), positions.cuda(), cuda_state, 20, race=race, compact_once=once)
     torch.testing.assert_close(apply_penalties_triton(logits.cuda(), slots.cuda(), cuda_state).cpu(),
                                apply_penalties_ref(logits, slots, cpu_state))
     assert got.token_ids.cpu().tolist() == ref.token_ids.tolist()
@@ -327,7 +329,8 @@ def test_gpu_matches_reference_on_a_real_vocab(race):
     assert torch.equal(got.top_ids.cpu(), ref.top_ids)  # bf16 logits tie a lot: ties go by token id
     torch.testing.assert_close(got.top_logprobs.cpu(), ref.top_logprobs, rtol=1e-5, atol=1e-5)
     penalized = apply_penalties_ref(logits, slots, cpu_state)
-    assert torch.equal(keep_thresholds_triton(penalized.cuda(), slots.cuda(), cuda_state).cpu(),
+    assert torch.equal(keep_thresholds_triton(penalized.cuda(), slots.cuda(), cuda_state, race=race,
+                                              compact_once=once).cpu(),
                        keep_thresholds(penalized, slots, cpu_state))
     cuda_state.record_tokens(slots.cuda(), got.token_ids)
     cpu_state.record_tokens(slots, ref.token_ids)
