@@ -74,7 +74,8 @@ def test_mixed_rows_match_the_reference_and_the_row_race(race, once):
         assert (filtered & ~listed).any()  # some lists overflowed: those rows streamed
 
 
-def test_rows_that_fall_back_or_keep_the_whole_row_stream():
+@pytest.mark.parametrize("once", [False, True])
+def test_rows_that_fall_back_or_keep_the_whole_row_stream(once):
     """A flat row of ties whose candidates overflow a small candidate list takes the one-program search (its list
     is not marked, whatever fits); a top_k that keeps every token lists the whole row. Tokens: the reference's."""
     vocab = 600
@@ -88,7 +89,7 @@ def test_rows_that_fall_back_or_keep_the_whole_row_stream():
     logits[0] = (logits[0] * 4).round() / 4  # a few values, each tied by many tokens: the fine buckets cannot split
     slots = torch.arange(8, dtype=torch.int32) % len(params)
     positions = torch.arange(8) * 5
-    got, plan = sample_with_plan(logits, slots, positions, state, 2, 1024, cand=16)
+    got, plan = sample_with_plan(logits, slots, positions, state, 2, 1024, cand=16, once=once, programs=16)
     assert_same(got, sample_ref(logits, slots, positions, state, 2),
                 sample_triton(logits, slots, positions, state, 2, race=0))
     assert plan.fell_back[0] == 1 and plan.race_count[0] == -1  # the flat top_p row searched: not listed
@@ -97,9 +98,9 @@ def test_rows_that_fall_back_or_keep_the_whole_row_stream():
     assert_lists_hold_the_kept_tokens(logits, slots, state, plan)
 
 
-@pytest.mark.parametrize("programs", [None, 2])
-def test_one_row(programs):
-    """S = 1: a penalized top_p row with logprobs, over many chunks (the engine's) and over two."""
+@pytest.mark.parametrize(("programs", "once"), [(None, True), (2, False)])
+def test_one_row(programs, once):
+    """S = 1: a penalized top_p row with logprobs, over the engine's 4 chunks (read once) and over two."""
     vocab = 2000
     state = SamplingState(1, vocab, "cpu")
     state.set_slot(0, SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.2, logit_bias={7: 4.0},
@@ -111,7 +112,7 @@ def test_one_row(programs):
     for seed_position in range(3):  # a few draws: other tokens win
         positions = torch.tensor([77 + seed_position])
         ref = sample_ref(logits, slots, positions, state, 3)
-        got = sample_triton(logits, slots, positions, state, 3, programs=programs, race=4096)
+        got = sample_triton(logits, slots, positions, state, 3, programs=programs, race=4096, compact_once=once)
         assert_same(got, ref, sample_triton(logits, slots, positions, state, 3, programs=programs, race=0))
 
 
