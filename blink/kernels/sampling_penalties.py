@@ -1,6 +1,7 @@
 """Step 1 of the sampler (sampling.py): logit_bias, penalties and the grammar's mask for the rows that have
-them, into a side buffer; for the rows with a filter, each chunk's largest processed logit; and the zeroing
-of the selection's per-row scratch (sampling_bucket, sampling_topk) for every row.
+them, into a side buffer; for the rows with a filter, each chunk's largest processed logit (with the list race,
+sampling_race, also its raw log-sum-exp partials); and the zeroing of the selection's per-row scratch
+(sampling_bucket, sampling_topk) for every row.
 """
 from __future__ import annotations
 
