@@ -28,8 +28,10 @@ def _setting(name: str, choices: dict[str, bool], default: str) -> bool:
 # tokens, a flat row's top_p, still streams); BLINK_SAMPLER_COMPACT = "twice" | "once", the compaction's reads of
 # its chunk (sampling_compact).
 RACE_CAPACITY = 16384
-_RACE_DEFAULT = _setting("BLINK_SAMPLER_RACE", {"row": False, "list": True}, "row")
-_ONCE_DEFAULT = _setting("BLINK_SAMPLER_COMPACT", {"twice": False, "once": True}, "twice")
+KNOBS = {"BLINK_SAMPLER_RACE": ({"row": False, "list": True}, "row"),
+         "BLINK_SAMPLER_COMPACT": ({"twice": False, "once": True}, "twice")}  # (choices, default)
+_RACE_DEFAULT = _setting("BLINK_SAMPLER_RACE", *KNOBS["BLINK_SAMPLER_RACE"])
+_ONCE_DEFAULT = _setting("BLINK_SAMPLER_COMPACT", *KNOBS["BLINK_SAMPLER_COMPACT"])
 
 
 def race_capacity(vocab_size: int, race: int | None = None) -> int:

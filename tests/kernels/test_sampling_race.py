@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from blink.kernels.sampling import _choose_and_score, _keep_thresholds_triton, sample_ref, sample_triton
-from blink.kernels.sampling_grid import _Plan, race_capacity
+from blink.kernels.sampling_grid import RACE_CAPACITY, _Plan, race_capacity
 from blink.kernels.sampling_penalties import prologue
 from blink.kernels.sampling_ref import apply_penalties_ref, canonical, keep_thresholds
 from blink.kernels.sampling_state import SamplingState
@@ -116,11 +116,23 @@ def test_one_row(programs, once):
         assert_same(got, ref, sample_triton(logits, slots, positions, state, 3, programs=programs, race=0))
 
 
-def test_the_knob_and_the_capacity():
+def test_the_knobs_and_the_capacity(monkeypatch):
+    from blink.kernels import sampling_grid
+
     assert race_capacity(128256, 0) == 0 and race_capacity(128256, 16384) == 16384
     assert race_capacity(777, 16384) == 1024  # never more than a row
     with pytest.raises(AssertionError):
         race_capacity(777, 1000)
+    for name, (choices, default) in sampling_grid.KNOBS.items():
+        monkeypatch.setenv(name, "yes")
+        with pytest.raises(ValueError, match=name):
+            sampling_grid._setting(name, choices, default)
+        monkeypatch.delenv(name)
+        assert sampling_grid._setting(name, choices, default) is False  # the old ways by default
+    monkeypatch.setattr(sampling_grid, "_RACE_DEFAULT", True)
+    monkeypatch.setattr(sampling_grid, "_ONCE_DEFAULT", True)
+    plan = _Plan(torch.zeros(2, 128256))
+    assert plan.race == RACE_CAPACITY and plan.compact_once and plan.chunk_hist.shape == (2, plan.num_chunks, 256)
 
 
 def test_the_one_read_compaction_lists_what_the_two_reads_do():
