@@ -172,6 +172,10 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
     levels = dict(sizes, LOG2_NB=plan.log2_buckets)
     pdl = plan.pdl
     once = plan.compact_once  # the bucket and refine kernels keep each chunk's histograms for the compaction
+    # The list or the one read took the compaction from 60 to 77 registers (sm_90's build): 3 programs of 8 warps an
+    # SM instead of 4, a second wave at 512. At 64 ptxas spills nothing at S = 32's chunks (4 bytes at one row's,
+    # where 63 programs fill no SM twice: left free there).
+    compact_regs = {"maxnreg": 64} if (plan.race > 0 or once) and num_rows > 1 else {}
     _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
                               plan.chunk_hist, vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block,
                               CHUNK_HIST=once and plan.race > 0, num_warps=4, **pdl, **_NO_FUSION)
@@ -182,7 +186,7 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
                                plan.cand_i32[0], state.num_logprobs, plan.top_keys, plan.part_i32[1],
                                plan.cand_i32[1], plan.cand_i32[2], plan.race_ids, plan.chunk_hist, vocab_size, **sizes,
                                CAND=plan.cand, K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race,
-                               ONCE=once, num_warps=8, **pdl,
+                               ONCE=once, num_warps=8, **compact_regs, **pdl,
                                **_NO_FUSION)  # 8 warps: chosen when it also ran the plans' NB-wide scans
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
     _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, plan.fell_back, *params, plan.row_max,

@@ -293,6 +293,8 @@ for kernel, constants, warps in kernels:
         signature = {n: "constexpr" if n in given else ints.get(n, "*fp32") for n in names}
         constexprs = {(names.index(n),): v for n, v in given.items()}
         options = {"enable_fp_fusion": False, "num_warps": warps, **({} if pdl is None else {"launch_pdl": pdl})}
+        if kernel is sampling_compact._compact_kernel and (given["RACE"] or given["ONCE"]):
+            options["maxnreg"] = 64  # as sampling.py launches the compaction's new ways
         built = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
                                target=GPUTarget("cuda", 90, 32), options=options)
         if pdl is not None:
