@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on the lent GPU machine (device tool): bash tools/gpu_run.sh STAGE...
 # Needs .whl/ (bash tools/fetch_wheels.sh here, then carry [".whl"]) for the server stages.
-# Stages: env | tests | step | step-sampling | sampling | offline | device | barrier (2 GPUs) | replicas (2 GPUs) | ... (see the case below). Logs go to $OUT (or /tmp/out).
+# Stages: env | tests | step | step-sampling | sampling | sampling-profile | offline | device | barrier (2 GPUs) | replicas (2 GPUs) | ... (see the case below). Logs go to $OUT (or /tmp/out).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -104,6 +104,12 @@ for stage in "$@"; do
         | tee "$OUT/sampling.log" | tail -40
       python3 -m pytest -q -m gpu tests/kernels/test_sampling_select.py tests/kernels/test_sampling.py 2>&1 \
         | tee "$OUT/sampling_tests.log" | tail -10;;
+    sampling-profile)  # issue 17: the sampler's per-kernel times at S = 1 and 32 (top_p, top_k), the old ways of
+      # session 17's levers, then the new (BLINK_SAMPLER_RACE=list, BLINK_SAMPLER_COMPACT=once)
+      BLINK_SAMPLER_RACE=row BLINK_SAMPLER_COMPACT=twice python3 tools/diag_chunk.py sampler 2>&1 \
+        | tee "$OUT/sampling_profile_old.log" | tail -40
+      BLINK_SAMPLER_RACE=list BLINK_SAMPLER_COMPACT=once python3 tools/diag_chunk.py sampler 2>&1 \
+        | tee "$OUT/sampling_profile_new.log" | tail -40;;
     step-sampling)  # issue 17: llama3-8b decode rows greedy vs top_p / top_k, and prefill rows with their floors
       python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 --sampling "${STEP_SAMPLING:-greedy,top_p,top_k}" \
         --prefill-tokens "${STEP_PREFILL:-2048,8192,32768,100@2000}" --result-json "$OUT/step_sampling.json" 2>&1 | tee "$OUT/step_sampling.log";;
