@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run on the lent GPU machine (device tool): bash tools/gpu_run.sh STAGE...
 # Needs .whl/ (bash tools/fetch_wheels.sh here, then carry [".whl"]) for the server stages.
-# Stages: env | tests | step | step-sampling | sampling | offline | device | barrier (2 GPUs) | replicas (2 GPUs) | ... (see the case below). Logs go to $OUT (or /tmp/out).
+# Stages: env | tests | step | step-sampling | sampling | sampling-profile | offline | device | barrier (2 GPUs) | replicas (2 GPUs) | ... (see the case below). Logs go to $OUT (or /tmp/out).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -94,14 +94,22 @@ for stage in "$@"; do
       env ${FUSION_ENV:-BLINK_PDL=1} python3 -m blink.bench.step step --presets llama3-8b \
         --batches 1,8,32 2>&1 | tee "$OUT/fusion_step_on.log";;
     sampling)  # issue 17: the selection rows at S = 1/8/32/128, 128 buckets per level (sampling_bucket.NUM_BUCKETS),
-      # at the engine's programs per kernel (sampling_grid.programs_for), the seven kernels without and with PDL
-      # (BLINK_SAMPLER_PDL); mismatches vs the CPU reference / rows that fell back. SAMPLER_ARGS replaces it all (the
-      # old sampler: drop --no-old; every scenario: drop --scenarios). Session 11: 2 columns x 4 sizes took ~150 s.
-      python3 -m bench.kernels.sampler ${SAMPLER_ARGS:---buckets 128 --programs engine --pdl off,on --no-old --sizes 1 8 32 128 \
+      # at the engine's programs per kernel (sampling_grid.programs_for), PDL as the engine takes it (one row only;
+      # --pdl off,on: both), the old and new ways of session 17's levers: the race over the row or over the kept
+      # tokens' list (BLINK_SAMPLER_RACE), the compaction's two reads or one (BLINK_SAMPLER_COMPACT); mismatches vs
+      # the CPU reference / rows that fell back. SAMPLER_ARGS replaces it all (the old sampler: drop --no-old; every
+      # scenario: drop --scenarios). Session 11: 2 columns x 4 sizes took ~150 s (4 columns now).
+      python3 -m bench.kernels.sampler ${SAMPLER_ARGS:---buckets 128 --programs engine --pdl engine --race row,list --compact twice,once --no-old --sizes 1 8 32 128 \
         --scenarios top_p,top_k,top_k+top_p,min_p,top_p_flat,top_k_flat,logprobs20,greedy} 2>&1 \
         | tee "$OUT/sampling.log" | tail -40
       python3 -m pytest -q -m gpu tests/kernels/test_sampling_select.py tests/kernels/test_sampling.py 2>&1 \
         | tee "$OUT/sampling_tests.log" | tail -10;;
+    sampling-profile)  # issue 17: the sampler's per-kernel times at S = 1 and 32 (top_p, top_k), the old ways of
+      # session 17's levers, then the new (BLINK_SAMPLER_RACE=list, BLINK_SAMPLER_COMPACT=once)
+      BLINK_SAMPLER_RACE=row BLINK_SAMPLER_COMPACT=twice python3 tools/diag_chunk.py sampler 2>&1 \
+        | tee "$OUT/sampling_profile_old.log" | tail -40
+      BLINK_SAMPLER_RACE=list BLINK_SAMPLER_COMPACT=once python3 tools/diag_chunk.py sampler 2>&1 \
+        | tee "$OUT/sampling_profile_new.log" | tail -40;;
     step-sampling)  # issue 17: llama3-8b decode rows greedy vs top_p / top_k, and prefill rows with their floors
       python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 --sampling "${STEP_SAMPLING:-greedy,top_p,top_k}" \
         --prefill-tokens "${STEP_PREFILL:-2048,8192,32768,100@2000}" --result-json "$OUT/step_sampling.json" 2>&1 | tee "$OUT/step_sampling.log";;

@@ -1,7 +1,8 @@
 """GPU micro-benchmark of the sampler: one captured sample() per scenario and batch size, new vs old.
 
     python -m bench.kernels.sampler [--sizes 1 8 32 128] [--scenarios top_p,min_p] [--no-old] [--no-check]
-                                    [--buckets 4096,512] [--programs 256,1024] [--pdl off,on]
+                                    [--buckets 4096,512] [--programs 256,1024] [--pdl off,on,engine]
+                                    [--race row,list] [--compact twice,once]
 
 Each (scenario, S) runs sample() at V = 128256 captured in a CUDA graph, as the engine runs it, timed
 with triton.testing.do_bench (median, L2 flushed before each replay). "old" is the sampler of git e896288
@@ -14,7 +15,12 @@ max_top_logprobs is 20 in every call, as in the engine.
 engine's) and programs per multi-program kernel (default: the engine's sampling_grid.programs_for(S); fewer where a
 chunk would go below 2k tokens), each with its own mismatch count; the speedup is the first column's.
 --pdl off,on: each column also with the sampler's seven kernels launched with programmatic dependent launch
-(kernels/pdl.py; BLINK_SAMPLER_PDL in the engine), captured the same way, side by side in the same run.
+(kernels/pdl.py; BLINK_SAMPLER_PDL in the engine), captured the same way, side by side in the same run; engine:
+as the engine's default, with PDL at one row only (+pdl1).
+--race row,list: each column also with the choice raced over the whole row or over the list of the tokens the
+filter may keep (sampling_race; BLINK_SAMPLER_RACE in the engine, sampling_grid.RACE_CAPACITY ids a row).
+--compact twice,once: each column also with the compaction reading its chunk twice or once (sampling_compact;
+BLINK_SAMPLER_COMPACT in the engine).
 """
 from __future__ import annotations
 
@@ -27,6 +33,7 @@ from bench.kernels import sampling_old
 from blink.kernels import sampling
 from blink.kernels.pdl import pdl_switched
 from blink.kernels.sampling_bucket import NUM_BUCKETS
+from blink.kernels.sampling_grid import RACE_CAPACITY
 from blink.kernels.sampling_state import SamplingState
 from blink.request import MAX_TOP_LOGPROBS, SamplingParams
 
@@ -87,16 +94,17 @@ def time_graph(fn) -> float:
     return triton.testing.do_bench(graph.replay, return_mode="median") * 1000
 
 
-def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs) -> str:
+def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs, race, once) -> str:
     """Tokens, thresholds and top-logprob rows where the GPU and the CPU reference differ, and "/" the rows whose
     threshold took the one-program search (the bucket plan's candidates did not fit)."""
-    got = sampling.sample_triton(logits, slots, positions, state, MAX_TOP_LOGPROBS, num_buckets, programs)
+    got = sampling.sample_triton(logits, slots, positions, state, MAX_TOP_LOGPROBS, num_buckets, programs,
+                                 race=race, compact_once=once)
     cpu = [t.cpu() for t in (logits, slots, positions)]
     ref = sampling.sample_ref(*cpu, cpu_state, MAX_TOP_LOGPROBS)
     penalized = sampling.apply_penalties_ref(cpu[0], cpu[1], cpu_state)
     fell_back = torch.zeros(len(slots), dtype=torch.int32, device=logits.device)
     threshold = sampling.keep_thresholds_triton(penalized.cuda(), slots, state, num_buckets, fell_back,
-                                                programs).cpu()
+                                                programs, race, once).cpu()
     bad = int((got.token_ids.cpu() != ref.token_ids).sum()
               + (threshold != sampling.keep_thresholds(penalized, cpu[1], cpu_state)).sum()
               + (got.top_ids.cpu() != ref.top_ids).any(dim=1).sum())
@@ -104,6 +112,7 @@ def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs
 
 
 ENG = "eng"  # column label of the engine's programs_for(S)
+PDL_LABELS = {False: "", True: "+pdl", "one_row": "+pdl1"}  # +pdl1: the engine's, at one row only
 
 
 def main() -> None:
@@ -114,15 +123,22 @@ def main() -> None:
     parser.add_argument("--programs", default="engine",
                         help="comma-separated programs per multi-program kernel to time; engine: "
                              "sampling_grid.programs_for(S)")
-    parser.add_argument("--pdl", default="off", help="off, on or off,on: the sampler's kernels with PDL")
+    parser.add_argument("--pdl", default="off",
+                        help="off, on, engine (one row only) or a list: the sampler's kernels with PDL")
+    parser.add_argument("--race", default="row", help="row, list or row,list: the race over the row or the list")
+    parser.add_argument("--compact", default="twice", help="twice, once or twice,once: the compaction's reads")
     parser.add_argument("--no-old", action="store_true", help="skip the old sampler's column")
     parser.add_argument("--no-check", action="store_true", help="skip the CPU-reference comparison")
     args = parser.parse_args()
-    columns = [(int(b), None if p == "engine" else int(p), pdl == "on")
-               for b in args.buckets.split(",") for p in args.programs.split(",") for pdl in args.pdl.split(",")]
+    pdls = {"off": False, "on": True, "engine": "one_row"}
+    races, reads = {"row": 0, "list": RACE_CAPACITY}, {"twice": False, "once": True}
+    columns = [(int(b), None if p == "engine" else int(p), pdls[pdl], races[race], reads[once])
+               for b in args.buckets.split(",") for p in args.programs.split(",") for pdl in args.pdl.split(",")
+               for race in args.race.split(",") for once in args.compact.split(",")]
     print(f"V={VOCAB}, {torch.cuda.get_device_name()}, old = git e896288 (bench/kernels/sampling_old.py)")
-    label = lambda nb, p, pdl: f"nb={nb} p={p or ENG}{'+pdl' if pdl else ''} us"
-    print(f"{'scenario':<13}{'S':>5}" + "".join(f"{label(*c):>20}{'bad/fb':>7}" for c in columns)
+    label = lambda nb, p, pdl, race, once: (f"nb={nb} p={p or ENG}{PDL_LABELS[pdl]}{'+list' if race else ''}"
+                                            f"{'+once' if once else ''} us")
+    print(f"{'scenario':<13}{'S':>5}" + "".join(f"{label(*c):>32}{'bad/fb':>7}" for c in columns)
           + f"{'old us':>10}{'speedup':>9}")
     for name in args.scenarios.split(","):
         for num_rows in args.sizes:
@@ -130,12 +146,13 @@ def main() -> None:
             state = to_cuda(cpu_state)
             gpu = (logits.cuda(), slots.cuda(), positions.cuda())
             cells, first_us = "", None
-            for nb, p, pdl in columns:
+            for nb, p, pdl, race, once in columns:
                 with pdl_switched(pdl, "sampler"):  # read at each launch, so at the capture
-                    us = time_graph(lambda: sampling.sample_triton(*gpu, state, MAX_TOP_LOGPROBS, nb, p))  # noqa: B023
-                    bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb, p)
+                    us = time_graph(lambda: sampling.sample_triton(*gpu, state, MAX_TOP_LOGPROBS, nb, p,  # noqa: B023
+                                                                   race=race, compact_once=once))  # noqa: B023
+                    bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb, p, race, once)
                 first_us = first_us or us
-                cells += f"{us:>20.1f}{bad:>7}"
+                cells += f"{us:>32.1f}{bad:>7}"
             old_us = (float("nan") if args.no_old else
                       time_graph(lambda: sampling_old.sample(*gpu, state, MAX_TOP_LOGPROBS)))  # noqa: B023
             print(f"{name:<13}{num_rows:>5}{cells}{old_us:>10.1f}{old_us / first_us:>9.2f}", flush=True)

@@ -10,7 +10,9 @@ finish splits the vocabulary in the same chunks (256-1,024 programs in all, samp
      min_p > 0) bucket their tokens in two levels, gather the candidates (step 4 also gathers the top-K
      logprobs' candidates) and resolve the threshold exactly; every other row writes -inf.
   6. choose: each program runs the race (or the argmax of a greedy row) and an online log-sum-exp of the
-     raw logits over its chunk.
+     raw logits over its chunk; with the list race (BLINK_SAMPLER_RACE=list, sampling_race) a filtered row
+     whose kept tokens the compaction listed races over its share of the list only (step 1 did its
+     log-sum-exp).
   7. finish: one program per row merges the chunks: the token, its raw logprob and, for rows whose slot
      asks (num_logprobs > 0), the top-K logprobs from their candidates.
 A row whose slot is -1 is padding: greedy, no penalties, no top logprobs. The kernels take the vocabulary
@@ -26,10 +28,12 @@ import triton
 import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
-from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _compact_kernel, _refine_kernel
+from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _refine_kernel
+from blink.kernels.sampling_compact import _compact_kernel
 from blink.kernels.sampling_grid import _Plan, _row_block
 from blink.kernels.sampling_penalties import prologue
 from blink.kernels.sampling_plan import COUNTERS
+from blink.kernels.sampling_race import lse_step, race_over_list, store_lse
 from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the reference lives there)
     SampleOutput,
     apply_penalties_ref,
@@ -39,7 +43,6 @@ from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the referen
 )
 from blink.kernels.sampling_resolve import _resolve_kernel
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, race_uniform_ref, row_hash  # noqa: F401
-from blink.kernels.sampling_select import canonical, sortable_key
 from blink.kernels.sampling_topk import (
     asks_for_logprobs,
     top_floor,
@@ -58,9 +61,11 @@ _INT32_MAX = tl.constexpr(0x7FFFFFFF)
 @triton.jit
 def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, positions_ptr, flags_ptr, temperature_ptr,
                    seed_ptr, part_max_ptr, part_sum_ptr, part_best_ptr, part_token_ptr, part_largest_ptr,
-                   vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr, KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr,
-                   BLOCK: tl.constexpr,
-                   USE_PDL: tl.constexpr = False):
+                   race_count_ptr, race_ids_ptr, vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr,
+                   KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr = 0,
+                   RACE_BLOCK: tl.constexpr = 16, USE_PDL: tl.constexpr = False):
+    """RACE > 0: rows the resolve marked race over their list only (sampling_race); the penalties kernel wrote
+    their log-sum-exp partials."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -74,42 +79,45 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
     hash_of_row = row_hash(tl.load(seed_ptr + safe_slot), tl.load(positions_ptr + row))
     raw_row = logits_ptr + row.to(tl.int64) * vocab_size
     processed_row = processed_ptr + row.to(tl.int64) * vocab_size
-
-    run_max = tl.full([BLOCK], float("-inf"), tl.float32)  # online log-sum-exp of the raw logits, per lane
-    run_sum = tl.zeros([BLOCK], tl.float32)
-    largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)  # of the raw row, for the top-K fallback search
-    best = tl.full([BLOCK], float("-inf"), tl.float32)  # a lane keeps its first maximum
-    best_token = tl.full([BLOCK], vocab_size, tl.int32)
-    for start in range(0, CHUNK, BLOCK):
-        offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-        valid = offs < vocab_size
-        x = tl.load(raw_row + offs, mask=valid, other=float("-inf"))
-        new_max = tl.maximum(run_max, x)
-        pivot = tl.where(new_max == float("-inf"), 0.0, new_max)  # all -inf so far: both terms 0, no NaN
-        run_sum = run_sum * tl.exp(run_max - pivot) + tl.exp(x - pivot)
-        run_max = new_max
-        key = sortable_key(canonical(x))
-        largest = tl.maximum(largest, tl.where(valid, key, -_INT32_MAX - 1))
-
-        score = x
-        if processed:
-            score = tl.load(processed_row + offs, mask=valid, other=float("-inf"))
-        if noisy:
-            u = race_uniform(hash_of_row, offs, KEY_BYTES)
-            score = tl.where(score >= threshold, score * inv_temperature - tl.log(-tl.log(u)), float("-inf"))
-        take = score > best
-        best = tl.where(take, score, best)
-        best_token = tl.where(take, offs, best_token)
-
-    chunk_max = tl.max(run_max, 0)
-    scale = tl.exp(run_max - tl.where(chunk_max == float("-inf"), 0.0, chunk_max))
-    top = tl.max(best, 0)
     out = row * NUM_CHUNKS + chunk
-    tl.store(part_max_ptr + out, chunk_max)
-    tl.store(part_sum_ptr + out, tl.sum(run_sum * scale, 0))
-    tl.store(part_best_ptr + out, top)
-    tl.store(part_token_ptr + out, tl.min(tl.where(best == top, best_token, vocab_size), 0))
-    tl.store(part_largest_ptr + out, tl.max(largest, 0))
+
+    listed = tl.full([], -1, tl.int32)
+    if RACE > 0:
+        listed = tl.load(race_count_ptr + row)
+    if listed >= 0:
+        score_row = raw_row
+        if processed:
+            score_row = processed_row
+        top, token = race_over_list(race_ids_ptr + row * RACE, listed, score_row, threshold, inv_temperature,
+                                    hash_of_row, chunk, vocab_size, NUM_CHUNKS, KEY_BYTES, RACE, RACE_BLOCK)
+        tl.store(part_best_ptr + out, top)
+        tl.store(part_token_ptr + out, token)
+    else:
+        run_max = tl.full([BLOCK], float("-inf"), tl.float32)  # online log-sum-exp of the raw logits, per lane
+        run_sum = tl.zeros([BLOCK], tl.float32)
+        largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)  # of the raw row, for the top-K fallback search
+        best = tl.full([BLOCK], float("-inf"), tl.float32)  # a lane keeps its first maximum
+        best_token = tl.full([BLOCK], vocab_size, tl.int32)
+        for start in range(0, CHUNK, BLOCK):
+            offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
+            valid = offs < vocab_size
+            x = tl.load(raw_row + offs, mask=valid, other=float("-inf"))
+            run_max, run_sum, largest = lse_step(run_max, run_sum, largest, x, valid)
+
+            score = x
+            if processed:
+                score = tl.load(processed_row + offs, mask=valid, other=float("-inf"))
+            if noisy:
+                u = race_uniform(hash_of_row, offs, KEY_BYTES)
+                score = tl.where(score >= threshold, score * inv_temperature - tl.log(-tl.log(u)), float("-inf"))
+            take = score > best
+            best = tl.where(take, score, best)
+            best_token = tl.where(take, offs, best_token)
+
+        store_lse(part_max_ptr, part_sum_ptr, part_largest_ptr, out, run_max, run_sum, largest)
+        top = tl.max(best, 0)
+        tl.store(part_best_ptr + out, top)
+        tl.store(part_token_ptr + out, tl.min(tl.where(best == top, best_token, vocab_size), 0))
 
 
 # ---- 6. merge the chunks; logprobs ----------------------------------------------------------------
@@ -163,22 +171,29 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
     sizes = dict(NB=plan.num_buckets, P=plan.num_chunks, P_PAD=plan.chunks_pad)
     levels = dict(sizes, LOG2_NB=plan.log2_buckets)
     pdl = plan.pdl
+    once = plan.compact_once  # the bucket and refine kernels keep each chunk's histograms for the compaction
+    # The list or the one read took the compaction from 60 to 77 registers (sm_90's build): 3 programs of 8 warps an
+    # SM instead of 4, a second wave at 512. At 64 ptxas spills nothing at S = 32's chunks (4 bytes at one row's,
+    # where 63 programs fill no SM twice: left free there).
+    compact_regs = {"maxnreg": 64} if (plan.race > 0 or once) and num_rows > 1 else {}
     _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
-                              vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **pdl,
-                              **_NO_FUSION)
+                              plan.chunk_hist, vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block,
+                              CHUNK_HIST=once and plan.race > 0, num_warps=4, **pdl, **_NO_FUSION)
     _refine_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
-                              plan.counters, plan.row_plans, vocab_size, **levels, CHUNK=plan.chunk, BLOCK=plan.block,
-                              num_warps=4, **pdl, **_NO_FUSION)
+                              plan.counters, plan.row_plans, plan.chunk_hist, vocab_size, **levels, CHUNK=plan.chunk,
+                              BLOCK=plan.block, CHUNK_HIST=once, num_warps=4, **pdl, **_NO_FUSION)
     _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.row_plans, plan.sums, plan.counters,
                                plan.cand_i32[0], state.num_logprobs, plan.top_keys, plan.part_i32[1],
-                               plan.cand_i32[1], plan.cand_i32[2], vocab_size, **sizes, CAND=plan.cand,
-                               K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, num_warps=8,
-                               **pdl, **_NO_FUSION)  # 8 warps: chosen when it also ran the plans' NB-wide scans
+                               plan.cand_i32[1], plan.cand_i32[2], plan.race_ids, plan.chunk_hist, vocab_size, **sizes,
+                               CAND=plan.cand, K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race,
+                               ONCE=once, num_warps=8, **compact_regs, **pdl,
+                               **_NO_FUSION)  # 8 warps: chosen when it also ran the plans' NB-wide scans
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
     _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, plan.fell_back, *params, plan.row_max,
-                                 plan.kept_min, plan.row_plans, plan.sums, plan.cand_i32[0], vocab_size,
-                                 P=plan.num_chunks, P_PAD=plan.chunks_pad, CAND=plan.cand, SMALL=plan.small,
-                                 BLOCK=_row_block(vocab_size), num_warps=_ROW_WARPS, **pdl, **_NO_FUSION)
+                                 plan.kept_min, plan.row_plans, plan.sums, plan.cand_i32[0], plan.race_count,
+                                 vocab_size, P=plan.num_chunks, P_PAD=plan.chunks_pad, CAND=plan.cand,
+                                 SMALL=plan.small, BLOCK=_row_block(vocab_size), RACE=plan.race, num_warps=_ROW_WARPS,
+                                 **pdl, **_NO_FUSION)
     return out
 
 
@@ -190,9 +205,9 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
     f32, i32 = plan.part_f32, plan.part_i32
     _choose_kernel[plan.grid](
         logits, processed, threshold, slots, positions, state.flags, state.temperature, state.seed,
-        f32[0], f32[1], f32[2], i32[0], i32[2], vocab_size,
-        NUM_CHUNKS=plan.num_chunks, KEY_BYTES=KEY_BYTES, CHUNK=plan.chunk, BLOCK=plan.block,
-        num_warps=4, **plan.pdl, **_NO_FUSION,
+        f32[0], f32[1], f32[2], i32[0], i32[2], plan.race_count, plan.race_ids, vocab_size,
+        NUM_CHUNKS=plan.num_chunks, KEY_BYTES=KEY_BYTES, CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race,
+        RACE_BLOCK=plan.race_block, num_warps=4, **plan.pdl, **_NO_FUSION,
     )
     if out is None:
         out = SampleOutput(torch.empty(num_rows, dtype=torch.int64, device=device),
@@ -222,10 +237,11 @@ def apply_penalties_triton(logits: torch.Tensor, slots: torch.Tensor, state: Sam
 
 def keep_thresholds_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState,
                            num_buckets: int = NUM_BUCKETS, fell_back: torch.Tensor | None = None,
-                           programs: int | None = None) -> torch.Tensor:
+                           programs: int | None = None, race: int | None = None,
+                           compact_once: bool | None = None) -> torch.Tensor:
     """keep_thresholds on already processed logits; `fell_back` [S] int32, if given, gets 1 for the rows that
     took the one-program search."""
-    plan = _Plan(logits, num_buckets, programs)
+    plan = _Plan(logits, num_buckets, programs, race, compact_once)
     prologue(logits, logits, slots, state, plan, penalize=False)
     out = _keep_thresholds_triton(logits, logits, slots, state, plan)
     if fell_back is not None:
@@ -235,17 +251,20 @@ def keep_thresholds_triton(logits: torch.Tensor, slots: torch.Tensor, state: Sam
 
 def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: torch.Tensor,
                          positions: torch.Tensor, state: SamplingState) -> torch.Tensor:
-    """choose_tokens_ref on already processed logits."""
-    plan = _Plan(logits)
+    """choose_tokens_ref on already processed logits (the row race: no compaction lists the kept tokens)."""
+    plan = _Plan(logits, race=0)
     return _choose_and_score(logits, logits, threshold, slots, positions, state, 0, plan).token_ids
 
 
 def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
                   max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
-                  out: SampleOutput | None = None) -> SampleOutput:
+                  out: SampleOutput | None = None, race: int | None = None,
+                  compact_once: bool | None = None) -> SampleOutput:
+    """race: the list race's capacity per row (sampling_grid.race_capacity; None: BLINK_SAMPLER_RACE's);
+    compact_once: the compaction's one read (sampling_compact; None: BLINK_SAMPLER_COMPACT's)."""
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
-    plan = _Plan(logits, num_buckets, programs)
+    plan = _Plan(logits, num_buckets, programs, race, compact_once)
     processed = torch.empty_like(logits)
     prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs)
     threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)

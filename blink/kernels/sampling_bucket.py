@@ -10,8 +10,8 @@ the threshold is narrowed in two histogram levels (sampling_plan):
      histograms the kept tokens inside it into fine buckets; the exact weight of the kept tokens before J_lo
      goes to one per-row sum (int64, so order does not matter). The row's last program to finish (a ticket)
      plans the fine range [f_lo, f_hi] and stores both plans for the two kernels after it (row_plans).
-  3. _compact_kernel: the fine range's tokens are copied into a per-row candidate list, and the exact weight
-     of the coarse range's tokens before f_lo goes to a second sum.
+  3. _compact_kernel (sampling_compact.py): the fine range's tokens are copied into a per-row candidate list,
+     and the exact weight of the coarse range's tokens before f_lo goes to a second sum.
   4. _resolve_kernel (sampling_resolve.py): one program per row sorts the candidates and applies
      sampling_ref's definition to them, offset by the exact count and weight before them: the same threshold,
      ties included.
@@ -34,7 +34,6 @@ from blink.kernels.sampling_plan import (
     PLAN_WORDS,
     coarse_bucket,
     fine_bucket,
-    load_row_plan,
     plan_coarse,
     plan_fine,
     refinement,
@@ -42,7 +41,6 @@ from blink.kernels.sampling_plan import (
     store_row_plan,
 )
 from blink.kernels.sampling_select import canonical, key_value, sortable_key
-from blink.kernels.sampling_topk import asks_for_logprobs, compact_top_chunk
 
 # Buckets per level over d in [0, 32): NB / 32 per unit, a power of two. Any such NB gives the same
 # thresholds; it trades the histograms' cost against candidates per bucket.
@@ -121,9 +119,10 @@ def _classify(src, offs, inv_temperature, s_max, cutoff, j_lo, j_hi, r, span, vo
 
 @triton.jit
 def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-                   key_max_ptr, kept_min_ptr, part_total_ptr, hist_ptr, vocab_size: tl.constexpr,
+                   key_max_ptr, kept_min_ptr, part_total_ptr, hist_ptr, chunk_hist_ptr, vocab_size: tl.constexpr,
                    NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                   USE_PDL: tl.constexpr = False):
+                   CHUNK_HIST: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+    """CHUNK_HIST: also keep this chunk's coarse histogram, cumulative (sampling_compact's one-read compaction)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -144,17 +143,21 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
                 total += tl.where(kept, top_p_weight(x, inv_temperature, s_max), 0)
             smallest = tl.minimum(smallest, tl.where(kept, sortable_key(x), _INT32_MAX))
         tl.atomic_add(hist_ptr + row * (2 * NB) + tl.arange(0, NB), hist, mask=hist != 0)
+        if CHUNK_HIST:
+            tl.store(chunk_hist_ptr + (row * P + chunk) * (2 * NB) + tl.arange(0, NB), tl.cumsum(hist, 0))
         tl.store(part_total_ptr + row * P + chunk, tl.sum(total, 0))
         tl.store(kept_min_ptr + row * P + chunk, tl.min(smallest, 0))
 
 
 @triton.jit
 def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-                   key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, plan_ptr, vocab_size: tl.constexpr,
-                   NB: tl.constexpr, LOG2_NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
-                   CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+                   key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, plan_ptr, chunk_hist_ptr,
+                   vocab_size: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr, P: tl.constexpr,
+                   P_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNK_HIST: tl.constexpr = False,
+                   USE_PDL: tl.constexpr = False):
     """The fine histogram of the coarse range, and the exact weight of the kept tokens before it; the row's last
-    program to finish plans the fine level for the kernels after (store_row_plan)."""
+    program to finish plans the fine level for the kernels after (store_row_plan). CHUNK_HIST: also keep this
+    chunk's fine histogram, cumulative (sampling_compact's one-read compaction)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -180,6 +183,8 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
                 if top_p < 1.0:
                     before += tl.where(kept & (coarse < j_lo), top_p_weight(x, inv_temperature, s_max), 0)
             tl.atomic_add(hist_row + NB + tl.arange(0, NB), fine, mask=fine != 0)
+            if CHUNK_HIST:
+                tl.store(chunk_hist_ptr + (row * P + chunk) * (2 * NB) + NB + tl.arange(0, NB), tl.cumsum(fine, 0))
             weight_before = tl.sum(before, 0)
             if weight_before != 0:
                 tl.atomic_add(sums_ptr + row * 2, weight_before)
@@ -194,54 +199,3 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
                     budget, NB)
             store_row_plan(plan_ptr + row * PLAN_WORDS, top_k_active, j_lo, j_hi, r, f_lo, f_hi, num_above,
                            num_candidates, total)
-
-
-@triton.jit
-def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
-                    min_p_ptr, key_max_ptr, plan_ptr, sums_ptr, counter_ptr, cand_ptr, num_logprobs_ptr,
-                    top_keys_ptr, part_smallest_ptr, cand_key_ptr, cand_id_ptr, vocab_size: tl.constexpr,
-                    NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CAND: tl.constexpr, K: tl.constexpr,
-                    CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
-    """The threshold's candidates (filtered rows) and, with K > 0, the top-K logprobs' (rows that ask)."""
-    pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
-    filtered, processed, temperature, top_k, top_p, min_p = row_params(
-        row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
-    top, finite = _row_top(key_max_ptr, row, P, P_PAD)
-    if filtered & finite:
-        _, j_lo, j_hi, r, f_lo, f_hi, _, num_candidates, _ = load_row_plan(plan_ptr + row * PLAN_WORDS)
-        if j_lo <= j_hi:
-            span = j_hi - j_lo + 1
-            if num_candidates <= CAND:  # else the resolve kernel searches the whole row
-                src, inv_temperature, s_max, cutoff = _row_scale(logits_ptr, processed_ptr, row, processed,
-                                                                 temperature, min_p, top, vocab_size)
-                # Two passes over the chunk: count, reserve once, then copy (the second read hits L2). An
-                # atomic per block inside the loop put its round trip on every iteration's critical path.
-                before = tl.zeros([BLOCK], tl.int64)
-                num_inside = tl.zeros([BLOCK], tl.int32)
-                for start in range(0, CHUNK, BLOCK):
-                    offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-                    x, kept, coarse, in_range, fine = _classify(src, offs, inv_temperature, s_max, cutoff, j_lo,
-                                                                j_hi, r, span, vocab_size, NB)
-                    num_inside += (in_range & (fine >= f_lo) & (fine <= f_hi)).to(tl.int32)
-                    if top_p < 1.0:
-                        before += tl.where(in_range & (fine < f_lo), top_p_weight(x, inv_temperature, s_max), 0)
-                weight_before = tl.sum(before, 0)
-                if weight_before != 0:
-                    tl.atomic_add(sums_ptr + row * 2 + 1, weight_before)
-                total_inside = tl.sum(num_inside, 0)
-                if total_inside > 0:
-                    base = tl.atomic_add(counter_ptr + row * COUNTERS, total_inside)
-                    for start in range(0, CHUNK, BLOCK):
-                        offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-                        x, kept, coarse, in_range, fine = _classify(src, offs, inv_temperature, s_max, cutoff, j_lo,
-                                                                    j_hi, r, span, vocab_size, NB)
-                        inside = in_range & (fine >= f_lo) & (fine <= f_hi)
-                        slot = base + tl.cumsum(inside.to(tl.int32), 0) - 1
-                        tl.store(cand_ptr + row * CAND + slot, sortable_key(x), mask=inside & (slot < CAND))
-                        base += tl.sum(inside.to(tl.int32), 0)
-    if K > 0:
-        if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
-            compact_top_chunk(logits_ptr, row, chunk, top_keys_ptr, part_smallest_ptr, counter_ptr, cand_key_ptr,
-                              cand_id_ptr, vocab_size, K, P, P_PAD, CAND, CHUNK, BLOCK)

@@ -3,13 +3,45 @@ multi-program kernels take and how much vocabulary each reads, the candidate cap
 they share, and the launch options (PDL) of its seven kernels."""
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 
 from blink.kernels.pdl import sampler_pdl_for
 from blink.kernels.sampling_bucket import NUM_BUCKETS
 from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, log2_buckets
+from blink.kernels.sampling_race import race_block
 from blink.kernels.sampling_topk import TOP_WIDTH
+
+
+def _setting(name: str, choices: dict[str, bool], default: str) -> bool:
+    value = os.environ.get(name, default)
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+    return choices[value]
+
+
+# Two levers of issue 17, read once at import, the old way the default until the H200 times them (sample_triton's
+# `race` / `compact_once` override them): BLINK_SAMPLER_RACE = "row" | "list", the race over a list of the kept
+# tokens (sampling_race) instead of a second stream of the row (a row whose filter keeps more than RACE_CAPACITY
+# tokens, a flat row's top_p, still streams); BLINK_SAMPLER_COMPACT = "twice" | "once", the compaction's reads of
+# its chunk (sampling_compact).
+RACE_CAPACITY = 16384
+KNOBS = {"BLINK_SAMPLER_RACE": ({"row": False, "list": True}, "row"),
+         "BLINK_SAMPLER_COMPACT": ({"twice": False, "once": True}, "twice")}  # (choices, default)
+_RACE_DEFAULT = _setting("BLINK_SAMPLER_RACE", *KNOBS["BLINK_SAMPLER_RACE"])
+_ONCE_DEFAULT = _setting("BLINK_SAMPLER_COMPACT", *KNOBS["BLINK_SAMPLER_COMPACT"])
+
+
+def race_capacity(vocab_size: int, race: int | None = None) -> int:
+    """RACE of the launches: the listed tokens per row (0: every row races over its whole row). race: a power of
+    two, 0, or None for BLINK_SAMPLER_RACE's choice."""
+    if race is None:
+        race = RACE_CAPACITY if _RACE_DEFAULT else 0
+    assert race >= 0 and race & (race - 1) == 0, "race: 0 or a power of two"
+    return min(race, triton.next_power_of_2(vocab_size))
+
 
 CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
 SHORT_SORT = 256  # fewer candidates than this (the usual case) take a short sort
@@ -42,7 +74,8 @@ def _row_block(vocab_size: int) -> int:
 class _Plan:
     """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
 
-    def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int | None = None):
+    def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
+                 race: int | None = None, compact_once: bool | None = None):
         num_rows, vocab_size = logits.shape
         self.num_buckets, self.log2_buckets = num_buckets, log2_buckets(num_buckets)
         device = logits.device
@@ -64,6 +97,13 @@ class _Plan:
         self.row_plans = torch.empty(num_rows, PLAN_WORDS.value, dtype=torch.int64, device=device)  # refine's
         self.fell_back = torch.empty(num_rows, dtype=torch.int32, device=device)  # rows the resolve searched
         self.cand_i32 = torch.empty(3, num_rows, self.cand, dtype=torch.int32, device=device)
+        self.race = race_capacity(vocab_size, race)
+        self.race_block = race_block(self.race, self.num_chunks)
+        self.race_ids = torch.empty(num_rows, max(self.race, 1), dtype=torch.int32, device=device)  # the lists
+        self.race_count = torch.empty(num_rows, dtype=torch.int32, device=device)  # the resolve's marks
+        self.compact_once = _ONCE_DEFAULT if compact_once is None else compact_once
+        self.chunk_hist = torch.empty(num_rows, self.num_chunks, 2 * num_buckets, dtype=torch.int32, device=device) \
+            if self.compact_once else torch.empty(1, dtype=torch.int32, device=device)  # coarse, fine per chunk
         # the seven launches' PDL options, decided once per call: each kernel then waits first thing in every
         # program (pdl_wait), so it may launch early
         use_pdl = sampler_pdl_for(logits)

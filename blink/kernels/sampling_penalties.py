@@ -1,6 +1,7 @@
 """Step 1 of the sampler (sampling.py): logit_bias, penalties and the grammar's mask for the rows that have
-them, into a side buffer; for the rows with a filter, each chunk's largest processed logit; and the zeroing
-of the selection's per-row scratch (sampling_bucket, sampling_topk) for every row.
+them, into a side buffer; for the rows with a filter, each chunk's largest processed logit (with the list race,
+sampling_race, also its raw log-sum-exp partials); and the zeroing of the selection's per-row scratch
+(sampling_bucket, sampling_topk) for every row.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import is_filtered
 from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
 from blink.kernels.sampling_plan import COUNTERS
+from blink.kernels.sampling_race import lse_step, store_lse
 from blink.kernels.sampling_select import canonical, sortable_key
 from blink.kernels.sampling_topk import asks_for_logprobs, store_chunk_top
 
@@ -31,10 +33,12 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                       counts_ptr, prompt_mask_ptr, bias_ids_ptr, bias_vals_ptr, gstate_ptr, gid_ptr, classes_ptr,
                       row_base_ptr, cells_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr,
                       hist_ptr, sums_ptr, counter_ptr, num_logprobs_ptr, top_keys_ptr, part_smallest_ptr,
+                      part_max_ptr, part_sum_ptr, part_largest_ptr,
                       vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr, BIAS_BLOCK: tl.constexpr,
                       PENALIZE: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, ZERO: tl.constexpr, K: tl.constexpr,
-                      CHUNK: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
-    """PENALIZE=0: the logits are already processed; only the chunk maxima and the zeroing."""
+                      CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
+    """PENALIZE=0: the logits are already processed; only the chunk maxima and the zeroing. RACE > 0: rows with
+    a filter also get the choose kernel's log-sum-exp partials here (sampling_race: their race may skip the row)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk_start = tl.program_id(1) * CHUNK
@@ -94,16 +98,28 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
     # Rows with a filter: this chunk's largest processed logit (the buckets are relative to the row's).
     if is_filtered(slot, tl.load(temperature_ptr + safe_slot), tl.load(top_k_ptr + safe_slot),
                    tl.load(top_p_ptr + safe_slot), tl.load(min_p_ptr + safe_slot)):
-        src = logits_ptr + row.to(tl.int64) * vocab_size
+        raw_row = logits_ptr + row.to(tl.int64) * vocab_size
+        src = raw_row
         if flags != 0:
             tl.debug_barrier()  # this program's stores to the processed row land before it reads them back
             src = out_ptr + row.to(tl.int64) * vocab_size
         largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)
+        run_max = tl.full([BLOCK], float("-inf"), tl.float32)  # RACE > 0: sampling_race.lse_step's state
+        run_sum = tl.zeros([BLOCK], tl.float32)
+        raw_largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)
         for start in range(0, CHUNK, BLOCK):
             offs = chunk_start + start + tl.arange(0, BLOCK)
             x = tl.load(src + offs, mask=offs < vocab_size, other=float("-inf"))
             largest = tl.maximum(largest, tl.where(offs < vocab_size, sortable_key(canonical(x)), -_INT32_MAX - 1))
+            if RACE > 0:
+                raw = x
+                if flags != 0:
+                    raw = tl.load(raw_row + offs, mask=offs < vocab_size, other=float("-inf"))
+                run_max, run_sum, raw_largest = lse_step(run_max, run_sum, raw_largest, raw, offs < vocab_size)
         tl.store(key_max_ptr + row * P + tl.program_id(1), tl.max(largest, 0))
+        if RACE > 0:
+            store_lse(part_max_ptr, part_sum_ptr, part_largest_ptr, row * P + tl.program_id(1), run_max, run_sum,
+                      raw_largest)
     # Rows that ask for top-K logprobs: this chunk's floor keys (store_chunk_top) and smallest key, of the raw logits.
     if K > 0:
         if asks_for_logprobs(row, slots_ptr, num_logprobs_ptr):
@@ -130,9 +146,10 @@ def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: 
         state.presence_penalty, state.output_counts, state.prompt_mask, state.bias_ids, state.bias_vals,
         state.grammar_state, state.grammar_id, state.grammar_classes, state.grammar_row_base, state.grammar_cells,
         state.temperature, state.top_k, state.top_p, state.min_p, plan.row_max, plan.hist, plan.sums, plan.counters,
-        state.num_logprobs, plan.top_keys, plan.part_i32[1], vocab_size, NUM_BIAS=num_bias,
+        state.num_logprobs, plan.top_keys, plan.part_i32[1], plan.part_f32[0], plan.part_f32[1], plan.part_i32[2],
+        vocab_size, NUM_BIAS=num_bias,
         BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=2 * plan.num_buckets,
         P=plan.num_chunks,
         ZERO=triton.next_power_of_2(triton.cdiv(2 * plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,
-        CHUNK=plan.chunk, BLOCK=plan.block, num_warps=4, **plan.pdl, **_NO_FUSION,
+        CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race, num_warps=4, **plan.pdl, **_NO_FUSION,
     )

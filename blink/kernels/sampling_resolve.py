@@ -10,6 +10,7 @@ import triton.language as tl
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _INT32_MAX, _INT32_MIN, _row_source, _row_top, row_params, top_p_weight
 from blink.kernels.sampling_plan import PLAN_WORDS, load_row_plan
+from blink.kernels.sampling_race import list_fits
 from blink.kernels.sampling_select import key_value, search_threshold
 
 
@@ -39,16 +40,20 @@ def _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor, 
 @triton.jit
 def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_ptr, slots_ptr, flags_ptr,
                     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, kept_min_ptr, plan_ptr, sums_ptr,
-                    cand_ptr, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CAND: tl.constexpr,
-                    SMALL: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr = False):
+                    cand_ptr, race_count_ptr, vocab_size: tl.constexpr, P: tl.constexpr,
+                    P_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr,
+                    RACE: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
     """out[row] = sampling_ref.keep_thresholds; rows with no filter write -inf. fell_back[row]: 1 where the
-    row took the one-program search (the plan's candidates did not fit), else 0."""
+    row took the one-program search (the plan's candidates did not fit), else 0. RACE > 0: race_count[row] is
+    the length of the row's race list where it holds every kept token (the threshold came from the plan), else
+    -1 (sampling_race)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
     threshold = tl.full([], float("-inf"), tl.float32)
     fell_back = tl.zeros([], tl.int32)
+    listed = tl.full([], -1, tl.int32)
     if filtered:
         top, finite = _row_top(key_max_ptr, row, P, P_PAD)
         c = tl.arange(0, P_PAD)
@@ -75,6 +80,8 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_p
                                                           budget, top_k_active, top_k, top_p, inv_temperature, s_max,
                                                           CAND)
         threshold = key_value(floor)
+        complete = finite & (searched != 0) & list_fits(j_lo, j_hi, num_above, num_candidates, CAND, RACE)
+        listed = tl.where(complete, num_above + num_candidates, -1)  # what the compaction listed
         if searched == 0:
             fell_back = tl.full([], 1, tl.int32)
             src = _row_source(logits_ptr, processed_ptr, row, processed, vocab_size)
@@ -82,3 +89,5 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_p
                                          min_p, vocab_size, BLOCK)
     tl.store(out_ptr + row, threshold)
     tl.store(fell_back_ptr + row, fell_back)
+    if RACE > 0:
+        tl.store(race_count_ptr + row, listed)

@@ -16,6 +16,7 @@ from blink.kernels.sampling import (
     sample_ref,
     sample_triton,
 )
+from blink.kernels.sampling_grid import RACE_CAPACITY
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
 from tests.kernels.sm90 import run_uninterpreted
@@ -242,8 +243,8 @@ import inspect
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from blink.kernels import sampling, sampling_bucket, sampling_grammar, sampling_penalties, sampling_resolve
-from blink.kernels import sampling_select
+from blink.kernels import sampling, sampling_bucket, sampling_compact, sampling_grammar, sampling_penalties
+from blink.kernels import sampling_resolve, sampling_select
 
 V = 128256
 ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_ptr": "*i32", "prompt_mask_ptr": "*u8",
@@ -252,7 +253,8 @@ ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_p
         "top_ids_ptr": "*i64", "gstate_ptr": "*i32", "gid_ptr": "*i32", "classes_ptr": "*i32", "row_base_ptr": "*i32",
         "cells_ptr": "*i32", "state_ptr": "*i32", "tokens_ptr": "*i64", "key_max_ptr": "*i32", "kept_min_ptr": "*i32",
         "part_total_ptr": "*i64", "hist_ptr": "*i32", "sums_ptr": "*i64", "counter_ptr": "*i32", "cand_ptr": "*i32",
-        "fell_back_ptr": "*i32", "plan_ptr": "*i64",
+        "fell_back_ptr": "*i32", "plan_ptr": "*i64", "race_count_ptr": "*i32", "race_ids_ptr": "*i32",
+        "chunk_hist_ptr": "*i32",
         "top_keys_ptr": "*i32", "cand_key_ptr": "*i32", "cand_id_ptr": "*i32"}
 NB = sampling_bucket.NUM_BUCKETS
 rows = dict(vocab_size=V, NB=NB, P=63, P_PAD=64)
@@ -263,7 +265,7 @@ kernels = [
                                                 BLOCK=1024), 4),
     (sampling_bucket._bucket_kernel, dict(rows, CHUNK=2048, BLOCK=1024), 4),
     (sampling_bucket._refine_kernel, dict(levels, CHUNK=2048, BLOCK=1024), 4),
-    (sampling_bucket._compact_kernel, dict(rows, CAND=4096, K=20, CHUNK=2048, BLOCK=1024), 8),
+    (sampling_compact._compact_kernel, dict(rows, CAND=4096, K=20, CHUNK=2048, BLOCK=1024), 8),
     (sampling_resolve._resolve_kernel, dict(vocab_size=V, P=63, P_PAD=64, CAND=4096, SMALL=256, BLOCK=4096), 16),
     (sampling_select.keep_threshold_kernel, dict(vocab_size=V, BLOCK=4096), 16),
     (sampling._choose_kernel, dict(vocab_size=V, NUM_CHUNKS=63, KEY_BYTES=12, CHUNK=2048, BLOCK=1024), 4),
@@ -271,6 +273,18 @@ kernels = [
                                    SMALL=256, BLOCK=4096), 16),
     (sampling_grammar._advance_kernel, dict(vocab_size=V, ROWS=64, BLOCK=64), 1),
 ]
+# the old and new ways of issue 17's levers: the row or list race (RACE, sampling_race), the compaction's two reads
+# or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads)
+levers = {"RACE": (0, 16384), "ONCE": (False, True), "CHUNK_HIST": (False, True)}
+for kernel, constants, warps in list(kernels):
+    names = inspect.signature(kernel.fn).parameters
+    old, new = ({n: v[i] for n, v in levers.items() if n in names} for i in (0, 1))
+    if new:
+        constants.update(old, **({"RACE_BLOCK": 512} if "RACE_BLOCK" in names else {}))
+        kernels.append((kernel, {**constants, **new}, warps))
+        if "ONCE" in names:  # one lever without the other
+            kernels += [(kernel, {**constants, "ONCE": True}, warps), (kernel, {**constants, "RACE": 16384}, warps)]
+assert len(kernels) == 17
 for kernel, constants, warps in kernels:
     names = list(inspect.signature(kernel.fn).parameters)
     # the sampler's seven kernels also build with PDL (BLINK_SAMPLER_PDL): that variant must wait (kernels/pdl.py)
@@ -279,6 +293,8 @@ for kernel, constants, warps in kernels:
         signature = {n: "constexpr" if n in given else ints.get(n, "*fp32") for n in names}
         constexprs = {(names.index(n),): v for n, v in given.items()}
         options = {"enable_fp_fusion": False, "num_warps": warps, **({} if pdl is None else {"launch_pdl": pdl})}
+        if kernel is sampling_compact._compact_kernel and (given["RACE"] or given["ONCE"]):
+            options["maxnreg"] = 64  # as sampling.py launches the compaction's new ways
         built = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
                                target=GPUTarget("cuda", 90, 32), options=options)
         if pdl is not None:
@@ -294,7 +310,10 @@ def test_kernels_compile_for_hopper():
 
 # ---- GPU -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
-def test_gpu_matches_reference_on_a_real_vocab():
+# session 17's levers off and on: the row race and two reads, the list race (sampling_race) and one read
+# (sampling_compact)
+@pytest.mark.parametrize(("race", "once"), [(0, False), (RACE_CAPACITY, True)])
+def test_gpu_matches_reference_on_a_real_vocab(race, once):
     vocab, rows = 128256, 64
     cpu_state = mixed_state(vocab)
     cuda_state = SamplingState(cpu_state.max_slots, vocab, "cuda")
@@ -304,7 +323,7 @@ def test_gpu_matches_reference_on_a_real_vocab():
     logits, slots, positions = mixed_rows(rows, vocab)
     logits = (logits * 2).bfloat16().float()  # bf16-rounded like a real model's logits
     ref = sample_ref(logits, slots, positions, cpu_state, 20)
-    got = sample(logits.cuda(), slots.cuda(), positions.cuda(), cuda_state, 20)
+    got = sample_triton(logits.cuda(), slots.cuda(), positions.cuda(), cuda_state, 20, race=race, compact_once=once)
     torch.testing.assert_close(apply_penalties_triton(logits.cuda(), slots.cuda(), cuda_state).cpu(),
                                apply_penalties_ref(logits, slots, cpu_state))
     assert got.token_ids.cpu().tolist() == ref.token_ids.tolist()
@@ -312,7 +331,8 @@ def test_gpu_matches_reference_on_a_real_vocab():
     assert torch.equal(got.top_ids.cpu(), ref.top_ids)  # bf16 logits tie a lot: ties go by token id
     torch.testing.assert_close(got.top_logprobs.cpu(), ref.top_logprobs, rtol=1e-5, atol=1e-5)
     penalized = apply_penalties_ref(logits, slots, cpu_state)
-    assert torch.equal(keep_thresholds_triton(penalized.cuda(), slots.cuda(), cuda_state).cpu(),
+    assert torch.equal(keep_thresholds_triton(penalized.cuda(), slots.cuda(), cuda_state, race=race,
+                                              compact_once=once).cpu(),
                        keep_thresholds(penalized, slots, cpu_state))
     cuda_state.record_tokens(slots.cuda(), got.token_ids)
     cpu_state.record_tokens(slots, ref.token_ids)
