@@ -26,6 +26,7 @@ from blink.kernels.activation import silu_and_mul_triton
 from blink.kernels.attention import default_tuning_switched
 from blink.kernels.attention_plan import AttentionTuning
 from blink.kernels.gemv import GemvConfig, GemvPlan, gemv_ref, gemv_triton
+from blink.kernels.gemv_rows import rows_pdl_switched
 from blink.kernels.pdl import pdl_switched
 from blink.kernels.rmsnorm import rms_norm_triton
 from blink.model.fusion import DEFAULT_MAX_M, PROJECTIONS, FusionPolicy, apply_fusion_policy
@@ -63,6 +64,9 @@ LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
           "gemv+pdl, up to 32 rows, down 16": ("all", "32,down:16", True, False, DEFAULT_ATTENTION),
           "gemv+pdl, up to 64 rows, down 16": ("all", "64,down:16", True, False, DEFAULT_ATTENTION),
           "gemv+pdl, up to 64 rows": ("all", 64, True, False, DEFAULT_ATTENTION)}
+# rows whose gemv_rows kernels launch with PDL too (gemv_rows.BLINK_GEMV_ROWS_PDL; off by default)
+LEVERS.update({f"{label}, rows pdl": value for label, value in LEVERS.items() if "rows" in label})
+ROWS_PDL_SUFFIX = ", rows pdl"
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
     ("before session 13", sk.BEFORE_SESSION_13),
     ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),
@@ -121,7 +125,7 @@ def bench_projection(name: str, k: int, n: int, m: int, sweep: list[GemvConfig])
     results = {}
     for label, (fn, pdl) in variants.items():
         try:
-            with pdl_switched(pdl):
+            with pdl_switched(pdl), rows_pdl_switched(pdl):
                 err = sk.rel_err(fn(weights[0]), ref)
                 us = sk.graph_time_us([lambda w=w, fn=fn: fn(w) for w in weights])
         except Exception as e:  # noqa: BLE001 - one failing variant must not cost the lead the whole run
@@ -168,7 +172,8 @@ def bench_step(model_name: str, batches: list[int], contexts: list[int], max_mod
                     if down is not None and down.gemv is not None:
                         down.gemv = GemvPlan(SESSION11_DOWN, down.gemv.max_m)
             try:
-                with torch.inference_mode(), pdl_switched(pdl), default_tuning_switched(attention):
+                with torch.inference_mode(), pdl_switched(pdl), default_tuning_switched(attention), \
+                        rows_pdl_switched(label.endswith(ROWS_PDL_SUFFIX)):
                     logits = step().float()
                     kernels = count_kernels(step)
                     us = sk.graph_time_us([step], replays=20)
