@@ -80,7 +80,7 @@ for stage in "$@"; do
       # width for all: the longest context; llama3-8b's step section at 32k fits batch 8, not 32); KERNELS_TAG names the log
       python3 bench/kernels/step_kernels.py ${KERNELS_ARGS:-} 2>&1 | tee "$OUT/kernels${KERNELS_TAG:-}.log" | tail -60;;
     prefill-attn)  # issue 17: the attention kernel alone on 2k-32k-token chunks, tile variants (PREFILL_ATTN_ARGS: e.g. "--tokens 8192")
-      python3 -m bench.kernels.prefill_attention ${PREFILL_ATTN_ARGS:-} 2>&1 | tee "$OUT/prefill_attn.log";;
+      python3 -m bench.kernels.prefill_attention ${PREFILL_ATTN_ARGS:-} 2>&1 | tee "$OUT/prefill_attn_$(date +%H%M%S).log";;  # stamped: a chain may run it twice
     fusion)  # issue 17's per-layer levers: GEMV vs today's kernels per projection, the step with each lever on/off
       python3 -m bench.kernels.fusion 2>&1 | tee "$OUT/fusion.log" | tail -70;;
     graph-eager)  # issue 17: graphs vs eager (padded to the buckets, exact) under attention tunings and PDL off
@@ -120,16 +120,16 @@ for stage in "$@"; do
     profile) python3 tools/diag.py profile 2>&1 | grep -v Warn | tee "$OUT/profile.log";;
     timeline)  # issue 17: one replayed decode graph kernel by kernel (llama3-8b, TIMELINE_BATCHES, default 1): time by
       # name and a mid-step window; with PDL kernels overlap, so read a kernel's cost as completion to completion
-      python3 tools/diag.py timeline 2>&1 | grep -v Warn | tee "$OUT/timeline.log";;
+      python3 tools/diag.py timeline 2>&1 | grep -v Warn | tee "$OUT/timeline_$(date +%H%M%S).log";;
     gemv-proj)  # issue 17: each projection alone at M = GEMV_MS rows: cuBLAS (+ the norm / SiLU kernel) vs the GEMV, GB/s
       python3 -m bench.kernels.fusion --sections gemv --ms "${GEMV_MS:-1}" --projections "${GEMV_PROJ:-all}" \
         --sweep "${GEMV_SWEEP:-all}" 2>&1 \
-        | tee "$OUT/gemv_proj.log" | tail -30;;
+        | tee "$OUT/gemv_proj_$(date +%H%M%S).log" | tail -30;;
     fusion-levers)  # issue 17: the whole step with each lever, session 11's kernels vs today's side by side
       # (FUSION_CONTEXT may be a list, e.g. 1024,8192,32768; at 32k llama3-8b's KV fits batch 8, not 32)
       python3 -m bench.kernels.fusion --sections step --batches "${FUSION_BATCHES:-1,8,32}" --levers "${LEVERS:-all}" \
         --context "${FUSION_CONTEXT:-1024}" 2>&1 \
-        | tee "$OUT/fusion_levers.log" | tail -30;;
+        | tee "$OUT/fusion_levers_$(date +%H%M%S).log" | tail -30;;
     serve-gpu) python3 -m pytest -q -m gpu tests/frontend 2>&1 | tee "$OUT/serve_gpu.log" | tail -30;;
     tests-k) python3 -m pytest -q -m gpu tests/kernels tests/model 2>&1 | tee "$OUT/gpu_tests_k.log" | tail -30;;
     step) python3 -m blink.bench.step step --result-json "$OUT/step.json" 2>&1 | tee "$OUT/step.log";;

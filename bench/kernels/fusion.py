@@ -49,14 +49,15 @@ SILU_SWEEP = [GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=s, dot=
     (128, 64, 8, 4), (128, 128, 8, 3)]]
 # --sweep NAME -> its tiles, read at call time (the dry-run test swaps SWEEP)
 SWEEPS = {"all": lambda: SWEEP, "dot": lambda: DOT_SWEEP, "both": lambda: SWEEP + DOT_SWEEP, "none": lambda: []}
-# label: (BLINK_GEMV, BLINK_GEMV_MAX_M, PDL, session 11's down_proj tiles, the attention's tuning); the
-# "gemv+pdl, ..." rows weigh one change each against today's defaults ("gemv+pdl")
+# label: (BLINK_GEMV, BLINK_GEMV_MAX_M, PDL, session 11's down_proj tiles, the attention's tuning). "gemv+pdl" is
+# the one-row GEMV (the default until session 17); "gemv+pdl, up to 16 rows" is today's default (DEFAULT_MAX_M),
+# and the "gemv+pdl, attention ..." rows weigh one change each against it
 DEFAULT_ATTENTION = AttentionTuning()
 LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
           "pdl": ("", DEFAULT_MAX_M, True, False, DEFAULT_ATTENTION),
-          "gemv": ("all", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
-          "gemv+pdl, session-11 down tiles": ("all", DEFAULT_MAX_M, True, True, DEFAULT_ATTENTION),
-          "gemv+pdl": ("all", DEFAULT_MAX_M, True, False, DEFAULT_ATTENTION),
+          "gemv": ("all", "1", False, False, DEFAULT_ATTENTION),
+          "gemv+pdl, session-11 down tiles": ("all", "1", True, True, DEFAULT_ATTENTION),
+          "gemv+pdl": ("all", "1", True, False, DEFAULT_ATTENTION),
           # the tensor-core loop at M > 1, default tiles: where it beat cuBLAS alone (o, LM head); everywhere
           "gemv+pdl, o and lm_head up to 16 rows": ("all", "1,o:16,lm_head:16", True, False, DEFAULT_ATTENTION),
           "gemv+pdl, up to 16 rows": ("all", 16, True, False, DEFAULT_ATTENTION),

@@ -22,14 +22,15 @@ def _setting(name: str, choices: dict[str, bool], default: str) -> bool:
     return choices[value]
 
 
-# Two levers of issue 17, read once at import, the old way the default until the H200 times them (sample_triton's
-# `race` / `compact_once` override them): BLINK_SAMPLER_RACE = "row" | "list", the race over a list of the kept
-# tokens (sampling_race) instead of a second stream of the row (a row whose filter keeps more than RACE_CAPACITY
-# tokens, a flat row's top_p, still streams); BLINK_SAMPLER_COMPACT = "twice" | "once", the compaction's reads of
-# its chunk (sampling_compact).
+# Two levers of issue 17, read once at import (sample_triton's `race` / `compact_once` override them):
+# BLINK_SAMPLER_RACE = "row" | "list", the race over a list of the kept tokens (sampling_race) instead of a second
+# stream of the row (a row whose filter keeps more than RACE_CAPACITY tokens, a flat row's top_p, still streams);
+# BLINK_SAMPLER_COMPACT = "twice" | "once", the compaction's reads of its chunk (sampling_compact). Both new ways
+# are the defaults since the H200 timed them (perf.md, session 17: top_p at 32 rows 128.7 -> 107.6 us, top_k
+# 119.3 -> 97.8, top_p at one row 42.4 -> 40.6; greedy +0.6 us, a flat top_p row at one row +3.4 us).
 RACE_CAPACITY = 16384
-KNOBS = {"BLINK_SAMPLER_RACE": ({"row": False, "list": True}, "row"),
-         "BLINK_SAMPLER_COMPACT": ({"twice": False, "once": True}, "twice")}  # (choices, default)
+KNOBS = {"BLINK_SAMPLER_RACE": ({"row": False, "list": True}, "list"),
+         "BLINK_SAMPLER_COMPACT": ({"twice": False, "once": True}, "once")}  # (choices, default)
 _RACE_DEFAULT = _setting("BLINK_SAMPLER_RACE", *KNOBS["BLINK_SAMPLER_RACE"])
 _ONCE_DEFAULT = _setting("BLINK_SAMPLER_COMPACT", *KNOBS["BLINK_SAMPLER_COMPACT"])
 

@@ -2,14 +2,17 @@
 
 The choice is per projection and shape, never per step: each dense layer's qkv_proj, o_proj, gate_up_proj,
 down_proj and the LM head either hold a GemvPlan (calls with at most max_m rows run the GEMV, with the
-norm or SiLU-mul before it in its prologue) or None (cuBLAS, as before). Calls with more rows (prefill,
-large decode batches) always go to cuBLAS, so a bucket's graph is the same at every capture.
+norm in its prologue and the SiLU-mul in down's prologue at one row, in gate|up's epilogue above) or None
+(cuBLAS, as before). Calls with more rows (prefill, large decode batches) always go to cuBLAS, so a bucket's
+graph is the same at every capture.
 
 BLINK_GEMV names the projections ("qkv,o,gate_up,down,lm_head", "all", or "": none); BLINK_GEMV_MAX_M caps
 the rows, for all of them ("8") or with exceptions ("1,o:16,lm_head:16"). Unset, a one-rank model takes "all"
-at one row (DEFAULT_MAX_M): on the H200 that cut llama3-8b's batch-1 step 4.4% with PDL; the CUDA-core loop
-lost to cuBLAS from M = 2 on (perf.md, 2026-12-02). A sharded model (tensor parallel) defaults to none: the TP
-suite has not run with the GEMV on two GPUs. MoE blocks keep their own kernels.
+up to 16 rows (DEFAULT_MAX_M). On the H200 with llama3-8b: at one row it cut the batch-1 step 4.4% with PDL
+(perf.md, 2026-12-02); at 2-16 rows the tensor-core kernel with the one-pass norm and the SiLU-mul epilogue
+(gemv_rows.py) cut the step at batch 8 / 16 by 2.3% / 4.9% (4.979 -> 4.866, 5.500 -> 5.229 ms; perf.md, session
+17); at 32 rows it lost 5.6%. A sharded model (tensor parallel) defaults to none: the TP suite has not run with
+the GEMV on two GPUs. MoE blocks keep their own kernels.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from torch import nn
 from blink.kernels.gemv import MAX_M, GemvPlan
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
-DEFAULT_MAX_M = "1"
+DEFAULT_MAX_M = "16"
 
 
 @dataclass(frozen=True)

@@ -192,13 +192,13 @@ def test_pdl_only_on_cuda_tensors_when_on():
         assert not pdl_for(torch.zeros(1))  # CPU (and the interpreter): plain launches
 
 
-def test_default_policy_is_the_one_row_gemv_on_one_rank_only(monkeypatch):
-    """Unset: every projection at M = 1 on one rank (measured on the H200), none when sharded; set: as given."""
+def test_default_policy_is_the_gemv_up_to_16_rows_on_one_rank_only(monkeypatch):
+    """Unset: every projection up to 16 rows on one rank (measured on the H200), none when sharded; set: as given."""
     from blink.model.fusion import PROJECTIONS, policy_from_env
 
     monkeypatch.delenv("BLINK_GEMV", raising=False)
     monkeypatch.delenv("BLINK_GEMV_MAX_M", raising=False)
-    assert policy_from_env() == FusionPolicy(frozenset(PROJECTIONS), 1)
+    assert policy_from_env() == FusionPolicy(frozenset(PROJECTIONS), 16)
     assert policy_from_env(tp_size=2).gemv == frozenset()
     monkeypatch.setenv("BLINK_GEMV", "")
     assert policy_from_env().gemv == frozenset()
