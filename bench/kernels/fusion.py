@@ -26,7 +26,6 @@ from blink.kernels.activation import silu_and_mul_triton
 from blink.kernels.attention import default_tuning_switched
 from blink.kernels.attention_plan import AttentionTuning
 from blink.kernels.gemv import GemvConfig, GemvPlan, gemv_ref, gemv_triton
-from blink.kernels.gemv_rows import rows_pdl_switched
 from blink.kernels.pdl import pdl_switched
 from blink.kernels.rmsnorm import rms_norm_triton
 from blink.model.fusion import DEFAULT_MAX_M, PROJECTIONS, FusionPolicy, apply_fusion_policy
@@ -65,7 +64,7 @@ LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
           "gemv+pdl, up to 32 rows, down 16": ("all", "32,down:16", True, False, DEFAULT_ATTENTION),
           "gemv+pdl, up to 64 rows, down 16": ("all", "64,down:16", True, False, DEFAULT_ATTENTION),
           "gemv+pdl, up to 64 rows": ("all", 64, True, False, DEFAULT_ATTENTION)}
-# rows whose gemv_rows kernels launch with PDL too (gemv_rows.BLINK_GEMV_ROWS_PDL; off by default)
+# rows whose gemv_rows kernels launch with PDL too (pdl.py's "gemv_rows" switch; off by default)
 LEVERS.update({f"{label}, rows pdl": value for label, value in LEVERS.items() if "rows" in label})
 ROWS_PDL_SUFFIX = ", rows pdl"
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
@@ -126,7 +125,7 @@ def bench_projection(name: str, k: int, n: int, m: int, sweep: list[GemvConfig])
     results = {}
     for label, (fn, pdl) in variants.items():
         try:
-            with pdl_switched(pdl), rows_pdl_switched(pdl):
+            with pdl_switched(pdl), pdl_switched(pdl, "gemv_rows"):
                 err = sk.rel_err(fn(weights[0]), ref)
                 us = sk.graph_time_us([lambda w=w, fn=fn: fn(w) for w in weights])
         except Exception as e:  # noqa: BLE001 - one failing variant must not cost the lead the whole run
@@ -174,7 +173,7 @@ def bench_step(model_name: str, batches: list[int], contexts: list[int], max_mod
                         down.gemv = GemvPlan(SESSION11_DOWN, down.gemv.max_m)
             try:
                 with torch.inference_mode(), pdl_switched(pdl), default_tuning_switched(attention), \
-                        rows_pdl_switched(label.endswith(ROWS_PDL_SUFFIX)):
+                        pdl_switched(label.endswith(ROWS_PDL_SUFFIX), "gemv_rows"):
                     logits = step().float()
                     kernels = count_kernels(step)
                     us = sk.graph_time_us([step], replays=20)

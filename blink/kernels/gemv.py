@@ -35,7 +35,6 @@ from blink.kernels.pdl import pdl_for, pdl_wait
 from blink.kernels.rmsnorm import rms_norm_ref
 
 MAX_M = 4 * TILE_M  # batch 64 (offline's decode); above it a GEMM is no longer a stream over W
-EPILOGUES = ("none", "silu_mul")
 _NUM_SMS_H200 = 132
 _RESIDENT_PER_SM = 4  # one-row programs of ~114 registers x 128 threads per SM (ptxas, sm_90)
 

@@ -19,32 +19,14 @@ from a layer at decode batches, not the GEMM itself (cuBLAS streams W about as w
 """
 from __future__ import annotations
 
-import contextlib
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from blink.kernels.pdl import pdl_for, pdl_wait
+from blink.kernels.pdl import gemv_rows_pdl_for, pdl_wait
 
 PROLOGUES = {"none": 0, "norm": 1, "add_norm": 2, "silu_mul": 3}
 TILE_M = 16  # x is padded to at least one tensor-core tile of rows
-# PDL for this kernel (BLINK_GEMV_ROWS_PDL=1). Off by default: launched early, its programs (80-140 KB of shared
-# memory each) took SMs beside the previous kernel's and then ran unevenly placed; at batch 8 on the H200 down_proj
-# took 48.7 us in the step against 32.2 alone (perf.md, session 17).
-_ROWS_PDL = {"on": os.environ.get("BLINK_GEMV_ROWS_PDL", "0") == "1"}
-
-
-@contextlib.contextmanager
-def rows_pdl_switched(on: bool):
-    """PDL for this kernel's launches inside the block (the fusion bench's A/B), then as it was."""
-    before = _ROWS_PDL["on"]
-    _ROWS_PDL["on"] = on
-    try:
-        yield
-    finally:
-        _ROWS_PDL["on"] = before
 
 
 @triton.jit
@@ -138,7 +120,7 @@ def gemv_rows_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     n = n_w // 2 if silu_out else n_w
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     new_residual = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else None
-    use_pdl = pdl_for(x) and _ROWS_PDL["on"]
+    use_pdl = gemv_rows_pdl_for(x)  # off by default (pdl.py says why)
     _gemv_rows_kernel[(triton.cdiv(n, block_n),)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else weight, weight,
         bias if bias is not None else weight, out, new_residual if new_residual is not None else out,

@@ -41,14 +41,20 @@ def _sampler_setting() -> bool | str:
     return _SAMPLER_ENV[value]
 
 
-_state = {"model": os.environ.get("BLINK_PDL", "1") == "1", "sampler": _sampler_setting()}
+# "gemv_rows": the decode GEMV above one row (gemv_rows.py), also needing "model". Off by default
+# (BLINK_GEMV_ROWS_PDL=1 turns it on): launched early, its programs (80-140 KB of shared memory each) took SMs
+# beside the previous kernel's and then ran unevenly placed; at batch 8 on the H200 down_proj took 48.7 us in the
+# step against 32.2 alone (perf.md, session 17).
+_state = {"model": os.environ.get("BLINK_PDL", "1") == "1", "sampler": _sampler_setting(),
+          "gemv_rows": os.environ.get("BLINK_GEMV_ROWS_PDL", "0") == "1"}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @contextlib.contextmanager
 def pdl_switched(on: bool, part: str = "model"):
     """PDL on or off for launches inside the block, then as it was (benches and tests that compare the two;
-    graphs captured inside keep what they were captured with). part="sampler": the sampler's switch."""
+    graphs captured inside keep what they were captured with). part="sampler" / "gemv_rows": those kernels'
+    own switch."""
     before = _state[part]
     _state[part] = on
     try:
@@ -69,6 +75,11 @@ def sampler_pdl_for(logits: torch.Tensor) -> bool:
     "one_row", for a one-row call)."""
     on = _state["sampler"]
     return (on is True or (on == "one_row" and logits.shape[0] == 1)) and pdl_for(logits)
+
+
+def gemv_rows_pdl_for(x: torch.Tensor) -> bool:
+    """pdl_for, for the decode GEMV above one row (gemv_rows.py): only with its own switch on as well."""
+    return _state["gemv_rows"] and pdl_for(x)
 
 
 @functools.cache

@@ -104,3 +104,19 @@ def test_the_facade_fuses_the_silu_from_two_rows_on(monkeypatch):
         torch.testing.assert_close(got, silu_and_mul_ref(normed @ weight.T), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(new_residual, expected_residual)
     assert not kernels.silu_epilogue_takes(torch.randn(3, 32), weight, None)
+
+
+def test_rows_pdl_has_its_own_switch_off_by_default(monkeypatch):
+    """pdl.py's "gemv_rows" part: off unless BLINK_GEMV_ROWS_PDL=1, and never without the model's PDL."""
+    import os
+
+    from blink.kernels import pdl
+
+    assert pdl._state["gemv_rows"] is (os.environ.get("BLINK_GEMV_ROWS_PDL", "0") == "1")
+    monkeypatch.setattr(pdl, "pdl_for", lambda t: True)  # as on a Hopper GPU
+    with pdl.pdl_switched(False, "gemv_rows"):
+        assert not pdl.gemv_rows_pdl_for(torch.zeros(2, 8))
+    with pdl.pdl_switched(True, "gemv_rows"):
+        assert pdl.gemv_rows_pdl_for(torch.zeros(2, 8))
+        monkeypatch.setattr(pdl, "pdl_for", lambda t: False)  # the model's switch off, or not a Hopper GPU
+        assert not pdl.gemv_rows_pdl_for(torch.zeros(2, 8))
