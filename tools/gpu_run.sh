@@ -131,6 +131,9 @@ for stage in "$@"; do
         --context "${FUSION_CONTEXT:-1024}" 2>&1 \
         | tee "$OUT/fusion_levers_$(date +%H%M%S).log" | tail -30;;
     serve-gpu) python3 -m pytest -q -m gpu tests/frontend 2>&1 | tee "$OUT/serve_gpu.log" | tail -30;;
+    pytest)  # chosen GPU tests: PYTEST_ARGS, e.g. "tests/kernels/test_kernels_gpu.py -k attention" (~ for spaces in a chain)
+      python3 -m pytest -q -m gpu --timeout 300 ${PYTEST_ARGS:?PYTEST_ARGS names the tests} 2>&1 \
+        | tee "$OUT/pytest_$(date +%H%M%S).log" | tail -30;;
     tests-k) python3 -m pytest -q -m gpu tests/kernels tests/model 2>&1 | tee "$OUT/gpu_tests_k.log" | tail -30;;
     step) python3 -m blink.bench.step step --result-json "$OUT/step.json" 2>&1 | tee "$OUT/step.log";;
     offline) python3 -m blink.bench.offline offline --result-json "$OUT/offline.json" 2>&1 | tee "$OUT/offline.log";;

@@ -21,6 +21,7 @@ import triton
 
 from blink.kernels.activation import silu_and_mul_triton
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.attention_merge import split_tickets
 from blink.kernels.attention_plan import AttentionTuning, launch_plan
 from blink.kernels.kv_write import write_kv_triton
 from blink.kernels.rmsnorm import rms_norm_triton
@@ -34,6 +35,7 @@ BEFORE_SESSION_13 = AttentionTuning(num_stages=3, split_below_per_sm=1, small_gr
 HOST_SPLITS = AttentionTuning(small_grid_split_min_tiles=None)  # session 15: the host's split count at batch 1 too
 ATTENTION_VARIANTS = {  # sessions 13 and 16 set decode's stages, split rule and batch-1 tiles from these rows
     "default": AttentionTuning(),
+    "merge kernel (before session 18)": AttentionTuning(merge_in_kernel=False),
     PREVIOUS_ATTENTION: BEFORE_SESSION_13,
     "host split count at batch 1 (session 15)": HOST_SPLITS,
     "stages 3": AttentionTuning(num_stages=3),
@@ -106,9 +108,10 @@ def bench_attention(cfg, context: int, batch: int, max_model_len: int) -> dict[s
     ref = paged_attention_ref(q, *caches[0], starts, lens, tables, scale)
     print(f"attention decode: batch {batch}, context {context}, {hq}/{hkv} heads x {d}, "
           f"KV {kv_bytes / 1e6:.1f} MB/layer, {copies} caches cycled", flush=True)
-    results = {}
+    results, tickets = {}, split_tickets(2 * batch, hkv, DEVICE)  # as the runner's
     for name, tuning in ATTENTION_VARIANTS.items():
-        run = lambda kv, tuning=tuning: paged_attention_triton(q, *kv, starts, lens, tables, scale, tuning=tuning)
+        run = lambda kv, tuning=tuning: paged_attention_triton(q, *kv, starts, lens, tables, scale, tuning=tuning,
+                                                               split_tickets=tickets)
         err = rel_err(run(caches[0]), ref)
         us = graph_time_us([lambda kv=kv, run=run: run(kv) for kv in caches])
         plan = launch_plan(batch, batch, hq, hkv, d, width * BLOCK_SIZE, tuning)
@@ -243,7 +246,8 @@ def _decode_step(model, cfg, batch: int, context: int, max_model_len: int):
     attn = AttentionMetadata(
         slot_mapping=tables[:, last // BLOCK_SIZE].long() * BLOCK_SIZE + last % BLOCK_SIZE,
         query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=DEVICE),
-        seq_lens=torch.full((batch,), context, dtype=torch.int32, device=DEVICE), block_tables=tables)
+        seq_lens=torch.full((batch,), context, dtype=torch.int32, device=DEVICE), block_tables=tables,
+        split_tickets=split_tickets(2 * batch, cfg.num_key_value_heads, DEVICE))  # as the runner's
     input_ids = torch.randint(0, cfg.vocab_size, (batch,), device=DEVICE)
     positions = torch.full((batch,), last, dtype=torch.int64, device=DEVICE)
 

@@ -14,6 +14,7 @@ import torch
 from blink.core.limits import EngineLimits
 from blink.core.outputs import PromptLogprob, SampledToken, SchedulerOutput
 from blink.core.step_buffers import StepBuffers
+from blink.kernels.attention_merge import split_tickets
 from blink.kernels.prompt_logprobs import prompt_logprobs
 from blink.kernels.sampling import SampleOutput, sample
 from blink.kernels.sampling_grammar import advance_grammar
@@ -36,6 +37,11 @@ class ModelRunner:
         self.buckets = list(limits.buckets)
         self.max_tokens, self.max_seqs = self.buckets[-1][0], max(s for _, s in self.buckets)
         self.num_prompt_rows = limits.prompt_logprob_rows  # prompt-logprob rows per step (0 under TP)
+        # Attention's split-merge tickets (kernels/attention_merge.py): one zeroed set for every layer and step
+        self.split_tickets = None
+        if self.device.type == "cuda" and self.kv_layers:
+            self.split_tickets = split_tickets(self.max_tokens + self.max_seqs, self.kv_layers[0][0].shape[2],
+                                               self.device)
         self.buffers = self.new_buffers()
         self._prompt_rows_idle = False  # self.buffers' P prompt rows are all padding (prepare skips them)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -64,7 +70,7 @@ class ModelRunner:
 
     # -- the step itself (graph body) -----------------------------------------------------------------
     def forward(self, buf: StepBuffers, num_tokens: int, num_seqs: int) -> None:
-        attn = buf.attention(num_tokens, num_seqs)
+        attn = buf.attention(num_tokens, num_seqs, self.split_tickets)
         hidden = self.model(buf.input_ids[:num_tokens], buf.positions[:num_tokens], attn, self.kv_layers)
         rows = buf.logits_indices[:num_seqs]
         p = min(self.num_prompt_rows, num_tokens)  # a step has at most num_tokens prompt rows

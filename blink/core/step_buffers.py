@@ -81,12 +81,14 @@ class StepBuffers:
         views["prompt_targets"].fill_(-1)
         return cls(**views)
 
-    def attention(self, num_tokens: int, num_seqs: int) -> AttentionMetadata:
+    def attention(self, num_tokens: int, num_seqs: int,
+                  split_tickets: torch.Tensor | None = None) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:num_tokens],
             query_start_loc=self.query_start_loc[: num_seqs + 1],
             seq_lens=self.seq_lens[:num_seqs],
             block_tables=self.block_tables[:num_seqs],
+            split_tickets=split_tickets,
         )
 
     def pointers(self) -> dict[str, int]:

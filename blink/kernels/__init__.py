@@ -29,9 +29,11 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
-                    scale: float) -> torch.Tensor:
-    impl = paged_attention_triton if q.is_cuda else paged_attention_ref
-    return impl(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale)
+                    scale: float, split_tickets: torch.Tensor | None = None) -> torch.Tensor:
+    if not q.is_cuda:
+        return paged_attention_ref(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale)
+    return paged_attention_triton(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                                  split_tickets=split_tickets)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):

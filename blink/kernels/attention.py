@@ -10,10 +10,11 @@ Triton design: a program owns one KV head and a tile of BLOCK_Q query tokens x a
 share that KV head (BLOCK_M = BLOCK_Q * GROUP rows), so each KV tile is loaded once per group. Sequence s
 owns program tiles starting at query_start_loc[s] // BLOCK_Q + s; that bound needs no data, so the grid is
 (T // BLOCK_Q + S, Hkv, splits) and programs past a sequence's queries exit at once. With splits > 1
-(small batches, flash-decoding) each program covers a slice of the KV range and a second kernel merges
-the partial results by their log-sum-exp. Tiles that may carry a prefill chunk (CAUSAL_SPLIT) run the KV
-tiles that all their rows see whole without the causal mask, and start with the heaviest tiles. One KV tile of the
-online softmax (and issue 17's chunk-tile variants of it) lives in attention_tile.py.
+(small batches, flash-decoding) each program covers a slice of the KV range and the tile's last split to
+finish (or a second kernel) merges the partial results by their log-sum-exp (attention_merge.py). Tiles that
+may carry a prefill chunk (CAUSAL_SPLIT) run the KV tiles that all their rows see whole without the causal
+mask, and start with the heaviest tiles. One KV tile of the online softmax (and issue 17's chunk-tile variants
+of it) lives in attention_tile.py.
 attention_plan.py's AttentionTuning holds the launch knobs (tiles, warps, pipeline stages, how many programs
 to aim for); decode's defaults come from H200 sweeps of the whole step, and bench/kernels/step_kernels.py
 (the kernel alone), bench/kernels/fusion.py (the step) and bench/kernels/prefill_attention.py (chunks) weigh
@@ -27,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from blink.kernels.attention_merge import NO_TILES, _merge_split_rows, _took_last_ticket, merge_splits
 from blink.kernels.attention_plan import AttentionTuning, launch_plan
 from blink.kernels.attention_tile import _attend_kv_tile
 from blink.kernels.pdl import pdl_for, pdl_wait
@@ -92,7 +94,7 @@ def _kv_tiles_of_split(seq_len, context, q_first, q_len, split, BLOCK_Q: tl.cons
 
 @triton.jit
 def _paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, max_ptr, sum_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, max_ptr, sum_ptr, ticket_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, scale_log2,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_co, stride_ch, stride_bt,
     num_seqs, num_q_heads, block_size, head_dim,
@@ -100,6 +102,7 @@ def _paged_attention_kernel(
     BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr, CAUSAL_SPLIT: tl.constexpr, SPLIT_MIN_TILES: tl.constexpr,
     SCALE_IN_EXP2: tl.constexpr, LAZY_RESCALE: tl.constexpr, PAGE: tl.constexpr,  # chunk tiles' (attention_tile.py)
+    MERGE_IN_KERNEL: tl.constexpr,  # splits > 1: the last split merges (attention_merge.py), else a second kernel
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -141,8 +144,11 @@ def _paged_attention_kernel(
                                                            BLOCK_N, NUM_SPLITS, SPLIT_MIN_TILES)
         if kv_tile_begin >= kv_tile_end:
             stat_offs = (token_ids * num_q_heads + heads) * NUM_SPLITS + split
-            tl.store(max_ptr + stat_offs, tl.full([BLOCK_M], -1.0e30, dtype=tl.float32), mask=row_valid)
+            tl.store(max_ptr + stat_offs, tl.full([BLOCK_M], NO_TILES, dtype=tl.float32), mask=row_valid)
             tl.store(sum_ptr + stat_offs, tl.zeros([BLOCK_M], dtype=tl.float32), mask=row_valid)
+            if MERGE_IN_KERNEL:
+                _merge_if_last(partial_ptr, max_ptr, sum_ptr, out_ptr, ticket_ptr, token_ids, heads, row_valid,
+                               dims, dim_valid, num_q_heads, stride_ot, stride_oh, NUM_SPLITS, BLOCK_M, BLOCK_D)
             return
     q_offs = token_ids[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
@@ -173,43 +179,38 @@ def _paged_attention_kernel(
         out_offs = token_ids[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :]
         tl.store(out_ptr + out_offs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        # Partials are [T, Hq, NUM_SPLITS] (+ [D]) fp32, unnormalized; merged by _merge_splits_kernel. A split
-        # without tiles (short sequences: 16 splits of a 300-token context) writes its maximum alone (-1e30), and
-        # the merge reads no partial where it finds that.
+        # Partials are [T, Hq, NUM_SPLITS] (+ [D]) fp32, unnormalized; merged by the tile's last split or a
+        # second kernel (attention_merge.py). A split without tiles (short sequences: 16 splits of a 300-token
+        # context) writes its maximum alone (NO_TILES), and the merge reads no partial where it finds that.
         stat_offs = (token_ids * num_q_heads + heads) * NUM_SPLITS + split
         tl.store(max_ptr + stat_offs, m_i, mask=row_valid)
         tl.store(sum_ptr + stat_offs, l_i, mask=row_valid)
         has_work = kv_tile_begin < kv_tile_end
         tl.store(partial_ptr + stat_offs[:, None] * BLOCK_D + dims[None, :], acc, mask=out_mask & has_work)
+        if MERGE_IN_KERNEL:
+            _merge_if_last(partial_ptr, max_ptr, sum_ptr, out_ptr, ticket_ptr, token_ids, heads, row_valid, dims,
+                           dim_valid, num_q_heads, stride_ot, stride_oh, NUM_SPLITS, BLOCK_M, BLOCK_D)
 
 
 @triton.jit
-def _merge_splits_kernel(partial_ptr, max_ptr, sum_ptr, out_ptr, query_start_loc_ptr, num_seqs,
-                         stride_ot, stride_oh, head_dim,
-                         NUM_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr):
-    token, head = tl.program_id(0), tl.program_id(1)
-    num_tokens = tl.load(query_start_loc_ptr + num_seqs)  # a step input: before the wait (pdl.py)
-    pdl_wait(USE_PDL)
-    if token >= num_tokens:
-        return  # padding token: its partials were never written
-    row = token.to(tl.int64) * tl.num_programs(1) + head
-    splits = tl.arange(0, NUM_SPLITS)
-    dims = tl.arange(0, BLOCK_D)
-    m = tl.load(max_ptr + row * NUM_SPLITS + splits)
-    weights = tl.exp2(m - tl.max(m, axis=0))  # maxima are in the log2 domain
-    total = tl.sum(weights * tl.load(sum_ptr + row * NUM_SPLITS + splits), axis=0)
-    worked = m > -1.0e30  # a split without KV tiles wrote no partial (its weight is 0)
-    partial = tl.load(partial_ptr + (row * NUM_SPLITS + splits)[:, None] * BLOCK_D + dims[None, :],
-                      mask=worked[:, None], other=0.0)
-    out = tl.sum(partial * weights[:, None], axis=0) / total
-    out_offs = token.to(tl.int64) * stride_ot + head * stride_oh + dims
-    tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=dims < head_dim)
+def _merge_if_last(partial_ptr, max_ptr, sum_ptr, out_ptr, ticket_ptr, token_ids, heads, row_valid, dims, dim_valid,
+                   num_q_heads, stride_ot, stride_oh, NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """The tile's last split to finish merges its rows: one ticket per (query tile, KV head)."""
+    ticket = ticket_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
+    if _took_last_ticket(ticket, NUM_SPLITS):
+        out_offs = token_ids[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :]
+        _merge_split_rows(partial_ptr, max_ptr, sum_ptr, out_ptr, token_ids * num_q_heads + heads, out_offs,
+                          row_valid, dims, dim_valid, NUM_SPLITS, BLOCK_M, BLOCK_D)
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                            scale: float, num_splits: int | None = None,
-                           tuning: AttentionTuning | None = None) -> torch.Tensor:
+                           tuning: AttentionTuning | None = None,
+                           split_tickets: torch.Tensor | None = None) -> torch.Tensor:
+    """split_tickets (attention_merge.split_tickets): zeroed int32 counters that let the last KV split merge
+    inside the kernel; None, too few, or tuning.merge_in_kernel off: the separate merge kernel."""
     assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
     assert block_tables.stride(-1) == 1
     num_tokens, num_q_heads, head_dim = q.shape
@@ -229,9 +230,11 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         sums = torch.empty_like(maxes)
     else:
         partial = maxes = sums = out  # unused
+    merge_in_kernel = (num_splits > 1 and tuning.merge_in_kernel and split_tickets is not None
+                       and split_tickets.numel() >= plan.num_tiles * num_kv_heads)
     use_pdl = pdl_for(q)
     _paged_attention_kernel[(plan.num_tiles, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, out, partial, maxes, sums,
+        q, k_cache, v_cache, out, partial, maxes, sums, split_tickets if merge_in_kernel else out,
         query_start_loc, seq_lens, block_tables, scale * 1.4426950408889634,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
@@ -241,12 +244,9 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact: Triton's default is TF32
         USE_PDL=use_pdl, CAUSAL_SPLIT=plan.causal_split, SPLIT_MIN_TILES=plan.split_min_tiles,
         SCALE_IN_EXP2=plan.scale_in_exp2, LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(block_size),
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
+        MERGE_IN_KERNEL=merge_in_kernel, num_warps=plan.num_warps, num_stages=plan.num_stages,
         launch_pdl=use_pdl,
     )
-    if num_splits > 1:
-        _merge_splits_kernel[(num_tokens, num_q_heads)](
-            partial, maxes, sums, out, query_start_loc, num_seqs, out.stride(0), out.stride(1), head_dim,
-            NUM_SPLITS=num_splits, BLOCK_D=block_d, USE_PDL=use_pdl, launch_pdl=use_pdl,
-        )
+    if num_splits > 1 and not merge_in_kernel:
+        merge_splits(partial, maxes, sums, out, query_start_loc, num_seqs, use_pdl)
     return out

@@ -76,6 +76,10 @@ class AttentionTuning:
     small_chunk_scale_in_exp2: bool = False
     prefill_lazy_rescale: float = 0.0
     prefill_const_page: bool = True
+    # Split KV ranges merged by the tile's last split inside the attention kernel (attention_merge.py; needs the
+    # caller's split tickets) rather than by a second kernel a layer. Session 18: not yet timed on the H200 when
+    # made the default; the prediction was about -4 us a layer at batch 1-32.
+    merge_in_kernel: bool = True
 
 
 def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int, programs_per_sm: int,

@@ -16,3 +16,6 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [S+1] int32: cumulative query lengths; padding sequences add 0
     seq_lens: torch.Tensor  # [S] int32: KV length of each sequence after this step (0 for padding)
     block_tables: torch.Tensor  # [S, max_blocks_per_seq] int32: KV block ids of each sequence
+    # Zeroed int32 counters that let a split KV range merge inside the attention kernel (kernels/attention_merge.py);
+    # None: a second kernel merges. The runner owns them (one set for every layer and step: they run in order).
+    split_tickets: torch.Tensor | None = None

@@ -70,7 +70,7 @@ class LlamaAttention(nn.Module):
         q, k = rope_and_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, attn.slot_mapping,
                                  q_norm_weight, k_norm_weight, eps)
         out = paged_attention(q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_tables,
-                              self.scale)
+                              self.scale, attn.split_tickets)
         return self.o_proj(out.reshape(tokens, q_size))
 
 

@@ -3,6 +3,7 @@
 The interpreter (used by the other CPU tests) accepts things the real compiler rejects; this closes that gap.
 It runs in a subprocess because the test session has TRITON_INTERPRET=1 set before triton was imported.
 """
+import itertools
 import os
 
 import pytest
@@ -15,7 +16,7 @@ _MULTIPLES_OF_16 = ("head_dim", "block_size", "hidden", "inter", "K", "N", "num_
 
 
 def _compile_all() -> None:
-    from blink.kernels import activation, attention, gemv, gemv_rows, kv_write, rmsnorm, rope
+    from blink.kernels import activation, attention, attention_merge, gemv, gemv_rows, kv_write, rmsnorm, rope
 
     def check(fn, pointers: dict, constexprs: dict, pdl: bool = False, **options):
         if "USE_PDL" in fn.arg_names:  # the PDL variant must wait on the previous kernel (pdl.py)
@@ -32,24 +33,35 @@ def _compile_all() -> None:
     bf16 = lambda *names: {name: "*bf16" for name in names}
     attention_ptrs = {**bf16("q_ptr", "k_cache_ptr", "v_cache_ptr", "out_ptr"), "partial_ptr": "*fp32",
                       "max_ptr": "*fp32", "sum_ptr": "*fp32", "query_start_loc_ptr": "*i32",
-                      "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32"}
-    off = dict(SCALE_IN_EXP2=False, LAZY_RESCALE=0.0, PAGE=0)  # chunk tiles' loop variants (attention_tile.py)
+                      "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "ticket_ptr": "*i32"}
+    # chunk tiles' loop variants (attention_tile.py); the split merge by a second kernel
+    off = dict(SCALE_IN_EXP2=False, LAZY_RESCALE=0.0, PAGE=0, MERGE_IN_KERNEL=False)
+
+    def merges_in_kernel(kernel):  # attention_merge.py: a CTA barrier, then the acq_rel ticket at GPU scope
+        ptx = kernel.asm["ptx"]
+        ticket = next(i for i, line in enumerate(ptx.splitlines()) if "atom" in line and "acq_rel" in line)
+        assert ".gpu" in ptx.splitlines()[ticket] and "bar.sync" in "\n".join(ptx.splitlines()[ticket - 12:ticket])
+
     configs = [(4, 4, 4, 128, 1), (4, 4, 16, 128, 1), (8, 8, 2, 128, 4), (1, 1, 64, 64, 1),
                (7, 8, 2, 128, 16), (2, 2, 32, 256, 1)]  # (group, padded group, BLOCK_Q, BLOCK_D, splits)
     for group, group_pad, block_q, block_d, splits in configs:
         tunings = [(64, 4, 3), (32, 4, 2), (128, 8, 3)] if block_d <= 128 else [(32, 4, 3)]  # default + bench
-        for block_n, num_warps, num_stages in tunings:
-            check(attention._paged_attention_kernel, attention_ptrs,
-                  dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
-                       BLOCK_S=1 if splits == 16 else 64, NUM_SPLITS=splits, PRECISION="tf32", CAUSAL_SPLIT=False,
-                       SPLIT_MIN_TILES=0, **off), num_warps=num_warps, num_stages=num_stages, pdl=splits == 16)
+        for (block_n, num_warps, num_stages), merge in itertools.product(tunings, {False, splits > 1}):
+            kernel = check(attention._paged_attention_kernel, attention_ptrs,
+                           dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
+                                BLOCK_S=1 if splits == 16 else 64, NUM_SPLITS=splits, PRECISION="tf32",
+                                CAUSAL_SPLIT=False, SPLIT_MIN_TILES=0, **dict(off, MERGE_IN_KERNEL=merge)),
+                           num_warps=num_warps, num_stages=num_stages, pdl=splits == 16)
+            if merge:
+                merges_in_kernel(kernel)
     # Decode splits chosen in the kernel (split_min_tiles): batch 1's 32-position tiles over a 64 / 128 split grid,
     # batch 8's 64-position tiles over 16; each early-exiting program must still wait (PDL)
     for block_s, splits, block_n, min_tiles in [(1, 64, 32, 4), (1, 128, 32, 8), (8, 16, 64, 2)]:
-        check(attention._paged_attention_kernel, attention_ptrs,
-              dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=4, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=block_s, NUM_SPLITS=splits,
-                   PRECISION="tf32", CAUSAL_SPLIT=False, SPLIT_MIN_TILES=min_tiles, **off),
-              num_warps=4, num_stages=2, pdl=True)
+        merges_in_kernel(check(attention._paged_attention_kernel, attention_ptrs,
+                               dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=4, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=block_s,
+                                    NUM_SPLITS=splits, PRECISION="tf32", CAUSAL_SPLIT=False,
+                                    SPLIT_MIN_TILES=min_tiles, **dict(off, MERGE_IN_KERNEL=True)),
+                               num_warps=4, num_stages=2, pdl=True))
     # Chunk tiles with the causal split (unmasked loop, then the diagonal): today's 64 rows, the sweep's 128 rows, and
     # session 17's variants (deeper pipelines: K/V 2-3 tiles ahead in up to 225 KB; the scale in exp2; lazy rescaling;
     # the KV block size compiled in)
@@ -64,7 +76,7 @@ def _compile_all() -> None:
                    PRECISION="tf32", CAUSAL_SPLIT=True, SPLIT_MIN_TILES=0, **loop), num_warps=num_warps,
               num_stages=num_stages)
     for splits in (4, 64, 128):  # the dynamic grid's merge reads up to 128 maxima per row
-        check(attention._merge_splits_kernel,
+        check(attention_merge._merge_splits_kernel,
               {"partial_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32", "out_ptr": "*bf16",
                "query_start_loc_ptr": "*i32"}, dict(NUM_SPLITS=splits, BLOCK_D=128), pdl=True)
     check(kv_write._write_kv_kernel, {**bf16("k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr"),

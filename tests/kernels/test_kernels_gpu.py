@@ -5,6 +5,7 @@ import torch
 from blink.kernels import apply_rope, paged_attention, rms_norm, silu_and_mul, write_kv
 from blink.kernels.activation import silu_and_mul_ref
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.attention_merge import split_tickets
 from blink.kernels.kv_write import write_kv_ref
 from blink.kernels.rmsnorm import rms_norm_ref
 from blink.kernels.rope import apply_rope_ref, rope_and_write_kv_ref, rope_and_write_kv_triton
@@ -26,11 +27,15 @@ def _attention_case(q_lens, seq_lens, heads=(32, 8), head_dim=128, pad_seqs=0, p
     args = (batch.q, batch.k_cache, batch.v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables,
             head_dim**-0.5)
     expected = paged_attention_ref(*args)
-    _poison_allocator(batch.q.shape, batch.q.dtype)
-    out = paged_attention_triton(*args, num_splits=splits)
     n = batch.num_real_tokens
-    assert torch.isfinite(out[:n]).all(), "some output element was not written"
-    torch.testing.assert_close(out[:n], expected[:n], **BF16_TOL)
+    # the split merge by a second kernel, then by the last split (attention_merge.py), twice on the same tickets
+    tickets = split_tickets(batch.q.shape[0] + len(seq_lens) + pad_seqs, heads[1], "cuda")
+    for merge_tickets in (None, tickets, tickets):
+        _poison_allocator(batch.q.shape, batch.q.dtype)
+        out = paged_attention_triton(*args, num_splits=splits, split_tickets=merge_tickets)
+        assert torch.isfinite(out[:n]).all(), "some output element was not written"
+        torch.testing.assert_close(out[:n], expected[:n], **BF16_TOL)
+        assert not tickets.any()
 
 
 def test_attention_decode_batch_64():
@@ -74,7 +79,8 @@ def test_attention_cuda_graph_replay_with_new_contents():
     assert static["q"].shape[0] == num_tokens and static["seq_lens"].shape[0] == num_seqs
     static["k_cache"] = torch.zeros_like(second.k_cache)  # large enough for both batches' blocks
     static["v_cache"] = torch.zeros_like(second.v_cache)
-    run = lambda: paged_attention(*(static[name] for name in fields), 128**-0.5)
+    tickets = split_tickets(num_tokens + num_seqs, 8, "cuda")  # the last split merges (attention_merge.py)
+    run = lambda: paged_attention(*(static[name] for name in fields), 128**-0.5, tickets)
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         run()  # compile outside capture
@@ -93,8 +99,9 @@ def test_attention_cuda_graph_replay_with_new_contents():
         torch.testing.assert_close(out[:n], expected[:n], **BF16_TOL)
 
 
+@pytest.mark.parametrize("merge_in_kernel", [False, True])
 @pytest.mark.parametrize("seq_lens", [[1000], [1, 64, 65, 2000]])
-def test_split_attention_after_rope_in_a_graph_with_pdl(seq_lens):
+def test_split_attention_after_rope_in_a_graph_with_pdl(seq_lens, merge_in_kernel):
     """The model's order on llama3-8b's heads, 8 layers in one captured graph with PDL (the default): rope and
     the KV write of this step's token, then split-KV attention and its merge. The new token's slot holds NaN
     until the rope kernel writes it, so an attention that read it before its PDL wait would poison the output.
@@ -114,6 +121,7 @@ def test_split_attention_after_rope_in_a_graph_with_pdl(seq_lens):
     slots = last_block * 16 + positions % 16
     qkv = torch.empty(layers, len(seq_lens), (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
     outs = []
+    tickets = split_tickets(2 * len(seq_lens), hkv, "cuda") if merge_in_kernel else None  # every layer's, as the runner
 
     def step():
         outs.clear()
@@ -122,7 +130,7 @@ def test_split_attention_after_rope_in_a_graph_with_pdl(seq_lens):
             q, k = rope_and_write_kv_triton(q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d), positions,
                                             cos_sin, batch.k_cache, batch.v_cache, slots)
             outs.append(paged_attention_triton(q, batch.k_cache, batch.v_cache, b0.query_start_loc, b0.seq_lens,
-                                               b0.block_tables, d**-0.5))
+                                               b0.block_tables, d**-0.5, split_tickets=tickets))
 
     with pdl_switched(True):
         qkv.normal_()
@@ -150,6 +158,7 @@ def test_split_attention_after_rope_in_a_graph_with_pdl(seq_lens):
                                            d**-0.5)
             assert torch.isfinite(outs[i]).all(), f"layer {i}: the new token's stale slot was read"
             torch.testing.assert_close(outs[i], expected, **BF16_TOL)
+        assert tickets is None or not tickets.any()
 
 
 def test_write_kv_real_shapes():
