@@ -35,7 +35,7 @@ BEFORE_SESSION_13 = AttentionTuning(num_stages=3, split_below_per_sm=1, small_gr
 HOST_SPLITS = AttentionTuning(small_grid_split_min_tiles=None)  # session 15: the host's split count at batch 1 too
 ATTENTION_VARIANTS = {  # sessions 13 and 16 set decode's stages, split rule and batch-1 tiles from these rows
     "default": AttentionTuning(),
-    "merge kernel (before session 18)": AttentionTuning(merge_in_kernel=False),
+    "merge in kernel (session 18)": AttentionTuning(merge_in_kernel=True),
     PREVIOUS_ATTENTION: BEFORE_SESSION_13,
     "host split count at batch 1 (session 15)": HOST_SPLITS,
     "stages 3": AttentionTuning(num_stages=3),

@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from blink.kernels.attention_merge import NO_TILES, _merge_split_rows, _took_last_ticket, merge_splits
+from blink.kernels.attention_merge import NO_TILES, _merge_tile_if_last, merge_chunk, merge_splits
 from blink.kernels.attention_plan import AttentionTuning, launch_plan
 from blink.kernels.attention_tile import _attend_kv_tile
 from blink.kernels.pdl import pdl_for, pdl_wait
@@ -102,7 +102,7 @@ def _paged_attention_kernel(
     BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr, NUM_SPLITS: tl.constexpr, PRECISION: tl.constexpr,
     USE_PDL: tl.constexpr, CAUSAL_SPLIT: tl.constexpr, SPLIT_MIN_TILES: tl.constexpr,
     SCALE_IN_EXP2: tl.constexpr, LAZY_RESCALE: tl.constexpr, PAGE: tl.constexpr,  # chunk tiles' (attention_tile.py)
-    MERGE_IN_KERNEL: tl.constexpr,  # splits > 1: the last split merges (attention_merge.py), else a second kernel
+    MERGE_CHUNK: tl.constexpr,  # > 0: the last split merges, this many splits a load (attention_merge.py)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -146,9 +146,10 @@ def _paged_attention_kernel(
             stat_offs = (token_ids * num_q_heads + heads) * NUM_SPLITS + split
             tl.store(max_ptr + stat_offs, tl.full([BLOCK_M], NO_TILES, dtype=tl.float32), mask=row_valid)
             tl.store(sum_ptr + stat_offs, tl.zeros([BLOCK_M], dtype=tl.float32), mask=row_valid)
-            if MERGE_IN_KERNEL:
-                _merge_if_last(partial_ptr, max_ptr, sum_ptr, out_ptr, ticket_ptr, token_ids, heads, row_valid,
-                               dims, dim_valid, num_q_heads, stride_ot, stride_oh, NUM_SPLITS, BLOCK_M, BLOCK_D)
+            if MERGE_CHUNK > 0:
+                _merge_tile_if_last(partial_ptr, max_ptr, sum_ptr, out_ptr, ticket_ptr, q_start, q_first, q_len,
+                                    kv_head, num_q_heads, stride_ot, stride_oh, head_dim, GROUP, GROUP_PAD, BLOCK_Q,
+                                    NUM_SPLITS, BLOCK_D, MERGE_CHUNK)
             return
     q_offs = token_ids[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :]
     q = tl.load(q_ptr + q_offs, mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
@@ -187,21 +188,10 @@ def _paged_attention_kernel(
         tl.store(sum_ptr + stat_offs, l_i, mask=row_valid)
         has_work = kv_tile_begin < kv_tile_end
         tl.store(partial_ptr + stat_offs[:, None] * BLOCK_D + dims[None, :], acc, mask=out_mask & has_work)
-        if MERGE_IN_KERNEL:
-            _merge_if_last(partial_ptr, max_ptr, sum_ptr, out_ptr, ticket_ptr, token_ids, heads, row_valid, dims,
-                           dim_valid, num_q_heads, stride_ot, stride_oh, NUM_SPLITS, BLOCK_M, BLOCK_D)
-
-
-@triton.jit
-def _merge_if_last(partial_ptr, max_ptr, sum_ptr, out_ptr, ticket_ptr, token_ids, heads, row_valid, dims, dim_valid,
-                   num_q_heads, stride_ot, stride_oh, NUM_SPLITS: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_D: tl.constexpr):
-    """The tile's last split to finish merges its rows: one ticket per (query tile, KV head)."""
-    ticket = ticket_ptr + tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    if _took_last_ticket(ticket, NUM_SPLITS):
-        out_offs = token_ids[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :]
-        _merge_split_rows(partial_ptr, max_ptr, sum_ptr, out_ptr, token_ids * num_q_heads + heads, out_offs,
-                          row_valid, dims, dim_valid, NUM_SPLITS, BLOCK_M, BLOCK_D)
+        if MERGE_CHUNK > 0:
+            _merge_tile_if_last(partial_ptr, max_ptr, sum_ptr, out_ptr, ticket_ptr, q_start, q_first, q_len, kv_head,
+                                num_q_heads, stride_ot, stride_oh, head_dim, GROUP, GROUP_PAD, BLOCK_Q, NUM_SPLITS,
+                                BLOCK_D, MERGE_CHUNK)
 
 
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -244,7 +234,8 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact: Triton's default is TF32
         USE_PDL=use_pdl, CAUSAL_SPLIT=plan.causal_split, SPLIT_MIN_TILES=plan.split_min_tiles,
         SCALE_IN_EXP2=plan.scale_in_exp2, LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(block_size),
-        MERGE_IN_KERNEL=merge_in_kernel, num_warps=plan.num_warps, num_stages=plan.num_stages,
+        MERGE_CHUNK=merge_chunk(num_splits, group, block_d) if merge_in_kernel else 0,
+        num_warps=plan.num_warps, num_stages=plan.num_stages,
         launch_pdl=use_pdl,
     )
     if num_splits > 1 and not merge_in_kernel:

@@ -77,9 +77,10 @@ class AttentionTuning:
     prefill_lazy_rescale: float = 0.0
     prefill_const_page: bool = True
     # Split KV ranges merged by the tile's last split inside the attention kernel (attention_merge.py; needs the
-    # caller's split tickets) rather than by a second kernel a layer. Session 18: not yet timed on the H200 when
-    # made the default; the prediction was about -4 us a layer at batch 1-32.
-    merge_in_kernel: bool = True
+    # caller's split tickets) instead of a second kernel a layer. Off: its first version (split by split) took
+    # llama3-8b's step from 4.177 to 4.482 ms at batch 1 and 4.731 -> 4.901 at batch 8 on the H200 (perf.md,
+    # session 18); the chunked loads of today's version are not timed yet.
+    merge_in_kernel: bool = False
 
 
 def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int, programs_per_sm: int,

@@ -17,6 +17,7 @@ _MULTIPLES_OF_16 = ("head_dim", "block_size", "hidden", "inter", "K", "N", "num_
 
 def _compile_all() -> None:
     from blink.kernels import activation, attention, attention_merge, gemv, gemv_rows, kv_write, rmsnorm, rope
+    from blink.kernels.attention_merge import merge_chunk
 
     def check(fn, pointers: dict, constexprs: dict, pdl: bool = False, **options):
         if "USE_PDL" in fn.arg_names:  # the PDL variant must wait on the previous kernel (pdl.py)
@@ -35,7 +36,7 @@ def _compile_all() -> None:
                       "max_ptr": "*fp32", "sum_ptr": "*fp32", "query_start_loc_ptr": "*i32",
                       "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "ticket_ptr": "*i32"}
     # chunk tiles' loop variants (attention_tile.py); the split merge by a second kernel
-    off = dict(SCALE_IN_EXP2=False, LAZY_RESCALE=0.0, PAGE=0, MERGE_IN_KERNEL=False)
+    off = dict(SCALE_IN_EXP2=False, LAZY_RESCALE=0.0, PAGE=0, MERGE_CHUNK=0)
 
     def merges_in_kernel(kernel):  # attention_merge.py: a CTA barrier, then the acq_rel ticket at GPU scope
         ptx = kernel.asm["ptx"]
@@ -50,7 +51,8 @@ def _compile_all() -> None:
             kernel = check(attention._paged_attention_kernel, attention_ptrs,
                            dict(GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=block_d,
                                 BLOCK_S=1 if splits == 16 else 64, NUM_SPLITS=splits, PRECISION="tf32",
-                                CAUSAL_SPLIT=False, SPLIT_MIN_TILES=0, **dict(off, MERGE_IN_KERNEL=merge)),
+                                CAUSAL_SPLIT=False, SPLIT_MIN_TILES=0,
+                                **dict(off, MERGE_CHUNK=merge_chunk(splits, group, block_d) if merge else 0)),
                            num_warps=num_warps, num_stages=num_stages, pdl=splits == 16)
             if merge:
                 merges_in_kernel(kernel)
@@ -60,12 +62,12 @@ def _compile_all() -> None:
         merges_in_kernel(check(attention._paged_attention_kernel, attention_ptrs,
                                dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=4, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=block_s,
                                     NUM_SPLITS=splits, PRECISION="tf32", CAUSAL_SPLIT=False,
-                                    SPLIT_MIN_TILES=min_tiles, **dict(off, MERGE_IN_KERNEL=True)),
+                                    SPLIT_MIN_TILES=min_tiles, **dict(off, MERGE_CHUNK=merge_chunk(splits, 4, 128))),
                                num_warps=4, num_stages=2, pdl=True))
     # Chunk tiles with the causal split (unmasked loop, then the diagonal): today's 64 rows, the sweep's 128 rows, and
     # session 17's variants (deeper pipelines: K/V 2-3 tiles ahead in up to 225 KB; the scale in exp2; lazy rescaling;
     # the KV block size compiled in)
-    exp2, lazy = dict(off, SCALE_IN_EXP2=True, PAGE=16), dict(SCALE_IN_EXP2=True, LAZY_RESCALE=8.0, PAGE=16)
+    exp2, lazy = dict(off, SCALE_IN_EXP2=True, PAGE=16), dict(off, SCALE_IN_EXP2=True, LAZY_RESCALE=8.0, PAGE=16)
     for block_q, splits, block_n, num_warps, num_stages, loop in [
             (16, 1, 64, 4, 3, off), (32, 1, 64, 8, 3, off), (32, 1, 128, 8, 2, off), (32, 4, 64, 8, 2, off),
             (16, 1, 128, 4, 2, off), (32, 1, 128, 8, 5, off), (32, 1, 64, 8, 7, off), (32, 1, 128, 8, 2, exp2),

@@ -4,14 +4,16 @@ import torch
 
 from blink.kernels import apply_rope, paged_attention, rms_norm, silu_and_mul, write_kv
 from blink.kernels.activation import silu_and_mul_ref
-from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.attention import default_tuning_switched, paged_attention_ref, paged_attention_triton
 from blink.kernels.attention_merge import split_tickets
+from blink.kernels.attention_plan import AttentionTuning
 from blink.kernels.kv_write import write_kv_ref
 from blink.kernels.rmsnorm import rms_norm_ref
 from blink.kernels.rope import apply_rope_ref, rope_and_write_kv_ref, rope_and_write_kv_triton
 from tests.kernels.paged_batch import make_paged_batch
 
 pytestmark = pytest.mark.gpu
+IN_KERNEL = AttentionTuning(merge_in_kernel=True)  # the KV splits merged by the last split (attention_merge.py)
 BF16_TOL = dict(atol=2e-2, rtol=2e-2)
 
 
@@ -32,7 +34,7 @@ def _attention_case(q_lens, seq_lens, heads=(32, 8), head_dim=128, pad_seqs=0, p
     tickets = split_tickets(batch.q.shape[0] + len(seq_lens) + pad_seqs, heads[1], "cuda")
     for merge_tickets in (None, tickets, tickets):
         _poison_allocator(batch.q.shape, batch.q.dtype)
-        out = paged_attention_triton(*args, num_splits=splits, split_tickets=merge_tickets)
+        out = paged_attention_triton(*args, num_splits=splits, split_tickets=merge_tickets, tuning=IN_KERNEL)
         assert torch.isfinite(out[:n]).all(), "some output element was not written"
         torch.testing.assert_close(out[:n], expected[:n], **BF16_TOL)
         assert not tickets.any()
@@ -82,12 +84,13 @@ def test_attention_cuda_graph_replay_with_new_contents():
     tickets = split_tickets(num_tokens + num_seqs, 8, "cuda")  # the last split merges (attention_merge.py)
     run = lambda: paged_attention(*(static[name] for name in fields), 128**-0.5, tickets)
     stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        run()  # compile outside capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = run()
+    with default_tuning_switched(IN_KERNEL):  # captured with it
+        with torch.cuda.stream(stream):
+            run()  # compile outside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run()
     for batch in (first, second):
         for name in fields:
             src = getattr(batch, name)
@@ -130,7 +133,7 @@ def test_split_attention_after_rope_in_a_graph_with_pdl(seq_lens, merge_in_kerne
             q, k = rope_and_write_kv_triton(q.view(-1, hq, d), k.view(-1, hkv, d), v.view(-1, hkv, d), positions,
                                             cos_sin, batch.k_cache, batch.v_cache, slots)
             outs.append(paged_attention_triton(q, batch.k_cache, batch.v_cache, b0.query_start_loc, b0.seq_lens,
-                                               b0.block_tables, d**-0.5, split_tickets=tickets))
+                                               b0.block_tables, d**-0.5, split_tickets=tickets, tuning=IN_KERNEL))
 
     with pdl_switched(True):
         qkv.normal_()
