@@ -8,12 +8,14 @@ import gc
 import itertools
 import json
 import time
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
 from blink.bench.drive import run_greedy
 from blink.bench.roofline import ModelShape
+from blink.bench.step_split import format_split, last_run_steps, split_steps
 from blink.config import EngineArgs
 
 
@@ -111,7 +113,12 @@ def run(ns: argparse.Namespace) -> int:
         else:
             engine = _engine(name, args, loaded)
             run_engine(engine, prompts[:2], 4)  # warm-up
+            steps_before = engine.stats().steps
             dt, n = run_engine(engine, prompts, ns.output_len)
+            steps = last_run_steps(engine.step_times(), engine.stats().steps - steps_before)
+            splits = split_steps(steps, shape, ns.input_len, ns.output_len)
+            print(f"{name}: the run's steps by kind\n{format_split(splits, dt)}", flush=True)
+            results[f"{name}_steps"] = [dict(asdict(k), ratio=round(k.ratio, 3)) for k in splits]
             b1_dt, b1_n = run_engine(engine, prompts[:1], ns.output_len)
             b1_ms = b1_dt / b1_n * 1e3
             b1_floor = shape.decode_floor_s(1, ns.input_len + ns.output_len // 2) * 1e3
