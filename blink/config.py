@@ -22,9 +22,10 @@ class DeviceIdle(NamedTuple):
     park_poll_us: int  # park: how often the host reads the ring while parked (its CPU cost vs the wake-up)
 
 
-DEVICE_IDLE_HELP = ("device mode's idle loop: spin (sleeps of at most 8 us) or deep[:AFTER_MS[:MAX_US]] (sleeps "
-                    "grow to MAX_US, at most 1000, once idle AFTER_MS; default deep:10:100). park (the kernel exits "
-                    "when idle) is refused until it works on a GPU")
+DEVICE_IDLE_HELP = ("device mode's idle loop: spin (sleeps of at most 8 us), deep[:AFTER_MS[:MAX_US]] (sleeps "
+                    "grow to MAX_US, at most 1000, once idle AFTER_MS; default deep:10:100) or "
+                    "park[:AFTER_MS[:POLL_US]] (the kernel exits once idle AFTER_MS, default 100, and a host thread "
+                    "relaunches it on work, reading the ring every POLL_US, default 1000; a TP loop never parks)")
 
 
 def parse_device_idle(spec: str) -> DeviceIdle:
@@ -54,12 +55,9 @@ def parse_device_idle(spec: str) -> DeviceIdle:
 
 def _device_idle_arg(spec: str) -> str:
     try:
-        idle = parse_device_idle(spec)
+        parse_device_idle(spec)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
-    if idle.mode == "park":  # EngineArgs keeps it for the GPU tests that must make it work (docs/roadmap.md)
-        raise argparse.ArgumentTypeError("--device-idle park: not available yet (on the H200 the loop never "
-                                         "parked, 2026-12-01); use spin or deep")
     return spec
 
 
