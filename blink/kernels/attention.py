@@ -10,8 +10,8 @@ Triton design: a program owns one KV head and a tile of BLOCK_Q query tokens x a
 share that KV head (BLOCK_M = BLOCK_Q * GROUP rows), so each KV tile is loaded once per group. Sequence s
 owns program tiles starting at query_start_loc[s] // BLOCK_Q + s; that bound needs no data, so the grid is
 (T // BLOCK_Q + S, Hkv, splits) and programs past a sequence's queries exit at once. With splits > 1
-(small batches, flash-decoding) each program covers a slice of the KV range and the tile's last split to
-finish (or a second kernel) merges the partial results by their log-sum-exp (attention_merge.py). Tiles that
+(small batches, flash-decoding) each program covers a slice of the KV range and a second kernel (opt-in: the
+tile's last split to finish) merges the partial results by their log-sum-exp (attention_merge.py). Tiles that
 may carry a prefill chunk (CAUSAL_SPLIT) run the KV tiles that all their rows see whole without the causal
 mask, and start with the heaviest tiles. One KV tile of the online softmax (and issue 17's chunk-tile variants
 of it) lives in attention_tile.py.
@@ -180,8 +180,8 @@ def _paged_attention_kernel(
         out_offs = token_ids[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :]
         tl.store(out_ptr + out_offs, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        # Partials are [T, Hq, NUM_SPLITS] (+ [D]) fp32, unnormalized; merged by the tile's last split or a
-        # second kernel (attention_merge.py). A split without tiles (short sequences: 16 splits of a 300-token
+        # Partials are [T, Hq, NUM_SPLITS] (+ [D]) fp32, unnormalized; merged by a second kernel or the tile's
+        # last split (attention_merge.py). A split without tiles (short sequences: 16 splits of a 300-token
         # context) writes its maximum alone (NO_TILES), and the merge reads no partial where it finds that.
         stat_offs = (token_ids * num_q_heads + heads) * NUM_SPLITS + split
         tl.store(max_ptr + stat_offs, m_i, mask=row_valid)
