@@ -69,6 +69,8 @@ LEVERS.update({f"{label}, rows pdl": value for label, value in LEVERS.items() if
 ROWS_PDL_SUFFIX = ", rows pdl"
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
     ("before session 13", sk.BEFORE_SESSION_13), ("merge in kernel", AttentionTuning(merge_in_kernel=True)),
+    ("decode page", AttentionTuning(decode_const_page=True)),
+    ("decode page exp2", AttentionTuning(decode_const_page=True, decode_scale_in_exp2=True)),
     ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),
     ("no small grid", AttentionTuning(small_grid_programs=None)),
     ("host split count at batch 1", sk.HOST_SPLITS)]})

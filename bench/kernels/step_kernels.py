@@ -36,6 +36,9 @@ HOST_SPLITS = AttentionTuning(small_grid_split_min_tiles=None)  # session 15: th
 ATTENTION_VARIANTS = {  # sessions 13 and 16 set decode's stages, split rule and batch-1 tiles from these rows
     "default": AttentionTuning(),
     "merge in kernel (session 18)": AttentionTuning(merge_in_kernel=True),
+    "block size compiled in (session 18)": AttentionTuning(decode_const_page=True),
+    "block size compiled in + exp2 scale (session 18)": AttentionTuning(decode_const_page=True,
+                                                                        decode_scale_in_exp2=True),
     PREVIOUS_ATTENTION: BEFORE_SESSION_13,
     "host split count at batch 1 (session 15)": HOST_SPLITS,
     "stages 3": AttentionTuning(num_stages=3),

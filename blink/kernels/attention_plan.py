@@ -76,6 +76,11 @@ class AttentionTuning:
     small_chunk_scale_in_exp2: bool = False
     prefill_lazy_rescale: float = 0.0
     prefill_const_page: bool = True
+    # The same two for decode tiles (session 18, not yet timed: `kernels` times them alone at batch 1-32). Decode
+    # reads 8 x 1k keys at batch 8 at 2.4 TB/s (13.7 us a layer for 33.5 MB), where chunk tiles lost a third of
+    # their loop to the runtime block size's divide and remainder.
+    decode_const_page: bool = False
+    decode_scale_in_exp2: bool = False
     # Split KV ranges merged by the tile's last split inside the attention kernel (attention_merge.py; needs the
     # caller's split tickets) instead of a second kernel a layer. Off: its first version (split by split) took
     # llama3-8b's step from 4.177 to 4.482 ms at batch 1 and 4.731 -> 4.901 at batch 8 on the H200 (perf.md,
@@ -105,7 +110,7 @@ class LaunchPlan:
     num_warps: int
     causal_split: bool  # the kernel's CAUSAL_SPLIT: chunk tiles only, so decode compiles as before
     split_min_tiles: int = 0  # the kernel's SPLIT_MIN_TILES: 0 all num_splits splits, else the kernel's own count
-    # The kernel's SCALE_IN_EXP2, LAZY_RESCALE and PAGE (page()): chunk tiles only (off for decode tiles)
+    # The kernel's SCALE_IN_EXP2, LAZY_RESCALE and PAGE (page()): chunk tiles' knobs, or decode's (off by default)
     scale_in_exp2: bool = False
     lazy_rescale: float = 0.0
     const_page: bool = False
@@ -169,8 +174,9 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
                                     split_below)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
     chunk = not decode_heavy
+    scale_in_exp2 = (tuning.prefill_scale_in_exp2 if big else tuning.small_chunk_scale_in_exp2) if chunk \
+        else tuning.decode_scale_in_exp2
     return LaunchPlan(block_q, block_n, num_tiles, num_splits, num_stages, num_warps,
                       chunk and tuning.prefill_causal_split, split_min_tiles if num_splits > 1 else 0,
-                      chunk and (tuning.prefill_scale_in_exp2 if big else tuning.small_chunk_scale_in_exp2),
-                      tuning.prefill_lazy_rescale if chunk else 0.0,
-                      chunk and tuning.prefill_const_page)
+                      scale_in_exp2, tuning.prefill_lazy_rescale if chunk else 0.0,
+                      tuning.prefill_const_page if chunk else tuning.decode_const_page)

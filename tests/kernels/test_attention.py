@@ -199,7 +199,10 @@ def test_chunk_knobs_reach_the_plan_and_leave_decode_tiles_alone():
     big, small = launch_plan(2048, 1, 32, 8, 128, 4096, AttentionTuning()), launch_plan(1024, 64, 32, 8, 128, 4096,
                                                                                          AttentionTuning())
     assert (big.scale_in_exp2, big.const_page, small.scale_in_exp2, small.const_page) == (True, True, False, True)
-    assert not launch_plan(32, 32, 32, 8, 128, 4096, AttentionTuning()).const_page  # decode tiles never
+    decode = launch_plan(32, 32, 32, 8, 128, 4096, AttentionTuning())
+    assert not (decode.const_page or decode.scale_in_exp2)  # decode tiles: only with their own knobs
+    decode = launch_plan(32, 32, 32, 8, 128, 4096, AttentionTuning(decode_const_page=True, decode_scale_in_exp2=True))
+    assert decode.page(16) == 16 and decode.scale_in_exp2 and not decode.lazy_rescale
     for decode_tuning in (tuning, AttentionTuning()):
         assert knobs(launch_plan(32, 32, 32, 8, 128, 4096, decode_tuning)) == (4, 64, 4, 2, False)
     assert not launch_plan(2048, 1, 32, 8, 128, 4096, AttentionTuning(prefill_causal_split=False)).causal_split

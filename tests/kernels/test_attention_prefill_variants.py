@@ -1,4 +1,5 @@
-"""Issue 17's inner-loop variants of the chunk tiles (blink/kernels/attention_tile.py) against the torch reference."""
+"""Issue 17's inner-loop variants of the chunk tiles (blink/kernels/attention_tile.py) against the torch reference, and
+the same variants on decode tiles (opt-in since session 18)."""
 import pytest
 import torch
 
@@ -72,3 +73,22 @@ def test_prefill_variants_leave_decode_tiles_alone():
     # the defaults since session 17: exp2 and the compiled-in block size, no lazy rescaling
     assert loop(launch_plan(8192, 1, 32, 8, 128, 8192, AttentionTuning())) == (True, 0.0, 16)
     assert loop(launch_plan(128, 64, 32, 8, 128, 4096, AttentionTuning())) == (False, 0.0, 16)
+
+
+@pytest.mark.parametrize("knobs", [dict(decode_const_page=True),
+                                   dict(decode_const_page=True, decode_scale_in_exp2=True),
+                                   dict(decode_scale_in_exp2=True, split_min_tiles=2, max_grid_splits=8)])
+@pytest.mark.parametrize("num_splits", [None, 1, 4])
+def test_decode_variants_match_the_reference(knobs, num_splits):
+    """A decode bucket (one token a sequence, padding rows): the compiled-in block size and the scale in exp2, with and
+    without KV splits (the partials' maxima stay in the log2 domain for the merge) and with the kernel's own split
+    count (split_min_tiles)."""
+    batch = make_paged_batch([1] * 5, [1, 17, 300, 64, 129], 16, 2, head_dim=32, block_size=16, pad_seqs=2,
+                             pad_tokens=1)
+    tuning = AttentionTuning(block_n=32, **knobs)
+    plan = launch_plan(batch.q.shape[0], 7, 16, 2, 32, batch.block_tables.shape[1] * 16, tuning, num_splits)
+    assert plan.page(16) == (16 if knobs.get("decode_const_page") else 0)
+    assert plan.scale_in_exp2 == knobs.get("decode_scale_in_exp2", False)
+    expected = _run(paged_attention_ref, batch, 0.2)
+    out = _run(paged_attention_triton, batch, 0.2, tuning=tuning, num_splits=num_splits)
+    torch.testing.assert_close(out[:5], expected[:5], atol=2e-5, rtol=2e-5)

@@ -64,6 +64,11 @@ def _compile_all() -> None:
                                     NUM_SPLITS=splits, PRECISION="tf32", CAUSAL_SPLIT=False,
                                     SPLIT_MIN_TILES=min_tiles, **dict(off, MERGE_CHUNK=merge_chunk(splits, 4, 128))),
                                num_warps=4, num_stages=2, pdl=True))
+    # Session 18's opt-in decode variants: the KV block size compiled in, and with it the scale in exp2
+    for loop in (dict(off, PAGE=16), dict(off, PAGE=16, SCALE_IN_EXP2=True)):
+        check(attention._paged_attention_kernel, attention_ptrs,
+              dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=4, BLOCK_N=64, BLOCK_D=128, BLOCK_S=8, NUM_SPLITS=4, PRECISION="tf32",
+                   CAUSAL_SPLIT=False, SPLIT_MIN_TILES=0, **loop), num_warps=4, num_stages=2, pdl=True)
     # Chunk tiles with the causal split (unmasked loop, then the diagonal): today's 64 rows, the sweep's 128 rows, and
     # session 17's variants (deeper pipelines: K/V 2-3 tiles ahead in up to 225 KB; the scale in exp2; lazy rescaling;
     # the KV block size compiled in)
