@@ -157,7 +157,9 @@ def _paged_attention_kernel(
     # This split's slice of the KV positions the tile needs.
     kv_end, kv_tile_begin, kv_tile_end = _kv_tiles_of_split(seq_len, context, q_first, q_len, split, BLOCK_Q,
                                                             BLOCK_N, NUM_SPLITS, SPLIT_MIN_TILES)
-    m_i = tl.full([BLOCK_M], -1.0e30, dtype=tl.float32)  # finite, so fully masked rows stay NaN-free
+    # finite, so fully masked rows stay NaN-free; a split whose range holds no KV tile stores it as is, and the
+    # merge reads that maximum as "no partial" (NO_TILES, one definition for both)
+    m_i = tl.full([BLOCK_M], NO_TILES, dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
