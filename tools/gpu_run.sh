@@ -121,6 +121,12 @@ for stage in "$@"; do
     timeline)  # issue 17: one replayed decode graph kernel by kernel (llama3-8b, TIMELINE_BATCHES, default 1): time by
       # name and a mid-step window; with PDL kernels overlap, so read a kernel's cost as completion to completion
       python3 tools/diag.py timeline 2>&1 | grep -v Warn | tee "$OUT/timeline_$(date +%H%M%S).log";;
+    ncu-attn)  # issue 17: Nsight Compute on one decode attention launch (NCU_BATCH, NCU_VARIANT of step_kernels'
+      # attention variants): occupancy, waves, DRAM throughput, warp stalls. Firecracker machines only (KINDS.md)
+      ncu --clock-control none -k regex:_paged_attention_kernel -c 1 --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+        python3 bench/kernels/step_kernels.py --sections attention --batches "${NCU_BATCH:-64}" \
+        --variants "${NCU_VARIANT:-default}" 2>&1 | tee "$OUT/ncu_attn_b${NCU_BATCH:-64}.log" | tail -120;;
     gemv-proj)  # issue 17: each projection alone at M = GEMV_MS rows: cuBLAS (+ the norm / SiLU kernel) vs the GEMV, GB/s
       python3 -m bench.kernels.fusion --sections gemv --ms "${GEMV_MS:-1}" --projections "${GEMV_PROJ:-all}" \
         --sweep "${GEMV_SWEEP:-all}" 2>&1 \

@@ -68,7 +68,11 @@ LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
 LEVERS.update({f"{label}, rows pdl": value for label, value in LEVERS.items() if "rows" in label})
 ROWS_PDL_SUFFIX = ", rows pdl"
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
-    ("before session 13", sk.BEFORE_SESSION_13), ("merge in kernel", AttentionTuning(merge_in_kernel=True)),
+    ("before session 13", sk.BEFORE_SESSION_13), ("merge kernel", AttentionTuning(merge_in_kernel=False)),
+    ("split < 4/SM, 4/SM", AttentionTuning(split_below_per_sm=4, programs_per_sm=4)),
+    ("unsplit 2 stages", AttentionTuning(unsplit_num_stages=2)),
+    ("maxnreg 128", AttentionTuning(decode_maxnreg=128)),
+    ("small grid page", AttentionTuning(small_grid_const_page=True)),
     ("decode page", AttentionTuning(decode_const_page=True)),
     ("decode page exp2", AttentionTuning(decode_const_page=True, decode_scale_in_exp2=True)),
     ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),

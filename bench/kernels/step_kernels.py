@@ -35,7 +35,7 @@ BEFORE_SESSION_13 = AttentionTuning(num_stages=3, split_below_per_sm=1, small_gr
 HOST_SPLITS = AttentionTuning(small_grid_split_min_tiles=None)  # session 15: the host's split count at batch 1 too
 ATTENTION_VARIANTS = {  # sessions 13 and 16 set decode's stages, split rule and batch-1 tiles from these rows
     "default": AttentionTuning(),
-    "merge in kernel (session 18)": AttentionTuning(merge_in_kernel=True),
+    "merge kernel (before session 19)": AttentionTuning(merge_in_kernel=False),
     "block size compiled in (session 18)": AttentionTuning(decode_const_page=True),
     "block size compiled in + exp2 scale (session 18)": AttentionTuning(decode_const_page=True,
                                                                         decode_scale_in_exp2=True),
@@ -46,6 +46,20 @@ ATTENTION_VARIANTS = {  # sessions 13 and 16 set decode's stages, split rule and
     "no small grid (n64, 16 splits at batch 1)": AttentionTuning(small_grid_programs=None),
     "n32, 64 splits at batch 1": AttentionTuning(small_grid_max_splits=64, small_grid_split_min_tiles=None),
     "n64, 8 warps": AttentionTuning(num_warps=8),
+    # session 19: batch 8 reads 33.5 MB a layer at 2.4 TB/s in 8 splits of 2 KV tiles; fatter or thinner programs
+    "n128 (decode)": AttentionTuning(block_n=128),
+    "n32 (decode)": AttentionTuning(block_n=32),
+    "2 programs/SM (fewer splits)": AttentionTuning(programs_per_sm=2),
+    "6 programs/SM (more splits)": AttentionTuning(programs_per_sm=6),
+    "n128, stages 3": AttentionTuning(block_n=128, num_stages=3),
+    # batch 32 / 64 at 1k: 512 programs (3 an SM fit: 1.3 waves) read at 2.9-3.1 TB/s; more splits even the waves
+    "unsplit: 2 stages (before session 19)": AttentionTuning(unsplit_num_stages=2),
+    "unsplit: 4 stages": AttentionTuning(unsplit_num_stages=4),
+    "maxnreg 128": AttentionTuning(decode_maxnreg=128),
+    "maxnreg 128, unsplit 2 stages": AttentionTuning(decode_maxnreg=128, unsplit_num_stages=2),
+    "split < 4/SM, 4/SM": AttentionTuning(split_below_per_sm=4, programs_per_sm=4),
+    "split < 4/SM, 8/SM": AttentionTuning(split_below_per_sm=4, programs_per_sm=8),
+    "split < 8/SM, 12/SM": AttentionTuning(split_below_per_sm=8, programs_per_sm=12),
 }
 # Splits counted in the kernel from each sequence's length at every decode batch, the grid sized for the longest
 # (the default does so at batch 1 only). "N/SM": the grid's target programs per SM (batch 8: 6/SM -> 16 splits).
@@ -279,7 +293,17 @@ def main() -> None:
                         help="block-table width, in tokens (default: the longest context, at least 8192)")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--sections", default="attention,small,gemm,step")
+    parser.add_argument("--variants", default=None,
+                        help="attention variants to time, by exact name, comma-separated (default: all)")
     args = parser.parse_args()
+    if args.variants:
+        chosen = args.variants.split(",")
+        unknown = [name for name in chosen if name not in ATTENTION_VARIANTS]
+        if unknown:
+            parser.error(f"unknown attention variants {unknown}; known: {list(ATTENTION_VARIANTS)}")
+        for name in list(ATTENTION_VARIANTS):
+            if name not in chosen:
+                del ATTENTION_VARIANTS[name]
     cfg = presets.get(args.model)
     batches = [int(b) for b in args.batches.split(",")]
     contexts, max_model_len = parse_contexts(args.context, args.max_model_len)
@@ -292,8 +316,9 @@ def main() -> None:
             res = bench_attention(cfg, context, batch, max_model_len)
             best = min(res, key=res.get)
             at = f" ctx {context}" if len(contexts) > 1 else ""
-            summary.append((f"attention b{batch}{at} (baseline: before session 13)", res[PREVIOUS_ATTENTION] * layers,
-                            res["default"] * layers, res[best] * layers, best))
+            if PREVIOUS_ATTENTION in res and "default" in res:  # a --variants run may time neither
+                summary.append((f"attention b{batch}{at} (baseline: before session 13)",
+                                res[PREVIOUS_ATTENTION] * layers, res["default"] * layers, res[best] * layers, best))
         if "small" in sections:
             res = bench_small_kernels(cfg, batch)
             unfused, fused = res["rope(+qk norm)+write_kv unfused"], res["rope_and_write_kv fused"]

@@ -16,8 +16,9 @@ from blink.bench.gpu_monitor import GpuMonitor
 from blink.bench.host_cpu import process_cpu_seconds
 from blink.bench.server_process import BlinkServer, ServeSpec
 
-# park is refused by the CLI until it works on a GPU (docs/roadmap.md), so it is not measured here.
-CONFIGS = {"host": ("host", None), "device-spin": ("device", "spin"), "device-deep": ("device", "deep")}
+# park: accepted by the CLI since both park GPU tests passed on the H200 (session 18)
+CONFIGS = {"host": ("host", None), "device-spin": ("device", "spin"), "device-deep": ("device", "deep"),
+           "device-park": ("device", "park")}
 
 
 def first_token_s(http: httpx.Client, base_url: str, model: str) -> float:

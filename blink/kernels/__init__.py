@@ -16,6 +16,7 @@ from blink.kernels.rope import (
     rope_and_write_kv_ref,
     rope_and_write_kv_triton,
 )
+from blink.kernels.widen import widen_triton
 
 __all__ = ["write_kv", "paged_attention", "rms_norm", "apply_rope", "silu_and_mul", "rope_and_write_kv",
            "linear", "norm_linear", "silu_epilogue_takes"]
@@ -89,7 +90,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     if silu_mul_input:
         x = silu_and_mul(x)
     out = F.linear(x, weight, bias)
-    return out if out_dtype is None else out.to(out_dtype)
+    if out_dtype is None or out.dtype == out_dtype:
+        return out
+    if out.is_cuda and out_dtype == torch.float32 and out.is_contiguous():
+        return widen_triton(out)  # torch's casting copy does not stream (widen.py)
+    return out.to(out_dtype)
 
 
 def norm_linear(x: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,

@@ -237,7 +237,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         USE_PDL=use_pdl, CAUSAL_SPLIT=plan.causal_split, SPLIT_MIN_TILES=plan.split_min_tiles,
         SCALE_IN_EXP2=plan.scale_in_exp2, LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(block_size),
         MERGE_CHUNK=merge_chunk(num_splits, group, block_d) if merge_in_kernel else 0,
-        num_warps=plan.num_warps, num_stages=plan.num_stages,
+        num_warps=plan.num_warps, num_stages=plan.num_stages, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {}),
         launch_pdl=use_pdl,
     )
     if num_splits > 1 and not merge_in_kernel:

@@ -23,6 +23,14 @@ class AttentionTuning:
     # pipeline over the KV loop beat three at batch 1 / 2 / 8 / 32; splitting below 2 programs per SM (batch 32
     # in two) took the step at 4k context from 9.91 to 8.91 ms and changed nothing at 1k. Chunk tiles: below.
     num_stages: int = 2
+    # Decode grids left unsplit (2+ programs an SM already: batch 33+ at 8 KV heads) take this depth instead. H200,
+    # session 19 (perf.md): batch 64 at 1k, 512 programs of 16 KV tiles, 3 resident an SM by registers and shared
+    # memory, read at 2.9 TB/s with 2 stages (ncu: 0.35 eligible warps a scheduler, stalled on loads); 3 stages
+    # took the kernel 89.5 -> 69.7 us a layer. Split grids keep num_stages: 3 lost at batch 8 / 32 (2 / 8 tiles).
+    unsplit_num_stages: int = 3
+    # A register cap for decode tiles (None: the compiler's 168 a thread at 4 warps, so 3 programs an SM and 512
+    # programs in 1.3 waves; 128 would fit 4 where shared memory allows). Not timed yet (session 19's bench rows).
+    decode_maxnreg: int | None = None
     split_below_per_sm: float = 2.0  # split the KV range only if fewer programs than this per SM have work,
     prefill_split_below_per_sm: float = 1.0
     programs_per_sm: int = 3  # and then until about this many programs per SM are busy
@@ -81,11 +89,17 @@ class AttentionTuning:
     # their loop to the runtime block size's divide and remainder.
     decode_const_page: bool = False
     decode_scale_in_exp2: bool = False
+    # The block size compiled in for the batch-1 grid only (small_grid_programs): session 19 timed decode_const_page
+    # alone at 6.85 -> 6.26 us a layer at batch 1 but slower at 8 / 32 (17.79 -> 19.16, 42.78 -> 48.75). Not yet
+    # timed in the whole step together with the in-kernel merge.
+    small_grid_const_page: bool = True
     # Split KV ranges merged by the tile's last split inside the attention kernel (attention_merge.py; needs the
-    # caller's split tickets) instead of a second kernel a layer. Off: its first version (split by split) took
-    # llama3-8b's step from 4.177 to 4.482 ms at batch 1 and 4.731 -> 4.901 at batch 8 on the H200 (perf.md,
-    # session 18); the chunked loads of today's version are not timed yet.
-    merge_in_kernel: bool = False
+    # caller's split tickets; without them the separate merge kernel runs) instead of a second kernel a layer.
+    # Its first version (split by split) took llama3-8b's step from 4.177 to 4.482 ms at batch 1 on the H200
+    # (session 18); today's chunked loads, H200 session 19 (perf.md): attention alone 17.79 -> 14.75 us a layer at
+    # batch 8 and 42.78 -> 40.50 at 32; the whole step 4.175 -> 4.154 / 4.856 -> 4.764 / 6.042 -> 5.995 ms at
+    # batch 1 / 8 / 32.
+    merge_in_kernel: bool = True
 
 
 def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int, programs_per_sm: int,
@@ -114,6 +128,7 @@ class LaunchPlan:
     scale_in_exp2: bool = False
     lazy_rescale: float = 0.0
     const_page: bool = False
+    maxnreg: int | None = None  # the launch's register cap (decode tiles' decode_maxnreg), None: the compiler's
 
     def page(self, block_size: int) -> int:
         """The kernel's PAGE: the KV block size where it is compiled in (a power of two dividing the KV tile), or 0."""
@@ -173,10 +188,14 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
         num_splits = _choose_splits(working, num_kv_heads, max_kv_len, block_n, programs_per_sm, max_splits,
                                     split_below)
     assert num_splits >= 1 and num_splits & (num_splits - 1) == 0, "num_splits must be a power of two"
+    if decode_heavy and num_splits == 1:
+        num_stages = tuning.unsplit_num_stages
     chunk = not decode_heavy
     scale_in_exp2 = (tuning.prefill_scale_in_exp2 if big else tuning.small_chunk_scale_in_exp2) if chunk \
         else tuning.decode_scale_in_exp2
     return LaunchPlan(block_q, block_n, num_tiles, num_splits, num_stages, num_warps,
                       chunk and tuning.prefill_causal_split, split_min_tiles if num_splits > 1 else 0,
                       scale_in_exp2, tuning.prefill_lazy_rescale if chunk else 0.0,
-                      tuning.prefill_const_page if chunk else tuning.decode_const_page)
+                      tuning.prefill_const_page if chunk else (tuning.decode_const_page
+                                                                or (small_grid and tuning.small_grid_const_page)),
+                      None if chunk else tuning.decode_maxnreg)

@@ -132,7 +132,15 @@ def test_a_bucket_that_can_hold_one_chunk_splits_its_kv_range():
 def test_decode_tiles_and_chunk_tiles_take_their_own_pipeline_depths():
     tuning = AttentionTuning(num_stages=2, small_chunk_num_stages=3, prefill_num_stages=4)
     stages = lambda tokens, rows: launch_plan(tokens, rows, 32, 8, 128, 4096, tuning).num_stages
-    assert stages(1, 1) == stages(32, 32) == 2  # decode buckets
+    assert stages(1, 1) == stages(32, 32) == 2  # decode buckets whose KV is split
+    assert stages(64, 64) == 3  # an unsplit decode grid (2+ programs an SM): unsplit_num_stages
+    assert launch_plan(64, 64, 32, 8, 128, 4096, AttentionTuning(unsplit_num_stages=2)).num_stages == 2
+    capped = AttentionTuning(decode_maxnreg=128)  # a register cap for decode tiles only
+    assert launch_plan(8, 8, 32, 8, 128, 4096, capped).maxnreg == 128
+    assert launch_plan(2048, 1, 32, 8, 128, 4096, capped).maxnreg is None
+    batch_1_page = AttentionTuning(small_grid_const_page=True)  # the block size compiled in for batch 1's grid only
+    assert launch_plan(1, 1, 32, 8, 128, 4096, batch_1_page).page(16) == 16
+    assert launch_plan(8, 8, 32, 8, 128, 4096, batch_1_page).page(16) == 0
     assert stages(128, 64) == stages(1024, 1) == 3  # buckets that can carry a chunk, below prefill_min_tokens
     assert stages(2048, 64) == stages(8192, 1) == 4  # the big chunk tiles
 

@@ -58,13 +58,14 @@ def test_dynamic_splits_merge_in_the_kernel_with_splits_that_exit_early():
         assert not tickets.any()
 
 
-def test_too_few_tickets_or_the_default_take_the_merge_kernel():
+def test_too_few_tickets_or_the_merge_kernel_knob_take_the_merge_kernel():
     q_lens, seq_lens, heads = CASES[0]
     batch = make_paged_batch(q_lens, seq_lens, *heads, head_dim=32, block_size=8)
     expected = paged_attention_ref(*_args(batch))
     needed = _tiles(batch, IN_KERNEL, 4)
+    assert AttentionTuning().merge_in_kernel  # the default since session 19
     for tickets, tuning in [(split_tickets(needed - 1, 1, "cpu"), IN_KERNEL),
-                            (split_tickets(needed, 1, "cpu"), AttentionTuning())]:  # the default: a second kernel
+                            (split_tickets(needed, 1, "cpu"), AttentionTuning(merge_in_kernel=False))]:
         tickets.fill_(7)  # untouched if the kernel does not take them (a used ticket would reach 0 or 8)
         out = paged_attention_triton(*_args(batch), num_splits=4, tuning=tuning, split_tickets=tickets)
         torch.testing.assert_close(out, expected, atol=2e-5, rtol=2e-5)

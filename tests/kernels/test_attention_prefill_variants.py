@@ -65,7 +65,11 @@ def test_prefill_variants_leave_decode_tiles_alone():
     tuning = AttentionTuning(**VARIANTS["all"])
     loop = lambda plan: (plan.scale_in_exp2, plan.lazy_rescale, plan.page(16))
     assert loop(launch_plan(32, 32, 32, 8, 128, 4096, tuning)) == (False, 0.0, 0)  # a pure decode bucket
-    assert loop(launch_plan(1, 1, 32, 8, 128, 32768, tuning)) == (False, 0.0, 0)  # batch 1, splits in the kernel
+    # batch 1, splits in the kernel: the prefill knobs reach nothing; the block size comes from
+    # small_grid_const_page (session 19's default), which is a decode knob
+    assert loop(launch_plan(1, 1, 32, 8, 128, 32768, tuning)) == (False, 0.0, 16)
+    assert loop(launch_plan(1, 1, 32, 8, 128, 32768, AttentionTuning(**VARIANTS["all"], small_grid_const_page=False))) \
+        == (False, 0.0, 0)
     # small chunk tiles: exp2 only with small_chunk_scale_in_exp2 (off: +/-3% on the H200, session 17)
     assert loop(launch_plan(128, 64, 32, 8, 128, 4096, tuning)) == (False, 8.0, 16)
     assert loop(launch_plan(128, 64, 32, 8, 128, 4096, AttentionTuning(small_chunk_scale_in_exp2=True)))[0]

@@ -12,11 +12,11 @@ from tests.kernels.sm90 import compile_sm90, run_uninterpreted
 
 pytestmark = pytest.mark.slow  # spawns processes
 
-_MULTIPLES_OF_16 = ("head_dim", "block_size", "hidden", "inter", "K", "N", "num_q_heads")
+_MULTIPLES_OF_16 = ("head_dim", "block_size", "hidden", "inter", "K", "N", "num_q_heads", "numel")
 
 
 def _compile_all() -> None:
-    from blink.kernels import activation, attention, attention_merge, gemv, gemv_rows, kv_write, rmsnorm, rope
+    from blink.kernels import activation, attention, attention_merge, gemv, gemv_rows, kv_write, rmsnorm, rope, widen
     from blink.kernels.attention_merge import merge_chunk
 
     def check(fn, pointers: dict, constexprs: dict, pdl: bool = False, **options):
@@ -95,6 +95,9 @@ def _compile_all() -> None:
     check(rope._rope_kernel, {**bf16("q_ptr", "k_ptr"), "positions_ptr": "*i64", "cos_sin_ptr": "*fp32"},
           dict(BLOCK_QH=32, BLOCK_KH=8, BLOCK_HALF=64))
     check(activation._silu_and_mul_kernel, bf16("x_ptr", "out_ptr"), dict(BLOCK=1024), pdl=True)
+    for pdl in (False, True):  # the logits' widening (widen.py): 16-byte loads
+        assert "ld.global.v4" in check(widen._widen_kernel, {"src_ptr": "*bf16", "dst_ptr": "*fp32"},
+                                       dict(BLOCK=widen.BLOCK), pdl=pdl).asm["ptx"]
     fused_ptrs = {**bf16("q_ptr", "k_ptr", "v_ptr", "k_cache_ptr", "v_cache_ptr", "q_norm_ptr", "k_norm_ptr"),
                   "positions_ptr": "*i64", "cos_sin_ptr": "*fp32", "slot_mapping_ptr": "*i64"}
     for has_norm in (False, True):

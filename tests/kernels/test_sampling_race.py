@@ -1,6 +1,8 @@
 """The list race (sampling_race, BLINK_SAMPLER_RACE=list) and the one-read compaction (sampling_compact,
 BLINK_SAMPLER_COMPACT=once): the same tokens, logprobs and top logprobs as the reference and as the row race,
 whichever rows' lists are complete, overflow or fall back; the same candidates and lists as the two reads."""
+import functools
+
 import pytest
 import torch
 
@@ -51,17 +53,24 @@ def assert_lists_hold_the_kept_tokens(logits, slots, state, plan):
                 i for i in ids.tolist() if kept[row, i])
 
 
+@functools.cache
+def _mixed_batch_and_its_row_race():
+    """The S = 24 batch below and the row race's output on it, computed once for all four cases (the interpreter
+    takes ~10 s a sampler call here)."""
+    vocab = 777
+    state = mixed_state(vocab)
+    logits, slots, positions = mixed_rows(24, vocab, seed=3)
+    return (logits, slots, positions, state), sample_triton(logits, slots, positions, state, 4, race=0)
+
+
 @pytest.mark.parametrize(("race", "once"), [(1024, False), (1024, True), (16, True), (0, True)])
 def test_mixed_rows_match_the_reference_and_the_row_race(race, once):
     """Penalties, bias, logprobs, greedy and padding rows beside top_p / top_k / min_p rows (S = 24): with room
     for every list, and with 16 ids a row, where the wider filters overflow and stream their row; the compaction
     reading its chunk twice or once (over 2 chunks a row: the one read's offsets matter)."""
-    vocab = 777
-    state = mixed_state(vocab)
-    logits, slots, positions = mixed_rows(24, vocab, seed=3)
+    (logits, slots, positions, state), row_race = _mixed_batch_and_its_row_race()
     got, plan = sample_with_plan(logits, slots, positions, state, 4, race, once=once, programs=48 if once else None)
-    assert_same(got, sample_ref(logits, slots, positions, state, 4),
-                sample_triton(logits, slots, positions, state, 4, race=0))
+    assert_same(got, sample_ref(logits, slots, positions, state, 4), row_race)
     if race == 0:
         return  # no marks
     marks = plan.race_count
