@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bench.kernels.step_kernels import BEFORE_SESSION_13
+from bench.kernels.attention_variants import BEFORE_SESSION_13
 from blink.config import EngineArgs
 from blink.host.engine import HostEngine
 from blink.kernels.attention import default_tuning_switched

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from bench.kernels import attention_variants as av
 from bench.kernels import step_kernels as sk
 from blink.kernels.activation import silu_and_mul_triton
 from blink.kernels.attention import default_tuning_switched
@@ -68,7 +69,7 @@ LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
 LEVERS.update({f"{label}, rows pdl": value for label, value in LEVERS.items() if "rows" in label})
 ROWS_PDL_SUFFIX = ", rows pdl"
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
-    ("before session 13", sk.BEFORE_SESSION_13), ("merge kernel", AttentionTuning(merge_in_kernel=False)),
+    ("before session 13", av.BEFORE_SESSION_13), ("merge kernel", AttentionTuning(merge_in_kernel=False)),
     ("split < 4/SM, 4/SM", AttentionTuning(split_below_per_sm=4, programs_per_sm=4)),
     ("unsplit 2 stages", AttentionTuning(unsplit_num_stages=2)),
     ("maxnreg 128", AttentionTuning(decode_maxnreg=128)),
@@ -77,7 +78,7 @@ LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False
     ("decode page exp2", AttentionTuning(decode_const_page=True, decode_scale_in_exp2=True)),
     ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),
     ("no small grid", AttentionTuning(small_grid_programs=None)),
-    ("host split count at batch 1", sk.HOST_SPLITS)]})
+    ("host split count at batch 1", av.HOST_SPLITS)]})
 
 def _call_shape(name: str, m: int) -> tuple[str, str]:
     """(prologue, epilogue) of a projection at M rows, as the model calls it: from two rows on gate|up applies

@@ -19,10 +19,11 @@ import torch
 import torch.nn.functional as F
 import triton
 
+from bench.kernels.attention_variants import ATTENTION_VARIANTS, PREVIOUS_ATTENTION
 from blink.kernels.activation import silu_and_mul_triton
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
 from blink.kernels.attention_merge import split_tickets
-from blink.kernels.attention_plan import AttentionTuning, launch_plan
+from blink.kernels.attention_plan import launch_plan
 from blink.kernels.kv_write import write_kv_triton
 from blink.kernels.rmsnorm import rms_norm_triton
 from blink.kernels.rope import apply_rope_triton, rope_and_write_kv_ref, rope_and_write_kv_triton
@@ -30,42 +31,6 @@ from blink.kernels.rope import apply_rope_triton, rope_and_write_kv_ref, rope_an
 DEVICE, DTYPE = "cuda", torch.bfloat16  # the dry run on CPU (tests) swaps in cpu, float16
 L2_BYTES = 50 * 2**20
 BLOCK_SIZE = 16
-PREVIOUS_ATTENTION = "before session 13 (stages 3, split < 1/SM)"
-BEFORE_SESSION_13 = AttentionTuning(num_stages=3, split_below_per_sm=1, small_grid_programs=None)
-HOST_SPLITS = AttentionTuning(small_grid_split_min_tiles=None)  # session 15: the host's split count at batch 1 too
-ATTENTION_VARIANTS = {  # sessions 13 and 16 set decode's stages, split rule and batch-1 tiles from these rows
-    "default": AttentionTuning(),
-    "merge kernel (before session 19)": AttentionTuning(merge_in_kernel=False),
-    "block size compiled in (session 18)": AttentionTuning(decode_const_page=True),
-    "block size compiled in + exp2 scale (session 18)": AttentionTuning(decode_const_page=True,
-                                                                        decode_scale_in_exp2=True),
-    PREVIOUS_ATTENTION: BEFORE_SESSION_13,
-    "host split count at batch 1 (session 15)": HOST_SPLITS,
-    "stages 3": AttentionTuning(num_stages=3),
-    "split < 1/SM": AttentionTuning(split_below_per_sm=1),
-    "no small grid (n64, 16 splits at batch 1)": AttentionTuning(small_grid_programs=None),
-    "n32, 64 splits at batch 1": AttentionTuning(small_grid_max_splits=64, small_grid_split_min_tiles=None),
-    "n64, 8 warps": AttentionTuning(num_warps=8),
-    # session 19: batch 8 reads 33.5 MB a layer at 2.4 TB/s in 8 splits of 2 KV tiles; fatter or thinner programs
-    "n128 (decode)": AttentionTuning(block_n=128),
-    "n32 (decode)": AttentionTuning(block_n=32),
-    "2 programs/SM (fewer splits)": AttentionTuning(programs_per_sm=2),
-    "6 programs/SM (more splits)": AttentionTuning(programs_per_sm=6),
-    "n128, stages 3": AttentionTuning(block_n=128, num_stages=3),
-    # batch 32 / 64 at 1k: 512 programs (3 an SM fit: 1.3 waves) read at 2.9-3.1 TB/s; more splits even the waves
-    "unsplit: 2 stages (before session 19)": AttentionTuning(unsplit_num_stages=2),
-    "unsplit: 4 stages": AttentionTuning(unsplit_num_stages=4),
-    "maxnreg 128": AttentionTuning(decode_maxnreg=128),
-    "maxnreg 128, unsplit 2 stages": AttentionTuning(decode_maxnreg=128, unsplit_num_stages=2),
-    "split < 4/SM, 4/SM": AttentionTuning(split_below_per_sm=4, programs_per_sm=4),
-    "split < 4/SM, 8/SM": AttentionTuning(split_below_per_sm=4, programs_per_sm=8),
-    "split < 8/SM, 12/SM": AttentionTuning(split_below_per_sm=8, programs_per_sm=12),
-}
-# Splits counted in the kernel from each sequence's length at every decode batch, the grid sized for the longest
-# (the default does so at batch 1 only). "N/SM": the grid's target programs per SM (batch 8: 6/SM -> 16 splits).
-ATTENTION_VARIANTS.update({f"dyn splits: min {tiles} tiles, up to {grid}" + (f", {per_sm}/SM" if per_sm else ""):
-                           AttentionTuning(split_min_tiles=tiles, max_grid_splits=grid, grid_programs_per_sm=per_sm)
-                           for tiles, grid, per_sm in [(4, 64, None), (2, 64, 6)]})
 
 
 def graph_time_us(calls: list, replays: int = 30) -> float:
