@@ -29,7 +29,8 @@ class AttentionTuning:
     # took the kernel 89.5 -> 69.7 us a layer. Split grids keep num_stages: 3 lost at batch 8 / 32 (2 / 8 tiles).
     unsplit_num_stages: int = 3
     # A register cap for decode tiles (None: the compiler's 168 a thread at 4 warps, so 3 programs an SM and 512
-    # programs in 1.3 waves; 128 would fit 4 where shared memory allows). Not timed yet (session 19's bench rows).
+    # programs in 1.3 waves; 128 fits 4 where shared memory allows). Session 19: 128 changed the step by +0.1-0.8%
+    # at batch 1-64 (worse at 8 alone), so off.
     decode_maxnreg: int | None = None
     split_below_per_sm: float = 2.0  # split the KV range only if fewer programs than this per SM have work,
     prefill_split_below_per_sm: float = 1.0
@@ -90,8 +91,8 @@ class AttentionTuning:
     decode_const_page: bool = False
     decode_scale_in_exp2: bool = False
     # The block size compiled in for the batch-1 grid only (small_grid_programs): session 19 timed decode_const_page
-    # alone at 6.85 -> 6.26 us a layer at batch 1 but slower at 8 / 32 (17.79 -> 19.16, 42.78 -> 48.75). Not yet
-    # timed in the whole step together with the in-kernel merge.
+    # alone at 6.85 -> 6.26 us a layer at batch 1 but slower at 8 / 32 (17.79 -> 19.16, 42.78 -> 48.75); for the
+    # batch-1 grid only, with the in-kernel merge, the step went 4.155 -> 4.125 ms at batch 1.
     small_grid_const_page: bool = True
     # Split KV ranges merged by the tile's last split inside the attention kernel (attention_merge.py; needs the
     # caller's split tickets; without them the separate merge kernel runs) instead of a second kernel a layer.
