@@ -71,7 +71,8 @@ def row(name: str, us: float, nbytes: int, err: float | None, extra: str = "") -
     print(f"  {name:<34} {us:9.2f} us {nbytes / us / 1e3:8.0f} GB/s  {err_text:<12} {extra}", flush=True)
 
 
-def bench_attention(cfg, context: int, batch: int, max_model_len: int) -> dict[str, float]:
+def bench_attention(cfg, context: int, batch: int, max_model_len: int, variants: dict) -> dict[str, float]:
+    """Each of `variants` (name -> AttentionTuning, rows of ATTENTION_VARIANTS) alone, us a layer."""
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     blocks_per_seq, width = triton.cdiv(context, BLOCK_SIZE), triton.cdiv(max_model_len, BLOCK_SIZE)
     kv_bytes = 2 * batch * context * hkv * d * 2
@@ -91,7 +92,7 @@ def bench_attention(cfg, context: int, batch: int, max_model_len: int) -> dict[s
     print(f"attention decode: batch {batch}, context {context}, {hq}/{hkv} heads x {d}, "
           f"KV {kv_bytes / 1e6:.1f} MB/layer, {copies} caches cycled", flush=True)
     results, tickets = {}, split_tickets(2 * batch, hkv, DEVICE)  # as the runner's
-    for name, tuning in ATTENTION_VARIANTS.items():
+    for name, tuning in variants.items():
         run = lambda kv, tuning=tuning: paged_attention_triton(q, *kv, starts, lens, tables, scale, tuning=tuning,
                                                                split_tickets=tickets)
         err = rel_err(run(caches[0]), ref)
@@ -261,14 +262,13 @@ def main() -> None:
     parser.add_argument("--variants", default=None,
                         help="attention variants to time, by exact name, comma-separated (default: all)")
     args = parser.parse_args()
+    variants = ATTENTION_VARIANTS
     if args.variants:
         chosen = args.variants.split(",")
         unknown = [name for name in chosen if name not in ATTENTION_VARIANTS]
         if unknown:
             parser.error(f"unknown attention variants {unknown}; known: {list(ATTENTION_VARIANTS)}")
-        for name in list(ATTENTION_VARIANTS):
-            if name not in chosen:
-                del ATTENTION_VARIANTS[name]
+        variants = {name: tuning for name, tuning in ATTENTION_VARIANTS.items() if name in chosen}
     cfg = presets.get(args.model)
     batches = [int(b) for b in args.batches.split(",")]
     contexts, max_model_len = parse_contexts(args.context, args.max_model_len)
@@ -278,7 +278,7 @@ def main() -> None:
     summary = []  # (what, baseline, new default, best, best variant's name), us per step
     for batch in batches:
         for context in contexts if "attention" in sections else []:
-            res = bench_attention(cfg, context, batch, max_model_len)
+            res = bench_attention(cfg, context, batch, max_model_len, variants)
             best = min(res, key=res.get)
             at = f" ctx {context}" if len(contexts) > 1 else ""
             if PREVIOUS_ATTENTION in res and "default" in res:  # a --variants run may time neither
