@@ -7,10 +7,14 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export BLINK_CACHE=/tmp/blink-cache TRITON_CACHE_DIR=/tmp/triton-cache  # fixed paths: the Triton cache names its files by absolute path
 # Caches carried in from an earlier machine (stage cache-out): a fresh machine's first server start then skips
-# the Triton compiles and the scheduler's nvcc build. Restored once per machine.
-if [ -d .gpu_cache ] && [ ! -e /tmp/.gpu_cache_restored ]; then
-  cat .gpu_cache/gpu_cache_* | tar xz -C /tmp && touch /tmp/.gpu_cache_restored \
-    && echo "restored caches: triton $(du -sh /tmp/triton-cache | cut -f1), $(ls /tmp/triton-cache | wc -l) kernels"
+# the Triton compiles and the scheduler's nvcc build. Restored once per machine. Without a carried .gpu_cache the
+# newest copy kept in git (docs/results/*/gpu_cache/) is used: a new checkout has no .gpu_cache, and a bare
+# machine spent 150 s of a timeline and 290 s of tests/model compiling with nothing printed (session 20).
+cache_dir=.gpu_cache
+[ -d "$cache_dir" ] || cache_dir=$(ls -d docs/results/*/gpu_cache 2> /dev/null | sort | tail -1)
+if [ -n "$cache_dir" ] && [ -d "$cache_dir" ] && [ ! -e /tmp/.gpu_cache_restored ]; then
+  cat "$cache_dir"/gpu_cache_* | tar xz -C /tmp && touch /tmp/.gpu_cache_restored \
+    && echo "restored caches from $cache_dir: triton $(du -sh /tmp/triton-cache | cut -f1), $(ls /tmp/triton-cache | wc -l) kernels"
 fi
 if [ -d .whl ]; then
   # vllm-router (24 MB, the replicas stage only) lives in .whl_router/ so that the other calls' carry stays small;
