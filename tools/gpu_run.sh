@@ -81,8 +81,10 @@ for stage in "$@"; do
       python3 -m bench.grammar.constrained_step --preset llama3-8b --batches 1,8,32 --context 1024 \
         --result-json "$OUT/grammar_step.json" 2>&1 | tee "$OUT/grammar_step.log" | tail -20;;
     kernels)  # KERNELS_ARGS: e.g. "--sections attention --batches 1,8 --context 1024,4096,8192,32768" (one block-table
-      # width for all: the longest context; llama3-8b's step section at 32k fits batch 8, not 32); KERNELS_TAG names the log
-      python3 bench/kernels/step_kernels.py ${KERNELS_ARGS:-} 2>&1 | tee "$OUT/kernels${KERNELS_TAG:-}.log" | tail -60;;
+      # width for all: the longest context; llama3-8b's step section at 32k fits batch 8, not 32); KERNELS_TAG names the log;
+      # KERNELS_VARIANTS: attention variants by name, ';'-separated (names hold spaces: "~" for them in a chain)
+      python3 bench/kernels/step_kernels.py ${KERNELS_ARGS:-} ${KERNELS_VARIANTS:+--variants "$KERNELS_VARIANTS"} 2>&1 \
+        | tee "$OUT/kernels${KERNELS_TAG:-}.log" | tail -60;;
     prefill-attn)  # issue 17: the attention kernel alone on 2k-32k-token chunks, tile variants (PREFILL_ATTN_ARGS: e.g. "--tokens 8192")
       python3 -m bench.kernels.prefill_attention ${PREFILL_ATTN_ARGS:-} 2>&1 | tee "$OUT/prefill_attn_$(date +%H%M%S).log";;  # stamped: a chain may run it twice
     fusion)  # issue 17's per-layer levers: GEMV vs today's kernels per projection, the step with each lever on/off

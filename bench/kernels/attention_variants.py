@@ -34,6 +34,9 @@ ATTENTION_VARIANTS = {  # sessions 13 and 16 set decode's stages, split rule and
     "2 warps": AttentionTuning(num_warps=2),  # more programs an SM where registers limit them (ncu at batch 64)
     "maxnreg 128": AttentionTuning(decode_maxnreg=128),
     "maxnreg 128, unsplit 2 stages": AttentionTuning(decode_maxnreg=128, unsplit_num_stages=2),
+    # batch 32's split grid (ncu, session 20): 128 registers and 38.9 KB of shared memory both hold it to 4 programs
+    # an SM at 0.45 eligible warps a scheduler; at 96 registers the shared memory allows 5
+    "maxnreg 96": AttentionTuning(decode_maxnreg=96),
     "split < 4/SM, 4/SM": AttentionTuning(split_below_per_sm=4, programs_per_sm=4),
     "split < 4/SM, 8/SM": AttentionTuning(split_below_per_sm=4, programs_per_sm=8),
     "split < 8/SM, 12/SM": AttentionTuning(split_below_per_sm=8, programs_per_sm=12),

@@ -73,6 +73,8 @@ LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False
     ("split < 4/SM, 4/SM", AttentionTuning(split_below_per_sm=4, programs_per_sm=4)),
     ("unsplit 2 stages", AttentionTuning(unsplit_num_stages=2)),
     ("maxnreg 128", AttentionTuning(decode_maxnreg=128)),
+    ("maxnreg 96", AttentionTuning(decode_maxnreg=96)), ("8 warps", AttentionTuning(num_warps=8)),
+    ("n32", AttentionTuning(block_n=32)),
     ("batch 1 without the block size compiled in", AttentionTuning(small_grid_const_page=False)),
     ("decode page", AttentionTuning(decode_const_page=True)),
     ("decode page exp2", AttentionTuning(decode_const_page=True, decode_scale_in_exp2=True)),

@@ -260,11 +260,12 @@ def main() -> None:
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--sections", default="attention,small,gemm,step")
     parser.add_argument("--variants", default=None,
-                        help="attention variants to time, by exact name, comma-separated (default: all)")
+                        help="attention variants to time, by exact name, ';'-separated as some names hold commas "
+                             "(default: all)")
     args = parser.parse_args()
     variants = ATTENTION_VARIANTS
     if args.variants:
-        chosen = args.variants.split(",")
+        chosen = args.variants.split(";")
         unknown = [name for name in chosen if name not in ATTENTION_VARIANTS]
         if unknown:
             parser.error(f"unknown attention variants {unknown}; known: {list(ATTENTION_VARIANTS)}")

@@ -17,14 +17,15 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SHARED_MEMORY_LIMIT = 232448  # an H100/H200 block gets at most 227 KB; only checked at launch on a GPU
 
 
-def run_uninterpreted(argv: list[str], timeout: float) -> None:
-    """`python argv` without TRITON_INTERPRET, from the repo root; asserts that it succeeded."""
+def run_uninterpreted(argv: list[str], timeout: float) -> str:
+    """`python argv` without TRITON_INTERPRET, from the repo root; asserts that it succeeded, returns its stdout."""
     pytest.importorskip("triton.backends.nvidia")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")])
     result = subprocess.run([sys.executable, *argv], env=env, cwd=REPO_ROOT, capture_output=True, text=True,
                             timeout=timeout)
     assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
 
 
 def compile_sm90(fn, pointers: dict, constexprs: dict, aligned=lambda name: False, scalar=lambda name: "i32",
