@@ -21,7 +21,7 @@ from pathlib import Path
 
 import triton
 
-from bench.kernels.attention_variants import ATTENTION_VARIANTS
+from bench.kernels.attention_variants import ATTENTION_VARIANTS, chosen_names
 from bench.kernels.prefill_attention import VARIANTS
 from blink.kernels import attention
 from blink.kernels.attention_merge import merge_chunk
@@ -61,7 +61,7 @@ def compile_variant(tuning, tokens: int, seqs: int = 1, kv_len: int | None = Non
     """One chunk of `tokens` (seqs 1), or `seqs` decode rows (tokens == seqs) at kv_len keys, as the plan runs it."""
     plan = launch_plan(tokens, seqs, *heads, head_dim, kv_len or tokens, tuning)
     group = heads[0] // heads[1]
-    merge = plan.num_splits > 1 and tokens <= seqs and tuning.merge_in_kernel  # the engine's decode passes tickets
+    merge = plan.num_splits > 1 and tuning.merge_in_kernel  # as attention.py with the runner's tickets (every tile's)
     constexprs = dict(GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=plan.block_q,
                       BLOCK_N=plan.block_n, BLOCK_D=head_dim, BLOCK_S=triton.next_power_of_2(seqs),
                       NUM_SPLITS=plan.num_splits, PRECISION="tf32", USE_PDL=False, CAUSAL_SPLIT=plan.causal_split,
@@ -83,9 +83,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024, help="keys per decode row")
     args = parser.parse_args()
     table = ATTENTION_VARIANTS if args.decode_batch else VARIANTS
-    names = args.variants.split(";") if args.variants else list(table)
-    if unknown := [name for name in names if name not in table]:
-        parser.error(f"unknown variants {unknown}; known: {list(table)}")
+    names = chosen_names(parser, args.variants, table, "variants")
     shape = (args.decode_batch, args.decode_batch, args.context) if args.decode_batch else (args.tokens, 1, None)
     width = max(20, *map(len, names))
     print(f"{'variant':<{width}} {'smem':>7} {'regs':>4} {'stack':>5}  per loop: " + " ".join(["ins", *OPS]))

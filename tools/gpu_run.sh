@@ -12,7 +12,7 @@ export BLINK_CACHE=/tmp/blink-cache TRITON_CACHE_DIR=/tmp/triton-cache  # fixed 
 # machine spent 150 s of a timeline and 290 s of tests/model compiling with nothing printed (session 20).
 cache_dir=.gpu_cache
 [ -d "$cache_dir" ] || cache_dir=$(ls -d docs/results/*/gpu_cache 2> /dev/null | sort | tail -1)
-if [ -n "$cache_dir" ] && [ -d "$cache_dir" ] && [ ! -e /tmp/.gpu_cache_restored ]; then
+if [ -d "$cache_dir" ] && [ ! -e /tmp/.gpu_cache_restored ]; then
   cat "$cache_dir"/gpu_cache_* | tar xz -C /tmp && touch /tmp/.gpu_cache_restored \
     && echo "restored caches from $cache_dir: triton $(du -sh /tmp/triton-cache | cut -f1), $(ls /tmp/triton-cache | wc -l) kernels"
 fi

@@ -3,6 +3,8 @@ fusion.py some of them in the whole step): every row a change of AttentionTuning
 where it was once the default, by the session that replaced it."""
 from __future__ import annotations
 
+import argparse
+
 from blink.kernels.attention_plan import AttentionTuning
 
 PREVIOUS_ATTENTION = "before session 13 (stages 3, split < 1/SM)"
@@ -46,3 +48,14 @@ ATTENTION_VARIANTS = {  # sessions 13 and 16 set decode's stages, split rule and
 ATTENTION_VARIANTS.update({f"dyn splits: min {tiles} tiles, up to {grid}" + (f", {per_sm}/SM" if per_sm else ""):
                            AttentionTuning(split_min_tiles=tiles, max_grid_splits=grid, grid_programs_per_sm=per_sm)
                            for tiles, grid, per_sm in [(4, 64, None), (2, 64, 6)]})
+
+
+def chosen_names(parser: argparse.ArgumentParser, spec: str | None, table: dict, what: str) -> list[str]:
+    """The names of a bench table's rows that `spec` picks: ';' between them (some names hold commas), None or "all"
+    for every row. An unknown name is the parser's error, before any GPU time is spent."""
+    if spec in (None, "all"):
+        return list(table)
+    names = spec.split(";")
+    if unknown := [name for name in names if name not in table]:
+        parser.error(f"unknown {what} {unknown}; known: {list(table)}")
+    return names

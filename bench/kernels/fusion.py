@@ -216,8 +216,7 @@ def main() -> None:
     parser.add_argument("--projections", default="all", help="comma-separated projections for the gemv section")
     parser.add_argument("--levers", default="all", help="';'-separated LEVERS labels for the step section")
     args = parser.parse_args()
-    if args.levers != "all" and (unknown := [x for x in args.levers.split(";") if x not in LEVERS]):
-        parser.error(f"unknown levers {unknown}; known: {list(LEVERS)}")  # before the GPU time, not after it
+    av.chosen_names(parser, args.levers, LEVERS, "levers")
     cfg = presets.get(args.model)
     sections = args.sections.split(",")
     print(f"{torch.cuda.get_device_name()}  {args.model}  triton {triton.__version__}  torch {torch.__version__}")

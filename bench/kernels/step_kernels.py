@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from bench.kernels.attention_variants import ATTENTION_VARIANTS, PREVIOUS_ATTENTION
+from bench.kernels.attention_variants import ATTENTION_VARIANTS, PREVIOUS_ATTENTION, chosen_names
 from blink.kernels.activation import silu_and_mul_triton
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
 from blink.kernels.attention_merge import split_tickets
@@ -263,13 +263,8 @@ def main() -> None:
                         help="attention variants to time, by exact name, ';'-separated as some names hold commas "
                              "(default: all)")
     args = parser.parse_args()
-    variants = ATTENTION_VARIANTS
-    if args.variants:
-        chosen = args.variants.split(";")
-        unknown = [name for name in chosen if name not in ATTENTION_VARIANTS]
-        if unknown:
-            parser.error(f"unknown attention variants {unknown}; known: {list(ATTENTION_VARIANTS)}")
-        variants = {name: tuning for name, tuning in ATTENTION_VARIANTS.items() if name in chosen}
+    chosen = chosen_names(parser, args.variants, ATTENTION_VARIANTS, "attention variants")
+    variants = {name: tuning for name, tuning in ATTENTION_VARIANTS.items() if name in chosen}
     cfg = presets.get(args.model)
     batches = [int(b) for b in args.batches.split(",")]
     contexts, max_model_len = parse_contexts(args.context, args.max_model_len)
