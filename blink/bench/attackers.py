@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ from rich.table import Table
 from blink.util.cpus import format_cpu_list, parse_cpu_list
 
 KINDS = ("spin", "memory", "compile", "tokenize")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def optional_cpu_list(text: str | None) -> list[int] | None:
@@ -204,28 +206,27 @@ def print_reports(reports: list[dict]) -> None:
     Console().print(table)
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
-
-
 def run(args: argparse.Namespace) -> int:
     cpus = optional_cpu_list(args.cpus)
     spec = AttackSpec(kind=args.kind, procs=args.procs, duration_s=args.duration,
                       cpus=tuple(cpus) if cpus else None, tokenizer=args.tokenizer,
                       buffer_mib=args.buffer_mib, nice=args.nice, policy=args.sched)
     attackers = Attackers(spec)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # SIGTERM/SIGINT only set a flag: an exception raised from a handler can land inside Popen's own
+    # bookkeeping (its waitpid lock) and leave the stop below waiting forever (CI, 2026-12-04). The handlers
+    # stay for the rest of the process (this is the CLI command's), so a repeated signal cannot cut it short
+    stopping = threading.Event()
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda *_: stopping.set())
     try:
         attackers.start()
-        print(f"attacking: {spec.procs} {spec.kind} processes on cpus "
-              f"{format_cpu_list(cpus) or 'any'} for {spec.duration_s:g} s", flush=True)
-        reports = attackers.wait()
-    except KeyboardInterrupt:
-        reports = attackers.stop()
     except RuntimeError as exc:
         print(f"blink bench attack: error: {exc}", file=sys.stderr)
         return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    print(f"attacking: {spec.procs} {spec.kind} processes on cpus "
+          f"{format_cpu_list(cpus) or 'any'} for {spec.duration_s:g} s", flush=True)
+    while attackers.running and not stopping.wait(0.1):
+        pass
+    reports = attackers.stop() if stopping.is_set() else attackers.wait()
     print_reports(reports)
     return 0 if all(r["returncode"] == 0 for r in reports) else 1

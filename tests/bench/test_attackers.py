@@ -73,18 +73,27 @@ def test_stop_ends_a_long_attack_early():
     assert wait_gone(pids)
 
 
-def test_attack_command_exits_cleanly_on_sigterm():
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["sigterm", "sigint"])
+def test_attack_command_exits_cleanly_on_a_stop_signal(signum):
     proc = subprocess.Popen([sys.executable, "-m", "blink.bench", "attack", "--kind", "compile",
                              "--procs", "2", "--duration", "600"], stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().startswith("attacking: 2 compile processes")
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         out, _ = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0
     assert out.count("compile") >= 2  # one row per worker in the report table
+
+
+def test_attack_command_ends_by_itself_at_its_duration():
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "blink.bench", "attack", "--kind", "spin", "--procs", "1",
+                           "--duration", "1"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "spin" in done.stdout and time.monotonic() - started < 30  # the poll loop saw the worker end
 
 
 def test_workers_die_with_their_parent():
