@@ -9,6 +9,11 @@ if not shutil.which("nvidia-smi") and "TRITON_INTERPRET" not in os.environ:
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from tests.interpreter_patching import install
+
+    install()
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
