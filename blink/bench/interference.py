@@ -4,8 +4,8 @@ repeated and interleaved.
 Points are (layout, mode, attack condition, rate). `--repeats N` measures each N times; within each
 repeat the server groups (layout, mode) and the points in each are shuffled (sweep_plan.py), so drift
 hits all of them. Each repeat of each point is kept with its raw per-request latencies in the result
-folder; the table (median and min-max over repeats, bootstrap intervals) and plots with error bars are
-regenerated after every point, and a later call (or `--merge-from` another folder) adds repeats.
+folder; the tables (median and min-max over repeats, bootstrap intervals) are regenerated after every point
+and the plots with error bars when the run ends, and a later call (or `--merge-from` another folder) adds repeats.
 
 Layouts: split (front end on --frontend-cpus, engine on --engine-cpus, attackers on the engine's cores or
 --attack-cpus, client on the rest: the SmartNIC stand-in), exposed (the front end on the attacked cores),
@@ -249,6 +249,8 @@ def run(args: argparse.Namespace) -> int:
         failures = run_sweeps(args, console)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if load_points(args.result_dir):
+            write_report(args.result_dir)  # the tables again and the plots, over every point in the folder
     console.print(f"results: {os.path.join(args.result_dir, 'results.md')}")
     return 1 if failures else 0
 

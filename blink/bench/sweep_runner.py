@@ -73,7 +73,7 @@ def measure_group(args: argparse.Namespace, console: Console, repeat: Repeat, gr
             point = measure_point(sweep, requests, spec.rate, spec.attack_kind, spec.attack_level)
             point.update(run_id=run_id, repeat=repeat.index, server_idle_power_w=idle["mean_w"])
             save_repeat(args.result_dir, point)
-            write_report(args.result_dir)
+            write_report(args.result_dir, plots=False)  # the plots: once, when the run ends (interference.py)
             b = point["bench"]
             console.print(f"[bold]r{repeat.index} {group.layout}/{target.name}[/bold] {spec.attack_kind} "
                           f"x{spec.attack_level:g} rate {spec.rate:g}: {b['completed']} done, {b['failed']} "

@@ -1,5 +1,6 @@
 """The interference result folder: repeats kept apart, raw latencies round-tripped, folders merged."""
 import json
+import os
 
 import pytest
 
@@ -55,9 +56,13 @@ def test_repeats_are_separate_files_and_summarised_together(tmp_path):
     assert iso["pooled_p99_ttft_ms"]["n"] == 3  # one successful request per repeat
     spin = next(r for r in rows if r["attack_kind"] == "spin")
     assert spin["retention"]["median"] == pytest.approx(0.8)
+    tables = write_report(str(tmp_path), plots=False)  # what the sweep writes after each point
+    assert sorted(os.path.basename(p) for p in tables) == ["results.md", "summary.json"]
+    assert not list(tmp_path.glob("*.png"))
     written = write_report(str(tmp_path))
     assert "50.0 [40.0-90.0]" in (tmp_path / "results.md").read_text()
     assert all(path.endswith((".md", ".json", ".png")) for path in written)
+    assert {p for p in written if p.endswith(".png")} == {str(p) for p in tmp_path.glob("*.png")} != set()
 
 
 def test_merge_copies_new_repeats_skips_equal_ones_and_refuses_conflicts(tmp_path):
