@@ -300,10 +300,17 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
     interference-p1|interference-p2)  # issue 19's matrices (blink/bench/sweep_plan.py), in chunks that fit one
       # 10-minute command: each call measures what fits in INTF_BUDGET s and returns only its own new files; the
       # same stage again continues (--resume) on the same machine, or on a fresh one with the earlier folder
-      # carried in as .intf/<p1|p2>/ (merge the returned tgz files there first: blink bench interference --merge-from).
+      # carried in as .intf/<p1|p2>/ (merge the returned tgz files there first: blink bench interference --merge-from),
+      # or, with nothing carried, from the returned chunks kept in git as docs/results/*/*intf_<p1|p2>_points_*.tgz.
       m=${stage#interference-}; dir=/tmp/intf-$m; mkdir -p "$dir"
       [ -d ".intf/$m" ] && cp -rn ".intf/$m/." "$dir/"
       [ -f ".intf/$m.tgz" ] && tar xzf ".intf/$m.tgz" -C "$dir" --skip-old-files  # points + runs only: a smaller carry
+      if [ ! -e ".intf/$m" ] && [ ! -f ".intf/$m.tgz" ]; then  # nothing carried: every chunk kept in git (no carry
+        for f in docs/results/*/*intf_"${m}"_points_*.tgz; do  # needed; with .whl it outgrew the 64 MiB limit)
+          [ -f "$f" ] && tar xzf "$f" -C "$dir" --skip-old-files
+        done
+        echo "restored $(find "$dir/points" -name '*.json' 2> /dev/null | wc -l) points from docs/results"
+      fi
       touch /tmp/intf-stamp; sleep 1
       python3 -m blink bench interference --model llama3-8b --matrix "priority${m#p}" --frontend-cpus 0-1 \
         --engine-cpus 2-13 --client-cpus 14-15 --point-seconds "${INTF_POINT_SECONDS:-15}" \
