@@ -23,17 +23,23 @@ def language_modules(fn) -> frozenset[int]:
     return frozenset(id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core))
 
 
+INTERNALS = ("_patch_lang", "_LangPatchScope", "GridExecutor", "ReduceOps", "_get_np_dtype")
+
+
 def install() -> bool:
     """Wrap the interpreter's patching; False (and nothing changed) where its internals are not the expected."""
     from triton.runtime import interpreter
 
-    if not all(hasattr(interpreter, name) for name in ("_patch_lang", "_LangPatchScope", "GridExecutor")):
+    if not all(hasattr(interpreter, name) for name in INTERNALS):
         return False
     patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
     running: list[frozenset[int] | None] = []  # per launch in progress: the modules it patched (None: not yet)
+    modules_of: dict = {}  # jit function -> its language modules (its module's imports: read once)
 
     def patch_once(fn):
-        modules = language_modules(fn)
+        modules = modules_of.get(fn)
+        if modules is None:
+            modules = modules_of[fn] = language_modules(fn)
         if running and running[-1] is not None and modules <= running[-1]:
             return interpreter._LangPatchScope()  # a helper inside a launch that patched these modules
         scope = patch_lang(fn)
