@@ -79,7 +79,9 @@ class Config:
     egress_capacity: int = 256
     buckets: list[tuple[int, int]] = field(default_factory=list)
     team: int = 1  # host threads standing in for the CTA's threads
-    defer_publish: bool = False  # publish a step's records only after the next launch (or idle), as the GPU loop
+    # As the GPU loop: a step's records are written and published only after the next launch (or on an idle
+    # turn), and requests that arrive meanwhile are ingested then (work_during_forward)
+    defer_publish: bool = False
     peers: int = 0  # tensor-parallel ranks besides rank 0, whose buffers the scheduler writes too
     prefix_caching: bool = False  # share cached prefixes' blocks (csrc/sched_prefix.h)
     grammar_arena_bytes: int = 0  # structured outputs: the sampling state's grammar arena and the staging section
@@ -161,6 +163,8 @@ class HostScheduler:
             self.seg.control.engine_mode = ENGINE_MODE_DEVICE  # as the GPU loop sets it: grammars get staged
             self.seg.control.vocab_size = c.vocab_size
         self.after_prepare = None  # test hook: called with (parity, bucket) after each prepared step
+        self.during_forward = None  # test hook (defer_publish): called once a step is launched, before the loop's
+        # work during its forward (submit or abort there to arrive while it runs)
         self.params = p
         self.kv_tok = np.full(c.num_blocks * c.block_size, -1, np.int64)
         self.kv_pos = np.full(c.num_blocks * c.block_size, -1, np.int64)
@@ -187,19 +191,26 @@ class HostScheduler:
     def step(self) -> int:
         """One scheduler step with the fake forward; returns the step's rows (0 = idle)."""
         rows = self.lib.blink_sched_prepare(C.byref(self.params), self.cfg.team)
-        if self.cfg.defer_publish:  # where the GPU loop publishes: right after the launch, or idle
-            self.lib.blink_sched_publish(C.byref(self.params))
+        launched = False
         if rows:
             info = self.info()
             self.plans.append(self.plan(rows))
             if self.after_prepare is not None:
                 self.after_prepare(info["parity"], self.cfg.buckets[info["plan_bucket"]])
-            if self.fail_next:
+            if self.fail_next:  # as a failed launch: the step's requests end with ERROR
                 self.fail_next = False
                 self.lib.blink_sched_fail(C.byref(self.params), structs.ERR_LAUNCH_BASE + 1)
             else:
-                self.forward(self.buffers[info["parity"]], self.cfg.buckets[info["plan_bucket"]], rows)
-                self.lib.blink_sched_complete(C.byref(self.params), self.cfg.team, int(not self.cfg.defer_publish))
+                launched = True
+        if self.cfg.defer_publish:  # where the GPU loop writes and publishes: right after the launch, or idle
+            if self.during_forward is not None and launched:
+                self.during_forward()
+            self.lib.blink_sched_during_forward(C.byref(self.params), self.cfg.team, int(launched))
+            self.lib.blink_sched_publish(C.byref(self.params))
+        if launched:
+            self.forward(self.buffers[info["parity"]], self.cfg.buckets[info["plan_bucket"]], rows)
+            defer = int(self.cfg.defer_publish)
+            self.lib.blink_sched_complete(C.byref(self.params), self.cfg.team, 1 - defer, defer)
         self.drain()
         assert self.check() == 0, f"invariant {self.check()} broken"
         return rows

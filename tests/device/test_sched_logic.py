@@ -12,6 +12,9 @@ from blink.request import FinishReason, SamplingParams
 from tests.device.harness import HostScheduler, reference, slow_reader
 
 pytestmark = pytest.mark.timeout(120)
+# (team, defer_publish): defer_publish runs the GPU loop's order (records after the next launch, arrivals ingested
+# during the forward, aborts held until then: tests/device/test_sched_during_forward.py)
+GPU_ORDER = [(1, False), (4, False), (4, True)]
 
 
 def greedy(max_tokens=8, **kw) -> SamplingParams:
@@ -135,9 +138,10 @@ def test_stop_conditions(make, team):
     assert_idle_and_clean(h)
 
 
-@pytest.mark.parametrize("team", [1, 4])
-def test_aborts_at_every_stage(make, team):
-    h = make(max_num_seqs=2, max_num_batched_tokens=4, max_model_len=64, num_blocks=32, team=team)
+@pytest.mark.parametrize(("team", "defer_publish"), GPU_ORDER)
+def test_aborts_at_every_stage(make, team, defer_publish):
+    h = make(max_num_seqs=2, max_num_batched_tokens=4, max_model_len=64, num_blocks=32, team=team,
+             defer_publish=defer_publish)
     p = greedy(30, ignore_eos=True)
     h.submit(1, [2] * 3, p)       # will be running (decoding)
     h.submit(2, [3] * 20, p)      # will be mid-prefill (20 tokens, budget 4)
@@ -202,16 +206,17 @@ def test_ring_and_arena_wrap_around_with_a_full_request_table(make, team):
     assert_idle_and_clean(h)
 
 
-@pytest.mark.parametrize("team", [1, 4])
-def test_egress_backpressure_loses_nothing(make, team):
+@pytest.mark.parametrize(("team", "defer_publish"), GPU_ORDER)
+def test_egress_backpressure_loses_nothing(make, team, defer_publish):
     """An egress ring of 2 records and a slow reader: the scheduler waits, nothing is lost or reordered."""
-    h = make(egress_capacity=2, max_num_seqs=4, team=team)
+    h = make(egress_capacity=2, max_num_seqs=4, team=team, defer_publish=defer_publish)
     reqs = {rid: ([rid + 2] * 3, greedy(5, ignore_eos=True)) for rid in range(1, 9)}
     for rid, (prompt, params) in reqs.items():
         h.submit(rid, prompt, params)
     with slow_reader(h, 0.0005, expect_events=40) as got:
         while h.busy():
             h.step()
+        h.step()  # idle: with defer_publish, the last step's records go out here
     for ev in got:
         h.events.setdefault(ev.req_id, []).append(ev)
     for rid, (prompt, params) in reqs.items():
@@ -251,9 +256,10 @@ def test_admission_writes_the_sampling_slot_and_rebuilds_counts_after_preemption
     assert h.outputs(2) == expect(h, [5, 6, 7, 8, 9], greedy(12))
 
 
-@pytest.mark.parametrize("team", [1, 4])
-def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(make, team):
-    h = make(team=team)
+@pytest.mark.parametrize(("team", "defer_publish"), GPU_ORDER)
+def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(make, team, defer_publish):
+    """With defer_publish the first step's tokens are still pending when the launch fails: they go out first."""
+    h = make(team=team, defer_publish=defer_publish)
     h.submit(1, [2, 3], greedy(5, ignore_eos=True))
     h.submit(2, [4, 5], greedy(5, ignore_eos=True))
     h.step()
@@ -261,7 +267,7 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(make, team):
     h.step()
     for rid in (1, 2):
         assert h.events[rid][-1].finish_reason == FinishReason.ERROR and h.events[rid][-1].token_id == -1
-        h.outputs(rid)
+        assert h.outputs(rid)[0] == expect(h, [2, 3] if rid == 1 else [4, 5], greedy(5, ignore_eos=True))[0][:1]
     assert h.info()["error_code"] == structs.ERR_LAUNCH_BASE + 1
     h.submit(3, [6], greedy(3, ignore_eos=True))
     h.run()

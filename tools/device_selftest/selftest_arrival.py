@@ -21,7 +21,7 @@ from blink.config import EngineArgs
 from blink.core.loaded_model import LoadedModel
 from blink.device.engine import DeviceEngine
 from blink.request import FinishReason, SamplingParams
-from tools.device_selftest.selftest_trace import pct, shutdown_quietly
+from tools.device_selftest.selftest_trace import arrival_gap_text, pct, shutdown_quietly, trace_stats
 
 ARRIVAL_ARGS = dict(model="llama3-8b", device="cuda", dtype="bfloat16", max_num_seqs=64,
                     max_num_batched_tokens=512, max_model_len=4096, num_kv_blocks=4096)
@@ -49,10 +49,20 @@ def abort_all(dev: DeviceEngine, req_ids) -> None:
             break
 
 
+# The loop's two ways to take in requests (issue 17's control gap, 2026-12-04): while a forward runs (the
+# default), or in the gap between forwards only (the loop before; DeviceLoop's self-test hook). Both are run.
+VARIANTS = (("ingest during forwards", False), ("ingest between forwards", True))
+
+
 def phase_arrival(rep, layers: int = 4, probes: int = 40, seed: int = 19) -> None:
     args = EngineArgs(**ARRIVAL_ARGS)
     loaded = LoadedModel.load(args, num_layers=layers)
-    dev = DeviceEngine(args, loaded)
+    for label, gap_only in VARIANTS:
+        arrival_run(rep, args, loaded, label, gap_only, layers, probes, seed)
+
+
+def arrival_run(rep, args, loaded, label: str, gap_only: bool, layers: int, probes: int, seed: int) -> None:
+    dev = DeviceEngine(args, loaded, ingest_between_forwards=gap_only)
     rng = random.Random(seed)
     try:
         long = SamplingParams(temperature=0.0, max_tokens=1500, ignore_eos=True)  # 32 x 1,504 tokens fit the pool
@@ -68,11 +78,14 @@ def phase_arrival(rep, layers: int = 4, probes: int = 40, seed: int = 19) -> Non
         steps = [s.seconds for s in dev.step_times()]
         step_s = float(np.median(steps[-200:]))
         abort_all(dev, range(BACKGROUND))
+        dev.loop.stop()
+        gaps = trace_stats(dev.loop.read_trace())
     finally:
         shutdown_quietly(dev)
     in_steps = np.array(waits) / step_s
-    rep.time(f"arrival during a forward ({layers}-layer llama3-8b, batch {BACKGROUND}): TTFT p50 / p90 in steps",
-             f"{pct(in_steps, 50):.2f} / {pct(in_steps, 90):.2f} (step {step_s * 1e3:.3f} ms, n={probes})")
+    rep.time(f"arrival during a forward ({layers}-layer llama3-8b, batch {BACKGROUND}, {label}): TTFT p50 / p90 in "
+             f"steps", f"{pct(in_steps, 50):.2f} / {pct(in_steps, 90):.2f} (step {step_s * 1e3:.3f} ms, n={probes})")
+    rep.time(f"arrival during a forward ({label}): control gap (us)", arrival_gap_text(gaps))
 
 
 def phase_prefix_arrival(rep, probes: int = 30, seed: int = 23) -> None:
@@ -84,7 +97,13 @@ def phase_prefix_arrival(rep, probes: int = 30, seed: int = 23) -> None:
     Prediction: 2 launches for nearly every probe of both kinds; cached TTFT ~ half a decode step + the
     100@2000 step (~6.5 ms) ~ 9 ms."""
     args = EngineArgs(**{**ARRIVAL_ARGS, "max_num_batched_tokens": 2048})
-    dev = DeviceEngine(args, LoadedModel.load(args))
+    loaded = LoadedModel.load(args)
+    for label, gap_only in VARIANTS:
+        prefix_arrival_run(rep, args, loaded, label, gap_only, probes, seed)
+
+
+def prefix_arrival_run(rep, args, loaded, label: str, gap_only: bool, probes: int, seed: int) -> None:
+    dev = DeviceEngine(args, loaded, ingest_between_forwards=gap_only)
     rng = random.Random(seed)
     vocab = dev.limits.vocab_size
     prefix = [rng.randrange(3, vocab) for _ in range(2000)]
@@ -106,12 +125,14 @@ def phase_prefix_arrival(rep, probes: int = 30, seed: int = 23) -> None:
                 waits.append(wait_for(dev, req_id) - t0)
                 launches.append(dev.stats().steps - s0)
             counts = {n: launches.count(n) for n in sorted(set(launches))}
-            rep.time(f"prefix arrival, {kind} probes (llama3-8b, 3 decoding): submit-to-token ms p50 / p90; "
+            rep.time(f"prefix arrival, {kind} probes (llama3-8b, 3 decoding, {label}): submit-to-token ms p50 / p90; "
                      "launches in between", f"{pct(np.array(waits) * 1e3, 50):.2f} / "
                      f"{pct(np.array(waits) * 1e3, 90):.2f}; {counts} (n={probes})")
         steps = [s.seconds for s in dev.step_times()]
-        rep.time("prefix arrival: launch-to-launch ms p50 (decode) / max (prefill steps)",
+        rep.time(f"prefix arrival ({label}): launch-to-launch ms p50 (decode) / max (prefill steps)",
                  f"{np.median(steps) * 1e3:.3f} / {max(steps) * 1e3:.3f}")
         abort_all(dev, range(3))
+        dev.loop.stop()
+        rep.time(f"prefix arrival ({label}): control gap (us)", arrival_gap_text(trace_stats(dev.loop.read_trace())))
     finally:
         shutdown_quietly(dev)

@@ -30,7 +30,8 @@ def trace_stats(trace: np.ndarray, rows: int | None = None) -> dict[str, float]:
     parts = [finish[:-1] - done[:-1], ingest[1:] - finish[:-1], plan[1:] - ingest[1:], inputs[1:] - plan[1:],
              launch[1:] - inputs[1:], returned[1:] - launch[1:]]
     out = {"n": int(keep.sum()), "gap50": pct(gap, 50) / 1e3, "gap99": pct(gap, 99) / 1e3,
-           "period50": pct(period, 50) / 1e3, "run50": pct(run, 50) / 1e3}
+           "period50": pct(period, 50) / 1e3, "run50": pct(run, 50) / 1e3,
+           "ingest99": pct(parts[1][keep], 99) / 1e3, "ingest_max": float(parts[1][keep].max(initial=0)) / 1e3}
     for name, values in zip(PHASES, parts, strict=True):
         out[name] = pct(values[keep], 50) / 1e3
     return out
@@ -38,6 +39,12 @@ def trace_stats(trace: np.ndarray, rows: int | None = None) -> dict[str, float]:
 
 def phase_text(st: dict[str, float]) -> str:
     return " | ".join(f"{name} {st[name]:.2f}" for name in PHASES)
+
+
+def arrival_gap_text(st: dict[str, float]) -> str:
+    """Under arrivals: the gap's tail and the ingest phase's (requests taken in between forwards)."""
+    return (f"gap p50 / p99 {st['gap50']:.2f} / {st['gap99']:.2f}; ingest phase p50 / p99 / max {st['ingest']:.2f} / "
+            f"{st['ingest99']:.2f} / {st['ingest_max']:.2f} (n={st['n']})")
 
 
 def shutdown_quietly(engine) -> None:

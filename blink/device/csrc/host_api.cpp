@@ -98,10 +98,16 @@ int blink_sched_prepare(const LoopParams* p, int threads) {
 
 // The forward ran (the caller wrote sampled ids into buffers[launched & 1]): finish the step. With
 // publish_now == 0 the records wait for blink_sched_publish, as the GPU loop publishes them only after
-// its next launch.
-void blink_sched_complete(const LoopParams* p, int threads, int publish_now) {
+// its next launch; with defer_records they are not even written until blink_sched_during_forward.
+void blink_sched_complete(const LoopParams* p, int threads, int publish_now, int defer_records) {
   p->state->launched++;
-  run_team(threads, [&](const Team& t) { sched_complete(t, *p, publish_now != 0); });
+  run_team(threads, [&](const Team& t) { sched_complete(t, *p, publish_now != 0, defer_records != 0); });
+}
+
+// What the GPU loop does right after a launch (ingest = 1: the next step's forward now runs) or on an idle
+// turn (0): the pending records, then (ingest) the requests that arrived.
+void blink_sched_during_forward(const LoopParams* p, int threads, int ingest) {
+  run_team(threads, [&](const Team& t) { work_during_forward(t, *p, ingest != 0); });
 }
 
 void blink_sched_publish(const LoopParams* p) { publish(p->state, p->cfg, p->rings); }
@@ -110,7 +116,7 @@ void blink_sched_publish(const LoopParams* p) { publish(p->state, p->cfg, p->rin
 void blink_post_to_peers(const LoopParams* p, uint64_t seq, uint32_t command) { post_to_peers(*p, seq, command); }
 
 // The step could not run (as after a failed launch): its requests end with ERROR.
-void blink_sched_fail(const LoopParams* p, int32_t code) { fail_step(p->state, p->cfg, p->rings, code); }
+void blink_sched_fail(const LoopParams* p, int32_t code) { fail_planned_step(*p, code); }
 
 // The prefix cache's chain state and key (sched_prefix.h), for the test that pins them to
 // blink/core/prefix_cache.py.

@@ -41,7 +41,7 @@ struct Team {
   BLINK_HD bool leader() const { return rank == 0; }
   BLINK_HD void sync() const {
 #if defined(__CUDA_ARCH__)
-    __syncthreads();
+    if (size > 1) __syncthreads();  // a team of one (the leader alone, on a rare path) has nobody to wait for
 #else
     if (barrier) static_cast<HostBarrier*>(barrier)->wait();
 #endif

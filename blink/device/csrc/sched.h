@@ -12,6 +12,55 @@ namespace blink {
 
 constexpr int kIngestRoundsPerStep = 8;
 
+// Team: write the last step's pending records (none: nothing to do; the same on every rank).
+BLINK_HD inline void flush_pending_records(const Team& t, const LoopParams& p) {
+  SchedState* s = p.state;
+  if (load_volatile(&s->pending_count) == 0) return;
+  write_pending_records(t, s, p.rings, p.buffers[s->pending_parity & 1]);
+}
+
+// Leader: the planned step cannot run. The last step's pending records go first: a request in both steps
+// must see its tokens before its ERROR.
+BLINK_HD inline void fail_planned_step(const LoopParams& p, int32_t code) {
+  flush_pending_records(Team{0, 1, nullptr}, p);
+  fail_step(p.state, p.cfg, p.rings, code);
+}
+
+// Team: ingest rounds until one consumes nothing. A held abort (sched_ingest.h) is retried once the pending
+// records are written, so that it lands after its request's last tokens. abort_held is written by the leader
+// only (ingest_decide, and here past a sync), so the path without a held abort costs no extra sync; a stale
+// flag costs one empty round after an abort.
+BLINK_HD inline void ingest_rounds(const Team& t, const LoopParams& p) {
+  SchedState* s = p.state;
+  for (int round = 0; round < kIngestRoundsPerStep && ingest(t, s, p.cfg, p.rings); ++round) {
+  }
+  if (!load_volatile(&s->abort_held) || load_volatile(&s->ingest_in_flight)) return;  // read after ingest's sync
+  t.sync();  // every rank has read the flags before the leader clears one
+  flush_pending_records(t, p);
+  if (t.leader()) s->abort_held = 0;
+  t.sync();
+  for (int round = 0; round < kIngestRoundsPerStep && ingest(t, s, p.cfg, p.rings); ++round) {
+  }
+}
+
+// Team, while a forward runs: take in the requests that arrived. Aborts wait for the gap (ingest_rounds).
+BLINK_HD inline void ingest_while_running(const Team& t, const LoopParams& p) {
+  SchedState* s = p.state;
+  if (t.leader()) s->ingest_in_flight = 1;
+  t.sync();
+  ingest_rounds(t, p);
+  t.sync();  // every rank has read the flag
+  if (t.leader()) s->ingest_in_flight = 0;  // read next after more syncs
+}
+
+// Team, right after a launch (the GPU loop; the host tests call it in the same place): write the last step's
+// records, then, with `ingest`, take in the requests that arrived, so that the gap between this forward and
+// the next has neither to do. (The GPU loop goes on ingesting while it waits: scheduler.cu wait_step.)
+BLINK_HD inline void work_during_forward(const Team& t, const LoopParams& p, bool ingest) {
+  flush_pending_records(t, p);
+  if (ingest) ingest_while_running(t, p);
+}
+
 // Team: everything before the forward. Returns (to every rank) the number of rows; 0 = nothing to run.
 // The leader stamps each phase's end (s->t_*) for the launch's trace row.
 BLINK_HD inline int sched_prepare(const Team& t, const LoopParams& p) {
@@ -26,14 +75,13 @@ BLINK_HD inline int sched_prepare(const Team& t, const LoopParams& p) {
     if (t.leader()) s->resets_done = s->resets_seen;
     t.sync();
   }
-  for (int round = 0; round < kIngestRoundsPerStep && ingest(t, s, c, p.rings); ++round) {
-  }
+  ingest_rounds(t, p);
   if (t.leader()) s->t_ingest = now_ns();
   schedule(t, s, c);
   t.sync();
   prefix_apply_shares(t, s, c);  // the team's part of the admissions (issue 16); before any frees
   if (load_volatile(&s->plan_rows) > 0 && load_volatile(&s->plan_bucket) < 0) {  // the same on every rank
-    if (t.leader()) fail_step(s, c, p.rings, kErrNoBucket);
+    if (t.leader()) fail_planned_step(p, kErrNoBucket);
     t.sync();
   }
   const int rows = load_volatile(&s->plan_rows);
@@ -71,9 +119,11 @@ BLINK_HD inline void post_to_peers(const LoopParams& p, uint64_t seq, uint32_t c
 
 // Team: after the forward launched as number `launched - 1` has finished. publish_now = false: the
 // caller publishes (records and counters) soon, on every path (next launch, idle, failure, exit).
-BLINK_HD inline void sched_complete(const Team& t, const LoopParams& p, bool publish_now) {
+// defer_records: the caller writes the step's records later too (flush_pending_records, on the same paths).
+BLINK_HD inline void sched_complete(const Team& t, const LoopParams& p, bool publish_now, bool defer_records) {
   SchedState* s = p.state;
-  update_from_output(t, s, p.cfg, p.rings, p.buffers[(s->launched - 1) & 1], publish_now);
+  flush_pending_records(t, p);  // an earlier step's, if a path left them (none on the GPU loop's paths)
+  update_from_output(t, s, p.cfg, p.rings, p.buffers[(s->launched - 1) & 1], publish_now, defer_records);
   if (t.leader()) {
     s->t_finish = now_ns();
     if (p.trace) p.trace[((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords + 3] = s->t_finish;

@@ -4,7 +4,7 @@
 // (its requests end with ERROR; the engine stays up).
 #pragma once
 
-#include "sched_plan.h"
+#include "sched_records.h"
 
 namespace blink {
 
@@ -42,57 +42,14 @@ BLINK_HD inline void finish_rows(const Team& t, SchedState* s, const SchedConfig
   }
 }
 
-// Prompt logprobs: record k of the step's prompt rows (StepBuffers.prompt_*): prompt token `index` of its
-// row's request, position -index, its rank where a token record has queue_us (transport/layout.py).
-BLINK_HD inline void write_prompt_record(const SchedState* s, const RingPtrs& rp, const StepBufferPtrs& b, int k,
-                                         uint64_t index_in_ring) {
-  const int q = (int)b.prompt_rows[k], row = row_of_query(s, q);
-  const RequestEntry& r = s->entries[s->row_entry[row]];
-  const int index = s->row_start[row] + q - s->row_qstart[row] + 1;
-  write_record(rp, index_in_ring, r.desc.req_id, (int32_t)b.prompt_targets[k], -index, kFinishNone,
-               load_volatile(b.prompt_logprob + k), 0, b.prompt_num_top[k], b.prompt_top_ids + (int64_t)k * kMaxTopLogprobs,
-               b.prompt_top_logprobs + (int64_t)k * kMaxTopLogprobs, (uint32_t)load_volatile(b.prompt_rank + k));
-}
-
-// Team: the step's prompt records (prompt logprobs), then the sampling rows' records, in row order, in as
-// few chunks as the ring's room allows (one in steady state). Entries of finished rows may already be
-// freed: their desc and num_generated remain.
-BLINK_HD inline void write_step_records(const Team& t, SchedState* s, const RingPtrs& rp, const StepBufferPtrs& b) {
-  const int rows = load_volatile(&s->plan_rows), np = load_volatile(&s->plan_prompt_rows);
-  const int n = np + load_volatile(&s->num_records);
-  for (int done = 0; done < n;) {
-    if (t.leader()) s->chunk = (int32_t)egress_reserve(s, rp, (uint64_t)(n - done));
-    t.sync();
-    const int chunk = load_volatile(&s->chunk);
-    if (chunk == 0) return;  // stopping while the reader is gone: the records are dropped
-    for (int k = done + t.rank; k < np && k < done + chunk; k += t.size)
-      write_prompt_record(s, rp, b, k, s->egress_tail + (k - done));
-    for (int row = t.rank; row < rows; row += t.size) {
-      const int k = np + s->row_record[row] - done;
-      if (s->row_record[row] < 0 || k < 0 || k >= chunk) continue;
-      const RequestEntry& r = s->entries[s->row_entry[row]];
-      const int num_top = num_top_for(r.desc);
-      write_record(rp, s->egress_tail + k, r.desc.req_id, (int32_t)load_volatile(b.sampled_ids + row),
-                   r.num_generated - 1, (uint32_t)s->row_reason[row], load_volatile(b.logprobs + row),
-                   r.num_cached_tokens < 0 ? 0 : r.num_cached_tokens, num_top,
-                   b.top_ids + (int64_t)row * kMaxTopLogprobs, b.top_logprobs + (int64_t)row * kMaxTopLogprobs,
-                   r.num_generated == 1 ? r.queue_us : 0u);
-    }
-    t.sync();
-    done += chunk;
-    if (t.leader()) {
-      s->egress_tail += chunk;
-      if (done < n) egress_flush(s, rp);  // the reader makes room only by reading these
-    }
-  }
-}
-
 // Team: Scheduler.update_from_output() of blink/core/scheduler.py: the forward of the current plan has
 // finished and written its outputs to `b`; append, check stops, finish, write egress. Publishing the
 // records (a system fence, ~1-2 us over PCIe) may be left to the caller: the GPU loop does it right
-// after launching the next forward, off the critical path.
+// after launching the next forward, off the critical path, and writes them there too.
+// With defer_records, a step without prompt records leaves its token records pending (sched_records.h): the GPU
+// loop writes them once the next forward is launched.
 BLINK_HD inline void update_from_output(const Team& t, SchedState* s, const SchedConfig& c, const RingPtrs& rp,
-                                       const StepBufferPtrs& b, bool publish_now) {
+                                       const StepBufferPtrs& b, bool publish_now, bool defer_records) {
   finish_rows(t, s, c, b);
   t.sync();
   prefix_hash_filled(t, s, c);  // team: keys of the rows that filled several blocks (none: no sync)
@@ -109,7 +66,8 @@ BLINK_HD inline void update_from_output(const Team& t, SchedState* s, const Sche
       if (s->row_reason[row] != (int32_t)kFinishNone) finish_entry(s, c, s->row_entry[row]);
   }
   t.sync();
-  write_step_records(t, s, rp, b);
+  if (defer_records && load_volatile(&s->plan_prompt_rows) == 0) stage_step_records(t, s);
+  else write_step_records(t, s, rp, b);
   if (t.leader()) {
     const int bucket = iteration_bucket(s->plan_tokens);  // two posted stores: /metrics' step-size histogram
     store_volatile(&rp.control->iteration_tokens[bucket], ++s->iteration_tokens[bucket]);

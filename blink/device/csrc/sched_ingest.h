@@ -39,13 +39,19 @@ BLINK_HD inline void abort_request(SchedState* s, const SchedConfig& c, const Ri
   finish_entry(s, c, e);
 }
 
-// Leader: decide every staged descriptor in ring order; returns how many were consumed.
+// Leader: decide every staged descriptor in ring order (up to a held abort); returns how many were consumed.
 BLINK_HD inline int ingest_decide(SchedState* s, const SchedConfig& c, const RingPtrs& rp, uint64_t* arena_end) {
   int consumed = 0;
   for (int i = 0; i < s->num_staged; ++i) s->staged_entry[i] = -1;
   for (int i = 0; i < s->num_staged; ++i) {
     const RequestDescriptor& d = s->staged[i];
     if (d.kind == kKindAbort) {
+      // During a forward, the running step may hold the request's row; with records pending, its abort record
+      // would overtake its last tokens. Leave the abort (and what follows) in the ring: sched_prepare retries.
+      if (s->ingest_in_flight || s->pending_count > 0) {
+        s->abort_held = 1;
+        break;
+      }
       abort_request(s, c, rp, d.req_id);
     } else if (d.kind != kKindRequest) {
       refuse(s, rp, d.req_id);

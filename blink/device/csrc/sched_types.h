@@ -172,6 +172,8 @@ struct FollowerParams {
 struct LoopHooks {
   int32_t relaunch_each_step;  // 1: pattern (a), F&F the forward then tail-relaunch (frees the SM meanwhile)
   int32_t fail_bucket;         // launches of this bucket report a launch error (-1: none)
+  int32_t ingest_between_forwards;  // 1: no ingest while a forward runs (the loop before issue 17's change)
+  int32_t reserved;
 };
 
 struct LoopParams {
@@ -206,6 +208,17 @@ struct RequestEntry {
   int32_t chain_parent;
   uint32_t chain_parent_gen;
   uint64_t chain_hash;
+};
+
+// A token record whose write waits until the next forward is launched (sched_records.h): what it needs of its
+// request entry, copied at the finish because the next step's ingest may reuse the entry; its token, logprob and
+// tops stay in the step's buffer set (pending_parity), which the next forward does not write.
+struct PendingRecord {
+  uint64_t req_id;
+  int32_t position, cached_tokens;
+  uint32_t reason_top;  // finish reason | num_top << 16
+  uint32_t queue_us;
+  int32_t row, pad;
 };
 
 struct SchedState {
@@ -283,11 +296,16 @@ struct SchedState {
   // Issue 19: when the current idle period began (0: not idle), and how often the loop parked.
   uint64_t idle_since_ns, parks;
   int32_t parking, reserved_idle;
+  // The control gap (issue 17): the last step's records wait for the next launch (pending), and requests that
+  // arrive during a forward are ingested then (ingest_in_flight); an abort waits for the gap, and for the
+  // pending records of its request to be written first (abort_held).
+  int32_t pending_count, pending_parity, ingest_in_flight, abort_held, wait_turn, wait_pad;  // wait_turn: wait_step's
   int32_t ahead_len[kMatchAhead], ahead_in_lru[kMatchAhead];
   int32_t num_shares, share_entry[kMatchAhead], share_ahead[kMatchAhead], share_len[kMatchAhead];  // deferred
   uint64_t* ahead_state;   // [kMatchAhead][max_blocks_per_seq]
   int32_t* ahead_blocks;   // [kMatchAhead][max_blocks_per_seq] the indexed block with the same tokens, or -1
   int32_t* filled_rows;    // [max_num_seqs]
+  PendingRecord* pending;  // [max_num_seqs] by record index
 };
 
 static_assert(offsetof(SchedState, launched) == 8, "runtime.py reads `launched` at structs.SCHED_STATE_LAUNCHED");

@@ -1,7 +1,8 @@
 // Device mode's resident scheduler (Blink's pattern, shared/probes/chain.cu "(c)"): one CTA in its own
 // device-launchable graph. Per step it polls the ingress ring, builds the step (sched.h), fire-and-forget
-// launches the bucket's forward graph (two execs per bucket, one per buffer set, alternated), spins on a
-// completion counter that the graph's last kernel (step_done) bumps, then completes the step. Every
+// launches the bucket's forward graph (two execs per bucket, one per buffer set, alternated), writes the last
+// step's records and ingests new requests while it runs, spins on a completion counter that the graph's last
+// kernel (step_done) bumps, then completes the step. Every
 // `launches_per_kernel` launches it tail-relaunches itself to renew the fire-and-forget budget.
 #include <cuda_runtime.h>
 
@@ -48,15 +49,14 @@ __device__ void prefetch_host_words(const LoopParams& p) {
   s->ingress_tail_valid = 1;
 }
 
-// Leader: launch the planned step's forward graph and wait for it (or, relaunching each step, leave it
-// to the next instance: a tail launch starts only once the forward is done). On failure the step's
-// requests end with ERROR (fail_step) and the loop goes on, except after a timeout.
-__device__ void launch_and_wait(const LoopParams& p) {
+// Leader: launch the planned step's forward graph. On failure the step's requests end with ERROR
+// (fail_planned_step: plan_rows is then 0) and the loop goes on. Relaunching each step, the forward's
+// completion is left to the next instance: a tail launch starts only once the forward is done.
+__device__ void launch_step(const LoopParams& p) {
   SchedState* s = p.state;
   const int parity = (int)(s->launched & 1);
   cudaGraphExec_t exec = static_cast<cudaGraphExec_t*>(p.graph_execs)[s->plan_bucket * 2 + parity];
   uint64_t* trace = p.trace + (s->launched % (uint64_t)p.cfg.trace_capacity) * kTraceWords;
-  const uint32_t target = (uint32_t)(s->launched + 1);
   __threadfence();  // the step's inputs (written by the whole CTA, then __syncthreads) before the launch
   const uint64_t t0 = now_ns();
   // The self-test's injected failure goes through exactly the path a real launch error takes.
@@ -65,7 +65,7 @@ __device__ void launch_and_wait(const LoopParams& p) {
                                                               : cudaGraphLaunch(exec, cudaStreamGraphFireAndForget);
   const uint64_t t1 = now_ns();
   if (err != cudaSuccess) {
-    fail_step(s, p.cfg, p.rings, kErrLaunchBase + (int32_t)err);
+    fail_planned_step(p, kErrLaunchBase + (int32_t)err);
     return;
   }
   s->launched++;
@@ -77,23 +77,51 @@ __device__ void launch_and_wait(const LoopParams& p) {
   trace[5] = s->t_plan;
   trace[6] = s->t_inputs;
   trace[7] = t1;
-  publish(s, p.cfg, p.rings);  // the last step's records and counters, while this forward runs
-  if (p.hooks != nullptr && p.hooks->relaunch_each_step) {
-    s->pending_complete = 1;  // the next instance starts after the forward and reads the ring fresh
-    return;
-  }
-  // The host words are re-read with every poll of the completion counter, so when the forward is done
-  // the ingress tail in hand is at most one PCIe round trip old: a request that arrived while the
-  // forward ran is planned into the very next step. (Read once after the launch, as before 2026-12-01,
-  // it made every request that arrived during a forward wait one more step: under load, nearly all.)
-  while ((int32_t)(load_acquire_gpu(&s->done_count) - target) < 0) {
-    prefetch_host_words(p);
-    if ((int64_t)(now_ns() - t0) > p.cfg.step_timeout_ns) {
-      fail_step(s, p.cfg, p.rings, kErrStepTimeout);
-      return;
+  if (p.hooks != nullptr && p.hooks->relaunch_each_step) s->pending_complete = 1;
+}
+
+// Team: wait for the forward launched last (relaunching each step, the next instance does). The leader polls
+// the completion counter and, between polls, re-reads the host words, so when the forward is done the ingress
+// tail in hand is at most one PCIe round trip old: a request that arrived while the forward ran is planned into
+// the very next step. (Read once after the launch, as before 2026-12-01, it made every request that arrived
+// during a forward wait one more step: under load, nearly all.) When the tail has moved, the team ingests while
+// the forward runs (issue 17's control gap: the descriptor and prompt reads leave the gap), unless an abort is
+// held for the gap.
+__device__ void wait_step(const Team& t, const LoopParams& p, bool ingest) {
+  SchedState* s = p.state;
+  if (load_volatile(&s->pending_complete)) return;
+  const uint64_t t0 = p.trace[((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords];
+  const uint32_t target = (uint32_t)s->launched;
+  enum { kPoll = 0, kDone = 1, kIngest = 2 };
+  bool stalled = false;  // leader: a round took nothing (a full request table): no more until the gap
+  while (true) {
+    if (t.leader()) {
+      int turn = kPoll;
+      if ((int32_t)(load_acquire_gpu(&s->done_count) - target) >= 0) {
+        turn = kDone;
+        p.trace[((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords + 1] = now_ns();
+      } else if ((int64_t)(now_ns() - t0) > p.cfg.step_timeout_ns) {
+        fail_planned_step(p, kErrStepTimeout);
+        turn = kDone;
+      } else {
+        prefetch_host_words(p);
+        if (ingest && !stalled && s->ingress_tail_seen != s->ingress_head && !s->abort_held) turn = kIngest;
+      }
+      s->wait_turn = turn;
     }
+    t.sync();
+    const int turn = load_volatile(&s->wait_turn);
+    if (turn == kDone) return;
+    if (turn == kIngest) {
+      const uint64_t head = s->ingress_head;  // read before the team's round (only the leader uses it)
+      ingest_while_running(t, p);
+      if (t.leader()) {
+        stalled = s->ingress_head == head;
+        prefetch_host_words(p);  // ingest used the tail: the gap must find a fresh one
+      }
+    }
+    t.sync();  // every rank has read the turn before the leader writes the next
   }
-  trace[1] = now_ns();
 }
 
 // Relaunch-each-step mode: this instance was tail-launched after the previous one's forward finished.
@@ -101,7 +129,7 @@ __device__ void complete_pending(const Team& t, const LoopParams& p) {
   SchedState* s = p.state;
   if (!load_volatile(&s->pending_complete)) return;
   if (t.leader()) p.trace[((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords + 1] = now_ns();
-  sched_complete(t, p, false);
+  sched_complete(t, p, false, true);
   if (t.leader()) s->pending_complete = 0;
   t.sync();
 }
@@ -127,7 +155,8 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
     t.sync();
     if (load_volatile(&s->stopping)) break;
     if (sched_prepare(t, p) == 0) {
-      if (t.leader()) idle_turn(p);
+      flush_pending_records(t, p);
+      if (t.leader()) idle_turn(p);  // publishes first
       t.sync();
       if (load_volatile(&s->stopping)) break;
       if (load_volatile(&s->parking)) {
@@ -140,13 +169,21 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
     if (t.leader()) {
       s->idle_ns = kIdleMinNs;
       s->idle_since_ns = 0;
-      launch_and_wait(p);
+      launch_step(p);
     }
     t.sync();
+    const bool gap_only = p.hooks != nullptr && p.hooks->ingest_between_forwards;  // the self-test's A/B
+    const bool running = load_volatile(&s->plan_rows) > 0;  // a failed launch leaves no rows
+    work_during_forward(t, p, running && !gap_only);
+    if (t.leader()) publish(s, p.cfg, p.rings);  // the last step's records and counters, while this forward runs
+    if (running) wait_step(t, p, !gap_only);
+    t.sync();
     const bool relaunch = load_volatile(&s->pending_complete) != 0;
-    if (!relaunch && load_volatile(&s->plan_rows) > 0) sched_complete(t, p, false);  // fail_step leaves none
+    if (!relaunch && load_volatile(&s->plan_rows) > 0) sched_complete(t, p, false, true);  // a timeout: none
     if (relaunch || load_volatile(&s->launches_this_kernel) >= p.cfg.launches_per_kernel) {
+      flush_pending_records(t, p);  // the next instance starts with none
       if (t.leader()) {
+        publish(s, p.cfg, p.rings);
         const cudaError_t err = cudaGraphLaunch(cudaGetCurrentGraphExec(), cudaStreamGraphTailLaunch);
         if (err != cudaSuccess) {
           set_error(s, p.rings, kErrTailLaunchBase + (int32_t)err);
@@ -158,6 +195,7 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
       return;
     }
   }
+  flush_pending_records(t, p);
   if (t.leader()) {
     publish(s, p.cfg, p.rings);
     post_to_peers(p, s->launched + 1, kPeerStop);
