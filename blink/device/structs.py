@@ -22,9 +22,11 @@ MAX_EOS = 8
 MAX_PEERS = 7  # tensor-parallel ranks besides rank 0
 PEER_STOP = 0xFFFFFFFF  # the mailbox command that ends a follower's loop
 # per launch (csrc/sched_types.h kTraceWords): %globaltimer ns of the launch call, completion seen, then
-# tokens << 32 | rows, then the phase stamps: finish done, ingest done, plan done, inputs written, launch returned
-TRACE_WORDS = 8
-TRACE_PHASES = ("launch", "done", "meta", "finish", "ingest", "plan", "inputs", "launched")
+# tokens << 32 | rows, then the phase stamps: finish done, ingest done, plan done, inputs written, launch returned;
+# then inside this launch's finish: rows advanced, frees done; inside its plan: scheduled (before the admissions)
+TRACE_WORDS = 12
+TRACE_PHASES = ("launch", "done", "meta", "finish", "ingest", "plan", "inputs", "launched",
+                "rows", "frees", "scheduled", "reserved")
 TRACE_META = TRACE_PHASES.index("meta")
 
 

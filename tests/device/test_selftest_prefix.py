@@ -24,3 +24,22 @@ def test_the_plan_phase_is_read_on_admitting_steps_only():
         trace[k, 5] = 1000 * k + (50_000 if tokens > rows else 1_000)  # ns
     p50, p99, n = admission_plan_us(trace)
     assert n == 2 and p50 == 50.0 and p99 == 50.0
+
+
+def test_the_gap_phases_and_their_parts_are_read_from_the_right_stamps():
+    """Two launches with every stamp 100 ns * k apart: each phase and part comes out as the stamps say."""
+    from tools.device_selftest.selftest_trace import trace_stats
+
+    col = {name: k for k, name in enumerate(structs.TRACE_PHASES)}
+    trace = np.zeros((2, structs.TRACE_WORDS), np.int64)
+    first = {"launch": 0, "done": 10_000, "rows": 11_000, "frees": 13_000, "finish": 16_000}
+    second = {"ingest": 18_000, "scheduled": 21_000, "plan": 25_000, "inputs": 26_000, "launch": 26_500,
+              "launched": 29_000, "done": 40_000}
+    for k, stamps in enumerate((first, second)):
+        trace[k, structs.TRACE_META] = (1 << 32) | 1
+        for name, ns in stamps.items():
+            trace[k, col[name]] = ns
+    st = trace_stats(trace)
+    expect = {"gap50": 16.5, "finish": 6.0, "rows": 1.0, "frees": 2.0, "records": 3.0, "ingest": 2.0, "plan": 7.0,
+              "schedule": 3.0, "admissions": 4.0, "inputs": 1.0, "fence": 0.5, "launch call": 2.5}
+    assert {k: st[k] for k in expect} == expect

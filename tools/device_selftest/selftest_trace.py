@@ -13,32 +13,41 @@ def pct(values, q) -> float:
 
 
 PHASES = ("finish", "ingest", "plan", "inputs", "fence", "launch call")
+# the finish's and the plan's parts (trace words 8-10): rows advanced, frees done, the rest (records staged, metrics);
+# scheduled, then admissions written
+PARTS = ("rows", "frees", "records", "schedule", "admissions")
 
 
 def trace_stats(trace: np.ndarray, rows: int | None = None) -> dict[str, float]:
     """Over consecutive launches (optionally only decode steps of `rows` rows): control gap (next launch -
     completion seen), step period (launch to launch), in-graph time (launch to completion seen), and the
-    gap's phases (p50 each, us): finish (completion seen -> records out), ingest (-> ring read), plan
-    (-> step built, admissions written), inputs (-> step buffers written), fence (-> launch call), and
-    the launch call itself (not part of the gap)."""
-    launch, done = trace[:, 0], trace[:, 1]
-    finish, ingest, plan, inputs, returned = (trace[:, k] for k in range(3, 8))
+    gap's phases (p50 each, us): finish (completion seen -> step finished; its parts: rows advanced, frees
+    done, the rest), ingest (-> ring read), plan (-> step built, admissions written; its parts: scheduled,
+    admissions), inputs (-> step buffers written), fence (-> launch call), and the launch call itself (not
+    part of the gap)."""
+    col = {name: trace[:, k] for k, name in enumerate(structs.TRACE_PHASES)}
+    launch, done, finish = col["launch"], col["done"], col["finish"]
     n_tok, n_rows = structs.trace_step_sizes(trace)
     keep = np.ones(len(trace) - 1, bool) if rows is None else (
         (n_rows[:-1] == rows) & (n_tok[:-1] == rows) & (n_rows[1:] == rows) & (n_tok[1:] == rows))
     gap, period, run = (launch[1:] - done[:-1])[keep], (launch[1:] - launch[:-1])[keep], (done - launch)[:-1][keep]
-    parts = [finish[:-1] - done[:-1], ingest[1:] - finish[:-1], plan[1:] - ingest[1:], inputs[1:] - plan[1:],
-             launch[1:] - inputs[1:], returned[1:] - launch[1:]]
+    parts = [finish[:-1] - done[:-1], col["ingest"][1:] - finish[:-1], col["plan"][1:] - col["ingest"][1:],
+             col["inputs"][1:] - col["plan"][1:], launch[1:] - col["inputs"][1:], col["launched"][1:] - launch[1:]]
+    inner = [col["rows"][:-1] - done[:-1], col["frees"][:-1] - col["rows"][:-1], finish[:-1] - col["frees"][:-1],
+             col["scheduled"][1:] - col["ingest"][1:], col["plan"][1:] - col["scheduled"][1:]]
     out = {"n": int(keep.sum()), "gap50": pct(gap, 50) / 1e3, "gap99": pct(gap, 99) / 1e3,
            "period50": pct(period, 50) / 1e3, "run50": pct(run, 50) / 1e3,
            "ingest99": pct(parts[1][keep], 99) / 1e3, "ingest_max": float(parts[1][keep].max(initial=0)) / 1e3}
-    for name, values in zip(PHASES, parts, strict=True):
+    for name, values in zip(PHASES + PARTS, parts + inner, strict=True):
         out[name] = pct(values[keep], 50) / 1e3
     return out
 
 
 def phase_text(st: dict[str, float]) -> str:
-    return " | ".join(f"{name} {st[name]:.2f}" for name in PHASES)
+    text = {name: f"{name} {st[name]:.2f}" for name in PHASES}
+    text["finish"] += f" (rows {st['rows']:.2f}, frees {st['frees']:.2f}, records {st['records']:.2f})"
+    text["plan"] += f" (schedule {st['schedule']:.2f}, admissions {st['admissions']:.2f})"
+    return " | ".join(text[name] for name in PHASES)
 
 
 def arrival_gap_text(st: dict[str, float]) -> str:

@@ -55,6 +55,7 @@ __device__ inline void launch_step(const LoopParams& p) {
   trace[5] = s->t_plan;
   trace[6] = s->t_inputs;
   trace[7] = t1;
+  trace[10] = s->t_scheduled;
   if (p.hooks != nullptr && p.hooks->relaunch_each_step) s->pending_complete = 1;
 }
 

@@ -84,6 +84,7 @@ BLINK_HD inline int sched_prepare(const Team& t, const LoopParams& p) {
     if (t.leader()) fail_planned_step(p, kErrNoBucket);
     t.sync();
   }
+  if (t.leader()) s->t_scheduled = now_ns();
   const int rows = load_volatile(&s->plan_rows);
   if (rows == 0) {
     if (t.leader()) s->busy_since_ns = 0;  // idle: the time until the next step is not a busy interval
@@ -126,7 +127,12 @@ BLINK_HD inline void sched_complete(const Team& t, const LoopParams& p, bool pub
   update_from_output(t, s, p.cfg, p.rings, p.buffers[(s->launched - 1) & 1], publish_now, defer_records);
   if (t.leader()) {
     s->t_finish = now_ns();
-    if (p.trace) p.trace[((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords + 3] = s->t_finish;
+    if (p.trace) {
+      uint64_t* row = p.trace + ((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords;
+      row[3] = s->t_finish;
+      row[8] = s->t_rows;
+      row[9] = s->t_frees;
+    }
     if (s->busy_since_ns != 0) {  // two posted stores: /metrics' busy step interval histogram
       const uint64_t ns = s->t_finish - s->busy_since_ns;
       const int bucket = step_interval_bucket(ns);

@@ -52,6 +52,7 @@ BLINK_HD inline void update_from_output(const Team& t, SchedState* s, const Sche
                                        const StepBufferPtrs& b, bool publish_now, bool defer_records) {
   finish_rows(t, s, c, b);
   t.sync();
+  if (t.leader()) s->t_rows = now_ns();
   prefix_hash_filled(t, s, c);  // team: keys of the rows that filled several blocks (none: no sync)
   if (t.leader()) {  // record indices (a prefix count over contiguous flags), then the frees
     int n = 0;
@@ -64,6 +65,7 @@ BLINK_HD inline void update_from_output(const Team& t, SchedState* s, const Sche
     s->num_filled = s->num_register = 0;
     for (int row = 0; row < s->plan_rows; ++row)
       if (s->row_reason[row] != (int32_t)kFinishNone) finish_entry(s, c, s->row_entry[row]);
+    s->t_frees = now_ns();
   }
   t.sync();
   if (defer_records && load_volatile(&s->plan_prompt_rows) == 0) stage_step_records(t, s);

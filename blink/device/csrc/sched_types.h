@@ -18,7 +18,7 @@ constexpr int kIngestBatch = 64;    // descriptors staged per ingest round
 // Per launch, %globaltimer ns unless noted: [0] launch call, [1] completion seen, [2] tokens << 32 | rows,
 // [3] this step's finish done, [4] ingest done, [5] plan done, [6] inputs written, [7] launch call returned.
 // The gap before launch L splits into finish (L-1: [3]-[1]), ingest (L[4] - L-1[3]), plan, inputs, launch.
-constexpr int kTraceWords = 8;
+constexpr int kTraceWords = 12;
 constexpr int kMatchAhead = 8;  // waiting requests whose prefix hits the team finds at once (sched_prefix.h)
 
 constexpr int32_t kFlagPenalties = 1;  // sampling_state.FLAG_PENALTIES
@@ -235,6 +235,7 @@ struct SchedState {
   uint64_t ingress_tail_seen;   // read while the last forward ran; valid when ingress_tail_valid
   int32_t ingress_tail_valid, stop_seen;  // stop_flag, read with the tail (same validity)
   uint64_t t_finish, t_ingest, t_plan, t_inputs;  // phase stamps of the step being built (trace)
+  uint64_t t_rows, t_frees, t_scheduled;  // inside the finish (rows advanced, frees done) and the plan (scheduled)
   int32_t free_block_top, free_slot_top, free_entry_top;
   int32_t waiting_head, waiting_count, running_count;
   int32_t stopping, launches_this_kernel, idle_ns, num_staged, num_consumed, pending_complete;
