@@ -8,8 +8,10 @@ query_start_loc[S]) are zero in the reference and unspecified in the Triton vers
 
 Triton design: a program owns one KV head and a tile of BLOCK_Q query tokens x all GROUP query heads that
 share that KV head (BLOCK_M = BLOCK_Q * GROUP rows), so each KV tile is loaded once per group. Sequence s
-owns program tiles starting at query_start_loc[s] // BLOCK_Q + s; that bound needs no data, so the grid is
-(T // BLOCK_Q + S, Hkv, splits) and programs past a sequence's queries exit at once. With splits > 1
+owns program tiles starting at s + (query_start_loc[s] - s) // BLOCK_Q (_first_tile: every sequence's first
+tile, then one more per BLOCK_Q of the tokens beyond one a sequence); that bound needs no data, so the grid is
+(S + (T - S) // BLOCK_Q, Hkv, splits): a pure decode step has no empty program, and programs past a sequence's
+queries exit at once. With splits > 1
 (small batches, flash-decoding) each program covers a slice of the KV range and a second kernel (opt-in: the
 tile's last split to finish) merges the partial results by their log-sum-exp (attention_merge.py). Tiles that
 may carry a prefill chunk (CAUSAL_SPLIT) run the KV tiles that all their rows see whole without the causal
@@ -77,6 +79,14 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
 
 
 @triton.jit
+def _first_tile(q_start, seq, BLOCK_Q: tl.constexpr):
+    """Sequence seq's first query tile: one tile a sequence, plus one per BLOCK_Q tokens beyond one a sequence
+    before it (padding sequences, with no tokens, may take the count below zero: clamped, it stays monotone).
+    The grid's tiles, S + (T - S) // BLOCK_Q, cover any step of T tokens over S sequences (attention_plan.py)."""
+    return seq + tl.maximum(q_start - seq, 0) // BLOCK_Q
+
+
+@triton.jit
 def _kv_tiles_of_split(seq_len, context, q_first, q_len, split, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
                        NUM_SPLITS: tl.constexpr, SPLIT_MIN_TILES: tl.constexpr):
     """(kv_end, first KV tile, end KV tile) of this split: the tile needs KV positions up to its last query's."""
@@ -117,12 +127,12 @@ def _paged_attention_kernel(
     else:
         seq_ids = tl.arange(0, BLOCK_S)
         seq_starts = tl.load(query_start_loc_ptr + seq_ids, mask=seq_ids < num_seqs, other=0)
-        first_tiles = tl.where(seq_ids < num_seqs, seq_starts // BLOCK_Q + seq_ids, 2147483647)
+        first_tiles = tl.where(seq_ids < num_seqs, _first_tile(seq_starts, seq_ids, BLOCK_Q), 2147483647)
         seq = tl.sum((first_tiles <= tile).to(tl.int32)) - 1
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)  # issued with the loads above, not after the branch below
-    q_first = (tile - (q_start // BLOCK_Q + seq)) * BLOCK_Q  # first query of this tile within the seq
+    q_first = (tile - _first_tile(q_start, seq, BLOCK_Q)) * BLOCK_Q  # first query of this tile within the seq
     # The step's metadata above predates the graph's kernels, so it is read before the wait (pdl.py);
     # q and the new tokens' KV come from the kernel before. Every program waits before it may exit.
     pdl_wait(USE_PDL)

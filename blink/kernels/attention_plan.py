@@ -168,7 +168,10 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     block_m = max(16, group_pad, rows)  # tl.dot needs M >= 16
     block_q = block_m // group_pad
     max_splits = tuning.max_splits
-    num_tiles = num_tokens // block_q + num_seqs
+    # attention.py's _first_tile: a sequence's tiles start one after the last one's, plus one per block_q tokens
+    # beyond one a sequence, so S + (T - S) // block_q tiles cover any composition (none empty in pure decode; the
+    # data-free bound before, T // block_q + S, left 2 of 10 tiles empty at batch 8: perf.md session 22).
+    num_tiles = num_seqs + max(num_tokens - num_seqs, 0) // block_q
     # Tiles with work, in the composition that needs the splits most: a decode bucket's rows may each be
     # a sequence (one tile per token); a bucket that carries a chunk may hold that one chunk, whose tiles are
     # all the work (its padding tiles exit at once). Counting those padding tiles left (128, 64) unsplit:

@@ -50,6 +50,29 @@ def test_triton_matches_reference(q_lens, seq_lens, heads, head_dim, block_size,
     torch.testing.assert_close(out[:n], expected[:n], atol=2e-5, rtol=2e-5)
 
 
+@pytest.mark.parametrize("q_lens,pad_seqs,pad_tokens", [
+    ([1] * 8, 0, 0),  # a full decode bucket: as many tiles as sequences, none empty
+    ([8], 7, 0),  # the same (8, 8) bucket holding one 8-token chunk and 7 padding rows
+    ([1, 1, 1, 5], 4, 0),  # the (8, 8) bucket: a 5-token chunk (3 tiles of 2 tokens at group 8) behind 3 decodes
+    ([1, 6, 1], 1, 0),  # an (8, 4) bucket: chunk tiles (8 tokens each)
+    ([5, 2, 1], 0, 3),  # padding tokens beyond the sequences' (the next bucket up)
+])
+def test_the_grid_takes_one_tile_a_sequence_plus_one_per_block_of_extra_tokens(q_lens, pad_seqs, pad_tokens):
+    """The tile map (attention.py _first_tile) at the bound of its grid: every composition of T tokens over S
+    sequences fits S + (T - S) // BLOCK_Q tiles, and a pure decode bucket has no empty program."""
+    batch = make_paged_batch(q_lens, [q + 9 for q in q_lens], 8, 1, head_dim=32, block_size=4, pad_seqs=pad_seqs,
+                             pad_tokens=pad_tokens)
+    tokens, seqs = batch.q.shape[0], len(q_lens) + pad_seqs
+    plan = launch_plan(tokens, seqs, 8, 1, 32, 64, AttentionTuning())
+    assert plan.num_tiles == seqs + (tokens - seqs) // plan.block_q
+    if q_lens == [1] * 8:
+        assert plan.num_tiles == 8
+    expected = _run(paged_attention_ref, batch, 0.2)
+    out = _run(paged_attention_triton, batch, 0.2)
+    n = batch.num_real_tokens
+    torch.testing.assert_close(out[:n], expected[:n], atol=2e-5, rtol=2e-5)
+
+
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_triton_long_context_split_kv(num_splits):
     q_lens, seq_lens = [1, 3], [300, 150]  # many KV tiles so every split gets work; some splits are empty
