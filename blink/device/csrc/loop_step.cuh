@@ -34,7 +34,7 @@ __device__ inline void launch_step(const LoopParams& p) {
   SchedState* s = p.state;
   const int parity = (int)(s->launched & 1);
   cudaGraphExec_t exec = static_cast<cudaGraphExec_t*>(p.graph_execs)[s->plan_bucket * 2 + parity];
-  uint64_t* trace = p.trace + (s->launched % (uint64_t)p.cfg.trace_capacity) * kTraceWords;
+  uint64_t* trace = trace_row(p, s->launched);
   __threadfence();  // the step's inputs (written by the whole CTA, then __syncthreads) before the launch
   const uint64_t t0 = now_ns();
   // The self-test's injected failure goes through exactly the path a real launch error takes.
@@ -69,7 +69,8 @@ __device__ inline void launch_step(const LoopParams& p) {
 __device__ inline void wait_step(const Team& t, const LoopParams& p, bool ingest) {
   SchedState* s = p.state;
   if (load_volatile(&s->pending_complete)) return;
-  const uint64_t t0 = p.trace[((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords];
+  uint64_t* trace = trace_row(p, s->launched - 1);
+  const uint64_t t0 = trace[0];
   const uint32_t target = (uint32_t)s->launched;
   enum { kPoll = 0, kDone = 1, kIngest = 2 };
   bool stalled = false;  // leader: a round took nothing (a full request table): no more until the gap
@@ -78,7 +79,7 @@ __device__ inline void wait_step(const Team& t, const LoopParams& p, bool ingest
       int turn = kPoll;
       if ((int32_t)(load_acquire_gpu(&s->done_count) - target) >= 0) {
         turn = kDone;
-        p.trace[((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords + 1] = now_ns();
+        trace[1] = now_ns();
       } else if ((int64_t)(now_ns() - t0) > p.cfg.step_timeout_ns) {
         fail_planned_step(p, kErrStepTimeout);
         turn = kDone;

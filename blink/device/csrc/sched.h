@@ -12,6 +12,11 @@ namespace blink {
 
 constexpr int kIngestRoundsPerStep = 8;
 
+// The trace row (kTraceWords) of launch number `launch`, counted from 0. The GPU loop always has a trace.
+BLINK_HD inline uint64_t* trace_row(const LoopParams& p, uint64_t launch) {
+  return p.trace + (launch % (uint64_t)p.cfg.trace_capacity) * kTraceWords;
+}
+
 // Team: write the last step's pending records (none: nothing to do; the same on every rank).
 BLINK_HD inline void flush_pending_records(const Team& t, const LoopParams& p) {
   SchedState* s = p.state;
@@ -128,7 +133,7 @@ BLINK_HD inline void sched_complete(const Team& t, const LoopParams& p, bool pub
   if (t.leader()) {
     s->t_finish = now_ns();
     if (p.trace) {
-      uint64_t* row = p.trace + ((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords;
+      uint64_t* row = trace_row(p, s->launched - 1);
       row[3] = s->t_finish;
       row[8] = s->t_rows;
       row[9] = s->t_frees;

@@ -20,30 +20,17 @@ BLINK_HD inline void write_prompt_record(const SchedState* s, const RingPtrs& rp
                b.prompt_top_logprobs + (int64_t)k * kMaxTopLogprobs, (uint32_t)load_volatile(b.prompt_rank + k));
 }
 
-// Team: the step's prompt records (prompt logprobs), then the sampling rows' records, in row order, in as
-// few chunks as the ring's room allows (one in steady state). Entries of finished rows may already be
-// freed: their desc and num_generated remain.
-BLINK_HD inline void write_step_records(const Team& t, SchedState* s, const RingPtrs& rp, const StepBufferPtrs& b) {
-  const int rows = load_volatile(&s->plan_rows), np = load_volatile(&s->plan_prompt_rows);
-  const int n = np + load_volatile(&s->num_records);
+// Team (or the leader alone, as Team{0, 1}): n records, write(k, ring index) each, in as few chunks as the
+// ring's room allows (one in steady state); the caller publishes. Returns false if the records were dropped
+// (stopping while the reader is gone).
+template <typename Write>
+BLINK_HD inline bool write_in_chunks(const Team& t, SchedState* s, const RingPtrs& rp, int n, Write write) {
   for (int done = 0; done < n;) {
     if (t.leader()) s->chunk = (int32_t)egress_reserve(s, rp, (uint64_t)(n - done));
     t.sync();
     const int chunk = load_volatile(&s->chunk);
-    if (chunk == 0) return;  // stopping while the reader is gone: the records are dropped
-    for (int k = done + t.rank; k < np && k < done + chunk; k += t.size)
-      write_prompt_record(s, rp, b, k, s->egress_tail + (k - done));
-    for (int row = t.rank; row < rows; row += t.size) {
-      const int k = np + s->row_record[row] - done;
-      if (s->row_record[row] < 0 || k < 0 || k >= chunk) continue;
-      const RequestEntry& r = s->entries[s->row_entry[row]];
-      const int num_top = num_top_for(r.desc);
-      write_record(rp, s->egress_tail + k, r.desc.req_id, (int32_t)load_volatile(b.sampled_ids + row),
-                   r.num_generated - 1, (uint32_t)s->row_reason[row], load_volatile(b.logprobs + row),
-                   r.num_cached_tokens < 0 ? 0 : r.num_cached_tokens, num_top,
-                   b.top_ids + (int64_t)row * kMaxTopLogprobs, b.top_logprobs + (int64_t)row * kMaxTopLogprobs,
-                   r.num_generated == 1 ? r.queue_us : 0u);
-    }
+    if (chunk == 0) return false;
+    for (int k = done + t.rank; k < done + chunk; k += t.size) write(k, s->egress_tail + (k - done));
     t.sync();
     done += chunk;
     if (t.leader()) {
@@ -51,9 +38,11 @@ BLINK_HD inline void write_step_records(const Team& t, SchedState* s, const Ring
       if (done < n) egress_flush(s, rp);  // the reader makes room only by reading these
     }
   }
+  return true;
 }
 
-// Team, at the finish: copy what each sampling row's record needs out of its entry (record indices are final).
+// Team, at the finish: copy what each sampling row's record needs out of its entry (record indices are final;
+// entries of finished rows may already be freed: their desc and num_generated remain).
 BLINK_HD inline void stage_step_records(const Team& t, SchedState* s) {
   const int rows = load_volatile(&s->plan_rows);
   for (int row = t.rank; row < rows; row += t.size) {
@@ -75,31 +64,29 @@ BLINK_HD inline void stage_step_records(const Team& t, SchedState* s) {
   t.sync();  // every rank has read the plan before the caller clears it
 }
 
-// Team (or the leader alone, as Team{0, 1}): write the pending records from their step's buffer set `b`, in as
-// few chunks as the ring's room allows, and clear them. The caller publishes.
+// Team (or the leader alone, as Team{0, 1}): write the pending records from their step's buffer set `b` and
+// clear them. The caller publishes.
 BLINK_HD inline void write_pending_records(const Team& t, SchedState* s, const RingPtrs& rp, const StepBufferPtrs& b) {
-  const int n = load_volatile(&s->pending_count);
-  for (int done = 0; done < n;) {
-    if (t.leader()) s->chunk = (int32_t)egress_reserve(s, rp, (uint64_t)(n - done));
-    t.sync();
-    const int chunk = load_volatile(&s->chunk);
-    if (chunk == 0) break;  // stopping while the reader is gone: the records are dropped
-    for (int k = done + t.rank; k < done + chunk; k += t.size) {
-      const PendingRecord& pr = s->pending[k];
-      write_record(rp, s->egress_tail + (k - done), pr.req_id, (int32_t)load_volatile(b.sampled_ids + pr.row),
-                   pr.position, pr.reason_top & 0xFFFFu, load_volatile(b.logprobs + pr.row), pr.cached_tokens,
-                   (int)(pr.reason_top >> 16), b.top_ids + (int64_t)pr.row * kMaxTopLogprobs,
-                   b.top_logprobs + (int64_t)pr.row * kMaxTopLogprobs, pr.queue_us);
-    }
-    t.sync();
-    done += chunk;
-    if (t.leader()) {
-      s->egress_tail += chunk;
-      if (done < n) egress_flush(s, rp);  // the reader makes room only by reading these
-    }
-  }
+  write_in_chunks(t, s, rp, load_volatile(&s->pending_count), [&](int k, uint64_t index) {
+    const PendingRecord& pr = s->pending[k];
+    write_record(rp, index, pr.req_id, (int32_t)load_volatile(b.sampled_ids + pr.row), pr.position,
+                 pr.reason_top & 0xFFFFu, load_volatile(b.logprobs + pr.row), pr.cached_tokens,
+                 (int)(pr.reason_top >> 16), b.top_ids + (int64_t)pr.row * kMaxTopLogprobs,
+                 b.top_logprobs + (int64_t)pr.row * kMaxTopLogprobs, pr.queue_us);
+  });
   if (t.leader()) s->pending_count = 0;
   t.sync();
+}
+
+// Team, at the finish: the step's prompt records (prompt logprobs), then its token records (staged and written
+// at once), in row order.
+BLINK_HD inline void write_step_records(const Team& t, SchedState* s, const RingPtrs& rp, const StepBufferPtrs& b) {
+  const bool kept = write_in_chunks(t, s, rp, load_volatile(&s->plan_prompt_rows), [&](int k, uint64_t index) {
+    write_prompt_record(s, rp, b, k, index);
+  });
+  if (!kept) return;  // stopping while the reader is gone: the records are dropped
+  stage_step_records(t, s);
+  write_pending_records(t, s, rp, b);
 }
 
 }  // namespace blink

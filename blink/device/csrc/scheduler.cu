@@ -34,7 +34,7 @@ __global__ void init_kernel(SchedState* s, SchedConfig c, uint64_t ingress_head,
 __device__ void complete_pending(const Team& t, const LoopParams& p) {
   SchedState* s = p.state;
   if (!load_volatile(&s->pending_complete)) return;
-  if (t.leader()) p.trace[((s->launched - 1) % (uint64_t)p.cfg.trace_capacity) * kTraceWords + 1] = now_ns();
+  if (t.leader()) trace_row(p, s->launched - 1)[1] = now_ns();
   sched_complete(t, p, false, true);
   if (t.leader()) s->pending_complete = 0;
   t.sync();
