@@ -163,6 +163,10 @@ for stage in "$@"; do
         --result-json "$OUT/idle_power.json" 2>&1 | grep --line-buffered -v "it/s" | tee "$OUT/idle_power.log" | tail -12
       tar czf "$OUT/idle_power_logs.tgz" -C /tmp idle_power;;
     device8b) python3 -m tools.device_selftest.gpu_selftest --offline-8b --skip-checks 2>&1 | tee "$OUT/device8b.log" | tail -40;;
+    device-gap)  # issue 17: the tiny timings, then llama3-8b's decode gap (GAP_LAYERS layers, default 32): resident
+      # (steps launched ahead) | sync | relaunch, each with its gap phases
+      python3 -m tools.device_selftest.gpu_selftest --llama3-8b --skip-checks --layers "${GAP_LAYERS:-32}" 2>&1 \
+        | tee "$OUT/device_gap.log" | tail -40;;
     device8b-load) python3 -m tools.device_selftest.gpu_selftest --llama3-8b --interference --skip-checks 2>&1 | tee "$OUT/device8b_load.log" | tail -60;;
     frontend-overhead)  # TTFT of a 1-token prompt and ITL at low load through the front end, vs the engine step
       python3 -m blink serve --model llama3.2-1b --engine device --max-model-len 2048 --port 8011 > "$OUT/serve.log" 2>&1 & srv=$!
@@ -317,9 +321,10 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
         --drain-seconds "${INTF_DRAIN_SECONDS:-8}" --server-start-s "${INTF_START_S:-90}" \
         --time-budget-s "${INTF_BUDGET:-500}" --resume --disable-tqdm --result-dir "$dir" ${INTF_ARGS:-} 2>&1 \
         | grep --line-buffered -v "it/s" | tee "$OUT/intf_${m}.log"
-      (cd "$dir" && { find points runs logs -newer /tmp/intf-stamp -type f 2> /dev/null
-                      ls results.md summary.json ./*.png 2> /dev/null; } > /tmp/intf-new
-       tar czf "$OUT/intf_${m}_$(date +%H%M%S).tgz" -T /tmp/intf-new)
+      # the new points (kept in git as a chunk) apart from the report, which the merged folder redraws here
+      (cd "$dir" && find points runs logs -newer /tmp/intf-stamp -type f 2> /dev/null > /tmp/intf-new
+       tar czf "$OUT/intf_${m}_$(date +%H%M%S).tgz" -T /tmp/intf-new
+       tar czf "$OUT/intf_${m}_report_$(date +%H%M%S).tgz" results.md summary.json ./*.png 2> /dev/null)
       ls -la "$OUT";;
     replicas)  # 2 GPUs (nvidia-h200-x2): two device-mode replicas behind vllm-router vs one replica, then a drain
       # under load (REPLICA_MODEL, REPLICA_PROMPTS, REPLICA_ARGS, REPLICA_LOAD; docs/deploy.md). Needs .whl with

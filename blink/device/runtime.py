@@ -46,7 +46,7 @@ def max_requests_for(max_num_seqs: int, max_model_len: int) -> int:
 class DeviceLoop:
     def __init__(self, loaded, args, segment, *, trace_capacity: int = DEFAULT_TRACE_CAPACITY,
                  max_requests: int | None = None, bad_bucket: int | None = None, relaunch_each_step: bool = False,
-                 ingest_between_forwards: bool = False, peers=None):
+                 ingest_between_forwards: bool = False, launch_ahead: bool = True, peers=None):
         """bad_bucket (self-test only): launches of that bucket index (negative counts from the end) report
         a launch error (cudaErrorLaunchFailure) instead of launching, exercising the error path. (Passing
         the device runtime an exec it cannot launch is not an error it reports: it faults the context.)
@@ -55,6 +55,8 @@ class DeviceLoop:
         step on trivial graphs, but it leaves the SM free while the forward runs. For comparison.
         ingest_between_forwards (self-test only): requests are taken in between forwards only, as before the
         loop ingested while a forward runs (issue 17's control gap). For comparison.
+        launch_ahead=False (self-test only): every step is planned after the last one finished, as before the
+        loop launched the next decode step ahead (csrc/sched_ahead.h). For comparison.
         peers (device-mode tensor parallelism): called once this rank's graphs are captured (the other ranks
         capture theirs in lockstep), it returns the follower ranks' PeerMappings (blink/parallel/ipc.py)."""
         m = self.loaded = loaded
@@ -72,14 +74,18 @@ class DeviceLoop:
         self.fault: str | None = None  # a CUDA error seen on the loop's stream
         cuda_check(lib, lib.blink_stream_create(C.byref(self.stream)), "cudaStreamCreate")
         try:
-            self._provision(args, trace_capacity, max_requests, bad_bucket, relaunch_each_step, peers,
-                            ingest_between_forwards)
+            hooks = None  # the self-test's variants only: production passes none
+            if bad_bucket is not None or relaunch_each_step or ingest_between_forwards or not launch_ahead:
+                hooks = structs.LoopHooks(relaunch_each_step=int(relaunch_each_step),
+                                          fail_bucket=-1 if bad_bucket is None else bad_bucket % len(buckets),
+                                          ingest_between_forwards=int(ingest_between_forwards),
+                                          no_launch_ahead=int(not launch_ahead))
+            self._provision(args, trace_capacity, max_requests, hooks, peers)
         except BaseException:
             self.close()
             raise
 
-    def _provision(self, args, trace_capacity, max_requests, bad_bucket, relaunch_each_step, peers,
-                   ingest_between_forwards=False) -> None:
+    def _provision(self, args, trace_capacity, max_requests, hooks, peers) -> None:
         m, lib, segment, buckets = self.loaded, self.lib, self.segment, self.runner.buckets
 
         lim = m.limits
@@ -137,11 +143,8 @@ class DeviceLoop:
             self.peer_maps = peers()
             self.peer_table = struct_on_device(peer_table(self.peer_maps), self.device)
             params.peers = self.peer_table.data_ptr()
-        self.hooks = None  # the self-test's variants only: production passes none
-        if bad_bucket is not None or relaunch_each_step or ingest_between_forwards:
-            hooks = structs.LoopHooks(relaunch_each_step=int(relaunch_each_step),
-                                      fail_bucket=-1 if bad_bucket is None else bad_bucket % len(buckets),
-                                      ingest_between_forwards=int(ingest_between_forwards))
+        self.hooks = None
+        if hooks is not None:
             self.hooks = struct_on_device(hooks, self.device)
             params.hooks = self.hooks.data_ptr()
         self.params = struct_on_device(params, self.device)

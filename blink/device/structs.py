@@ -23,10 +23,12 @@ MAX_PEERS = 7  # tensor-parallel ranks besides rank 0
 PEER_STOP = 0xFFFFFFFF  # the mailbox command that ends a follower's loop
 # per launch (csrc/sched_types.h kTraceWords): %globaltimer ns of the launch call, completion seen, then
 # tokens << 32 | rows, then the phase stamps: finish done, ingest done, plan done, inputs written, launch returned;
-# then inside this launch's finish: rows advanced, frees done; inside its plan: scheduled (before the admissions)
+# then inside this launch's finish: rows advanced, frees done; inside its plan: scheduled (before the admissions);
+# then 1 if it was launched ahead (csrc/sched_ahead.h: its ingest, plan, inputs and scheduled stamps all mark the end
+# of its check, and the step before it finishes after its launch)
 TRACE_WORDS = 12
 TRACE_PHASES = ("launch", "done", "meta", "finish", "ingest", "plan", "inputs", "launched",
-                "rows", "frees", "scheduled", "reserved")
+                "rows", "frees", "scheduled", "ahead")
 TRACE_META = TRACE_PHASES.index("meta")
 
 
@@ -43,6 +45,7 @@ LAUNCHES_PER_KERNEL = 119  # fire-and-forget budget is 120 per execution; the 12
 ERR_INVALID_DESCRIPTOR = 1
 ERR_STEP_TIMEOUT = 2
 ERR_NO_BUCKET = 3
+ERR_AHEAD_MISMATCH = 4  # a step launched ahead was not the step the plan then made (csrc/sched_ahead.h: a bug)
 ERR_LAUNCH_BASE = 1000  # + cudaError_t of a forward launch
 ERR_TAIL_LAUNCH_BASE = 2000  # + cudaError_t of the scheduler's tail relaunch
 
@@ -56,6 +59,8 @@ def describe_error(code: int) -> str:
         return "a forward graph never signalled completion (step timeout)"
     if code == ERR_NO_BUCKET:
         return "a step fit no captured bucket (configuration mismatch)"
+    if code == ERR_AHEAD_MISMATCH:
+        return "a step launched ahead differed from the step then planned (a scheduler bug; its requests got ERROR)"
     if code >= ERR_TAIL_LAUNCH_BASE:
         return f"the scheduler's tail relaunch failed with cudaError {code - ERR_TAIL_LAUNCH_BASE}"
     if code >= ERR_LAUNCH_BASE:
@@ -148,7 +153,7 @@ class LoopHooks(C.Structure):
     """The self-test's loop variants (csrc/sched_types.h), kept out of SchedConfig: None in production."""
 
     _fields_ = [("relaunch_each_step", C.c_int32), ("fail_bucket", C.c_int32), ("ingest_between_forwards", C.c_int32),
-                ("reserved", C.c_int32)]
+                ("no_launch_ahead", C.c_int32)]
 
 
 class LoopParams(C.Structure):

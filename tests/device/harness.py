@@ -18,50 +18,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from blink.core.step_buffers import StepBuffers
-from blink.core.stops import check_stop
 from blink.device import structs
 from blink.device.build import load_host_library
-from blink.kernels.sampling_state import FLAG_GRAMMAR, SamplingState
-from blink.request import MAX_TOP_LOGPROBS, FinishReason, SamplingParams, TokenEvent
+from blink.kernels.sampling_state import SamplingState
+from blink.request import FinishReason, SamplingParams, TokenEvent
 from blink.transport.layout import ENGINE_MODE_DEVICE, SegmentLayout, grammar_staging
 from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
-from tests.device.fake_grammar import constrained_choice, grammar_sample
+from tests.device.fake_model import fake_forward, fake_prompt_entry, reference  # noqa: F401 (re-exported)
 
 INFO = ("running", "waiting", "free_blocks", "free_slots", "free_entries", "plan_rows", "plan_tokens",
         "plan_bucket", "parity", "preemptions", "steps", "tokens", "error_code", "fast_plans", "cached_free_blocks",
         "prefix_queries", "prefix_hits", "resets_done", "team_matches",
         "team_shares")
 _names = itertools.count()
-
-
-def next_token(history: np.ndarray, vocab: int) -> int:
-    """The fake model: a deterministic function of the whole token history."""
-    weights = np.arange(1, len(history) + 1, dtype=np.int64)
-    return int((np.sum((history.astype(np.int64) + 3) * weights) * 7 + len(history)) % vocab)
-
-
-def reference(prompt: list[int], params: SamplingParams, vocab: int, eos: tuple[int, ...],
-              max_model_len: int, tables=None) -> tuple[list[int], FinishReason]:
-    """tables: the constraint's GrammarTables (the fake sampler then picks allowed tokens only)."""
-    out: list[int] = []
-    state = 0
-    while True:
-        token = next_token(np.array(prompt + out), vocab)
-        if tables is not None:
-            allowed = tables.allowed(state) if state >= 0 else np.isin(np.arange(vocab), eos)
-            token = constrained_choice(token, allowed)
-            state = tables.walk([token], state)
-        out.append(token)
-        reason = check_stop(params, out, len(prompt) + len(out), eos, max_model_len)
-        if reason != FinishReason.NONE:
-            return out, reason
-
-
-def fake_prompt_entry(token: int, position: int, target: int, vocab: int) -> tuple[float, int, np.ndarray]:
-    """The harness's prompt logprob of `target` after `token` at `position`: (logprob, rank, top ids)."""
-    tops = (target + np.arange(MAX_TOP_LOGPROBS)) % vocab
-    return -0.5 - 0.01 * token - 0.001 * position, 1 + (token + target) % 7, tops
 
 
 @dataclass
@@ -82,6 +52,9 @@ class Config:
     # As the GPU loop: a step's records are written and published only after the next launch (or on an idle
     # turn), and requests that arrive meanwhile are ingested then (work_during_forward)
     defer_publish: bool = False
+    # As the GPU loop (with defer_publish): the next step's inputs are written while a forward runs and launched
+    # once its tokens are in, when nothing else changed (csrc/sched_ahead.h); its step is finished after
+    launch_ahead: bool = False
     peers: int = 0  # tensor-parallel ranks besides rank 0, whose buffers the scheduler writes too
     prefix_caching: bool = False  # share cached prefixes' blocks (csrc/sched_prefix.h)
     grammar_arena_bytes: int = 0  # structured outputs: the sampling state's grammar arena and the staging section
@@ -189,7 +162,10 @@ class HostScheduler:
         assert self.producer.abort(req_id, timeout=0)
 
     def step(self) -> int:
-        """One scheduler step with the fake forward; returns the step's rows (0 = idle)."""
+        """One scheduler step with the fake forward; returns the step's rows (0 = idle). With launch_ahead, the
+        steps launched ahead of it too (the GPU loop's inner loop)."""
+        if self.cfg.launch_ahead:
+            return self.step_ahead()
         rows = self.lib.blink_sched_prepare(C.byref(self.params), self.cfg.team)
         launched = False
         if rows:
@@ -215,6 +191,52 @@ class HostScheduler:
         assert self.check() == 0, f"invariant {self.check()} broken"
         return rows
 
+    def step_ahead(self) -> int:
+        """The GPU loop's order with launching ahead: launch, records and ingest, the next step's inputs, the
+        forward, then either the next step launched ahead (and this one finished) or this one completed."""
+        p, team = C.byref(self.params), self.cfg.team
+        rows = first = self.lib.blink_sched_prepare(p, team)
+        if rows and self.fail_next:  # as a failed launch: the step's requests end with ERROR
+            self.fail_next = False
+            self.plans.append(self.plan(rows))
+            self.lib.blink_sched_fail(p, structs.ERR_LAUNCH_BASE + 1)
+            rows = 0
+        launched = False  # this step was launched ahead (its parity is then the one before `launched & 1`)
+        while rows:
+            info = self.info()
+            parity, bucket = info["parity"] ^ int(launched), self.cfg.buckets[info["plan_bucket"]]
+            self.plans.append(self.plan(rows))
+            if self.after_prepare is not None:
+                self.after_prepare(parity, bucket)
+            if not launched:
+                self.lib.blink_sched_launch(p)
+            if self.during_forward is not None:
+                self.during_forward()
+            self.lib.blink_sched_during_forward(p, team, 1)
+            self.lib.blink_sched_publish(p)
+            ahead = self.lib.blink_sched_prepare_ahead(p, team)
+            self.forward(self.buffers[parity], bucket, rows)
+            launched = bool(ahead and self.lib.blink_sched_take_ahead(p, team))
+            if not launched:
+                self.lib.blink_sched_complete_launched(p, team, 0, 1)
+                break
+            self.lib.blink_sched_launch(p)
+            assert self.lib.blink_sched_finish_behind(p, team) == 1, "a step launched ahead was not the plan's"
+            rows = self.info()["plan_rows"]
+            self.drain()
+            assert self.check() == 0, f"invariant {self.check()} broken"
+        self.lib.blink_sched_during_forward(p, team, 0)  # the idle turn's or the next launch's flush
+        self.lib.blink_sched_publish(p)
+        self.drain()
+        assert self.check() == 0, f"invariant {self.check()} broken"
+        return first
+
+    def ahead_counts(self) -> tuple[int, int]:
+        """(steps launched ahead, inputs written ahead but not taken)."""
+        out = (C.c_uint64 * 2)()
+        self.lib.blink_sched_ahead_counts(self.state, out)
+        return int(out[0]), int(out[1])
+
     def drain(self) -> list[TokenEvent]:
         got = self.consumer.poll()
         for ev in got:
@@ -237,54 +259,7 @@ class HostScheduler:
 
     # -- the fake forward --------------------------------------------------------------------------
     def forward(self, b: dict[str, np.ndarray], bucket: tuple[int, int], rows: int) -> None:
-        t_pad, s_pad = bucket
-        c, bs = self.cfg, self.cfg.block_size
-        qsl = b["query_start_loc"]
-        n = int(qsl[rows])
-        assert (b["slot_mapping"][n:t_pad] == -1).all() and (qsl[rows:s_pad + 1] == n).all()
-        assert (b["seq_lens"][rows:s_pad] == 0).all() and (b["sample_slots"][rows:s_pad] == c.max_num_seqs).all()
-        slots = b["slot_mapping"][:n]
-        assert (slots >= 0).all()
-        self.kv_tok[slots] = b["input_ids"][:n]
-        self.kv_pos[slots] = b["positions"][:n]
-        for s in range(rows):
-            q, seq_len = int(qsl[s + 1] - qsl[s]), int(b["seq_lens"][s])
-            assert q > 0 and list(b["positions"][qsl[s]:qsl[s + 1]]) == list(range(seq_len - q, seq_len))
-            assert b["logits_indices"][s] == qsl[s + 1] - 1
-            pos = np.arange(seq_len)
-            kv_slots = b["block_tables"][s][pos // bs].astype(np.int64) * bs + pos % bs
-            assert (self.kv_pos[kv_slots] == pos).all(), "KV history corrupted (block table or slot mapping)"
-            token = next_token(self.kv_tok[kv_slots], c.vocab_size)
-            slot = int(b["sample_slots"][s])
-            if slot != c.max_num_seqs and self.sampling["flags"][slot] & FLAG_GRAMMAR:
-                token = grammar_sample(self.sampling, slot, token)
-            b["sampled_ids"][s] = token
-            b["logprobs"][s] = -0.25 * (s + 1)
-            if self.sampling["num_logprobs"][slot] > 0:  # as the sampler: tops only for slots asking
-                b["top_ids"][s] = (token + np.arange(MAX_TOP_LOGPROBS)) % c.vocab_size
-                b["top_logprobs"][s] = -np.arange(MAX_TOP_LOGPROBS, dtype=np.float32)
-            else:
-                b["top_ids"][s], b["top_logprobs"][s] = -1, -np.inf
-            if slot != c.max_num_seqs:
-                assert b["sample_positions"][s] == seq_len
-                if self.sampling["flags"][slot] & 1:  # what SamplingState.record_tokens does in the graph
-                    self.sampling["output_counts"][slot, token] += 1
-        self.fake_prompt_logprobs(b, min(c.prompt_logprob_rows, t_pad), n)
-
-    def fake_prompt_logprobs(self, b: dict[str, np.ndarray], p: int, n: int) -> None:
-        """The prompt-logprob kernel's outputs as a function of the row's token, position and target
-        (fake_prompt_entry), so the records show whether the rows and targets were right."""
-        for k in range(p):
-            target = int(b["prompt_targets"][k])
-            if target < 0:
-                assert (b["prompt_targets"][k:p] == -1).all(), "padding rows come last"
-                return
-            q = int(b["prompt_rows"][k])
-            assert 0 <= q < n
-            lp, rank, tops = fake_prompt_entry(int(b["input_ids"][q]), int(b["positions"][q]), target,
-                                               self.cfg.vocab_size)
-            b["prompt_logprob"][k], b["prompt_rank"][k] = lp, rank
-            b["prompt_top_ids"][k], b["prompt_top_logprobs"][k] = tops, -np.arange(MAX_TOP_LOGPROBS) - 0.5
+        fake_forward(self, b, bucket, rows)
 
     # -- inspection ---------------------------------------------------------------------------------
     def info(self) -> dict[str, int]:

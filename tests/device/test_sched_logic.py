@@ -12,9 +12,10 @@ from blink.request import FinishReason, SamplingParams
 from tests.device.harness import HostScheduler, reference, slow_reader
 
 pytestmark = pytest.mark.timeout(120)
-# (team, defer_publish): defer_publish runs the GPU loop's order (records after the next launch, arrivals ingested
-# during the forward, aborts held until then: tests/device/test_sched_during_forward.py)
-GPU_ORDER = [(1, False), (4, False), (4, True)]
+# (team, defer_publish, launch_ahead): defer_publish runs the GPU loop's order (records after the next launch,
+# arrivals ingested during the forward, aborts held until then: tests/device/test_sched_during_forward.py), and
+# launch_ahead its next step launched ahead when nothing changed (tests/device/test_sched_ahead.py)
+GPU_ORDER = [(1, False, False), (4, False, False), (4, True, False), (4, True, True)]
 
 
 def greedy(max_tokens=8, **kw) -> SamplingParams:
@@ -138,10 +139,10 @@ def test_stop_conditions(make, team):
     assert_idle_and_clean(h)
 
 
-@pytest.mark.parametrize(("team", "defer_publish"), GPU_ORDER)
-def test_aborts_at_every_stage(make, team, defer_publish):
+@pytest.mark.parametrize(("team", "defer_publish", "launch_ahead"), GPU_ORDER)
+def test_aborts_at_every_stage(make, team, defer_publish, launch_ahead):
     h = make(max_num_seqs=2, max_num_batched_tokens=4, max_model_len=64, num_blocks=32, team=team,
-             defer_publish=defer_publish)
+             defer_publish=defer_publish, launch_ahead=launch_ahead)
     p = greedy(30, ignore_eos=True)
     h.submit(1, [2] * 3, p)       # will be running (decoding)
     h.submit(2, [3] * 20, p)      # will be mid-prefill (20 tokens, budget 4)
@@ -206,10 +207,10 @@ def test_ring_and_arena_wrap_around_with_a_full_request_table(make, team):
     assert_idle_and_clean(h)
 
 
-@pytest.mark.parametrize(("team", "defer_publish"), GPU_ORDER)
-def test_egress_backpressure_loses_nothing(make, team, defer_publish):
+@pytest.mark.parametrize(("team", "defer_publish", "launch_ahead"), GPU_ORDER)
+def test_egress_backpressure_loses_nothing(make, team, defer_publish, launch_ahead):
     """An egress ring of 2 records and a slow reader: the scheduler waits, nothing is lost or reordered."""
-    h = make(egress_capacity=2, max_num_seqs=4, team=team, defer_publish=defer_publish)
+    h = make(egress_capacity=2, max_num_seqs=4, team=team, defer_publish=defer_publish, launch_ahead=launch_ahead)
     reqs = {rid: ([rid + 2] * 3, greedy(5, ignore_eos=True)) for rid in range(1, 9)}
     for rid, (prompt, params) in reqs.items():
         h.submit(rid, prompt, params)
@@ -256,10 +257,10 @@ def test_admission_writes_the_sampling_slot_and_rebuilds_counts_after_preemption
     assert h.outputs(2) == expect(h, [5, 6, 7, 8, 9], greedy(12))
 
 
-@pytest.mark.parametrize(("team", "defer_publish"), GPU_ORDER)
-def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(make, team, defer_publish):
+@pytest.mark.parametrize(("team", "defer_publish", "launch_ahead"), GPU_ORDER)
+def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(make, team, defer_publish, launch_ahead):
     """With defer_publish the first step's tokens are still pending when the launch fails: they go out first."""
-    h = make(team=team, defer_publish=defer_publish)
+    h = make(team=team, defer_publish=defer_publish, launch_ahead=launch_ahead)
     h.submit(1, [2, 3], greedy(5, ignore_eos=True))
     h.submit(2, [4, 5], greedy(5, ignore_eos=True))
     h.step()

@@ -43,3 +43,26 @@ def test_the_gap_phases_and_their_parts_are_read_from_the_right_stamps():
     expect = {"gap50": 16.5, "finish": 6.0, "rows": 1.0, "frees": 2.0, "records": 3.0, "ingest": 2.0, "plan": 7.0,
               "schedule": 3.0, "admissions": 4.0, "inputs": 1.0, "fence": 0.5, "launch call": 2.5}
     assert {k: st[k] for k in expect} == expect
+
+
+def test_a_launch_ahead_is_read_apart_from_the_synchronous_phases():
+    """Launch 2 went ahead (trace word 11): its gap is the check (-> its inputs stamp) and the fence, and the step
+    before it finished after it launched; the synchronous phases come from launch 1 alone."""
+    from tools.device_selftest.selftest_trace import phase_text, trace_stats
+
+    col = {name: k for k, name in enumerate(structs.TRACE_PHASES)}
+    trace = np.zeros((3, structs.TRACE_WORDS), np.int64)
+    stamps = [{"launch": 0, "done": 10_000, "finish": 16_000},
+              {"ingest": 18_000, "plan": 25_000, "inputs": 26_000, "launch": 26_500, "launched": 29_000,
+               "done": 40_000, "finish": 52_000},
+              {"ingest": 43_000, "plan": 43_000, "inputs": 43_000, "scheduled": 43_000, "launch": 44_000,
+               "launched": 46_500, "ahead": 1}]
+    for k, row in enumerate(stamps):
+        trace[k, structs.TRACE_META] = (1 << 32) | 1
+        for name, ns in row.items():
+            trace[k, col[name]] = ns
+    st = trace_stats(trace)
+    assert (st["n"], st["n_ahead"]) == (2, 1)
+    assert (st["ahead_gap50"], st["check"], st["ahead_fence"], st["ahead_launch"]) == (4.0, 3.0, 1.0, 2.5)
+    assert (st["finish"], st["ingest"], st["plan"], st["fence"]) == (6.0, 2.0, 7.0, 0.5)  # launch 1's alone
+    assert "ahead 1 of 2: gap 4.00 = check 3.00 + fence 1.00" in phase_text(st)

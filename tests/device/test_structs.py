@@ -26,6 +26,7 @@ CONSTANTS = {
     "kFlagLogitBias": sampling_state.FLAG_LOGIT_BIAS,
     "kFlagGrammar": sampling_state.FLAG_GRAMMAR, "kErrInvalidDescriptor": structs.ERR_INVALID_DESCRIPTOR,
     "kErrStepTimeout": structs.ERR_STEP_TIMEOUT, "kErrNoBucket": structs.ERR_NO_BUCKET,
+    "kErrAheadMismatch": structs.ERR_AHEAD_MISMATCH,
     "kErrLaunchBase": structs.ERR_LAUNCH_BASE, "kErrTailLaunchBase": structs.ERR_TAIL_LAUNCH_BASE,
     "kMaxPeers": structs.MAX_PEERS, "kPeerStop": structs.PEER_STOP,
 }

@@ -213,29 +213,33 @@ def phase_timing(rep: Report, loaded: LoadedModel, args: EngineArgs, label: str,
     del host
     gc.collect()
     torch.cuda.synchronize()
+    # resident: the production loop (steps launched ahead when nothing changed); sync: every step planned after
+    # the last one finished (before 2026-12-04); relaunch: pattern (a), the loop tail-relaunched every step
+    variants = {"resident": {}, "sync": {"launch_ahead": False}, "relaunch": {"relaunch_each_step": True}}
     traces, dev_cpu = {}, {}
-    for relaunch in (False, True):
-        dev = DeviceEngine(args, loaded, relaunch_each_step=relaunch)
+    for name, kwargs in variants.items():
+        dev = DeviceEngine(args, loaded, **kwargs)
         try:
             with runs.Watchdog(240, lambda d=dev: counters(d)):
                 for b in batches:
                     cpu0 = runs.cpu_seconds()
                     runs.run_all_at_once(dev, decode_workload(b, steps, vocab, 1000 * b))
-                    dev_cpu[relaunch, b] = (runs.cpu_seconds() - cpu0) / (b * steps) * 1000
+                    dev_cpu[name, b] = (runs.cpu_seconds() - cpu0) / (b * steps) * 1000
                 dev.loop.stop()
-                traces[relaunch] = dev.loop.read_trace()
+                traces[name] = dev.loop.read_trace()
         finally:
             shutdown_quietly(dev)
     for b in batches:
-        res, rel = trace_stats(traces[False], rows=b), trace_stats(traces[True], rows=b)
-        rep.time(f"{label}: decode ms/step, batch {b}: resident | relaunch | host",
-                 f"{res['period50'] / 1e3:.3f} | {rel['period50'] / 1e3:.3f} | {host_ms[b]:.3f}  (n={res['n']})")
-        rep.time(f"{label}: batch {b} control gap p50/p99 us: resident | relaunch",
-                 f"{res['gap50']:.2f}/{res['gap99']:.2f} | {rel['gap50']:.2f}/{rel['gap99']:.2f}")
-        rep.time(f"{label}: batch {b} resident gap phases p50 us", phase_text(res))
-        rep.time(f"{label}: batch {b} relaunch gap phases p50 us", phase_text(rel))
+        st = {name: trace_stats(traces[name], rows=b) for name in variants}
+        rep.time(f"{label}: decode ms/step, batch {b}: resident | sync | relaunch | host",
+                 " | ".join(f"{st[n]['period50'] / 1e3:.3f}" for n in variants) + f" | {host_ms[b]:.3f}  "
+                 f"(n={st['resident']['n']})")
+        rep.time(f"{label}: batch {b} control gap p50/p99 us: resident | sync | relaunch",
+                 " | ".join(f"{st[n]['gap50']:.2f}/{st[n]['gap99']:.2f}" for n in variants))
+        for name in variants:
+            rep.time(f"{label}: batch {b} {name} gap phases p50 us", phase_text(st[name]))
         rep.time(f"{label}: batch {b} host CPU s per 1k tokens: device | host",
-                 f"{dev_cpu[False, b]:.3f} | {host_cpu[b]:.3f}")
+                 f"{dev_cpu['resident', b]:.3f} | {host_cpu[b]:.3f}")
 
 
 def phase_llama3_8b(rep: Report, layers: int | None, under_load: bool = False) -> None:

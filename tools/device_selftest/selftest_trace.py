@@ -30,24 +30,35 @@ def trace_stats(trace: np.ndarray, rows: int | None = None) -> dict[str, float]:
     n_tok, n_rows = structs.trace_step_sizes(trace)
     keep = np.ones(len(trace) - 1, bool) if rows is None else (
         (n_rows[:-1] == rows) & (n_tok[:-1] == rows) & (n_rows[1:] == rows) & (n_tok[1:] == rows))
-    gap, period, run = (launch[1:] - done[:-1])[keep], (launch[1:] - launch[:-1])[keep], (done - launch)[:-1][keep]
+    ahead = keep & (col["ahead"][1:] != 0)  # launched ahead: the gap is the check, the fence and the launch call
+    sync = keep & ~ahead
+    gap_all = launch[1:] - done[:-1]
+    gap, period, run = gap_all[keep], (launch[1:] - launch[:-1])[keep], (done - launch)[:-1][keep]
     parts = [finish[:-1] - done[:-1], col["ingest"][1:] - finish[:-1], col["plan"][1:] - col["ingest"][1:],
              col["inputs"][1:] - col["plan"][1:], launch[1:] - col["inputs"][1:], col["launched"][1:] - launch[1:]]
     inner = [col["rows"][:-1] - done[:-1], col["frees"][:-1] - col["rows"][:-1], finish[:-1] - col["frees"][:-1],
              col["scheduled"][1:] - col["ingest"][1:], col["plan"][1:] - col["scheduled"][1:]]
     out = {"n": int(keep.sum()), "gap50": pct(gap, 50) / 1e3, "gap99": pct(gap, 99) / 1e3,
            "period50": pct(period, 50) / 1e3, "run50": pct(run, 50) / 1e3,
-           "ingest99": pct(parts[1][keep], 99) / 1e3, "ingest_max": float(parts[1][keep].max(initial=0)) / 1e3}
+           "ingest99": pct(parts[1][sync], 99) / 1e3, "ingest_max": float(parts[1][sync].max(initial=0)) / 1e3,
+           "n_ahead": int(ahead.sum()), "ahead_gap50": pct(gap_all[ahead], 50) / 1e3,
+           "check": pct((col["inputs"][1:] - done[:-1])[ahead], 50) / 1e3,
+           "ahead_fence": pct(parts[4][ahead], 50) / 1e3, "ahead_launch": pct(parts[5][ahead], 50) / 1e3}
     for name, values in zip(PHASES + PARTS, parts + inner, strict=True):
-        out[name] = pct(values[keep], 50) / 1e3
+        out[name] = pct(values[sync], 50) / 1e3  # the synchronous path's steps
     return out
 
 
 def phase_text(st: dict[str, float]) -> str:
+    """The synchronous steps' phases, then (if any) the steps launched ahead: their gap is check + fence."""
     text = {name: f"{name} {st[name]:.2f}" for name in PHASES}
     text["finish"] += f" (rows {st['rows']:.2f}, frees {st['frees']:.2f}, records {st['records']:.2f})"
     text["plan"] += f" (schedule {st['schedule']:.2f}, admissions {st['admissions']:.2f})"
-    return " | ".join(text[name] for name in PHASES)
+    out = " | ".join(text[name] for name in PHASES)
+    if st["n_ahead"]:
+        out += (f" || ahead {st['n_ahead']} of {st['n']}: gap {st['ahead_gap50']:.2f} = check {st['check']:.2f}"
+                f" + fence {st['ahead_fence']:.2f}; launch call {st['ahead_launch']:.2f}")
+    return out
 
 
 def arrival_gap_text(st: dict[str, float]) -> str:

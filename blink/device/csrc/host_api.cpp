@@ -3,6 +3,7 @@
 #include <thread>
 #include <vector>
 
+#include "sched_ahead.h"
 #include "sched_idle.h"
 
 using namespace blink;
@@ -74,6 +75,17 @@ void run_team(int threads, Fn fn) {
   for (auto& t : pool) t.join();
 }
 
+// Run fn(team) -> int on `threads` host threads; the leader's answer (every rank gets the same from team code).
+template <typename Fn>
+int leader_answer(int threads, Fn fn) {
+  int answer = 0;
+  run_team(threads, [&](const Team& t) {
+    const int a = fn(t);
+    if (t.leader()) answer = a;
+  });
+  return answer;
+}
+
 }  // namespace
 
 extern "C" {
@@ -88,12 +100,7 @@ void blink_sched_init(void* state, const SchedConfig* c, uint64_t ingress_head, 
 // One step up to the forward, run by `threads` host threads: returns its rows (0 = idle); bucket and
 // parity via blink_sched_info.
 int blink_sched_prepare(const LoopParams* p, int threads) {
-  int rows = 0;
-  run_team(threads, [&](const Team& t) {
-    int r = sched_prepare(t, *p);
-    if (t.leader()) rows = r;
-  });
-  return rows;
+  return leader_answer(threads, [&](const Team& t) { return sched_prepare(t, *p); });
 }
 
 // The forward ran (the caller wrote sampled ids into buffers[launched & 1]): finish the step. With
@@ -108,6 +115,30 @@ void blink_sched_complete(const LoopParams* p, int threads, int publish_now, int
 // turn (0): the pending records, then (ingest) the requests that arrived.
 void blink_sched_during_forward(const LoopParams* p, int threads, int ingest) {
   run_team(threads, [&](const Team& t) { work_during_forward(t, *p, ingest != 0); });
+}
+
+// Launching ahead (sched_ahead.h) in the GPU loop's order, where the caller launches with blink_sched_launch
+// (launched + 1, as launch_step) and completes with blink_sched_complete_launched: after a step's launch and its
+// work_during_forward, prepare the next step's inputs (1: written); once its forward ran, take them (1: the next
+// step goes ahead: launch it, then finish_behind, which returns 0 on a mismatch; 0: complete as before).
+int blink_sched_prepare_ahead(const LoopParams* p, int threads) {
+  return leader_answer(threads, [&](const Team& t) { return (int)prepare_ahead(t, *p); });
+}
+int blink_sched_take_ahead(const LoopParams* p, int threads) {
+  return leader_answer(threads, [&](const Team& t) { return (int)take_ahead(t, *p); });
+}
+int blink_sched_finish_behind(const LoopParams* p, int threads) {
+  return leader_answer(threads, [&](const Team& t) { return (int)finish_behind(t, *p); });
+}
+void blink_sched_launch(const LoopParams* p) { p->state->launched++; }
+void blink_sched_complete_launched(const LoopParams* p, int threads, int publish_now, int defer_records) {
+  run_team(threads, [&](const Team& t) { sched_complete(t, *p, publish_now != 0, defer_records != 0); });
+}
+// [launches ahead, inputs written ahead but not taken]
+void blink_sched_ahead_counts(const void* state, uint64_t* out) {
+  const SchedState* s = static_cast<const SchedState*>(state);
+  out[0] = s->ahead_launches;
+  out[1] = s->ahead_misses;
 }
 
 void blink_sched_publish(const LoopParams* p) { publish(p->state, p->cfg, p->rings); }

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "sched_ahead.h"
 #include "sched_idle.h"
 
 namespace blink {
@@ -27,10 +28,12 @@ __device__ inline void prefetch_host_words(const LoopParams& p) {
   s->ingress_tail_valid = 1;
 }
 
-// Leader: launch the planned step's forward graph. On failure the step's requests end with ERROR
-// (fail_planned_step: plan_rows is then 0) and the loop goes on. Relaunching each step, the forward's
-// completion is left to the next instance: a tail launch starts only once the forward is done.
-__device__ inline void launch_step(const LoopParams& p) {
+// Leader: launch the planned step's forward graph (ahead: the step take_ahead let go, planned from the last one).
+// Returns whether it launched. On failure the step's requests end with ERROR (fail_planned_step: plan_rows is then
+// 0) and the loop goes on; a step launched ahead is instead planned and launched again the synchronous way.
+// Relaunching each step, the forward's completion is left to the next instance: a tail launch starts only once
+// the forward is done.
+__device__ inline bool launch_step(const LoopParams& p, bool ahead) {
   SchedState* s = p.state;
   const int parity = (int)(s->launched & 1);
   cudaGraphExec_t exec = static_cast<cudaGraphExec_t*>(p.graph_execs)[s->plan_bucket * 2 + parity];
@@ -43,8 +46,8 @@ __device__ inline void launch_step(const LoopParams& p) {
                                                               : cudaGraphLaunch(exec, cudaStreamGraphFireAndForget);
   const uint64_t t1 = now_ns();
   if (err != cudaSuccess) {
-    fail_planned_step(p, kErrLaunchBase + (int32_t)err);
-    return;
+    if (!ahead) fail_planned_step(p, kErrLaunchBase + (int32_t)err);
+    return false;
   }
   s->launched++;
   s->launches_this_kernel++;
@@ -56,7 +59,9 @@ __device__ inline void launch_step(const LoopParams& p) {
   trace[6] = s->t_inputs;
   trace[7] = t1;
   trace[10] = s->t_scheduled;
+  trace[11] = ahead;
   if (p.hooks != nullptr && p.hooks->relaunch_each_step) s->pending_complete = 1;
+  return true;
 }
 
 // Team: wait for the forward launched last (relaunching each step, the next instance does). The leader polls

@@ -123,17 +123,20 @@ BLINK_HD inline void post_to_peers(const LoopParams& p, uint64_t seq, uint32_t c
   for (int k = 0; k < p.peers->num_peers; ++k) store_release(p.peers->peers[k].mailbox, (seq << 32) | command);
 }
 
-// Team: after the forward launched as number `launched - 1` has finished. publish_now = false: the
-// caller publishes (records and counters) soon, on every path (next launch, idle, failure, exit).
-// defer_records: the caller writes the step's records later too (flush_pending_records, on the same paths).
-BLINK_HD inline void sched_complete(const Team& t, const LoopParams& p, bool publish_now, bool defer_records) {
+// Team: after the forward launched as number `launch` has finished: `launched - 1`, or `launched - 2` when the
+// next step was launched ahead (sched_ahead.h). publish_now = false: the caller publishes (records and counters)
+// soon, on every path (next launch, idle, failure, exit). defer_records: the caller writes the step's records
+// later too (flush_pending_records, on the same paths).
+BLINK_HD inline void complete_launch(const Team& t, const LoopParams& p, bool publish_now, bool defer_records,
+                                     uint64_t launch) {
   SchedState* s = p.state;
   flush_pending_records(t, p);  // an earlier step's, if a path left them (none on the GPU loop's paths)
-  update_from_output(t, s, p.cfg, p.rings, p.buffers[(s->launched - 1) & 1], publish_now, defer_records);
+  const int parity = (int)(launch & 1);
+  update_from_output(t, s, p.cfg, p.rings, p.buffers[parity], parity, publish_now, defer_records);
   if (t.leader()) {
     s->t_finish = now_ns();
     if (p.trace) {
-      uint64_t* row = trace_row(p, s->launched - 1);
+      uint64_t* row = trace_row(p, launch);
       row[3] = s->t_finish;
       row[8] = s->t_rows;
       row[9] = s->t_frees;
@@ -146,6 +149,11 @@ BLINK_HD inline void sched_complete(const Team& t, const LoopParams& p, bool pub
     }
     s->busy_since_ns = s->t_finish;
   }
+}
+
+// Team: the forward launched last (number `launched - 1`) has finished.
+BLINK_HD inline void sched_complete(const Team& t, const LoopParams& p, bool publish_now, bool defer_records) {
+  complete_launch(t, p, publish_now, defer_records, p.state->launched - 1);
 }
 
 }  // namespace blink

@@ -8,17 +8,25 @@
 
 namespace blink {
 
+// Whether `last`, the request's token number `generated` (1-based), stops it (a stop id, or EOS), min_tokens kept.
+BLINK_HD inline bool stops_on(const SchedConfig& c, const RequestDescriptor& d, int generated, int32_t last) {
+  if (generated - 1 < (int)d.min_tokens) return false;
+  for (uint32_t k = 0; k < d.num_stop_ids; ++k)
+    if (d.stop_token_ids[k] == last) return true;
+  if (!(d.flags & kFlagIgnoreEos))
+    for (int k = 0; k < c.num_eos; ++k)
+      if (c.eos_ids[k] == last) return true;
+  return false;
+}
+
+// Whether a request with `generated` tokens out (its last one appended) has reached a length limit.
+BLINK_HD inline bool at_length_limit(const SchedConfig& c, const RequestDescriptor& d, int generated) {
+  return generated >= (int)d.max_tokens || (int)d.prompt_len + generated >= c.max_model_len;
+}
+
 BLINK_HD inline uint32_t check_stop(const SchedConfig& c, const RequestEntry& r, int32_t last) {
-  const RequestDescriptor& d = r.desc;
-  if (r.num_generated - 1 >= (int)d.min_tokens) {
-    for (uint32_t k = 0; k < d.num_stop_ids; ++k)
-      if (d.stop_token_ids[k] == last) return kFinishStop;
-    if (!(d.flags & kFlagIgnoreEos))
-      for (int k = 0; k < c.num_eos; ++k)
-        if (c.eos_ids[k] == last) return kFinishStop;
-  }
-  if (r.num_generated >= (int)d.max_tokens || entry_num_tokens(r) >= c.max_model_len) return kFinishLength;
-  return kFinishNone;
+  if (stops_on(c, r.desc, r.num_generated, last)) return kFinishStop;
+  return at_length_limit(c, r.desc, r.num_generated) ? kFinishLength : kFinishNone;
 }
 
 // Team, one thread per row: the row's entry advances; a sampling row appends its token and checks stops.
@@ -43,13 +51,13 @@ BLINK_HD inline void finish_rows(const Team& t, SchedState* s, const SchedConfig
 }
 
 // Team: Scheduler.update_from_output() of blink/core/scheduler.py: the forward of the current plan has
-// finished and written its outputs to `b`; append, check stops, finish, write egress. Publishing the
+// finished and written its outputs to `b` (buffer set `parity`); append, check stops, finish, write egress. Publishing the
 // records (a system fence, ~1-2 us over PCIe) may be left to the caller: the GPU loop does it right
 // after launching the next forward, off the critical path, and writes them there too.
 // With defer_records, a step without prompt records leaves its token records pending (sched_records.h): the GPU
 // loop writes them once the next forward is launched.
 BLINK_HD inline void update_from_output(const Team& t, SchedState* s, const SchedConfig& c, const RingPtrs& rp,
-                                       const StepBufferPtrs& b, bool publish_now, bool defer_records) {
+                                       const StepBufferPtrs& b, int parity, bool publish_now, bool defer_records) {
   finish_rows(t, s, c, b);
   t.sync();
   if (t.leader()) s->t_rows = now_ns();
@@ -68,8 +76,8 @@ BLINK_HD inline void update_from_output(const Team& t, SchedState* s, const Sche
     s->t_frees = now_ns();
   }
   t.sync();
-  if (defer_records && load_volatile(&s->plan_prompt_rows) == 0) stage_step_records(t, s);
-  else write_step_records(t, s, rp, b);
+  if (defer_records && load_volatile(&s->plan_prompt_rows) == 0) stage_step_records(t, s, parity);
+  else write_step_records(t, s, rp, b, parity);
   if (t.leader()) {
     const int bucket = iteration_bucket(s->plan_tokens);  // two posted stores: /metrics' step-size histogram
     store_volatile(&rp.control->iteration_tokens[bucket], ++s->iteration_tokens[bucket]);

@@ -42,8 +42,9 @@ BLINK_HD inline bool write_in_chunks(const Team& t, SchedState* s, const RingPtr
 }
 
 // Team, at the finish: copy what each sampling row's record needs out of its entry (record indices are final;
-// entries of finished rows may already be freed: their desc and num_generated remain).
-BLINK_HD inline void stage_step_records(const Team& t, SchedState* s) {
+// entries of finished rows may already be freed: their desc and num_generated remain). parity: the step's
+// buffer set, where its tokens stay.
+BLINK_HD inline void stage_step_records(const Team& t, SchedState* s, int parity) {
   const int rows = load_volatile(&s->plan_rows);
   for (int row = t.rank; row < rows; row += t.size) {
     const int k = s->row_record[row];
@@ -59,7 +60,7 @@ BLINK_HD inline void stage_step_records(const Team& t, SchedState* s) {
   }
   if (t.leader()) {
     s->pending_count = s->num_records;
-    s->pending_parity = (int32_t)((s->launched - 1) & 1);
+    s->pending_parity = parity;
   }
   t.sync();  // every rank has read the plan before the caller clears it
 }
@@ -80,12 +81,13 @@ BLINK_HD inline void write_pending_records(const Team& t, SchedState* s, const R
 
 // Team, at the finish: the step's prompt records (prompt logprobs), then its token records (staged and written
 // at once), in row order.
-BLINK_HD inline void write_step_records(const Team& t, SchedState* s, const RingPtrs& rp, const StepBufferPtrs& b) {
+BLINK_HD inline void write_step_records(const Team& t, SchedState* s, const RingPtrs& rp, const StepBufferPtrs& b,
+                                        int parity) {
   const bool kept = write_in_chunks(t, s, rp, load_volatile(&s->plan_prompt_rows), [&](int k, uint64_t index) {
     write_prompt_record(s, rp, b, k, index);
   });
   if (!kept) return;  // stopping while the reader is gone: the records are dropped
-  stage_step_records(t, s);
+  stage_step_records(t, s, parity);
   write_pending_records(t, s, rp, b);
 }
 

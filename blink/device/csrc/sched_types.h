@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "platform.h"
+#include "sched_entry.h"
 
 namespace blink {
 
@@ -17,7 +18,8 @@ constexpr int kMaxLogitBias = 300;  // blink.request.MAX_LOGIT_BIAS (the samplin
 constexpr int kIngestBatch = 64;    // descriptors staged per ingest round
 // Per launch, %globaltimer ns unless noted: [0] launch call, [1] completion seen, [2] tokens << 32 | rows,
 // [3] this step's finish done, [4] ingest done, [5] plan done, [6] inputs written, [7] launch call returned,
-// [8] this step's rows advanced and [9] frees done (inside its finish), [10] scheduled (inside the plan), [11] 0.
+// [8] this step's rows advanced and [9] frees done (inside its finish), [10] scheduled (inside the plan), [11] 1 if
+// launched ahead (sched_ahead.h: then [4], [5], [6] and [10] all stamp the end of its check), else 0.
 // The gap before launch L splits into finish (L-1: [3]-[1]), ingest (L[4] - L-1[3]), plan, inputs, launch.
 constexpr int kTraceWords = 12;
 constexpr int kMatchAhead = 8;  // waiting requests whose prefix hits the team finds at once (sched_prefix.h)
@@ -30,6 +32,7 @@ constexpr int32_t kFlagGrammar = 4;    // sampling_state.FLAG_GRAMMAR
 constexpr int32_t kErrInvalidDescriptor = 1;
 constexpr int32_t kErrStepTimeout = 2;
 constexpr int32_t kErrNoBucket = 3;
+constexpr int32_t kErrAheadMismatch = 4;  // a step launched ahead was not the step the plan then made (a bug)
 constexpr int32_t kErrLaunchBase = 1000;      // + cudaError_t of a forward launch
 constexpr int32_t kErrTailLaunchBase = 2000;  // + cudaError_t of the scheduler's own tail relaunch
 
@@ -174,7 +177,7 @@ struct LoopHooks {
   int32_t relaunch_each_step;  // 1: pattern (a), F&F the forward then tail-relaunch (frees the SM meanwhile)
   int32_t fail_bucket;         // launches of this bucket report a launch error (-1: none)
   int32_t ingest_between_forwards;  // 1: no ingest while a forward runs (the loop before issue 17's change)
-  int32_t reserved;
+  int32_t no_launch_ahead;          // 1: every step is planned after the last one finished (sched_ahead.h)
 };
 
 struct LoopParams {
@@ -187,39 +190,6 @@ struct LoopParams {
   uint64_t* trace;    // [trace_capacity][kTraceWords]
   const PeerTable* peers;  // nullptr without tensor parallelism
   const LoopHooks* hooks;  // nullptr in production
-};
-
-enum RequestStatus : int32_t { kFree = 0, kWaiting = 1, kRunning = 2, kStaging = 3 };  // kStaging: being copied in
-
-struct RequestEntry {
-  RequestDescriptor desc;
-  int32_t status;
-  int32_t slot;           // sampling slot and block-table row while running, else -1
-  int32_t num_generated;  // tokens sampled so far
-  int32_t num_computed;   // tokens whose K/V are in the cache
-  int32_t num_blocks;     // KV blocks held
-  int32_t planned_row;    // row in the step being built, or -1
-  uint32_t queue_us;      // ingest -> first admission, in us (the first egress record carries it)
-  uint32_t admitted;      // admitted at least once (queue_us is final)
-  uint64_t arrived_ns;    // now_ns() at ingest
-  // Prefix caching (sched_prefix.h): blocks indexed or matched so far, the first admission's hit in
-  // tokens (-1: not admitted yet), the (block, gen) its next block records as parent, its last key.
-  int32_t num_hashed;
-  int32_t num_cached_tokens;
-  int32_t chain_parent;
-  uint32_t chain_parent_gen;
-  uint64_t chain_hash;
-};
-
-// A token record whose write waits until the next forward is launched (sched_records.h): what it needs of its
-// request entry, copied at the finish because the next step's ingest may reuse the entry; its token, logprob and
-// tops stay in the step's buffer set (pending_parity), which the next forward does not write.
-struct PendingRecord {
-  uint64_t req_id;
-  int32_t position, cached_tokens;
-  uint32_t reason_top;  // finish reason | num_top << 16
-  uint32_t queue_us;
-  int32_t row, pad;
 };
 
 struct SchedState {
@@ -302,6 +272,11 @@ struct SchedState {
   // arrive during a forward are ingested then (ingest_in_flight); an abort waits for the gap, and for the
   // pending records of its request to be written first (abort_held).
   int32_t pending_count, pending_parity, ingest_in_flight, abort_held, wait_turn, wait_pad;  // wait_turn: wait_step's
+  // Launching ahead (sched_ahead.h): the next step's inputs, written while this forward runs (ahead_ready), are
+  // launched once its tokens are in if nothing else changed (ahead_taken: the step being launched was);
+  // ahead_stop is the team's "a row stopped" flag. Steps launched ahead, and inputs written ahead but not taken.
+  int32_t ahead_ready, ahead_taken, ahead_stop, ahead_rows, ahead_bucket, ahead_pad;  // rows, bucket: as written
+  uint64_t ahead_launches, ahead_misses;
   int32_t ahead_len[kMatchAhead], ahead_in_lru[kMatchAhead];
   int32_t num_shares, share_entry[kMatchAhead], share_ahead[kMatchAhead], share_len[kMatchAhead];  // deferred
   uint64_t* ahead_state;   // [kMatchAhead][max_blocks_per_seq]

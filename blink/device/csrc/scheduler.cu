@@ -75,17 +75,36 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
     if (t.leader()) {
       s->idle_ns = kIdleMinNs;
       s->idle_since_ns = 0;
-      launch_step(p);
+      launch_step(p, false);
     }
     t.sync();
     const bool gap_only = p.hooks != nullptr && p.hooks->ingest_between_forwards;  // the self-test's A/B
-    const bool running = load_volatile(&s->plan_rows) > 0;  // a failed launch leaves no rows
-    work_during_forward(t, p, running && !gap_only);
-    if (t.leader()) publish(s, p.cfg, p.rings);  // the last step's records and counters, while this forward runs
-    if (running) wait_step(t, p, !gap_only);
-    t.sync();
+    bool mismatch = false;
+    while (true) {  // the forward launched last runs; the next one may be launched ahead (sched_ahead.h)
+      const bool running = load_volatile(&s->plan_rows) > 0;  // a failed launch leaves no rows
+      work_during_forward(t, p, running && !gap_only);
+      if (t.leader()) publish(s, p.cfg, p.rings);  // the last step's records and counters, while this forward runs
+      const bool ahead = running && !mismatch && prepare_ahead(t, p);
+      if (running) wait_step(t, p, !gap_only);
+      t.sync();
+      if (mismatch && t.leader()) fail_planned_step(p, kErrAheadMismatch);  // its forward is done
+      t.sync();
+      if (load_volatile(&s->pending_complete) != 0 || load_volatile(&s->plan_rows) == 0) break;  // a timeout: none
+      if (ahead && take_ahead(t, p)) {
+        if (t.leader() && !(s->ahead_taken = launch_step(p, true))) {  // a launch error: plan it again
+          s->ahead_launches--;
+          s->ahead_misses++;
+        }
+        t.sync();
+        if (load_volatile(&s->ahead_taken)) {
+          mismatch = !finish_behind(t, p);
+          continue;
+        }
+      }
+      sched_complete(t, p, false, true);
+      break;
+    }
     const bool relaunch = load_volatile(&s->pending_complete) != 0;
-    if (!relaunch && load_volatile(&s->plan_rows) > 0) sched_complete(t, p, false, true);  // a timeout: none
     if (relaunch || load_volatile(&s->launches_this_kernel) >= p.cfg.launches_per_kernel) {
       flush_pending_records(t, p);  // the next instance starts with none
       if (t.leader()) {
