@@ -30,6 +30,7 @@ from blink.bench.result_folder import load_points, merge_folder, new_run_id, poi
 from blink.bench.runner import requests_for_window
 from blink.bench.sched_knobs import POLICIES, AttackCgroup, AttackerKnobs, cgroup_support
 from blink.bench.serve import add_workload_arguments
+from blink.bench.stop_signal import Terminated, TermSignal
 from blink.bench.sweep_plan import (
     LIGHT_RATE,
     MATRICES,
@@ -172,7 +173,7 @@ def without_done(repeats: list[Repeat], result_dir: str, variant: str) -> list[R
     return left
 
 
-def run_sweeps(args: argparse.Namespace, console: Console) -> int:
+def run_sweeps(args: argparse.Namespace, console: Console, term: TermSignal) -> int:
     apply_matrix(args)
     all_cpus = sorted(os.sched_getaffinity(0))
     layouts = parse_names(args.layouts or ("split" if args.engine_cpus else "shared"))
@@ -226,13 +227,9 @@ def run_sweeps(args: argparse.Namespace, console: Console) -> int:
                 metadata["cgroup"] = cgroup.metadata()
                 save_run(args.result_dir, run_id, metadata)
             return run_plan(args, console, repeats, by_name, placements, gpu, knobs,
-                            cgroup.path if cgroup else None, variant, run_id, num_requests, metadata)
+                            cgroup.path if cgroup else None, variant, run_id, num_requests, metadata, term)
     finally:
         gpu.close()
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
 
 
 def run(args: argparse.Namespace) -> int:
@@ -244,13 +241,16 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"merged {args.merge_from}: {counts['copied']} files copied, {counts['skipped']} "
                       f"already there; results: {os.path.join(args.result_dir, 'results.md')}")
         return 0
-    previous = signal.signal(signal.SIGTERM, _interrupt)  # so servers and attackers are torn down
     try:
-        failures = run_sweeps(args, console)
+        with TermSignal() as term:  # SIGTERM (`timeout`): servers and attackers are torn down, points kept
+            failures = run_sweeps(args, console, term)
+    except Terminated:
+        console.print("[yellow]stopped by SIGTERM: the points measured so far are kept; the same command with "
+                      "--resume continues[/yellow]")
+        failures = None
     finally:
-        signal.signal(signal.SIGTERM, previous)
         if load_points(args.result_dir):
             write_report(args.result_dir)  # the tables again and the plots, over every point in the folder
     console.print(f"results: {os.path.join(args.result_dir, 'results.md')}")
-    return 1 if failures else 0
+    return 128 + signal.SIGTERM if failures is None else 1 if failures else 0
 

@@ -13,6 +13,8 @@ import contextlib
 import datetime
 import os
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import httpx
@@ -25,6 +27,7 @@ from blink.bench.runner import requests_for_window, run_load
 from blink.bench.sched_knobs import AttackerKnobs
 from blink.bench.serve import load_config, run_config
 from blink.bench.server_stalls import engine_delta, gc_delta, read_server, stall_delta
+from blink.bench.stop_signal import no_signal
 from blink.util.cpus import format_cpu_list
 
 
@@ -77,6 +80,7 @@ class Sweep:
     knobs: AttackerKnobs
     cgroup: str | None = None  # the attackers' cgroup directory (knobs.cpu_weight), made by the caller
     variant: str = ""
+    interruptible: Callable[[], AbstractContextManager] = no_signal  # waits SIGTERM may cut (stop_signal.py)
 
 
 def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: float) -> dict:
@@ -95,10 +99,11 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
     try:
         if attack:
             attack.start()
-            time.sleep(args.attack_settle_seconds)
+            with sweep.interruptible():
+                time.sleep(args.attack_settle_seconds)
         cpu.start()
         sweep.gpu.start()
-        with pinned(sweep.client_cpus):
+        with pinned(sweep.client_cpus), sweep.interruptible():
             outcome = asyncio.run(run_load(config, requests[: requests_for_window(rate, args.point_seconds)]))
         gpu = sweep.gpu.stop()
         cpu_seconds = cpu.stop()

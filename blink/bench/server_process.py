@@ -8,11 +8,14 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import httpx
 
 from blink.bench.host_cpu import engine_pid_from_metrics
+from blink.bench.stop_signal import no_signal
 
 
 @dataclass(frozen=True)
@@ -65,8 +68,11 @@ class BlinkServer:
     instead of leaving it to hold the GPU for whatever runs next (2026-12-01: a 30B server outlived its
     benchmark's timeout and the next stage ran out of GPU memory)."""
 
-    def __init__(self, spec: ServeSpec, log_path: str, ready_timeout_s: float = 900.0):
+    def __init__(self, spec: ServeSpec, log_path: str, ready_timeout_s: float = 900.0,
+                 interruptible: Callable[[], AbstractContextManager] = no_signal):
+        """interruptible: the caller's SIGTERM guard for the health polls (stop_signal.TermSignal.interruptible)."""
         self.spec = spec
+        self.interruptible = interruptible
         self.log_path = log_path
         self.ready_timeout_s = ready_timeout_s
         self.engine_pid: int | None = None
@@ -85,7 +91,8 @@ class BlinkServer:
             self._proc = subprocess.Popen(self.spec.command(), stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            self.wait_ready()
+            with self.interruptible():
+                self.wait_ready()
             self.engine_pid = engine_pid_from_metrics(self.spec.base_url)
         except BaseException:
             self.__exit__()

@@ -23,6 +23,7 @@ from blink.bench.runner import LoadConfig, run_load
 from blink.bench.sched_knobs import AttackerKnobs
 from blink.bench.serve import build_requests, constraint_body
 from blink.bench.server_process import BlinkServer
+from blink.bench.stop_signal import TermSignal
 from blink.bench.sweep_plan import Group, Repeat
 
 clock = time.monotonic  # the time budget's clock (a test steps it)
@@ -31,7 +32,7 @@ clock = time.monotonic  # the time budget's clock (a test steps it)
 def measure_group(args: argparse.Namespace, console: Console, repeat: Repeat, group: Group, target: Target,
                   where: Placement, gpu: GpuMonitor, knobs: AttackerKnobs, cgroup: str | None,
                   variant: str, run_id: str, requests: list, num_requests: int, metadata: dict,
-                  deadline: float, starts: dict[str, list[float]]) -> tuple[int, int]:
+                  deadline: float, starts: dict[str, list[float]], term: TermSignal) -> tuple[int, int]:
     """One server start and its points, as many as fit before `deadline` (monotonic; the estimate's
     point cost is what one more must fit in); returns (points failed outright, points measured). The
     seconds the server took to start are appended to `starts[group.mode]`."""
@@ -41,7 +42,7 @@ def measure_group(args: argparse.Namespace, console: Console, repeat: Repeat, gr
             log = os.path.join(args.result_dir, "logs",
                                f"server-{run_id}-r{repeat.index}-{group.layout}-{target.name}.log")
             began = clock()
-            server = stack.enter_context(BlinkServer(target.serve, log, args.server_timeout))
+            server = stack.enter_context(BlinkServer(target.serve, log, args.server_timeout, term.interruptible))
             starts.setdefault(group.mode, []).append(clock() - began)
             base_url, pid = target.serve.base_url, server.engine_pid
             command = shlex.join(target.serve.command())
@@ -52,22 +53,25 @@ def measure_group(args: argparse.Namespace, console: Console, repeat: Repeat, gr
         if not requests:
             requests += build_requests(args, base_url, model, num_requests)
         # The resident scheduler's idle draw, before any request: the number the energy work lowers.
-        idle = gpu.idle_power(args.idle_power_seconds)
+        with term.interruptible():
+            idle = gpu.idle_power(args.idle_power_seconds)
         metadata.setdefault("server_idle_power", []).append(
             {"repeat": repeat.index, "layout": group.layout, "mode": group.mode, **idle})
         save_run(args.result_dir, run_id, metadata)
         warmup = LoadConfig(base_url=base_url, model=model, ignore_eos=args.ignore_eos,
                             temperature=args.temperature, show_progress=False, extra_body=constraint_body(args))
-        asyncio.run(run_load(warmup, requests[: args.warmup_requests]))
+        with term.interruptible():
+            asyncio.run(run_load(warmup, requests[: args.warmup_requests]))
         if pid is None:
             console.print(f"[yellow]{group.layout}/{target.name}: no engine pid, host CPU cost not "
                           f"measured[/yellow]")
         sweep = Sweep(args=args, layout=group.layout, target=target.name, base_url=base_url, model=model,
                       engine_pid=pid, attack_cpus=where.attack_cpus, client_cpus=where.client_cpus,
                       frontend_cpus=where.frontend_cpus, server_command=command, gpu=gpu, knobs=knobs,
-                      cgroup=cgroup, variant=variant)
+                      cgroup=cgroup, variant=variant, interruptible=term.interruptible)
         failures = measured = 0
         for spec in group.points:
+            term.check()
             if clock() + args.point_cost_s > deadline:
                 break
             point = measure_point(sweep, requests, spec.rate, spec.attack_kind, spec.attack_level)
@@ -100,7 +104,7 @@ def start_estimate(flag_s: float, starts: dict[str, list[float]], mode: str) -> 
 def run_plan(args: argparse.Namespace, console: Console, repeats: list[Repeat],
              by_name: dict[str, dict[str, Target]], placements: dict[str, Placement], gpu: GpuMonitor,
              knobs: AttackerKnobs, cgroup: str | None, variant: str, run_id: str, num_requests: int,
-             metadata: dict) -> int:
+             metadata: dict, term: TermSignal) -> int:
     """Every repeat's groups in order; a group that fails (server dead, port refused) is counted and
     reported, and the sweep goes on with the next."""
     requests: list = []  # built once, from the first server reached (it may be the tokenizer)
@@ -117,7 +121,7 @@ def run_plan(args: argparse.Namespace, console: Console, repeats: list[Repeat],
             try:
                 failed, done = measure_group(args, console, repeat, group, by_name[group.layout][group.mode],
                                              placements[group.layout], gpu, knobs, cgroup, variant, run_id,
-                                             requests, num_requests, metadata, deadline, starts)
+                                             requests, num_requests, metadata, deadline, starts, term)
                 failures, measured = failures + failed, measured + done
             except (RuntimeError, TimeoutError, OSError, httpx.HTTPError) as exc:
                 console.print(f"[red]{name} failed:[/red] {exc}")

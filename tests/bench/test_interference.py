@@ -151,3 +151,42 @@ def test_the_budget_counts_the_server_starts_seen(fake_server, tmp_path, monkeyp
     # repeat 0 started at 0 and took 100 s to start; repeat 1 would need 100 + 100 + 1 > 150: not started
     assert starts == [100.0]
     assert [p["repeat"] for p in load_points(str(tmp_path))] == [0]
+
+
+def test_sigterm_mid_sweep_keeps_the_points_measured_and_stops_the_attackers(fake_server, tmp_path):
+    """SIGTERM during a point's load ends the run at once with 143; the points before it are saved, and the point it
+    cut is not; its attackers are stopped (a `with` teardown, never inside Popen's bookkeeping)."""
+    import signal
+    import threading
+    import time
+
+    args = lab_args(tmp_path, fake_server.base_url, "--request-rates", "5", "--repeats", "3",
+                    "--point-seconds", "2.5")
+    before = set(live_children())  # other fixtures' processes, if any
+    timer = threading.Timer(5.0, os.kill, (os.getpid(), signal.SIGTERM))
+    timer.start()
+    t = time.monotonic()
+    try:
+        assert interference.run(args) == 128 + signal.SIGTERM
+    finally:
+        timer.cancel()
+    assert time.monotonic() - t < 15.0  # the whole plan (6 points of 2.5 s + drains) would take far longer
+    points = load_points(str(tmp_path))
+    assert 0 < len(points) < 6 and all(p["bench"]["completed"] > 0 for p in points)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the lab's handler is gone
+    assert set(live_children()) <= before, "the cut point's attackers were stopped"
+
+
+def live_children() -> list[int]:
+    """This process's children that are still running (not zombies)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == os.getpid() and fields[0] != "Z":
+                out.append(int(name))
+    return out
