@@ -24,8 +24,8 @@ PEER_STOP = 0xFFFFFFFF  # the mailbox command that ends a follower's loop
 # per launch (csrc/sched_types.h kTraceWords): %globaltimer ns of the launch call, completion seen, then
 # tokens << 32 | rows, then the phase stamps: finish done, ingest done, plan done, inputs written, launch returned;
 # then inside this launch's finish: rows advanced, frees done; inside its plan: scheduled (before the admissions);
-# then 1 if it was launched ahead (csrc/sched_ahead.h: its ingest, plan, inputs and scheduled stamps all mark the end
-# of its check, and the step before it finishes after its launch)
+# then 1 if it was launched ahead (csrc/sched_ahead.h: its scheduled stamp marks its rows checked, its ingest, plan
+# and inputs stamps the end of its check, and the step before it finishes after its launch)
 TRACE_WORDS = 12
 TRACE_PHASES = ("launch", "done", "meta", "finish", "ingest", "plan", "inputs", "launched",
                 "rows", "frees", "scheduled", "ahead")

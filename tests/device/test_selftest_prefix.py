@@ -55,7 +55,7 @@ def test_a_launch_ahead_is_read_apart_from_the_synchronous_phases():
     stamps = [{"launch": 0, "done": 10_000, "finish": 16_000},
               {"ingest": 18_000, "plan": 25_000, "inputs": 26_000, "launch": 26_500, "launched": 29_000,
                "done": 40_000, "finish": 52_000},
-              {"ingest": 43_000, "plan": 43_000, "inputs": 43_000, "scheduled": 43_000, "launch": 44_000,
+              {"ingest": 43_000, "plan": 43_000, "inputs": 43_000, "scheduled": 41_500, "launch": 44_000,
                "launched": 46_500, "ahead": 1}]
     for k, row in enumerate(stamps):
         trace[k, structs.TRACE_META] = (1 << 32) | 1
@@ -65,4 +65,5 @@ def test_a_launch_ahead_is_read_apart_from_the_synchronous_phases():
     assert (st["n"], st["n_ahead"]) == (2, 1)
     assert (st["ahead_gap50"], st["check"], st["ahead_fence"], st["ahead_launch"]) == (4.0, 3.0, 1.0, 2.5)
     assert (st["finish"], st["ingest"], st["plan"], st["fence"]) == (6.0, 2.0, 7.0, 0.5)  # launch 1's alone
-    assert "ahead 1 of 2: gap 4.00 = check 3.00 + fence 1.00" in phase_text(st)
+    assert st["check_rows"] == 1.5
+    assert "ahead 1 of 2: gap 4.00 = check 3.00 (rows 1.50) + fence 1.00" in phase_text(st)

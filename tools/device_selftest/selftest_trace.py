@@ -43,6 +43,7 @@ def trace_stats(trace: np.ndarray, rows: int | None = None) -> dict[str, float]:
            "ingest99": pct(parts[1][sync], 99) / 1e3, "ingest_max": float(parts[1][sync].max(initial=0)) / 1e3,
            "n_ahead": int(ahead.sum()), "ahead_gap50": pct(gap_all[ahead], 50) / 1e3,
            "check": pct((col["inputs"][1:] - done[:-1])[ahead], 50) / 1e3,
+           "check_rows": pct((col["scheduled"][1:] - done[:-1])[ahead], 50) / 1e3,
            "ahead_fence": pct(parts[4][ahead], 50) / 1e3, "ahead_launch": pct(parts[5][ahead], 50) / 1e3}
     for name, values in zip(PHASES + PARTS, parts + inner, strict=True):
         out[name] = pct(values[sync], 50) / 1e3  # the synchronous path's steps
@@ -57,7 +58,7 @@ def phase_text(st: dict[str, float]) -> str:
     out = " | ".join(text[name] for name in PHASES)
     if st["n_ahead"]:
         out += (f" || ahead {st['n_ahead']} of {st['n']}: gap {st['ahead_gap50']:.2f} = check {st['check']:.2f}"
-                f" + fence {st['ahead_fence']:.2f}; launch call {st['ahead_launch']:.2f}")
+                f" (rows {st['check_rows']:.2f}) + fence {st['ahead_fence']:.2f}; launch call {st['ahead_launch']:.2f}")
     return out
 
 

@@ -114,12 +114,13 @@ BLINK_HD inline bool take_ahead(const Team& t, const LoopParams& p) {
   }
   t.sync();
   if (t.leader()) {
+    s->t_scheduled = now_ns();  // the rows checked (the trace's "scheduled" word of a step launched ahead)
     const bool go = load_volatile(&s->ahead_stop) == 0 && !work_waiting(s, p.rings);
     s->ahead_ready = 0;
     s->ahead_taken = go;
     if (go) {
       s->ahead_launches++;
-      s->t_ingest = s->t_scheduled = s->t_plan = s->t_inputs = now_ns();
+      s->t_ingest = s->t_plan = s->t_inputs = now_ns();
     } else {
       s->ahead_misses++;
     }

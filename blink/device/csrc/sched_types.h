@@ -19,7 +19,7 @@ constexpr int kIngestBatch = 64;    // descriptors staged per ingest round
 // Per launch, %globaltimer ns unless noted: [0] launch call, [1] completion seen, [2] tokens << 32 | rows,
 // [3] this step's finish done, [4] ingest done, [5] plan done, [6] inputs written, [7] launch call returned,
 // [8] this step's rows advanced and [9] frees done (inside its finish), [10] scheduled (inside the plan), [11] 1 if
-// launched ahead (sched_ahead.h: then [4], [5], [6] and [10] all stamp the end of its check), else 0.
+// launched ahead (sched_ahead.h: then [10] stamps its rows checked, and [4], [5], [6] the end of its check), else 0.
 // The gap before launch L splits into finish (L-1: [3]-[1]), ingest (L[4] - L-1[3]), plan, inputs, launch.
 constexpr int kTraceWords = 12;
 constexpr int kMatchAhead = 8;  // waiting requests whose prefix hits the team finds at once (sched_prefix.h)
