@@ -1,6 +1,6 @@
 """One point of the interference lab: start the attackers, send the time-boxed load, record everything.
 
-A point's record holds the bench metrics, the engine's host CPU seconds per 1k output tokens, GPU energy
+A point's record holds the bench metrics, the engine's host CPU seconds per 1k output tokens, GPU (and CPU) energy
 per output token, mean GPU utilisation and power, the attackers' real scheduling settings, the front end's
 collections, loop lags and egress gaps (server_stalls.py), and the raw per-request latencies
 (result_folder.raw_requests).
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import httpx
 
 from blink.bench.attackers import Attackers, AttackSpec
+from blink.bench.cpu_energy import CpuEnergyMeter
 from blink.bench.gpu_monitor import GpuMonitor
 from blink.bench.host_cpu import CpuMeter
 from blink.bench.result_folder import ISOLATED, raw_requests
@@ -93,7 +94,7 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
             duration_s=args.attack_settle_seconds + args.point_seconds + args.drain_seconds + 60.0,
             nice=knobs.nice, policy=knobs.policy, cgroup=sweep.cgroup))
     config = load_config(args, sweep.base_url, sweep.model, rate, args.point_seconds, args.drain_seconds)
-    cpu = CpuMeter(sweep.engine_pid)
+    cpu, cpu_energy = CpuMeter(sweep.engine_pid), CpuEnergyMeter()
     cache_reset = reset_prefix_cache(sweep.base_url)
     server_before = read_server(sweep.base_url)
     try:
@@ -102,11 +103,12 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
             with sweep.interruptible():
                 time.sleep(args.attack_settle_seconds)
         cpu.start()
+        cpu_energy.start()
         sweep.gpu.start()
         with pinned(sweep.client_cpus), sweep.interruptible():
             outcome = asyncio.run(run_load(config, requests[: requests_for_window(rate, args.point_seconds)]))
         gpu = sweep.gpu.stop()
-        cpu_seconds = cpu.stop()
+        cpu_seconds, cpu_mj = cpu.stop(), cpu_energy.stop()
         attackers_alive = attack.running if attack else 0
     finally:
         reports = attack.stop() if attack else []
@@ -129,6 +131,8 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         "gpu_energy_mj": gpu.energy_mj, "energy_per_output_token_mj": per_token(gpu.energy_mj, 1),
         "energy_per_streamed_token_mj": per_token(gpu.energy_mj, 1, streamed),
         "gpu_mean_utilization_pct": gpu.mean_utilization_pct, "gpu_mean_power_w": gpu.mean_power_w,
+        # the CPU packages' energy (RAPL; None without a readable counter): the whole machine's CPUs, both modes alike
+        "cpu_energy_mj": cpu_mj, "cpu_energy_per_streamed_token_mj": per_token(cpu_mj, 1, streamed),
         # the front end's collections, loop lags, egress gaps and the engine's steps during the load and its drain
         "frontend_gc": gc_delta(server_before.gc, server_after.gc),
         "frontend_stalls": stall_delta(server_before.stalls, server_after.stalls),

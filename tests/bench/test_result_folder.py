@@ -101,10 +101,30 @@ def test_mode_ratios_set_host_over_device_beside_the_paper(tmp_path):
         save_repeat(str(tmp_path), host)
     write_report(str(tmp_path))
     text = (tmp_path / "results.md").read_text()
-    assert "| Blink paper | headline | - | 8.47 | 3.40 | 2.10 | -0.486 |" in text
-    # P99 TTFT 200/50, TPOT equal, throughput 200/100, energy 2/4 - 1
+    assert "| Blink paper | headline | - | 8.47 | 3.40 | 2.10 | -0.486 | - |" in text
+    # P99 TTFT 200/50, TPOT equal, throughput 200/100, energy 2/4 - 1; no CPU energy recorded: "-"
     assert "| split | isolated | 8 | 4.00 [4.00, 4.00] | 1.00 [1.00, 1.00] | 2.00 [2.00, 2.00] | " \
-           "-0.500 [-0.500, -0.500] |" in text
+           "-0.500 [-0.500, -0.500] | - |" in text
+    assert "_repeats" not in (tmp_path / "summary.json").read_text()
+
+
+def test_cpu_energy_joins_the_gpus_in_the_table_and_the_ratio(tmp_path):
+    """Where the points recorded the CPU packages' energy (RAPL), the table shows it a token and the ratio of GPU +
+    CPU energy sits beside the GPU's alone: here the host engine's busy CPU turns a GPU loss into a saving."""
+    for repeat in range(2):
+        device = fake_point("run1", repeat)
+        host = fake_point("run1", repeat)
+        host["mode"] = "host"
+        device["energy_per_streamed_token_mj"], device["cpu_energy_per_streamed_token_mj"] = 2.2, 0.8
+        host["energy_per_streamed_token_mj"], host["cpu_energy_per_streamed_token_mj"] = 2.0, 2.0
+        save_repeat(str(tmp_path), device)
+        save_repeat(str(tmp_path), host)
+    write_report(str(tmp_path))
+    text = (tmp_path / "results.md").read_text()
+    assert "| mJ / out tok | CPU mJ / out tok | idle W |" in text
+    assert "| 2.2 | 0.8 | - |" in text and "| 2.0 | 2.0 | - |" in text
+    # GPU alone 2.2 / 2.0 - 1 = +0.1; GPU + CPU 3.0 / 4.0 - 1 = -0.25
+    assert "| 0.100 [0.100, 0.100] | -0.250 [-0.250, -0.250] |" in text
     assert "_repeats" not in (tmp_path / "summary.json").read_text()
 
 
