@@ -225,7 +225,8 @@ class HostScheduler:
             rows = self.info()["plan_rows"]
             self.drain()
             assert self.check() == 0, f"invariant {self.check()} broken"
-        self.lib.blink_sched_during_forward(p, team, 0)  # the idle turn's or the next launch's flush
+        if not first:  # the idle turn's flush; after a step, its records wait for the next launch, as on the GPU
+            self.lib.blink_sched_during_forward(p, team, 0)
         self.lib.blink_sched_publish(p)
         self.drain()
         assert self.check() == 0, f"invariant {self.check()} broken"
