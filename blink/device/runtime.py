@@ -46,7 +46,8 @@ def max_requests_for(max_num_seqs: int, max_model_len: int) -> int:
 class DeviceLoop:
     def __init__(self, loaded, args, segment, *, trace_capacity: int = DEFAULT_TRACE_CAPACITY,
                  max_requests: int | None = None, bad_bucket: int | None = None, relaunch_each_step: bool = False,
-                 ingest_between_forwards: bool = False, launch_ahead: bool = True, peers=None):
+                 ingest_between_forwards: bool = False, launch_ahead: bool = True, warm_ahead: bool = True,
+                 peers=None):
         """bad_bucket (self-test only): launches of that bucket index (negative counts from the end) report
         a launch error (cudaErrorLaunchFailure) instead of launching, exercising the error path. (Passing
         the device runtime an exec it cannot launch is not an error it reports: it faults the context.)
@@ -56,7 +57,8 @@ class DeviceLoop:
         ingest_between_forwards (self-test only): requests are taken in between forwards only, as before the
         loop ingested while a forward runs (issue 17's control gap). For comparison.
         launch_ahead=False (self-test only): every step is planned after the last one finished, as before the
-        loop launched the next decode step ahead (csrc/sched_ahead.h). For comparison.
+        loop launched the next decode step ahead (csrc/sched_ahead.h). warm_ahead=False (self-test only): the wait
+        loop does not keep the check's lines in L2. For comparison.
         peers (device-mode tensor parallelism): called once this rank's graphs are captured (the other ranks
         capture theirs in lockstep), it returns the follower ranks' PeerMappings (blink/parallel/ipc.py)."""
         m = self.loaded = loaded
@@ -75,11 +77,12 @@ class DeviceLoop:
         cuda_check(lib, lib.blink_stream_create(C.byref(self.stream)), "cudaStreamCreate")
         try:
             hooks = None  # the self-test's variants only: production passes none
-            if bad_bucket is not None or relaunch_each_step or ingest_between_forwards or not launch_ahead:
+            if bad_bucket is not None or relaunch_each_step or ingest_between_forwards or not launch_ahead or \
+                    not warm_ahead:
                 hooks = structs.LoopHooks(relaunch_each_step=int(relaunch_each_step),
                                           fail_bucket=-1 if bad_bucket is None else bad_bucket % len(buckets),
                                           ingest_between_forwards=int(ingest_between_forwards),
-                                          no_launch_ahead=int(not launch_ahead))
+                                          no_launch_ahead=int(not launch_ahead), no_warm_ahead=int(not warm_ahead))
             self._provision(args, trace_capacity, max_requests, hooks, peers)
         except BaseException:
             self.close()

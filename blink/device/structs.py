@@ -153,7 +153,7 @@ class LoopHooks(C.Structure):
     """The self-test's loop variants (csrc/sched_types.h), kept out of SchedConfig: None in production."""
 
     _fields_ = [("relaunch_each_step", C.c_int32), ("fail_bucket", C.c_int32), ("ingest_between_forwards", C.c_int32),
-                ("no_launch_ahead", C.c_int32)]
+                ("no_launch_ahead", C.c_int32), ("no_warm_ahead", C.c_int32), ("reserved", C.c_int32)]
 
 
 class LoopParams(C.Structure):

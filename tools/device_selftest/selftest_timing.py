@@ -58,9 +58,11 @@ def phase_timing(rep: Report, loaded: LoadedModel, args: EngineArgs, label: str,
     del host
     gc.collect()
     torch.cuda.synchronize()
-    # resident: the production loop (steps launched ahead when nothing changed); sync: every step planned after
+    # resident: the production loop (steps launched ahead when nothing changed); cold: the same without keeping the
+    # check's lines in L2 while waiting (warm_ahead); sync: every step planned after
     # the last one finished (before 2026-12-04); relaunch: pattern (a), the loop tail-relaunched every step
-    variants = {"resident": {}, "sync": {"launch_ahead": False}, "relaunch": {"relaunch_each_step": True}}
+    variants = {"resident": {}, "cold": {"warm_ahead": False}, "sync": {"launch_ahead": False},
+                "relaunch": {"relaunch_each_step": True}}
     traces, dev_cpu = {}, {}
     for name, kwargs in variants.items():
         dev = DeviceEngine(args, loaded, **kwargs)
@@ -76,10 +78,10 @@ def phase_timing(rep: Report, loaded: LoadedModel, args: EngineArgs, label: str,
             shutdown_quietly(dev)
     for b in batches:
         st = {name: trace_stats(traces[name], rows=b) for name in variants}
-        rep.time(f"{label}: decode ms/step, batch {b}: resident | sync | relaunch | host",
+        rep.time(f"{label}: decode ms/step, batch {b}: resident | cold | sync | relaunch | host",
                  " | ".join(f"{st[n]['period50'] / 1e3:.3f}" for n in variants) + f" | {host_ms[b]:.3f}  "
                  f"(n={st['resident']['n']})")
-        rep.time(f"{label}: batch {b} control gap p50/p99 us: resident | sync | relaunch",
+        rep.time(f"{label}: batch {b} control gap p50/p99 us: resident | cold | sync | relaunch",
                  " | ".join(f"{st[n]['gap50']:.2f}/{st[n]['gap99']:.2f}" for n in variants))
         for name in variants:
             rep.time(f"{label}: batch {b} {name} gap phases p50 us", phase_text(st[name]))

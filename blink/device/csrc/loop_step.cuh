@@ -78,6 +78,7 @@ __device__ inline void wait_step(const Team& t, const LoopParams& p, bool ingest
   const uint64_t t0 = trace[0];
   const uint32_t target = (uint32_t)s->launched;
   enum { kPoll = 0, kDone = 1, kIngest = 2 };
+  const bool warm = p.hooks == nullptr || !p.hooks->no_warm_ahead;  // the self-test's A/B
   bool stalled = false;  // leader: a round took nothing (a full request table): no more until the gap
   while (true) {
     if (t.leader()) {
@@ -97,6 +98,7 @@ __device__ inline void wait_step(const Team& t, const LoopParams& p, bool ingest
     t.sync();
     const int turn = load_volatile(&s->wait_turn);
     if (turn == kDone) return;
+    if (warm) warm_ahead(t, p);
     if (turn == kIngest) {
       const uint64_t head = s->ingress_head;  // read before the team's round (only the leader uses it)
       ingest_while_running(t, p);

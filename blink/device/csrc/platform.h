@@ -88,6 +88,15 @@ BLINK_HD inline void store_release(uint32_t* p, uint32_t v) {
 #endif
 }
 
+// Bring a line into the GPU's L2 without waiting for it (the host build has no use for it).
+BLINK_HD inline void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
+
 // Every earlier write of this thread (peer GPU memory included) visible system-wide before later ones.
 BLINK_HD inline void fence_system() {
 #if defined(__CUDA_ARCH__)

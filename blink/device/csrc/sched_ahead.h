@@ -84,6 +84,21 @@ BLINK_HD inline bool prepare_ahead(const Team& t, const LoopParams& p) {
   return true;
 }
 
+// Team, in the wait loop while the forward runs (inputs written ahead): keep what take_ahead reads in L2 (each row's
+// request entry, its row index; the forward's weights stream through L2 and evict them, so without this the check
+// reads them from DRAM). Prefetches only: nothing waits on them, nothing changes.
+BLINK_HD inline void warm_ahead(const Team& t, const LoopParams& p) {
+  SchedState* s = p.state;
+  if (!load_volatile(&s->ahead_ready)) return;
+  const int n = load_volatile(&s->plan_rows);
+  for (int k = t.rank; k < n; k += t.size) {
+    const char* entry = reinterpret_cast<const char*>(&s->entries[s->row_entry[k]]);
+    for (size_t off = 0; off < sizeof(RequestEntry); off += 128) prefetch_l2(entry + off);
+    prefetch_l2(&s->row_entry[k]);
+  }
+  if (t.leader()) prefetch_l2(&s->waiting_count);
+}
+
 // Leader: whether anything waits that the synchronous path must take in before the next step: a request
 // (admitted into the very next step), an abort, a stop, a prefix-cache reset. Uses the words the wait loop
 // prefetched, else reads them (the host tests, or a forward done at the first poll).

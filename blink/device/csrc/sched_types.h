@@ -178,6 +178,8 @@ struct LoopHooks {
   int32_t fail_bucket;         // launches of this bucket report a launch error (-1: none)
   int32_t ingest_between_forwards;  // 1: no ingest while a forward runs (the loop before issue 17's change)
   int32_t no_launch_ahead;          // 1: every step is planned after the last one finished (sched_ahead.h)
+  int32_t no_warm_ahead;            // 1: the wait loop does not keep the check's lines in L2 (warm_ahead)
+  int32_t reserved;
 };
 
 struct LoopParams {
