@@ -29,11 +29,13 @@ def _mismatches(local: dict, peer: dict, bucket: tuple[int, int], block_size: in
     return bad
 
 
-@pytest.mark.parametrize("team", [1, 3])
-def test_every_step_reaches_each_peer_identically(make, team):
+@pytest.mark.parametrize(("team", "launch_ahead"), [(1, False), (3, False), (3, True)])
+def test_every_step_reaches_each_peer_identically(make, team, launch_ahead):
     """A mixed workload with chunked prefill and preemption (tight pool): after each prepare, both peers'
-    buffers of the step's parity equal rank 0's over everything the bucket's graph reads."""
-    h = make(peers=2, team=team, num_blocks=12, max_num_batched_tokens=8)
+    buffers of the step's parity equal rank 0's over everything the bucket's graph reads; with launch_ahead,
+    steps launched ahead too (their inputs written during the forward before, their input ids after it)."""
+    h = make(peers=2, team=team, num_blocks=12, max_num_batched_tokens=8, defer_publish=launch_ahead,
+             launch_ahead=launch_ahead)
     checked = []
 
     def compare(parity: int, bucket: tuple[int, int]) -> None:
@@ -50,6 +52,8 @@ def test_every_step_reaches_each_peer_identically(make, team):
     assert len(checked) > 10 and len({b for b in checked}) > 1  # several steps, several buckets
     assert h.info()["preemptions"] > 0
     assert all(len(h.events[r]) == 6 for r in range(1, 7))
+    if launch_ahead:
+        assert h.ahead_counts()[0] > 0, "some steps went ahead"
 
 
 def test_mailbox_word_is_step_then_command(make):

@@ -12,38 +12,9 @@
 
 namespace blink {
 
-// Team, right after step N was launched (N = launched - 1, its plan still in the state): write step N+1's
-// inputs into buffer set `launched & 1`, its input ids left to take_ahead. Returns (to every rank) whether
-// they were written.
-BLINK_HD inline bool prepare_ahead(const Team& t, const LoopParams& p) {
-  SchedState* s = p.state;
-  const SchedConfig& c = p.cfg;
-  const int n = load_volatile(&s->plan_rows);
-  if (t.leader()) {
-    const bool off = p.hooks != nullptr && (p.hooks->no_launch_ahead || p.hooks->relaunch_each_step);
-    // A fast plan with no admissions holds every running request, each as one decode row, in running order.
-    s->ahead_ready = !off && p.peers == nullptr && n > 0 && s->fast_plan && n == s->running_count &&
-                     s->num_jobs == 0 && s->plan_prompt_rows == 0 && s->launches_this_kernel < c.launches_per_kernel;
-    s->ahead_stop = 0;
-  }
-  t.sync();
-  if (!load_volatile(&s->ahead_ready)) return false;
-  for (int k = t.rank; k < n; k += t.size) {  // after N: num_computed = row_start + 1, one more token out
-    const RequestEntry& r = s->entries[s->row_entry[k]];
-    if (at_length_limit(c, r.desc, r.num_generated + 1)) atomic_add(&s->ahead_stop, 1);
-    s->row_need[k] = blocks_needed(c, r, s->row_start[k] + 2);
-  }
-  t.sync();
-  if (t.leader()) {  // blocks as plan_decodes_fast will pop them: from the stack's top, in row order
-    int need = 0;
-    for (int k = 0; k < n; ++k) s->row_need[k] = s->row_need[k] ? s->free_block_top - 1 - need++ : -1;
-    s->ahead_ready = s->ahead_stop == 0 && need <= s->free_block_top;
-    s->ahead_rows = n;
-    s->ahead_bucket = s->plan_bucket;
-  }
-  t.sync();
-  if (!load_volatile(&s->ahead_ready)) return false;
-  const StepBufferPtrs& b = p.buffers[s->launched & 1];
+// Team: step N+1's inputs (every row one decode token, one position on from step N's), but its input ids, into `b`.
+BLINK_HD inline void write_ahead_inputs(const Team& t, SchedState* s, const SchedConfig& c, const StepBufferPtrs& b,
+                                        int n) {
   const int T = c.bucket_tokens[s->plan_bucket], S = c.bucket_seqs[s->plan_bucket], bs = c.block_size;
   const int mb = c.max_blocks_per_seq;
   for (int q = t.rank; q < T; q += t.size) {  // row q is token q; its input id comes with N's token
@@ -80,6 +51,42 @@ BLINK_HD inline bool prepare_ahead(const Team& t, const LoopParams& p) {
     b.prompt_targets[k] = -1;
     b.prompt_num_top[k] = 0;
   }
+}
+
+// Team, right after step N was launched (N = launched - 1, its plan still in the state): write step N+1's
+// inputs into buffer set `launched & 1`, its input ids left to take_ahead. Returns (to every rank) whether
+// they were written.
+BLINK_HD inline bool prepare_ahead(const Team& t, const LoopParams& p) {
+  SchedState* s = p.state;
+  const SchedConfig& c = p.cfg;
+  const int n = load_volatile(&s->plan_rows);
+  if (t.leader()) {
+    const bool off = p.hooks != nullptr && (p.hooks->no_launch_ahead || p.hooks->relaunch_each_step);
+    // A fast plan with no admissions holds every running request, each as one decode row, in running order.
+    s->ahead_ready = !off && n > 0 && s->fast_plan && n == s->running_count &&
+                     s->num_jobs == 0 && s->plan_prompt_rows == 0 && s->launches_this_kernel < c.launches_per_kernel;
+    s->ahead_stop = 0;
+  }
+  t.sync();
+  if (!load_volatile(&s->ahead_ready)) return false;
+  for (int k = t.rank; k < n; k += t.size) {  // after N: num_computed = row_start + 1, one more token out
+    const RequestEntry& r = s->entries[s->row_entry[k]];
+    if (at_length_limit(c, r.desc, r.num_generated + 1)) atomic_add(&s->ahead_stop, 1);
+    s->row_need[k] = blocks_needed(c, r, s->row_start[k] + 2);
+  }
+  t.sync();
+  if (t.leader()) {  // blocks as plan_decodes_fast will pop them: from the stack's top, in row order
+    int need = 0;
+    for (int k = 0; k < n; ++k) s->row_need[k] = s->row_need[k] ? s->free_block_top - 1 - need++ : -1;
+    s->ahead_ready = s->ahead_stop == 0 && need <= s->free_block_top;
+    s->ahead_rows = n;
+    s->ahead_bucket = s->plan_bucket;
+  }
+  t.sync();
+  if (!load_volatile(&s->ahead_ready)) return false;
+  write_ahead_inputs(t, s, c, p.buffers[s->launched & 1], n);
+  if (p.peers != nullptr)  // the other TP ranks' copies, straight into their memory (fenced in take_ahead)
+    for (int k = 0; k < p.peers->num_peers; ++k) write_ahead_inputs(t, s, c, p.peers->peers[k].buffers[s->launched & 1], n);
   t.sync();
   return true;
 }
@@ -125,8 +132,11 @@ BLINK_HD inline bool take_ahead(const Team& t, const LoopParams& p) {
     const int64_t token = load_volatile(done.sampled_ids + k);
     const RequestEntry& r = s->entries[s->row_entry[k]];
     next.input_ids[k] = token;
+    if (p.peers != nullptr)
+      for (int j = 0; j < p.peers->num_peers; ++j) p.peers->peers[j].buffers[s->launched & 1].input_ids[k] = token;
     if (stops_on(p.cfg, r.desc, r.num_generated + 1, (int32_t)token)) atomic_add(&s->ahead_stop, 1);
   }
+  if (p.peers != nullptr) fence_system();  // this thread's peer writes, ahead and now, land before the mailboxes
   t.sync();
   if (t.leader()) {
     s->t_scheduled = now_ns();  // the rows checked (the trace's "scheduled" word of a step launched ahead)
