@@ -108,14 +108,15 @@ BLINK_HD inline void warm_ahead(const Team& t, const LoopParams& p) {
 
 // Leader: whether anything waits that the synchronous path must take in before the next step: a request
 // (admitted into the very next step), an abort, a stop, a prefix-cache reset. Uses the words the wait loop
-// prefetched, else reads them (the host tests, or a forward done at the first poll).
+// prefetched, else reads them (the host tests, or a forward done at the first poll); the synchronous path after a
+// refusal uses the same words.
 BLINK_HD inline bool work_waiting(SchedState* s, const RingPtrs& rp) {
   if (!s->ingress_tail_valid) {
     s->ingress_tail_seen = load_acquire(&rp.ingress_header->tail);
     s->stop_seen = load_volatile(&rp.control->stop_flag) != 0;
     s->resets_seen = load_volatile(&rp.control->reset_prefix_cache);
+    s->ingress_tail_valid = 1;
   }
-  s->ingress_tail_valid = 0;  // used: the next step's words are read afresh
   return s->waiting_count != 0 || s->abort_held || s->ingress_tail_seen != s->ingress_head || s->stop_seen ||
          s->resets_seen != s->resets_done;
 }
@@ -144,6 +145,7 @@ BLINK_HD inline bool take_ahead(const Team& t, const LoopParams& p) {
     s->ahead_ready = 0;
     s->ahead_taken = go;
     if (go) {
+      s->ingress_tail_valid = 0;  // used: the next step's words are read afresh
       s->ahead_launches++;
       s->t_ingest = s->t_plan = s->t_inputs = now_ns();
     } else {
