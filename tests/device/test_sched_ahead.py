@@ -80,7 +80,7 @@ def test_launching_ahead_gives_the_records_of_the_synchronous_path(make, team, p
     assert ahead.plans == sync.plans, "the same steps"
     assert records(ahead) == records(sync)
     launched, missed = ahead.ahead_counts()
-    assert launched > 10 and missed > 10, (launched, missed)  # both paths ran, many times
+    assert launched > 10 and missed > 3, (launched, missed)  # both paths ran, many times
     assert sync.ahead_counts() == (0, 0)
     reasons = {ahead.outputs(rid)[1] for rid, *_ in reqs}
     assert reasons == {FinishReason.STOP, FinishReason.LENGTH}
@@ -159,3 +159,24 @@ def test_no_inputs_ahead_when_the_kv_pool_cannot_hold_the_next_step(make):
     assert h.info()["preemptions"] > 0
     for rid in (1, 2):
         assert h.outputs(rid) == expect(h, [rid + 3] * 4, greedy(12))
+
+
+def test_a_queue_behind_a_full_batch_does_not_stop_launching_ahead(make):
+    """Two sequence slots and four requests: while two decode, the two waiting cannot be admitted (schedule()'s
+    admission loop does not start), so those steps go ahead; a step that can admit is planned the synchronous way.
+    The same plans and records as without launching ahead."""
+    reqs = [(rid, [rid + 2] * 3, greedy(10 + rid, ignore_eos=True)) for rid in range(1, 5)]
+    runs = {}
+    for ahead in (False, True):
+        h = make(max_num_seqs=2, max_num_batched_tokens=16, team=2, defer_publish=True, launch_ahead=ahead)
+        for req in reqs:
+            h.submit(*req)
+        h.run()
+        runs[ahead] = h
+    h = runs[True]
+    assert h.plans == runs[False].plans and records(h) == records(runs[False])
+    for rid, prompt, params in reqs:
+        assert h.outputs(rid) == expect(h, prompt, params)
+    launched, missed = h.ahead_counts()
+    # decodes of (1, 2) then (3, 2) then (3, 4): each pair's steady steps go ahead though requests wait behind them
+    assert launched >= 15 and missed == 0, (launched, missed)

@@ -1,11 +1,11 @@
 // Launching ahead (issue 17's control gap): while step N's forward runs, the team writes step N+1's inputs for
-// the case that nothing changes, the steady state of decoding: every running request was in N as a decode
-// row, none reaches a length limit at N, no request waits. Once N's tokens are in, the gap between the two
-// forwards holds only their copy into N+1's input ids and the stop check (take_ahead). If a row stopped, a
-// request arrived or an abort, a stop or a cache reset waits, the inputs are dropped and the step is planned
-// as before (nothing was changed: the inputs written ahead are state-free, their KV blocks only reserved).
-// A step launched ahead is then finished, and the next one planned, while the next forward runs: the same
-// decisions as the synchronous path, which commit_ahead checks against what was launched.
+// the case that nothing changes, the steady state of decoding: every running request was in N as a decode row,
+// none reaches a length limit at N, and no waiting request could be admitted. Once N's tokens are in, the gap
+// between the two forwards holds only their copy into N+1's input ids and the stop check (take_ahead). If a row
+// stopped, a request arrived that could be admitted, or an abort, a stop or a cache reset waits, the inputs are
+// dropped and the step is planned as before (nothing was changed: the inputs written ahead are state-free, their
+// KV blocks only reserved). A step launched ahead is then finished, and the next one planned, while the next
+// forward runs: the same decisions as the synchronous path, which finish_behind checks against what was launched.
 #pragma once
 
 #include "sched.h"
@@ -106,18 +106,22 @@ BLINK_HD inline void warm_ahead(const Team& t, const LoopParams& p) {
   if (t.leader()) prefetch_l2(&s->waiting_count);
 }
 
-// Leader: whether anything waits that the synchronous path must take in before the next step: a request
-// (admitted into the very next step), an abort, a stop, a prefix-cache reset. Uses the words the wait loop
+// Leader: whether anything waits that the synchronous path must take in before the next step: a request it could
+// admit into the very next step, anything new in the ring (a request or an abort), a held abort, a stop, a
+// prefix-cache reset. A queue behind a full batch (every sequence slot taken, or the decodes filling the token
+// budget) admits nothing there: schedule()'s admission loop does not start. Uses the words the wait loop
 // prefetched, else reads them (the host tests, or a forward done at the first poll); the synchronous path after a
 // refusal uses the same words.
-BLINK_HD inline bool work_waiting(SchedState* s, const RingPtrs& rp) {
+BLINK_HD inline bool work_waiting(SchedState* s, const SchedConfig& c, const RingPtrs& rp) {
   if (!s->ingress_tail_valid) {
     s->ingress_tail_seen = load_acquire(&rp.ingress_header->tail);
     s->stop_seen = load_volatile(&rp.control->stop_flag) != 0;
     s->resets_seen = load_volatile(&rp.control->reset_prefix_cache);
     s->ingress_tail_valid = 1;
   }
-  return s->waiting_count != 0 || s->abort_held || s->ingress_tail_seen != s->ingress_head || s->stop_seen ||
+  const bool admits = s->waiting_count != 0 && s->running_count < c.max_num_seqs &&
+                      s->plan_rows < c.max_num_batched_tokens;  // no stop at this step: the same running set
+  return admits || s->abort_held || s->ingress_tail_seen != s->ingress_head || s->stop_seen ||
          s->resets_seen != s->resets_done;
 }
 
@@ -141,7 +145,7 @@ BLINK_HD inline bool take_ahead(const Team& t, const LoopParams& p) {
   t.sync();
   if (t.leader()) {
     s->t_scheduled = now_ns();  // the rows checked (the trace's "scheduled" word of a step launched ahead)
-    const bool go = load_volatile(&s->ahead_stop) == 0 && !work_waiting(s, p.rings);
+    const bool go = load_volatile(&s->ahead_stop) == 0 && !work_waiting(s, p.cfg, p.rings);
     s->ahead_ready = 0;
     s->ahead_taken = go;
     if (go) {
