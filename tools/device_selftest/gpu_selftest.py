@@ -30,37 +30,12 @@ from tools.device_selftest import selftest_runs as runs
 from tools.device_selftest.selftest_arrival import phase_arrival, phase_prefix_arrival
 from tools.device_selftest.selftest_offline import phase_offline_8b
 from tools.device_selftest.selftest_prefix import phase_prefix
+from tools.device_selftest.selftest_report import Report
 from tools.device_selftest.selftest_timing import counters, phase_timing
 from tools.device_selftest.selftest_trace import context_healthy, phase_text, shutdown_quietly, trace_stats
 
 TINY = dict(model="tiny-llama", device="cuda", dtype="float32", max_num_seqs=32, max_num_batched_tokens=128,
             block_size=16, max_model_len=1024)
-
-
-class Report:
-    def __init__(self):
-        self.checks: list[tuple[str, bool, str]] = []
-        self.timings: list[tuple[str, str]] = []
-
-    def check(self, name: str, ok: bool, detail: str = "") -> bool:
-        self.checks.append((name, ok, detail))
-        print(f"[{'PASS' if ok else 'FAIL'}] {name}{': ' + detail if detail else ''}", flush=True)
-        return ok
-
-    def time(self, name: str, value: str) -> None:
-        self.timings.append((name, value))
-        print(f"[TIME] {name}: {value}", flush=True)
-
-    def summary(self) -> int:
-        print("\n=== device-mode self-test ===")
-        for name, ok, detail in self.checks:
-            print(f"{'PASS' if ok else 'FAIL'}  {name:58s} {detail[:150]}")
-        print("--- timings ---")
-        for name, value in self.timings:
-            print(f"{name:58s} {value}")
-        failed = sum(not ok for _, ok, _ in self.checks)
-        print(f"{len(self.checks) - failed}/{len(self.checks)} checks passed")
-        return 1 if failed else 0
 
 
 def check_clean(rep: Report, name: str, engine) -> None:

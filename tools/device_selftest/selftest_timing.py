@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -15,10 +14,8 @@ from blink.device.engine import DeviceEngine
 from blink.host.engine import HostEngine
 from blink.request import SamplingParams
 from tools.device_selftest import selftest_runs as runs
+from tools.device_selftest.selftest_report import Report
 from tools.device_selftest.selftest_trace import pct, phase_text, shutdown_quietly, trace_stats
-
-if TYPE_CHECKING:
-    from tools.device_selftest.gpu_selftest import Report
 
 
 def counters(engine: DeviceEngine) -> str:
