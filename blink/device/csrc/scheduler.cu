@@ -87,8 +87,10 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
       const bool ahead = running && !mismatch && prepare_ahead(t, p);
       if (running) wait_step(t, p, !gap_only);
       t.sync();
-      if (mismatch && t.leader()) fail_planned_step(p, kErrAheadMismatch);  // its forward is done
-      t.sync();
+      if (mismatch) {  // the same on every rank (finish_behind); its forward is done
+        if (t.leader()) fail_planned_step(p, kErrAheadMismatch);
+        t.sync();
+      }
       if (load_volatile(&s->pending_complete) != 0 || load_volatile(&s->plan_rows) == 0) break;  // a timeout: none
       if (ahead && take_ahead(t, p)) {
         if (t.leader() && !(s->ahead_taken = launch_step(p, true))) {  // a launch error: plan it again
