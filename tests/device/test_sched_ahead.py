@@ -33,7 +33,10 @@ def workload(seed: int, n: int) -> list[tuple[int, list[int], SamplingParams]]:
     rng = random.Random(seed)
     shared = [rng.randrange(2, 50) for _ in range(8)]
     kinds = [lambda: greedy(rng.randrange(1, 30)), lambda: greedy(30, ignore_eos=True),
-             lambda: greedy(25, min_tokens=4), lambda: greedy(40, stop_token_ids=[7, 11, 13], ignore_eos=True)]
+             lambda: greedy(25, min_tokens=4), lambda: greedy(40, stop_token_ids=[7, 11, 13], ignore_eos=True),
+             # stop ids and EOS in one check; more than a check row holds (sched_entry.h kAheadIds = 7: the entry's)
+             lambda: greedy(40, stop_token_ids=[7, 11], min_tokens=2),
+             lambda: greedy(40, stop_token_ids=[3, 5, 9, 17, 19, 23, 29, 31, 37], min_tokens=3)]
     out = []
     for rid in range(1, n + 1):
         prefix = shared if rng.random() < 0.5 else []

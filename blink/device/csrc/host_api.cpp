@@ -122,10 +122,11 @@ void blink_sched_during_forward(const LoopParams* p, int threads, int ingest) {
 // work_during_forward, prepare the next step's inputs (1: written); once its forward ran, take them (1: the next
 // step goes ahead: launch it, then finish_behind, which returns 0 on a mismatch; 0: complete as before).
 int blink_sched_prepare_ahead(const LoopParams* p, int threads) {
-  return leader_answer(threads, [&](const Team& t) { return (int)prepare_ahead(t, *p); });
+  return leader_answer(threads, [&](const Team& t) { return (int)(prepare_ahead(t, *p).rows > 0); });
 }
 int blink_sched_take_ahead(const LoopParams* p, int threads) {
-  return leader_answer(threads, [&](const Team& t) { return (int)take_ahead(t, *p); });
+  const AheadPlan a = ahead_plan(*p);  // the GPU loop keeps it in registers across the wait
+  return leader_answer(threads, [&](const Team& t) { return (int)take_ahead(t, *p, a); });
 }
 int blink_sched_finish_behind(const LoopParams* p, int threads) {
   return leader_answer(threads, [&](const Team& t) { return (int)finish_behind(t, *p); });

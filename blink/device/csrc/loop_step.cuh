@@ -28,15 +28,16 @@ __device__ inline void prefetch_host_words(const LoopParams& p) {
   s->ingress_tail_valid = 1;
 }
 
-// Leader: launch the planned step's forward graph (ahead: the step take_ahead let go, planned from the last one).
-// Returns whether it launched. On failure the step's requests end with ERROR (fail_planned_step: plan_rows is then
-// 0) and the loop goes on; a step launched ahead is instead planned and launched again the synchronous way.
-// Relaunching each step, the forward's completion is left to the next instance: a tail launch starts only once
-// the forward is done.
-__device__ inline bool launch_step(const LoopParams& p, bool ahead) {
+// Leader: launch the planned step's forward graph (ahead: the step take_ahead let go, planned from the last one;
+// its graph `exec` was read before the wait). Returns whether it launched. On failure the step's requests end with
+// ERROR (fail_planned_step: plan_rows is then 0) and the loop goes on; a step launched ahead is instead planned and
+// launched again the synchronous way. Relaunching each step, the forward's completion is left to the next instance:
+// a tail launch starts only once the forward is done.
+__device__ inline bool launch_step(const LoopParams& p, bool ahead, void* exec_ahead = nullptr) {
   SchedState* s = p.state;
   const int parity = (int)(s->launched & 1);
-  cudaGraphExec_t exec = static_cast<cudaGraphExec_t*>(p.graph_execs)[s->plan_bucket * 2 + parity];
+  cudaGraphExec_t exec = ahead ? static_cast<cudaGraphExec_t>(exec_ahead)
+                               : static_cast<cudaGraphExec_t*>(p.graph_execs)[s->plan_bucket * 2 + parity];
   uint64_t* trace = trace_row(p, s->launched);
   __threadfence();  // the step's inputs (written by the whole CTA, then __syncthreads) before the launch
   const uint64_t t0 = now_ns();
@@ -70,36 +71,35 @@ __device__ inline bool launch_step(const LoopParams& p, bool ahead) {
 // the very next step. (Read once after the launch, as before 2026-12-01, it made every request that arrived
 // during a forward wait one more step: under load, nearly all.) When the tail has moved, the team ingests while
 // the forward runs (issue 17's control gap: the descriptor and prompt reads leave the gap), unless an abort is
-// held for the gap.
-__device__ inline void wait_step(const Team& t, const LoopParams& p, bool ingest) {
+// held for the gap. `a`: the inputs written ahead, whose checks stay warm. Returns (to every rank) whether the
+// step is over without its forward's output: a timeout failed it, or the next instance completes it.
+__device__ inline bool wait_step(const Team& t, const LoopParams& p, bool ingest, const AheadPlan& a) {
   SchedState* s = p.state;
-  if (load_volatile(&s->pending_complete)) return;
+  if (load_volatile(&s->pending_complete)) return true;
   uint64_t* trace = trace_row(p, s->launched - 1);
   const uint64_t t0 = trace[0];
   const uint32_t target = (uint32_t)s->launched;
-  enum { kPoll = 0, kDone = 1, kIngest = 2 };
+  enum { kPoll = 0, kDone = 1, kIngest = 2, kTimedOut = 3 };
   const bool warm = p.hooks == nullptr || !p.hooks->no_warm_ahead;  // the self-test's A/B
   bool stalled = false;  // leader: a round took nothing (a full request table): no more until the gap
   while (true) {
+    int turn = kPoll;
     if (t.leader()) {
-      int turn = kPoll;
       if ((int32_t)(load_acquire_gpu(&s->done_count) - target) >= 0) {
         turn = kDone;
         trace[1] = now_ns();
       } else if ((int64_t)(now_ns() - t0) > p.cfg.step_timeout_ns) {
         fail_planned_step(p, kErrStepTimeout);
-        turn = kDone;
+        turn = kTimedOut;
       } else {
         prefetch_host_words(p);
         if (ingest && !stalled && s->ingress_tail_seen != s->ingress_head && !s->abort_held) turn = kIngest;
       }
-      s->wait_turn = turn;
     }
-    t.sync();
-    const int turn = load_volatile(&s->wait_turn);
-    if (turn == kDone) return;
-    if (warm) warm_ahead(t, p);
-    if (turn == kIngest) {
+    // The end of the wait travels in the barrier itself: the gap starts with no state word to store and load.
+    if (t.sync_or(turn == kDone || turn == kTimedOut)) return t.sync_or(turn == kTimedOut);
+    if (warm) warm_ahead(t, s, a);
+    if (t.sync_or(turn == kIngest)) {
       const uint64_t head = s->ingress_head;  // read before the team's round (only the leader uses it)
       ingest_while_running(t, p);
       if (t.leader()) {
@@ -107,7 +107,6 @@ __device__ inline void wait_step(const Team& t, const LoopParams& p, bool ingest
         prefetch_host_words(p);  // ingest used the tail: the gap must find a fresh one
       }
     }
-    t.sync();  // every rank has read the turn before the leader writes the next
   }
 }
 

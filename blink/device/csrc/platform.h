@@ -14,19 +14,25 @@
 namespace blink {
 
 #if !defined(__CUDA_ARCH__)
-// A sense-reversing barrier for host threads standing in for a CTA (CPU tests of the team code).
+// A sense-reversing barrier for host threads standing in for a CTA (CPU tests of the team code). `votes` backs
+// Team::sync_or: generation g ORs into votes[g & 1]; whoever completes g clears the other word, which every thread
+// read before it arrived here.
 struct HostBarrier {
   int size;
   int count;
   int generation;
-  void wait() {
+  int votes[2];
+  bool wait(bool vote = false) {
     const int gen = __atomic_load_n(&generation, __ATOMIC_ACQUIRE);
+    if (vote) __atomic_fetch_or(&votes[gen & 1], 1, __ATOMIC_ACQ_REL);
     if (__atomic_add_fetch(&count, 1, __ATOMIC_ACQ_REL) == size) {
       __atomic_store_n(&count, 0, __ATOMIC_RELAXED);
+      __atomic_store_n(&votes[(gen + 1) & 1], 0, __ATOMIC_RELAXED);
       __atomic_store_n(&generation, gen + 1, __ATOMIC_RELEASE);
     } else {
       while (__atomic_load_n(&generation, __ATOMIC_ACQUIRE) == gen) sched_yield();
     }
+    return __atomic_load_n(&votes[gen & 1], __ATOMIC_ACQUIRE) != 0;
   }
 };
 #endif
@@ -44,6 +50,15 @@ struct Team {
     if (size > 1) __syncthreads();  // a team of one (the leader alone, on a rare path) has nobody to wait for
 #else
     if (barrier) static_cast<HostBarrier*>(barrier)->wait();
+#endif
+  }
+  // A barrier that also tells every rank whether any rank voted: a decision (often the leader's alone) reaches
+  // the team without a store and a load of a state word, each an L2 round trip on the GPU loop's critical path.
+  BLINK_HD bool sync_or(bool vote) const {
+#if defined(__CUDA_ARCH__)
+    return size > 1 ? __syncthreads_or(vote) != 0 : vote;
+#else
+    return barrier ? static_cast<HostBarrier*>(barrier)->wait(vote) : vote;
 #endif
   }
 };

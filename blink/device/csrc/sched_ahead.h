@@ -53,57 +53,96 @@ BLINK_HD inline void write_ahead_inputs(const Team& t, SchedState* s, const Sche
   }
 }
 
+// What the check after the wait needs, read before it (registers across the wait on the GPU): the rows written
+// ahead (0: none), where step N's tokens are and N+1's go, their checks, and N+1's graph.
+struct AheadPlan {
+  int rows;
+  const int64_t* sampled;
+  int64_t* input_ids;
+  const AheadRow* check;
+  void* exec;  // cudaGraphExec_t of N+1's bucket and parity (nullptr in the host build)
+};
+
+// The inputs written ahead, as the state holds them between the host tests' calls (rows 0: none).
+BLINK_HD inline AheadPlan ahead_plan(const LoopParams& p) {
+  const SchedState* s = p.state;
+  const int parity = (int)(s->launched & 1);
+#if defined(__CUDA_ARCH__)
+  void* exec = static_cast<void**>(p.graph_execs)[s->ahead_bucket * 2 + parity];
+#else
+  void* exec = nullptr;  // the host tests launch nothing
+#endif
+  return AheadPlan{s->ahead_ready ? s->ahead_rows : 0, p.buffers[parity ^ 1].sampled_ids,
+                   p.buffers[parity].input_ids, s->ahead_check, exec};
+}
+
+// A row's stop check at its next token (token number `generated`): stops_on's ids, if they fit, else count -1.
+BLINK_HD inline AheadRow ahead_row(const SchedConfig& c, const RequestDescriptor& d, int generated) {
+  AheadRow a{};
+  if (generated - 1 < (int)d.min_tokens) return a;
+  int n = 0;
+  for (uint32_t k = 0; k < d.num_stop_ids; ++k, ++n)
+    if (n < kAheadIds) a.ids[n] = d.stop_token_ids[k];
+  if (!(d.flags & kFlagIgnoreEos))
+    for (int k = 0; k < c.num_eos; ++k, ++n)
+      if (n < kAheadIds) a.ids[n] = c.eos_ids[k];
+  a.count = n <= kAheadIds ? n : -1;
+  return a;
+}
+
 // Team, right after step N was launched (N = launched - 1, its plan still in the state): write step N+1's
-// inputs into buffer set `launched & 1`, its input ids left to take_ahead. Returns (to every rank) whether
-// they were written.
-BLINK_HD inline bool prepare_ahead(const Team& t, const LoopParams& p) {
+// inputs into buffer set `launched & 1`, its input ids left to take_ahead, and each row's stop check. Returns (to
+// every rank) the plan the check needs; rows 0: nothing written.
+BLINK_HD inline AheadPlan prepare_ahead(const Team& t, const LoopParams& p) {
   SchedState* s = p.state;
   const SchedConfig& c = p.cfg;
   const int n = load_volatile(&s->plan_rows);
+  bool ready = false;
   if (t.leader()) {
     const bool off = p.hooks != nullptr && (p.hooks->no_launch_ahead || p.hooks->relaunch_each_step);
     // A fast plan with no admissions holds every running request, each as one decode row, in running order.
-    s->ahead_ready = !off && n > 0 && s->fast_plan && n == s->running_count &&
-                     s->num_jobs == 0 && s->plan_prompt_rows == 0 && s->launches_this_kernel < c.launches_per_kernel;
-    s->ahead_stop = 0;
+    ready = !off && n > 0 && s->fast_plan && n == s->running_count && s->num_jobs == 0 &&
+            s->plan_prompt_rows == 0 && s->launches_this_kernel < c.launches_per_kernel;
+    s->ahead_ready = 0;
   }
-  t.sync();
-  if (!load_volatile(&s->ahead_ready)) return false;
+  AheadPlan none{};
+  if (!t.sync_or(ready)) return none;
+  bool limit = false;
   for (int k = t.rank; k < n; k += t.size) {  // after N: num_computed = row_start + 1, one more token out
     const RequestEntry& r = s->entries[s->row_entry[k]];
-    if (at_length_limit(c, r.desc, r.num_generated + 1)) atomic_add(&s->ahead_stop, 1);
+    limit |= at_length_limit(c, r.desc, r.num_generated + 1);
     s->row_need[k] = blocks_needed(c, r, s->row_start[k] + 2);
+    s->ahead_check[k] = ahead_row(c, r.desc, r.num_generated + 1);  // N's token is number num_generated + 1
   }
-  t.sync();
+  if (t.sync_or(limit)) return none;
   if (t.leader()) {  // blocks as plan_decodes_fast will pop them: from the stack's top, in row order
     int need = 0;
     for (int k = 0; k < n; ++k) s->row_need[k] = s->row_need[k] ? s->free_block_top - 1 - need++ : -1;
-    s->ahead_ready = s->ahead_stop == 0 && need <= s->free_block_top;
+    ready = need <= s->free_block_top;
+    s->ahead_ready = ready;
     s->ahead_rows = n;
     s->ahead_bucket = s->plan_bucket;
   }
-  t.sync();
-  if (!load_volatile(&s->ahead_ready)) return false;
+  if (!t.sync_or(ready)) return none;
   write_ahead_inputs(t, s, c, p.buffers[s->launched & 1], n);
   if (p.peers != nullptr)  // the other TP ranks' copies, straight into their memory (fenced in take_ahead)
     for (int k = 0; k < p.peers->num_peers; ++k) write_ahead_inputs(t, s, c, p.peers->peers[k].buffers[s->launched & 1], n);
   t.sync();
-  return true;
+  return ahead_plan(p);
 }
 
-// Team, in the wait loop while the forward runs (inputs written ahead): keep what take_ahead reads in L2 (each row's
-// request entry, its row index; the forward's weights stream through L2 and evict them, so without this the check
-// reads them from DRAM). Prefetches only: nothing waits on them, nothing changes.
-BLINK_HD inline void warm_ahead(const Team& t, const LoopParams& p) {
-  SchedState* s = p.state;
-  if (!load_volatile(&s->ahead_ready)) return;
-  const int n = load_volatile(&s->plan_rows);
-  for (int k = t.rank; k < n; k += t.size) {
-    const char* entry = reinterpret_cast<const char*>(&s->entries[s->row_entry[k]]);
-    for (size_t off = 0; off < sizeof(RequestEntry); off += 128) prefetch_l2(entry + off);
-    prefetch_l2(&s->row_entry[k]);
+// Team, in the wait loop while the forward runs (inputs written ahead): keep the rows' checks, and the state words
+// work_waiting reads, in L2 (the forward's weights stream through L2 and evict them, so without this the check
+// reads them from DRAM). Prefetches only.
+BLINK_HD inline void warm_ahead(const Team& t, const SchedState* s, const AheadPlan& a) {
+  const char* rows = reinterpret_cast<const char*>(a.check);
+  for (int off = t.rank * 128; off < a.rows * (int)sizeof(AheadRow); off += t.size * 128) prefetch_l2(rows + off);
+  if (t.leader() && a.rows > 0) {
+    prefetch_l2(&s->ingress_head);
+    prefetch_l2(&s->waiting_count);
+    prefetch_l2(&s->resets_done);
+    prefetch_l2(&s->abort_held);
   }
-  if (t.leader()) prefetch_l2(&s->waiting_count);
 }
 
 // Leader: whether anything waits that the synchronous path must take in before the next step: a request it could
@@ -125,27 +164,33 @@ BLINK_HD inline bool work_waiting(SchedState* s, const SchedConfig& c, const Rin
          s->resets_seen != s->resets_done;
 }
 
-// Team, once step N's forward is done: copy its tokens into step N+1's input ids and check its rows' stops.
+// Team, once step N's forward is done: copy its tokens into step N+1's input ids and check its rows' stops, while
+// the leader checks what waits (with a team of more than one the leader takes no rows: both are one round trip).
 // Returns (to every rank) whether step N+1 goes ahead: then the leader launches it, and N is finished after.
-BLINK_HD inline bool take_ahead(const Team& t, const LoopParams& p) {
+BLINK_HD inline bool take_ahead(const Team& t, const LoopParams& p, const AheadPlan& a) {
+  if (a.rows == 0) return false;
   SchedState* s = p.state;
-  if (!load_volatile(&s->ahead_ready)) return false;
-  const int n = load_volatile(&s->plan_rows);
-  const StepBufferPtrs& done = p.buffers[(s->launched - 1) & 1];
-  const StepBufferPtrs& next = p.buffers[s->launched & 1];
-  for (int k = t.rank; k < n; k += t.size) {
-    const int64_t token = load_volatile(done.sampled_ids + k);
-    const RequestEntry& r = s->entries[s->row_entry[k]];
-    next.input_ids[k] = token;
+  bool vote = false;
+  if (t.leader()) vote = work_waiting(s, p.cfg, p.rings);
+  const int first = t.size > 1 ? t.rank - 1 : 0, step = t.size > 1 ? t.size - 1 : 1;
+  for (int k = first; k >= 0 && k < a.rows; k += step) {
+    const int64_t token = load_volatile(a.sampled + k);
+    const AheadRow check = a.check[k];
+    a.input_ids[k] = token;
     if (p.peers != nullptr)
       for (int j = 0; j < p.peers->num_peers; ++j) p.peers->peers[j].buffers[s->launched & 1].input_ids[k] = token;
-    if (stops_on(p.cfg, r.desc, r.num_generated + 1, (int32_t)token)) atomic_add(&s->ahead_stop, 1);
+    bool stop = false;
+    for (int j = 0; j < kAheadIds; ++j) stop |= j < check.count && check.ids[j] == (int32_t)token;
+    if (check.count < 0) {  // more ids than a check holds: the entry's own
+      const RequestEntry& r = s->entries[s->row_entry[k]];
+      stop = stops_on(p.cfg, r.desc, r.num_generated + 1, (int32_t)token);
+    }
+    vote |= stop;
   }
   if (p.peers != nullptr) fence_system();  // this thread's peer writes, ahead and now, land before the mailboxes
-  t.sync();
+  const bool go = !t.sync_or(vote);
   if (t.leader()) {
     s->t_scheduled = now_ns();  // the rows checked (the trace's "scheduled" word of a step launched ahead)
-    const bool go = load_volatile(&s->ahead_stop) == 0 && !work_waiting(s, p.cfg, p.rings);
     s->ahead_ready = 0;
     s->ahead_taken = go;
     if (go) {
@@ -156,8 +201,7 @@ BLINK_HD inline bool take_ahead(const Team& t, const LoopParams& p) {
       s->ahead_misses++;
     }
   }
-  t.sync();
-  return load_volatile(&s->ahead_taken) != 0;
+  return go;
 }
 
 // Team, after a step launched ahead (number launched - 1): finish the step before it, then plan the launched
@@ -168,22 +212,18 @@ BLINK_HD inline bool finish_behind(const Team& t, const LoopParams& p) {
   const SchedConfig& c = p.cfg;
   complete_launch(t, p, false, true, s->launched - 2);
   schedule(t, s, c);
-  if (t.leader()) s->ahead_stop = 0;  // now: rows that disagree
   t.sync();
   const StepBufferPtrs& b = p.buffers[(s->launched - 1) & 1];
   const int n = load_volatile(&s->plan_rows);
+  bool differ = false;
   for (int k = t.rank; k < n; k += t.size) {
     const int e = s->row_entry[k], pos = s->row_start[k];
     const RequestEntry& r = s->entries[e];
     const int64_t slot = (int64_t)slot_blocks(s, c, r.slot)[pos / c.block_size] * c.block_size + pos % c.block_size;
-    if (s->row_len[k] != 1 || b.positions[k] != pos || b.slot_mapping[k] != slot || b.sample_slots[k] != r.slot ||
-        b.input_ids[k] != entry_tokens(s, c, e)[pos])
-      atomic_add(&s->ahead_stop, 1);
+    differ |= s->row_len[k] != 1 || b.positions[k] != pos || b.slot_mapping[k] != slot || b.sample_slots[k] != r.slot ||
+              b.input_ids[k] != entry_tokens(s, c, e)[pos];
   }
-  t.sync();
-  const bool same = load_volatile(&s->ahead_stop) == 0 && n == s->ahead_rows && s->plan_bucket == s->ahead_bucket;
-  t.sync();  // every rank has read the flag before it is used again
-  return same;
+  return !t.sync_or(differ || (t.leader() && (n != s->ahead_rows || s->plan_bucket != s->ahead_bucket)));
 }
 
 }  // namespace blink

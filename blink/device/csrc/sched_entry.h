@@ -1,5 +1,5 @@
-// A request's row in the scheduler's request table, and a token record waiting to be written: the per-request
-// parts of SchedState (sched_types.h). Not mirrored in Python: only the scheduler reads them.
+// A request's row in the scheduler's request table, a token record waiting to be written, a row's check ahead: the
+// per-request parts of SchedState (sched_types.h). Not mirrored in Python: only the scheduler reads them.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +39,14 @@ struct PendingRecord {
   uint32_t reason_top;  // finish reason | num_top << 16
   uint32_t queue_us;
   int32_t row, pad;
+};
+
+// A row of a step launched ahead, its stop check gathered while the forward runs (sched_ahead.h): once the token is
+// in, the check reads these 32 bytes beside it instead of walking the request entry (dependent round trips).
+constexpr int kAheadIds = 7;
+struct alignas(16) AheadRow {
+  int32_t count;  // ids that stop the row at its next token (0: none, min_tokens not reached); -1: more than fit
+  int32_t ids[kAheadIds];
 };
 
 }  // namespace blink

@@ -26,7 +26,7 @@ BLINK_HD inline uint64_t sched_carve(SchedState* s, const SchedConfig& c) {
   };
   const uint64_t R = c.max_requests, S = c.max_num_seqs, i4 = 4;
   const uint64_t NB = c.num_blocks;
-  void* p[38];
+  void* p[39];
   p[0] = take(R * sizeof(RequestEntry));
   p[1] = take(R * i4);
   p[2] = take(R * i4);
@@ -55,6 +55,7 @@ BLINK_HD inline uint64_t sched_carve(SchedState* s, const SchedConfig& c) {
   p[35] = take((uint64_t)kMatchAhead * c.max_blocks_per_seq * i4);
   p[36] = take(S * i4);
   p[37] = take(S * sizeof(PendingRecord));
+  p[38] = take(S * sizeof(AheadRow));
   if (s) {
     s->entries = (RequestEntry*)p[0];
     s->free_entries = (int32_t*)p[1];
@@ -94,6 +95,7 @@ BLINK_HD inline uint64_t sched_carve(SchedState* s, const SchedConfig& c) {
     s->ahead_blocks = (int32_t*)p[35];
     s->filled_rows = (int32_t*)p[36];
     s->pending = (PendingRecord*)p[37];
+    s->ahead_check = (AheadRow*)p[38];
   }
   return off;
 }

@@ -273,11 +273,11 @@ struct SchedState {
   // The control gap (issue 17): the last step's records wait for the next launch (pending), and requests that
   // arrive during a forward are ingested then (ingest_in_flight); an abort waits for the gap, and for the
   // pending records of its request to be written first (abort_held).
-  int32_t pending_count, pending_parity, ingest_in_flight, abort_held, wait_turn, wait_pad;  // wait_turn: wait_step's
+  int32_t pending_count, pending_parity, ingest_in_flight, abort_held;
   // Launching ahead (sched_ahead.h): the next step's inputs, written while this forward runs (ahead_ready), are
   // launched once its tokens are in if nothing else changed (ahead_taken: the step being launched was);
-  // ahead_stop is the team's "a row stopped" flag. Steps launched ahead, and inputs written ahead but not taken.
-  int32_t ahead_ready, ahead_taken, ahead_stop, ahead_rows, ahead_bucket, ahead_pad;  // rows, bucket: as written
+  // the team's decisions travel in Team::sync_or. Steps launched ahead, and inputs written ahead but not taken.
+  int32_t ahead_ready, ahead_taken, ahead_rows, ahead_bucket;  // rows, bucket: as written
   uint64_t ahead_launches, ahead_misses;
   int32_t ahead_len[kMatchAhead], ahead_in_lru[kMatchAhead];
   int32_t num_shares, share_entry[kMatchAhead], share_ahead[kMatchAhead], share_len[kMatchAhead];  // deferred
@@ -285,6 +285,7 @@ struct SchedState {
   int32_t* ahead_blocks;   // [kMatchAhead][max_blocks_per_seq] the indexed block with the same tokens, or -1
   int32_t* filled_rows;    // [max_num_seqs]
   PendingRecord* pending;  // [max_num_seqs] by record index
+  AheadRow* ahead_check;   // [max_num_seqs] the rows written ahead: their stop checks
 };
 
 static_assert(offsetof(SchedState, launched) == 8, "runtime.py reads `launched` at structs.SCHED_STATE_LAUNCHED");

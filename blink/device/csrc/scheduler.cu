@@ -84,21 +84,27 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
       const bool running = load_volatile(&s->plan_rows) > 0;  // a failed launch leaves no rows
       work_during_forward(t, p, running && !gap_only);
       if (t.leader()) publish(s, p.cfg, p.rings);  // the last step's records and counters, while this forward runs
-      const bool ahead = running && !mismatch && prepare_ahead(t, p);
-      if (running) wait_step(t, p, !gap_only);
-      t.sync();
+      const AheadPlan a = running && !mismatch ? prepare_ahead(t, p) : AheadPlan{};
+      bool over = true;  // no output of this step to finish here: none ran, a timeout failed it, or a relaunch does
+      if (running) {
+        over = wait_step(t, p, !gap_only, a);
+      } else {
+        t.sync();
+      }
       if (mismatch) {  // the same on every rank (finish_behind); its forward is done
         if (t.leader()) fail_planned_step(p, kErrAheadMismatch);
         t.sync();
+        over = true;
       }
-      if (load_volatile(&s->pending_complete) != 0 || load_volatile(&s->plan_rows) == 0) break;  // a timeout: none
-      if (ahead && take_ahead(t, p)) {
-        if (t.leader() && !(s->ahead_taken = launch_step(p, true))) {  // a launch error: plan it again
+      if (over) break;
+      if (take_ahead(t, p, a)) {
+        bool launched = false;
+        if (t.leader() && !(launched = launch_step(p, true, a.exec))) {  // a launch error: plan it again
+          s->ahead_taken = 0;
           s->ahead_launches--;
           s->ahead_misses++;
         }
-        t.sync();
-        if (load_volatile(&s->ahead_taken)) {
+        if (t.sync_or(launched)) {
           mismatch = !finish_behind(t, p);
           continue;
         }
