@@ -57,22 +57,24 @@ def loops(sass: str) -> list[dict]:
 
 
 def compile_variant(tuning, tokens: int, seqs: int = 1, kv_len: int | None = None, heads=(32, 8),
-                    head_dim: int = 128):
-    """One chunk of `tokens` (seqs 1), or `seqs` decode rows (tokens == seqs) at kv_len keys, as the plan runs it."""
+                    head_dim: int = 128, pdl: bool = False):
+    """One chunk of `tokens` (seqs 1), or `seqs` decode rows (tokens == seqs) at kv_len keys, as the plan runs it
+    (pdl: launched with PDL, as on the H200 in the step)."""
     plan = launch_plan(tokens, seqs, *heads, head_dim, kv_len or tokens, tuning)
     group = heads[0] // heads[1]
     merge = plan.num_splits > 1 and tuning.merge_in_kernel  # as attention.py with the runner's tickets (every tile's)
     constexprs = dict(GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=plan.block_q,
                       BLOCK_N=plan.block_n, BLOCK_D=head_dim, BLOCK_S=triton.next_power_of_2(seqs),
-                      NUM_SPLITS=plan.num_splits, PRECISION="tf32", USE_PDL=False, CAUSAL_SPLIT=plan.causal_split,
+                      NUM_SPLITS=plan.num_splits, PRECISION="tf32", USE_PDL=pdl, CAUSAL_SPLIT=plan.causal_split,
                       SPLIT_MIN_TILES=plan.split_min_tiles, SCALE_IN_EXP2=plan.scale_in_exp2,
                       LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(16),
-                      MERGE_CHUNK=merge_chunk(plan.num_splits, group, head_dim) if merge else 0)
+                      MERGE_CHUNK=merge_chunk(plan.num_splits, group, head_dim) if merge else 0,
+                      EARLY_TABLE=plan.early_table, PREFETCH_KV=plan.early_table)
     aligned = lambda name: name in POINTERS or name.startswith("stride") or name in ("head_dim", "block_size")
     scalar = lambda name: "fp32" if name == "scale_log2" else "i32"
     cap = {"maxnreg": plan.maxnreg} if plan.maxnreg else {}
     return compile_sm90(attention._paged_attention_kernel, POINTERS, constexprs, aligned, scalar,
-                        num_warps=plan.num_warps, num_stages=plan.num_stages, **cap)
+                        num_warps=plan.num_warps, num_stages=plan.num_stages, launch_pdl=pdl, **cap)
 
 
 def main() -> None:

@@ -42,6 +42,9 @@ ATTENTION_VARIANTS = {  # sessions 13 and 16 set decode's stages, split rule and
     "split < 4/SM, 4/SM": AttentionTuning(split_below_per_sm=4, programs_per_sm=4),
     "split < 4/SM, 8/SM": AttentionTuning(split_below_per_sm=4, programs_per_sm=8),
     "split < 8/SM, 12/SM": AttentionTuning(split_below_per_sm=8, programs_per_sm=12),
+    # issue 17: the first KV tile's block-table entries and an L2 prefetch of its cached K/V before the PDL wait (only
+    # launches with PDL overlap them with the kernel before; alone it times the extra loads)
+    "early table": AttentionTuning(early_table=True),
 }
 # Splits counted in the kernel from each sequence's length at every decode batch, the grid sized for the longest
 # (the default does so at batch 1 only). "N/SM": the grid's target programs per SM (batch 8: 6/SM -> 16 splits).

@@ -80,7 +80,9 @@ LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False
     ("decode page exp2", AttentionTuning(decode_const_page=True, decode_scale_in_exp2=True)),
     ("stages 3", AttentionTuning(num_stages=3)), ("split < 1/SM", AttentionTuning(split_below_per_sm=1)),
     ("no small grid", AttentionTuning(small_grid_programs=None)),
-    ("host split count at batch 1", av.HOST_SPLITS)]})
+    ("host split count at batch 1", av.HOST_SPLITS),
+    # issue 17: the first KV tile's table entries and an L2 prefetch of its cached K/V before the PDL wait
+    ("early table", AttentionTuning(early_table=True))]})
 
 def _call_shape(name: str, m: int) -> tuple[str, str]:
     """(prologue, epilogue) of a projection at M rows, as the model calls it: from two rows on gate|up applies

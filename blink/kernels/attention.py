@@ -32,7 +32,7 @@ import triton.language as tl
 
 from blink.kernels.attention_merge import NO_TILES, _merge_tile_if_last, merge_chunk, merge_splits
 from blink.kernels.attention_plan import AttentionTuning, launch_plan
-from blink.kernels.attention_tile import _attend_kv_tile
+from blink.kernels.attention_tile import CAN_PREFETCH, _attend_kv_tile, _warm_kv_tile
 from blink.kernels.pdl import pdl_for, pdl_wait
 
 _default = {"tuning": AttentionTuning()}
@@ -103,6 +103,22 @@ def _kv_tiles_of_split(seq_len, context, q_first, q_len, split, BLOCK_Q: tl.cons
 
 
 @triton.jit
+def _warm_first_kv_tile(seq, seq_len, q_len, q_first, split, block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr,
+                        kv_head, head_dim, block_size, stride_cb, stride_co, stride_ch, BLOCK_Q: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr,
+                        SPLIT_MIN_TILES: tl.constexpr, PAGE: tl.constexpr, PREFETCH_KV: tl.constexpr):
+    """EARLY_TABLE, before the wait: this program's first KV tile, warmed for its cached positions (_warm_kv_tile).
+    Returns (cached, cache offsets) of its keys, for the tests."""
+    context = seq_len - q_len
+    _, first_kv_tile, _ = _kv_tiles_of_split(seq_len, context, q_first, q_len, split, BLOCK_Q, BLOCK_N, NUM_SPLITS,
+                                             SPLIT_MIN_TILES)
+    cached_end = tl.where(q_first < q_len, context, 0)  # a program past its queries warms nothing
+    return _warm_kv_tile(first_kv_tile, cached_end, block_tables_ptr + seq.to(tl.int64) * stride_bt, k_cache_ptr,
+                         v_cache_ptr, kv_head, head_dim, block_size, stride_cb, stride_co, stride_ch, BLOCK_N, BLOCK_D,
+                         PAGE, PREFETCH_KV)
+
+
+@triton.jit
 def _paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, partial_ptr, max_ptr, sum_ptr, ticket_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, scale_log2,
@@ -113,6 +129,7 @@ def _paged_attention_kernel(
     USE_PDL: tl.constexpr, CAUSAL_SPLIT: tl.constexpr, SPLIT_MIN_TILES: tl.constexpr,
     SCALE_IN_EXP2: tl.constexpr, LAZY_RESCALE: tl.constexpr, PAGE: tl.constexpr,  # chunk tiles' (attention_tile.py)
     MERGE_CHUNK: tl.constexpr,  # > 0: the last split merges, this many splits a load (attention_merge.py)
+    EARLY_TABLE: tl.constexpr, PREFETCH_KV: tl.constexpr,  # first KV tile warmed before the wait (attention_tile.py)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -133,12 +150,16 @@ def _paged_attention_kernel(
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)  # issued with the loads above, not after the branch below
     q_first = (tile - _first_tile(q_start, seq, BLOCK_Q)) * BLOCK_Q  # first query of this tile within the seq
+    context = seq_len - q_len
+    if EARLY_TABLE:  # the block table and the KV below `context` predate the graph's kernels too (pdl.py)
+        _warm_first_kv_tile(seq, seq_len, q_len, q_first, split, block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr,
+                            kv_head, head_dim, block_size, stride_cb, stride_co, stride_ch, BLOCK_Q, BLOCK_N, BLOCK_D,
+                            NUM_SPLITS, SPLIT_MIN_TILES, PAGE, PREFETCH_KV)
     # The step's metadata above predates the graph's kernels, so it is read before the wait (pdl.py);
     # q and the new tokens' KV come from the kernel before. Every program waits before it may exit.
     pdl_wait(USE_PDL)
     if q_first >= q_len:
         return
-    context = seq_len - q_len
 
     rows = tl.arange(0, BLOCK_M)
     tokens = q_first + rows // GROUP_PAD
@@ -247,6 +268,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         USE_PDL=use_pdl, CAUSAL_SPLIT=plan.causal_split, SPLIT_MIN_TILES=plan.split_min_tiles,
         SCALE_IN_EXP2=plan.scale_in_exp2, LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(block_size),
         MERGE_CHUNK=merge_chunk(num_splits, group, block_d) if merge_in_kernel else 0,
+        EARLY_TABLE=plan.early_table, PREFETCH_KV=plan.early_table and CAN_PREFETCH,
         num_warps=plan.num_warps, num_stages=plan.num_stages, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {}),
         launch_pdl=use_pdl,
     )

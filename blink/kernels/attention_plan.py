@@ -101,6 +101,12 @@ class AttentionTuning:
     # batch 8 and 42.78 -> 40.50 at 32; the whole step 4.175 -> 4.154 / 4.856 -> 4.764 / 6.042 -> 5.995 ms at
     # batch 1 / 8 / 32.
     merge_in_kernel: bool = True
+    # Issue 17: before the PDL wait, decode tiles load their first KV tile's block-table entries and (compiled)
+    # prefetch its cached K/V lines into L2, so that the table -> K/V round trips at the loop's start overlap the
+    # previous kernel's tail (attention_tile.py's _warm_kv_tile). Chunk tiles never take it. Off: llama3-8b's whole
+    # step on the H200, 4 runs side by side (perf.md, 2026-12-04 session 24), medians 4.101 -> 4.081 ms at batch 1
+    # (ranges overlap), 4.663 -> 4.774 at 8 and 5.938 -> 5.997 at 32 (slower in every run).
+    early_table: bool = False
 
 
 def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int, programs_per_sm: int,
@@ -130,6 +136,7 @@ class LaunchPlan:
     lazy_rescale: float = 0.0
     const_page: bool = False
     maxnreg: int | None = None  # the launch's register cap (decode tiles' decode_maxnreg), None: the compiler's
+    early_table: bool = False  # the kernel's EARLY_TABLE (decode tiles' early_table)
 
     def page(self, block_size: int) -> int:
         """The kernel's PAGE: the KV block size where it is compiled in (a power of two dividing the KV tile), or 0."""
@@ -202,4 +209,4 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
                       scale_in_exp2, tuning.prefill_lazy_rescale if chunk else 0.0,
                       tuning.prefill_const_page if chunk else (tuning.decode_const_page
                                                                 or (small_grid and tuning.small_grid_const_page)),
-                      None if chunk else tuning.decode_maxnreg)
+                      None if chunk else tuning.decode_maxnreg, tuning.early_table and not chunk)

@@ -10,12 +10,17 @@ code is unchanged:
   below 2^threshold. Exact in math: the final division uses the same maximum as the sums.
 - PAGE > 0 (_kv_offsets): the KV block size as a constexpr. With a runtime block size the paged gather's
   address math (a signed division and remainder per key, 64-bit products) was about a third of the loop's SASS.
+- EARLY_TABLE (_warm_kv_tile, decode tiles): before the PDL wait, the first KV tile's block-table entries for the
+  cached positions (below `context`: what earlier steps wrote), and, compiled (PREFETCH_KV), an L2 prefetch of those
+  positions' K and V lines, so that the loop's prologue finds both on chip. Loads only, results unchanged.
 
 Not here: FA3's intra-warpgroup overlap (tile j+1's QK^T issued before tile j's softmax, the scores loop-carried).
 Written out for Triton 3.6 it compiled for sm_90 with the wait right after the issue (warp_group_dot_wait pendings
 0: no overlap) and 236 bytes of spills at 128 x 128 over 8 warps (session 17), so it was dropped.
 """
 from __future__ import annotations
+
+import os
 
 import triton
 import triton.language as tl
@@ -40,6 +45,39 @@ def _kv_offsets(kv_tile, kv_end, table_row, kv_head, block_size, stride_cb, stri
     if PAGE > 0:
         return k_pos, k_valid, block * stride_cb + (tl.arange(0, BLOCK_N) % PAGE) * stride_co + kv_head * stride_ch
     return k_pos, k_valid, block * stride_cb + (k_pos % block_size) * stride_co + kv_head * stride_ch
+
+
+# The interpreter cannot run inline assembly, so interpreted launches leave the L2 prefetch out (the table load runs).
+CAN_PREFETCH = os.environ.get("TRITON_INTERPRET") != "1"
+
+
+@triton.jit
+def _prefetch_l2(ptrs, mask):
+    """prefetch.global.L2 of each masked-in address. Not pure, so it is kept although its dummy result is unused;
+    the predicate keeps masked-out (possibly invalid) addresses from being touched."""
+    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+                              "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _warm_kv_tile(kv_tile, cached_end, table_row, k_cache_ptr, v_cache_ptr, kv_head, head_dim, block_size,
+                  stride_cb, stride_co, stride_ch, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+                  PREFETCH_KV: tl.constexpr):
+    """Before the PDL wait: KV tile kv_tile's block-table entries of positions < cached_end (the same loads as the
+    loop's, masked), then with PREFETCH_KV one L2 prefetch per 128-byte line of their K and V rows. Compiled, the
+    table load lives through the prefetch's addresses (without PREFETCH_KV it is dead code). Returns (cached, cache
+    offsets) of the tile's keys (unused by the kernel; the tests read them)."""
+    _, cached, kv_offs = _kv_offsets(kv_tile, cached_end, table_row, kv_head, block_size, stride_cb, stride_co,
+                                     stride_ch, BLOCK_N, True, PAGE)
+    if PREFETCH_KV:
+        LINE: tl.constexpr = 1024 // k_cache_ptr.dtype.element_ty.primitive_bitwidth  # elements a 128-byte line
+        LINES: tl.constexpr = (BLOCK_D + LINE - 1) // LINE
+        starts = tl.arange(0, LINES) * LINE
+        offs = kv_offs[:, None] + starts[None, :]
+        mask = cached[:, None] & (starts < head_dim)[None, :]
+        _prefetch_l2(k_cache_ptr + offs, mask)
+        _prefetch_l2(v_cache_ptr + offs, mask)
+    return cached, kv_offs
 
 
 @triton.jit

@@ -65,7 +65,8 @@ def phase_text(st: dict[str, float]) -> str:
 def arrival_gap_text(st: dict[str, float]) -> str:
     """Under arrivals: the gap's tail and the ingest phase's (requests taken in between forwards)."""
     return (f"gap p50 / p99 {st['gap50']:.2f} / {st['gap99']:.2f}; ingest phase p50 / p99 / max {st['ingest']:.2f} / "
-            f"{st['ingest99']:.2f} / {st['ingest_max']:.2f} (n={st['n']})")
+            f"{st['ingest99']:.2f} / {st['ingest_max']:.2f} (n={st['n']}, {st['n_ahead']} launched ahead: gap p50 "
+            f"{st['ahead_gap50']:.2f})")
 
 
 def shutdown_quietly(engine) -> None:
