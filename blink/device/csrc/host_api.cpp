@@ -135,6 +135,28 @@ void blink_sched_launch(const LoopParams* p) { p->state->launched++; }
 void blink_sched_complete_launched(const LoopParams* p, int threads, int publish_now, int defer_records) {
   run_team(threads, [&](const Team& t) { sched_complete(t, *p, publish_now != 0, defer_records != 0); });
 }
+// Team::sync_or on `threads` host threads over `rounds` rounds, each third one after a plain barrier when `mixed`
+// (the two share the barrier's generations): out[r * threads + k] is what rank k saw in round r, having voted
+// votes[r * threads + k].
+void blink_team_votes(int threads, int rounds, const uint8_t* votes, uint8_t* out, int mixed) {
+  run_team(threads, [&](const Team& t) {
+    for (int r = 0; r < rounds; ++r) {
+      if (mixed && r % 3 == 2) t.sync();
+      out[r * threads + t.rank] = t.sync_or(votes[r * threads + t.rank] != 0);
+    }
+  });
+}
+
+// A row launched ahead, checked as take_ahead checks it (its AheadRow) and as stops_on does:
+// out = [the row's count (-1: more ids than it holds), whether it stops on `token`, whether stops_on does].
+void blink_ahead_row_check(const SchedConfig* c, const RequestDescriptor* d, int generated, int32_t token,
+                           int32_t* out) {
+  const AheadRow a = ahead_row(*c, *d, generated);
+  out[0] = a.count;
+  out[1] = ahead_row_stops(a, token);
+  out[2] = stops_on(*c, *d, generated, token);
+}
+
 // [launches ahead, inputs written ahead but not taken]
 void blink_sched_ahead_counts(const void* state, uint64_t* out) {
   const SchedState* s = static_cast<const SchedState*>(state);

@@ -90,6 +90,13 @@ BLINK_HD inline AheadRow ahead_row(const SchedConfig& c, const RequestDescriptor
   return a;
 }
 
+// Whether a row's check stops it on `token` (count >= 0; a fixed bound, so the GPU keeps the row in registers).
+BLINK_HD inline bool ahead_row_stops(const AheadRow& a, int32_t token) {
+  bool stop = false;
+  for (int j = 0; j < kAheadIds; ++j) stop |= j < a.count && a.ids[j] == token;
+  return stop;
+}
+
 // Team, right after step N was launched (N = launched - 1, its plan still in the state): write step N+1's
 // inputs into buffer set `launched & 1`, its input ids left to take_ahead, and each row's stop check. Returns (to
 // every rank) the plan the check needs; rows 0: nothing written.
@@ -179,8 +186,7 @@ BLINK_HD inline bool take_ahead(const Team& t, const LoopParams& p, const AheadP
     a.input_ids[k] = token;
     if (p.peers != nullptr)
       for (int j = 0; j < p.peers->num_peers; ++j) p.peers->peers[j].buffers[s->launched & 1].input_ids[k] = token;
-    bool stop = false;
-    for (int j = 0; j < kAheadIds; ++j) stop |= j < check.count && check.ids[j] == (int32_t)token;
+    bool stop = ahead_row_stops(check, (int32_t)token);
     if (check.count < 0) {  // more ids than a check holds: the entry's own
       const RequestEntry& r = s->entries[s->row_entry[k]];
       stop = stops_on(p.cfg, r.desc, r.num_generated + 1, (int32_t)token);
