@@ -198,7 +198,6 @@ BLINK_HD inline bool take_ahead(const Team& t, const LoopParams& p, const AheadP
   if (t.leader()) {
     s->t_scheduled = now_ns();  // the rows checked (the trace's "scheduled" word of a step launched ahead)
     s->ahead_ready = 0;
-    s->ahead_taken = go;
     if (go) {
       s->ingress_tail_valid = 0;  // used: the next step's words are read afresh
       s->ahead_launches++;

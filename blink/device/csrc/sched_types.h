@@ -275,9 +275,9 @@ struct SchedState {
   // pending records of its request to be written first (abort_held).
   int32_t pending_count, pending_parity, ingest_in_flight, abort_held;
   // Launching ahead (sched_ahead.h): the next step's inputs, written while this forward runs (ahead_ready), are
-  // launched once its tokens are in if nothing else changed (ahead_taken: the step being launched was);
-  // the team's decisions travel in Team::sync_or. Steps launched ahead, and inputs written ahead but not taken.
-  int32_t ahead_ready, ahead_taken, ahead_rows, ahead_bucket;  // rows, bucket: as written
+  // launched once its tokens are in if nothing else changed; the team's decisions travel in Team::sync_or.
+  // Steps launched ahead, and inputs written ahead but not taken.
+  int32_t ahead_ready, ahead_rows, ahead_bucket;  // rows, bucket: as written
   uint64_t ahead_launches, ahead_misses;
   int32_t ahead_len[kMatchAhead], ahead_in_lru[kMatchAhead];
   int32_t num_shares, share_entry[kMatchAhead], share_ahead[kMatchAhead], share_len[kMatchAhead];  // deferred

@@ -100,7 +100,6 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
       if (take_ahead(t, p, a)) {
         bool launched = false;
         if (t.leader() && !(launched = launch_step(p, true, a.exec))) {  // a launch error: plan it again
-          s->ahead_taken = 0;
           s->ahead_launches--;
           s->ahead_misses++;
         }
