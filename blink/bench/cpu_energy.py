@@ -7,6 +7,8 @@ from __future__ import annotations
 import glob
 import os
 
+from blink.bench.window_meter import WindowMeter
+
 POWERCAP = "/sys/class/powercap"
 
 
@@ -30,12 +32,12 @@ def _read_uj(domain: str, name: str) -> int:
         return int(f.read())
 
 
-class CpuEnergyMeter:
+class CpuEnergyMeter(WindowMeter):
     """Energy of every CPU package between start() and stop(), in mJ; the counters wrap at max_energy_range_uj."""
 
     def __init__(self, root: str = POWERCAP):
+        super().__init__()
         self.domains = package_domains(root)
-        self._start: list[int] | None = None
 
     def _read(self) -> list[int] | None:
         try:
@@ -43,15 +45,9 @@ class CpuEnergyMeter:
         except (OSError, ValueError):  # root-only on kernels since 2020 (CVE-2020-8694)
             return None
 
-    def start(self) -> None:
-        self._start = self._read()
-
-    def stop(self) -> float | None:
-        end = self._read()
-        if self._start is None or end is None:
-            return None
+    def _delta(self, start: list[int], end: list[int]) -> float:
         total = 0
-        for domain, a, b in zip(self.domains, self._start, end, strict=True):
+        for domain, a, b in zip(self.domains, start, end, strict=True):
             delta = b - a
             if delta < 0:  # wrapped once (a window far shorter than a wrap: minutes at package power)
                 delta += _read_uj(domain, "max_energy_range_uj")

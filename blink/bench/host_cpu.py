@@ -6,6 +6,8 @@ import re
 
 import httpx
 
+from blink.bench.window_meter import WindowMeter
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ENGINE_PID_GAUGE = "blink:engine_pid"
 
@@ -34,12 +36,12 @@ def engine_pid_from_metrics(base_url: str, timeout_s: float = 10.0) -> int | Non
     return int(value) if value else None
 
 
-class CpuMeter:
+class CpuMeter(WindowMeter):
     """CPU seconds a process spends between start() and stop(); None when it has no pid or vanished."""
 
     def __init__(self, pid: int | None):
+        super().__init__()
         self.pid = pid
-        self._start: float | None = None
 
     def _read(self) -> float | None:
         if self.pid is None:
@@ -48,12 +50,3 @@ class CpuMeter:
             return process_cpu_seconds(self.pid)
         except (FileNotFoundError, ProcessLookupError):
             return None
-
-    def start(self) -> None:
-        self._start = self._read()
-
-    def stop(self) -> float | None:
-        end = self._read()
-        if self._start is None or end is None:
-            return None
-        return end - self._start
