@@ -16,6 +16,8 @@ from a layer at decode batches, not the GEMM itself (cuBLAS streams W about as w
   x's dtype first): the SiLU-mul kernel goes and down_proj reads half the bytes.
 - the "silu_mul" prologue (x is gate|up [M, 2K]) is kept for a gate|up that is not on this kernel; each
   program recomputes it over all of K, which is why SILU_OUT exists.
+- FIRST_TILE_EARLY (pdl.py's "late" switch, off by default): the first W tile is loaded before the PDL wait and
+  multiplied after the loop, and the next kernel may launch once every program has left the loop (a late trigger).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from blink.kernels.pdl import gemv_rows_pdl_for, pdl_wait
+from blink.kernels.pdl import gemv_rows_late, gemv_rows_pdl_for, pdl_launch_next, pdl_wait, pdl_wait_only
 
 PROLOGUES = {"none": 0, "norm": 1, "add_norm": 2, "silu_mul": 3}
 TILE_M = 16  # x is padded to at least one tensor-core tile of rows
@@ -63,7 +65,7 @@ def _gemv_rows_kernel(
     x_ptr, r_ptr, nw_ptr, w_ptr, bias_ptr, out_ptr, new_r_ptr,
     M, N, K, stride_xm, stride_rm, stride_wn, stride_om, eps,
     PROLOGUE: tl.constexpr, SILU_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FIRST_TILE_EARLY: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns; with SILU_OUT, gate rows (up: N further)
@@ -72,12 +74,21 @@ def _gemv_rows_kernel(
     rows = tl.arange(0, BLOCK_M)
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
     w_up_rows = w_rows + N.to(tl.int64) * stride_wn
-    pdl_wait(USE_PDL)  # everything below may read the previous kernel's output
+    if FIRST_TILE_EARLY:  # the "late" PDL: W's first tile is in flight while the previous kernel finishes (the
+        # weights are never written in a step); it is used after the loop, so the loop's pipeline starts at once
+        w_first_mask = col_mask[:, None] & (ks < K)[None, :]
+        w_first = tl.load(w_rows + ks[None, :], mask=w_first_mask, other=0.0)
+        w_up_first = w_first
+        if SILU_OUT:
+            w_up_first = tl.load(w_up_rows + ks[None, :], mask=w_first_mask, other=0.0)
+        pdl_wait_only(USE_PDL)  # everything below may read the previous kernel's output
+    else:
+        pdl_wait(USE_PDL)  # everything below may read the previous kernel's output
 
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # summed over k once, after the loop
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in range(BLOCK_K if FIRST_TILE_EARLY else 0, K, BLOCK_K):
         k = k0 + ks
         k_mask = k < K
         w_mask = col_mask[:, None] & k_mask[None, :]
@@ -90,6 +101,16 @@ def _gemv_rows_kernel(
         if SILU_OUT:
             w_up = tl.load(w_up_rows + k[None, :], mask=w_mask, other=0.0)
             acc_up = tl.dot(w_up, tl.trans(x_t), acc_up, input_precision="ieee")
+    if FIRST_TILE_EARLY:
+        x_t, sq = _x_tile(x_ptr, r_ptr, nw_ptr, new_r_ptr, rows, M, ks, ks < K, stride_xm, stride_rm, K, pid == 0,
+                          PROLOGUE)
+        if PROLOGUE == 1 or PROLOGUE == 2:
+            squares += sq
+        acc = tl.dot(w_first, tl.trans(x_t), acc, input_precision="ieee")
+        if SILU_OUT:
+            acc_up = tl.dot(w_up_first, tl.trans(x_t), acc_up, input_precision="ieee")
+        # the next kernel launches when every program got here: at the tail, not beside the weight stream
+        pdl_launch_next(USE_PDL)
     if PROLOGUE == 1 or PROLOGUE == 2:
         rstd = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)
         acc = acc * rstd[None, :]
@@ -128,6 +149,6 @@ def gemv_rows_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         eps,
         PROLOGUE=PROLOGUES[prologue], SILU_OUT=silu_out, HAS_BIAS=bias is not None, USE_PDL=use_pdl,
         BLOCK_M=max(TILE_M, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
+        FIRST_TILE_EARLY=gemv_rows_late(), num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     return out, new_residual

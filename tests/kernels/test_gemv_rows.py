@@ -112,11 +112,45 @@ def test_rows_pdl_has_its_own_switch_off_by_default(monkeypatch):
 
     from blink.kernels import pdl
 
-    assert pdl._state["gemv_rows"] is (os.environ.get("BLINK_GEMV_ROWS_PDL", "0") == "1")
+    assert pdl._state["gemv_rows"] == pdl._ROWS_ENV[os.environ.get("BLINK_GEMV_ROWS_PDL", "0")]
     monkeypatch.setattr(pdl, "pdl_for", lambda t: True)  # as on a Hopper GPU
     with pdl.pdl_switched(False, "gemv_rows"):
-        assert not pdl.gemv_rows_pdl_for(torch.zeros(2, 8))
+        assert not pdl.gemv_rows_pdl_for(torch.zeros(2, 8)) and not pdl.gemv_rows_late()
+    with pdl.pdl_switched("late", "gemv_rows"):
+        assert pdl.gemv_rows_pdl_for(torch.zeros(2, 8)) and pdl.gemv_rows_late()
     with pdl.pdl_switched(True, "gemv_rows"):
-        assert pdl.gemv_rows_pdl_for(torch.zeros(2, 8))
+        assert pdl.gemv_rows_pdl_for(torch.zeros(2, 8)) and not pdl.gemv_rows_late()
         monkeypatch.setattr(pdl, "pdl_for", lambda t: False)  # the model's switch off, or not a Hopper GPU
         assert not pdl.gemv_rows_pdl_for(torch.zeros(2, 8))
+
+
+def test_rows_pdl_setting_rejects_unknown_values(monkeypatch):
+    from blink.kernels import pdl
+
+    monkeypatch.setenv("BLINK_GEMV_ROWS_PDL", "early")
+    with pytest.raises(ValueError, match="BLINK_GEMV_ROWS_PDL"):
+        pdl._rows_setting()
+    monkeypatch.setenv("BLINK_GEMV_ROWS_PDL", "late")
+    assert pdl._rows_setting() == "late"
+
+
+@pytest.mark.parametrize("prologue,epilogue", [("none", "none"), ("add_norm", "none"), ("norm", "silu_mul"),
+                                               ("add_norm", "silu_mul"), ("silu_mul", "none")])
+@pytest.mark.parametrize("k", [24, 96, 104])  # below one K step, a multiple of it, neither
+def test_first_tile_early_matches_the_references(prologue, epilogue, k):
+    """The "late" switch's tile order (pdl.py: the first W tile loaded before the wait, multiplied after the loop)
+    gives the references' results and the same new residual, with one K step or several, whole or cut."""
+    from blink.kernels import pdl
+
+    n = 80 if epilogue == "silu_mul" else 48
+    args = _inputs(5, n, k, prologue, torch.float32, bias=epilogue == "none", seed=k)
+    config = GemvConfig(block_n=16, block_k=32, num_stages=2, dot=True)
+    with pdl.pdl_switched("late", "gemv_rows"):
+        got = gemv_triton(**args, config=config, epilogue=epilogue)
+    in_order = gemv_triton(**args, config=config, epilogue=epilogue)
+    expected = gemv_ref(**args, epilogue=epilogue)
+    if prologue == "add_norm":
+        torch.testing.assert_close(got[1], expected[1], atol=0, rtol=0)
+        got, expected, in_order = got[0], expected[0], in_order[0]
+    torch.testing.assert_close(got, expected, **_tol(torch.float32))
+    torch.testing.assert_close(got, in_order, atol=1e-5, rtol=1e-5)  # only the order of the K sums differs
