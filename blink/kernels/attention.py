@@ -32,8 +32,9 @@ import triton.language as tl
 
 from blink.kernels.attention_merge import NO_TILES, _merge_tile_if_last, merge_chunk, merge_splits
 from blink.kernels.attention_plan import AttentionTuning, launch_plan
-from blink.kernels.attention_tile import CAN_PREFETCH, _attend_kv_tile, _warm_kv_tile
+from blink.kernels.attention_tile import _attend_kv_tile, _warm_kv_tile
 from blink.kernels.pdl import pdl_for, pdl_wait
+from blink.kernels.prefetch import CAN_PREFETCH
 
 _default = {"tuning": AttentionTuning()}
 

@@ -20,10 +20,10 @@ Written out for Triton 3.6 it compiled for sm_90 with the wait right after the i
 """
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
+
+from blink.kernels.prefetch import prefetch_l2
 
 
 @triton.jit
@@ -47,18 +47,6 @@ def _kv_offsets(kv_tile, kv_end, table_row, kv_head, block_size, stride_cb, stri
     return k_pos, k_valid, block * stride_cb + (k_pos % block_size) * stride_co + kv_head * stride_ch
 
 
-# The interpreter cannot run inline assembly, so interpreted launches leave the L2 prefetch out (the table load runs).
-CAN_PREFETCH = os.environ.get("TRITON_INTERPRET") != "1"
-
-
-@triton.jit
-def _prefetch_l2(ptrs, mask):
-    """prefetch.global.L2 of each masked-in address. Not pure, so it is kept although its dummy result is unused;
-    the predicate keeps masked-out (possibly invalid) addresses from being touched."""
-    tl.inline_asm_elementwise("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
-                              "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
 @triton.jit
 def _warm_kv_tile(kv_tile, cached_end, table_row, k_cache_ptr, v_cache_ptr, kv_head, head_dim, block_size,
                   stride_cb, stride_co, stride_ch, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
@@ -75,8 +63,8 @@ def _warm_kv_tile(kv_tile, cached_end, table_row, k_cache_ptr, v_cache_ptr, kv_h
         starts = tl.arange(0, LINES) * LINE
         offs = kv_offs[:, None] + starts[None, :]
         mask = cached[:, None] & (starts < head_dim)[None, :]
-        _prefetch_l2(k_cache_ptr + offs, mask)
-        _prefetch_l2(v_cache_ptr + offs, mask)
+        prefetch_l2(k_cache_ptr + offs, mask)
+        prefetch_l2(v_cache_ptr + offs, mask)
     return cached, kv_offs
 
 

@@ -114,7 +114,8 @@ def _compile_all() -> None:
             assert "shfl.sync" not in _last_loop(kernel.asm["ptx"]), (prologue, block_n, block_k)
     # 2-16 rows on tensor cores (gemv_rows.py): (prologue, SiLU-mul epilogue, PDL), default_config's tiles and the
     # bench's; the epilogue streams two W tiles a step
-    # and the "late" PDL (pdl.py): the first W tile loaded before the wait, the next kernel let go after the loop
+    # and the "late" PDL (pdl.py): W's first lines prefetched into L2 before the wait, the next kernel let go after
+    # the loop
     for prologue, silu_out, pdl, late in [(2, True, True, False), (2, False, True, False), (1, True, False, False),
                                           (3, False, True, False), (0, False, False, False), (2, True, True, True),
                                           (2, False, True, True), (0, False, True, True), (0, False, False, True)]:
@@ -123,15 +124,18 @@ def _compile_all() -> None:
         for block_n, block_k, num_warps, num_stages in tiles:
             kernel = check(gemv_rows._gemv_rows_kernel, gemv_ptrs, dict(PROLOGUE=prologue, SILU_OUT=silu_out,
                            HAS_BIAS=prologue == 0, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
-                           FIRST_TILE_EARLY=late), pdl=pdl, num_warps=num_warps, num_stages=num_stages)
+                           LATE=late, LINE_K=64,
+                           PREFETCH_K=gemv_rows.prefetch_columns(4096, block_k, num_stages, 64) if late else 0),
+                           pdl=pdl, num_warps=num_warps, num_stages=num_stages)
             if late and pdl:
                 waits_late(kernel.asm["ptx"])
 
 
 def waits_late(ptx: str) -> None:
-    """A W load is issued before griddepcontrol.wait, and launch_dependents comes after the weight loop."""
+    """W's lines are prefetched into L2 before griddepcontrol.wait (and nothing is loaded), and launch_dependents
+    comes after the weight loop."""
     wait = ptx.index("griddepcontrol.wait")
-    assert "ld.global" in ptx[:wait], "no load before the wait"
+    assert "prefetch.global.L2" in ptx[:wait] and "ld.global" not in ptx[:wait], "not a prefetch before the wait"
     loop = _last_loop(ptx)
     assert ptx.index("griddepcontrol.launch_dependents") > ptx.rindex(loop) + len(loop), "the trigger is not late"
     assert "griddepcontrol.launch_dependents" not in ptx[:wait]
