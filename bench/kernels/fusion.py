@@ -65,17 +65,9 @@ LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
           "gemv+pdl, up to 32 rows, down 16": ("all", "32,down:16", True, False, DEFAULT_ATTENTION),
           "gemv+pdl, up to 64 rows, down 16": ("all", "64,down:16", True, False, DEFAULT_ATTENTION),
           "gemv+pdl, up to 64 rows": ("all", 64, True, False, DEFAULT_ATTENTION)}
-# rows whose gemv_rows kernels launch with PDL too (pdl.py's "gemv_rows" switch; off by default): early as the
-# other kernels, or "late" (the first W tile before the wait, the next kernel let go after the weight loop)
-ROWS_PDL = {", rows pdl": True, ", rows pdl late": "late"}
-LEVERS.update({f"{label}{suffix}": value for label, value in list(LEVERS.items()) if "rows" in label
-               for suffix in ROWS_PDL})
-
-
-def rows_pdl_setting(label: str) -> bool | str:
-    """pdl.py's "gemv_rows" setting a LEVERS label asks for."""
-    return next((setting for suffix, setting in ROWS_PDL.items() if label.endswith(suffix)), False)
-
+# rows whose gemv_rows kernels launch with PDL too (pdl.py's "gemv_rows" switch; off by default)
+LEVERS.update({f"{label}, rows pdl": value for label, value in LEVERS.items() if "rows" in label})
+ROWS_PDL_SUFFIX = ", rows pdl"
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
     ("before session 13", av.BEFORE_SESSION_13), ("merge kernel", AttentionTuning(merge_in_kernel=False)),
     ("split < 4/SM, 4/SM", AttentionTuning(split_below_per_sm=4, programs_per_sm=4)),
@@ -130,7 +122,7 @@ def bench_projection(name: str, k: int, n: int, m: int, sweep: list[GemvConfig])
         return call
 
     variants = {"today (kernels + cuBLAS)": (today, False), "gemv": (new(None), False),
-                "gemv + pdl": (new(None), True), "gemv + pdl late": (new(None), "late")}
+                "gemv + pdl": (new(None), True)}
     if prologue == "silu_mul":  # the bound a SiLU computed once (in gate_up's epilogue) would leave
         x_act = silu_and_mul_triton(x)
         variants["gemv on silu(gate)*up (bound)"] = (lambda w: gemv_triton(x_act, w, None), False)
@@ -144,7 +136,7 @@ def bench_projection(name: str, k: int, n: int, m: int, sweep: list[GemvConfig])
     results = {}
     for label, (fn, pdl) in variants.items():
         try:
-            with pdl_switched(bool(pdl)), pdl_switched(pdl, "gemv_rows"):
+            with pdl_switched(pdl), pdl_switched(pdl, "gemv_rows"):
                 err = sk.rel_err(fn(weights[0]), ref)
                 us = sk.graph_time_us([lambda w=w, fn=fn: fn(w) for w in weights])
         except Exception as e:  # noqa: BLE001 - one failing variant must not cost the lead the whole run
@@ -192,7 +184,7 @@ def bench_step(model_name: str, batches: list[int], contexts: list[int], max_mod
                         down.gemv = GemvPlan(SESSION11_DOWN, down.gemv.max_m)
             try:
                 with torch.inference_mode(), pdl_switched(pdl), default_tuning_switched(attention), \
-                        pdl_switched(rows_pdl_setting(label), "gemv_rows"):
+                        pdl_switched(label.endswith(ROWS_PDL_SUFFIX), "gemv_rows"):
                     logits = step().float()
                     kernels = count_kernels(step)
                     us = sk.graph_time_us([step], replays=20)

@@ -16,10 +16,6 @@ from a layer at decode batches, not the GEMM itself (cuBLAS streams W about as w
   x's dtype first): the SiLU-mul kernel goes and down_proj reads half the bytes.
 - the "silu_mul" prologue (x is gate|up [M, 2K]) is kept for a gate|up that is not on this kernel; each
   program recomputes it over all of K, which is why SILU_OUT exists.
-- LATE (pdl.py's "late" switch, off by default): the next kernel may launch only once every program has left the
-  weight loop (a late trigger), and PREFETCH_K columns of W are prefetched into L2 before the wait. Session 25
-  first held the first W tile in registers across the loop and multiplied it after the loop: isolated, o and qkv
-  at 8 rows lost ~1 us (the x tile's L2 round trip moved into the tail), the step +1.6-2.7% (perf.md).
 """
 from __future__ import annotations
 
@@ -27,8 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from blink.kernels.pdl import gemv_rows_late, gemv_rows_pdl_for, pdl_launch_next, pdl_wait, pdl_wait_only
-from blink.kernels.prefetch import CAN_PREFETCH, prefetch_l2
+from blink.kernels.pdl import gemv_rows_pdl_for, pdl_wait
 
 PROLOGUES = {"none": 0, "norm": 1, "add_norm": 2, "silu_mul": 3}
 TILE_M = 16  # x is padded to at least one tensor-core tile of rows
@@ -68,8 +63,7 @@ def _gemv_rows_kernel(
     x_ptr, r_ptr, nw_ptr, w_ptr, bias_ptr, out_ptr, new_r_ptr,
     M, N, K, stride_xm, stride_rm, stride_wn, stride_om, eps,
     PROLOGUE: tl.constexpr, SILU_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LATE: tl.constexpr,
-    PREFETCH_K: tl.constexpr, LINE_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pid = tl.program_id(0)
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns; with SILU_OUT, gate rows (up: N further)
@@ -78,18 +72,7 @@ def _gemv_rows_kernel(
     rows = tl.arange(0, BLOCK_M)
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
     w_up_rows = w_rows + N.to(tl.int64) * stride_wn
-    if LATE:  # pdl.py's "late" switch: wait, but let the next kernel launch only after the weight loop
-        if PREFETCH_K > 0:  # W's first columns into L2 while the previous kernel finishes (weights are never
-            # written in a step): one address per 128-byte line, nothing held in registers, nothing waits for it
-            line_k = tl.arange(0, PREFETCH_K // LINE_K) * LINE_K
-            lines = cols.to(tl.int64)[:, None] * stride_wn + line_k[None, :]
-            line_mask = col_mask[:, None] & (line_k < K)[None, :]
-            prefetch_l2(w_ptr + lines, line_mask)
-            if SILU_OUT:
-                prefetch_l2(w_ptr + lines + N.to(tl.int64) * stride_wn, line_mask)
-        pdl_wait_only(USE_PDL)  # everything below may read the previous kernel's output
-    else:
-        pdl_wait(USE_PDL)  # everything below may read the previous kernel's output
+    pdl_wait(USE_PDL)  # everything below may read the previous kernel's output
 
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -107,8 +90,6 @@ def _gemv_rows_kernel(
         if SILU_OUT:
             w_up = tl.load(w_up_rows + k[None, :], mask=w_mask, other=0.0)
             acc_up = tl.dot(w_up, tl.trans(x_t), acc_up, input_precision="ieee")
-    if LATE:  # the next kernel launches once every program got here: at the tail, not beside the weight stream
-        pdl_launch_next(USE_PDL)
     if PROLOGUE == 1 or PROLOGUE == 2:
         rstd = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)
         acc = acc * rstd[None, :]
@@ -129,14 +110,6 @@ def _gemv_rows_kernel(
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & col_mask[None, :])
 
 
-def prefetch_columns(k: int, block_k: int, num_stages: int, line_k: int) -> int:
-    """W columns the late switch prefetches before the wait: about the tiles the pipeline keeps in flight, a power
-    of two (tl.arange) of whole lines, 0 if less than a line."""
-    in_flight = min(triton.next_power_of_2(k), block_k * max(1, num_stages - 1))
-    columns = 1 << (in_flight.bit_length() - 1)
-    return columns if columns >= line_k else 0
-
-
 def gemv_rows_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, prologue: str,
                      norm_weight: torch.Tensor | None, eps: float, residual: torch.Tensor | None,
                      block_n: int, block_k: int, num_warps: int, num_stages: int, silu_out: bool = False,
@@ -148,9 +121,6 @@ def gemv_rows_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     out = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     new_residual = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else None
     use_pdl = gemv_rows_pdl_for(x)  # off by default (pdl.py says why)
-    late = gemv_rows_late()
-    line_k = max(1, 128 // weight.element_size())  # W columns in a 128-byte line
-    prefetch_k = prefetch_columns(k, block_k, num_stages, line_k) if late and CAN_PREFETCH else 0
     _gemv_rows_kernel[(triton.cdiv(n, block_n),)](
         x, residual if residual is not None else x, norm_weight if norm_weight is not None else weight, weight,
         bias if bias is not None else weight, out, new_residual if new_residual is not None else out,
@@ -158,6 +128,6 @@ def gemv_rows_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         eps,
         PROLOGUE=PROLOGUES[prologue], SILU_OUT=silu_out, HAS_BIAS=bias is not None, USE_PDL=use_pdl,
         BLOCK_M=max(TILE_M, triton.next_power_of_2(m)), BLOCK_N=block_n, BLOCK_K=block_k,
-        LATE=late, PREFETCH_K=prefetch_k, LINE_K=line_k, num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
+        num_warps=num_warps, num_stages=num_stages, launch_pdl=use_pdl,
     )
     return out, new_residual

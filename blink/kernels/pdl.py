@@ -44,29 +44,17 @@ def _sampler_setting() -> bool | str:
 # "gemv_rows": the decode GEMV above one row (gemv_rows.py), also needing "model". Off by default
 # (BLINK_GEMV_ROWS_PDL=1 turns it on): launched early, its programs (80-140 KB of shared memory each) took SMs
 # beside the previous kernel's and then ran unevenly placed; at batch 8 on the H200 down_proj took 48.7 us in the
-# step against 32.2 alone (perf.md, session 17). "late" (BLINK_GEMV_ROWS_PDL=late) lets the next kernel launch
-# only after a program's weight loop, so it arrives at the tail and not beside the stream, and loads the first W
-# tile before its own wait (gemv_rows.py's FIRST_TILE_EARLY).
-_ROWS_ENV = {"0": False, "1": True, "late": "late"}
-
-
-def _rows_setting() -> bool | str:
-    value = os.environ.get("BLINK_GEMV_ROWS_PDL", "0")
-    if value not in _ROWS_ENV:
-        raise ValueError(f"BLINK_GEMV_ROWS_PDL must be one of {sorted(_ROWS_ENV)}, got {value!r}")
-    return _ROWS_ENV[value]
-
-
+# step against 32.2 alone (perf.md, session 17).
 _state = {"model": os.environ.get("BLINK_PDL", "1") == "1", "sampler": _sampler_setting(),
-          "gemv_rows": _rows_setting()}
+          "gemv_rows": os.environ.get("BLINK_GEMV_ROWS_PDL", "0") == "1"}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @contextlib.contextmanager
-def pdl_switched(on: bool | str, part: str = "model"):
+def pdl_switched(on: bool, part: str = "model"):
     """PDL on or off for launches inside the block, then as it was (benches and tests that compare the two;
     graphs captured inside keep what they were captured with). part="sampler" / "gemv_rows": those kernels'
-    own switch ("late" for gemv_rows' late trigger)."""
+    own switch."""
     before = _state[part]
     _state[part] = on
     try:
@@ -91,13 +79,7 @@ def sampler_pdl_for(logits: torch.Tensor) -> bool:
 
 def gemv_rows_pdl_for(x: torch.Tensor) -> bool:
     """pdl_for, for the decode GEMV above one row (gemv_rows.py): only with its own switch on as well."""
-    return bool(_state["gemv_rows"]) and pdl_for(x)
-
-
-def gemv_rows_late() -> bool:
-    """Whether the GEMV above one row takes its first W tile before the wait and lets the next kernel launch after
-    its weight loop (the "late" switch). The tile order holds without PDL too, so the interpreter tests it."""
-    return _state["gemv_rows"] == "late"
+    return _state["gemv_rows"] and pdl_for(x)
 
 
 @functools.cache
@@ -110,19 +92,4 @@ def pdl_wait(USE_PDL: tl.constexpr):
     """Wait for the previous kernel's writes, then let the next kernel launch (no-ops without PDL)."""
     if USE_PDL:
         gdc_wait()
-        gdc_launch_dependents()
-
-
-@triton.jit
-def pdl_wait_only(USE_PDL: tl.constexpr):
-    """Wait for the previous kernel's writes and keep the next kernel back until pdl_launch_next (a late trigger;
-    a program that exits without it counts as having triggered)."""
-    if USE_PDL:
-        gdc_wait()
-
-
-@triton.jit
-def pdl_launch_next(USE_PDL: tl.constexpr):
-    """Let the next kernel launch (after pdl_wait_only)."""
-    if USE_PDL:
         gdc_launch_dependents()

@@ -1,6 +1,7 @@
 """L2 prefetches from Triton kernels, for work done before a PDL wait (pdl.py): lines a kernel will read once the
 previous kernel has finished, fetched into L2 while it finishes. Nothing waits for a prefetch and no register
-holds its data, so a kernel's first loads after the wait hit L2 without lengthening anything."""
+holds its data, so a kernel's first loads after the wait hit L2 without lengthening anything. Used by attention's
+early table (attention_tile.py); session 25 measured it before the GEMV's wait too and removed it (perf.md)."""
 from __future__ import annotations
 
 import os

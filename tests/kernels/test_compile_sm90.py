@@ -114,31 +114,14 @@ def _compile_all() -> None:
             assert "shfl.sync" not in _last_loop(kernel.asm["ptx"]), (prologue, block_n, block_k)
     # 2-16 rows on tensor cores (gemv_rows.py): (prologue, SiLU-mul epilogue, PDL), default_config's tiles and the
     # bench's; the epilogue streams two W tiles a step
-    # and the "late" PDL (pdl.py): W's first lines prefetched into L2 before the wait, the next kernel let go after
-    # the loop
-    for prologue, silu_out, pdl, late in [(2, True, True, False), (2, False, True, False), (1, True, False, False),
-                                          (3, False, True, False), (0, False, False, False), (2, True, True, True),
-                                          (2, False, True, True), (0, False, True, True), (0, False, False, True)]:
-        tiles = [(32, 256, 4, 3), (32, 128, 4, 4), (64, 128, 4, 3), (64, 64, 4, 4)] if silu_out else \
-            [(32, 512, 4, 3), (32, 256, 4, 4), (64, 128, 4, 4), (16, 256, 4, 1), (64, 256, 4, 3)]
+    for prologue, silu_out, pdl in [(2, True, True), (2, False, True), (1, True, False), (3, False, True),
+                                    (0, False, False)]:
+        tiles = [(32, 256, 4, 3), (32, 128, 4, 4), (64, 128, 4, 3)] if silu_out else \
+            [(32, 512, 4, 3), (32, 256, 4, 4), (64, 128, 4, 4), (16, 256, 4, 1)]
         for block_n, block_k, num_warps, num_stages in tiles:
-            kernel = check(gemv_rows._gemv_rows_kernel, gemv_ptrs, dict(PROLOGUE=prologue, SILU_OUT=silu_out,
-                           HAS_BIAS=prologue == 0, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
-                           LATE=late, LINE_K=64,
-                           PREFETCH_K=gemv_rows.prefetch_columns(4096, block_k, num_stages, 64) if late else 0),
-                           pdl=pdl, num_warps=num_warps, num_stages=num_stages)
-            if late and pdl:
-                waits_late(kernel.asm["ptx"])
-
-
-def waits_late(ptx: str) -> None:
-    """W's lines are prefetched into L2 before griddepcontrol.wait (and nothing is loaded), and launch_dependents
-    comes after the weight loop."""
-    wait = ptx.index("griddepcontrol.wait")
-    assert "prefetch.global.L2" in ptx[:wait] and "ld.global" not in ptx[:wait], "not a prefetch before the wait"
-    loop = _last_loop(ptx)
-    assert ptx.index("griddepcontrol.launch_dependents") > ptx.rindex(loop) + len(loop), "the trigger is not late"
-    assert "griddepcontrol.launch_dependents" not in ptx[:wait]
+            check(gemv_rows._gemv_rows_kernel, gemv_ptrs, dict(PROLOGUE=prologue, SILU_OUT=silu_out,
+                  HAS_BIAS=prologue == 0, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k), pdl=pdl,
+                  num_warps=num_warps, num_stages=num_stages)
 
 
 def _last_loop(ptx: str) -> str:

@@ -112,51 +112,11 @@ def test_rows_pdl_has_its_own_switch_off_by_default(monkeypatch):
 
     from blink.kernels import pdl
 
-    assert pdl._state["gemv_rows"] == pdl._ROWS_ENV[os.environ.get("BLINK_GEMV_ROWS_PDL", "0")]
+    assert pdl._state["gemv_rows"] is (os.environ.get("BLINK_GEMV_ROWS_PDL", "0") == "1")
     monkeypatch.setattr(pdl, "pdl_for", lambda t: True)  # as on a Hopper GPU
     with pdl.pdl_switched(False, "gemv_rows"):
-        assert not pdl.gemv_rows_pdl_for(torch.zeros(2, 8)) and not pdl.gemv_rows_late()
-    with pdl.pdl_switched("late", "gemv_rows"):
-        assert pdl.gemv_rows_pdl_for(torch.zeros(2, 8)) and pdl.gemv_rows_late()
+        assert not pdl.gemv_rows_pdl_for(torch.zeros(2, 8))
     with pdl.pdl_switched(True, "gemv_rows"):
-        assert pdl.gemv_rows_pdl_for(torch.zeros(2, 8)) and not pdl.gemv_rows_late()
+        assert pdl.gemv_rows_pdl_for(torch.zeros(2, 8))
         monkeypatch.setattr(pdl, "pdl_for", lambda t: False)  # the model's switch off, or not a Hopper GPU
         assert not pdl.gemv_rows_pdl_for(torch.zeros(2, 8))
-
-
-def test_rows_pdl_setting_rejects_unknown_values(monkeypatch):
-    from blink.kernels import pdl
-
-    monkeypatch.setenv("BLINK_GEMV_ROWS_PDL", "early")
-    with pytest.raises(ValueError, match="BLINK_GEMV_ROWS_PDL"):
-        pdl._rows_setting()
-    monkeypatch.setenv("BLINK_GEMV_ROWS_PDL", "late")
-    assert pdl._rows_setting() == "late"
-
-
-@pytest.mark.parametrize("prologue,epilogue", [("none", "none"), ("add_norm", "none"), ("norm", "silu_mul"),
-                                               ("silu_mul", "none")])
-def test_late_switch_changes_no_result(prologue, epilogue):
-    """The "late" switch (pdl.py) moves the next kernel's launch and adds L2 prefetches (left out under the
-    interpreter), nothing else: the same bits as the default, new residual included."""
-    from blink.kernels import pdl
-
-    n = 80 if epilogue == "silu_mul" else 48
-    args = _inputs(5, n, 104, prologue, torch.float32, bias=epilogue == "none", seed=3)
-    config = GemvConfig(block_n=16, block_k=32, num_stages=3, dot=True)
-    with pdl.pdl_switched("late", "gemv_rows"):
-        got = gemv_triton(**args, config=config, epilogue=epilogue)
-    in_order = gemv_triton(**args, config=config, epilogue=epilogue)
-    for a, b in zip(got if prologue == "add_norm" else [got], in_order if prologue == "add_norm" else [in_order],
-                    strict=True):
-        assert torch.equal(a, b)
-
-
-def test_prefetch_columns_are_whole_lines_in_a_power_of_two():
-    from blink.kernels.gemv_rows import prefetch_columns
-
-    assert prefetch_columns(4096, 256, 3, 64) == 512  # two tiles in flight
-    assert prefetch_columns(4096, 128, 4, 64) == 256  # three tiles: 384 columns, rounded down to a power of two
-    assert prefetch_columns(4096, 256, 1, 64) == 256  # no pipeline: the first tile
-    assert prefetch_columns(100, 64, 4, 64) == 128  # K bounds it (its next power of two; the mask stops at 100)
-    assert prefetch_columns(48, 16, 2, 64) == 0  # less than a 128-byte line

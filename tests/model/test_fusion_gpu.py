@@ -38,10 +38,9 @@ def _same_choice(got, ref, tol=2e-2):
     return bool((picked >= got.max(-1).values - tol * got.abs().max()).all())
 
 
-@pytest.mark.parametrize("rows_pdl", [False, "late"])  # pdl.py's gemv_rows switch (M > 1)
 @pytest.mark.parametrize("prologue", list(gemv.PROLOGUES))
 @pytest.mark.parametrize("m", [1, 2, 5, 8, 16, 33, 64])
-def test_gemv_real_shapes_bf16(prologue, m, pdl, rows_pdl):
+def test_gemv_real_shapes_bf16(prologue, m, pdl):
     k, n = SHAPES[prologue]
     gen = torch.Generator(device="cuda").manual_seed(m)
     rand = lambda *shape: torch.randn(*shape, device="cuda", generator=gen).bfloat16()
@@ -51,8 +50,7 @@ def test_gemv_real_shapes_bf16(prologue, m, pdl, rows_pdl):
     residual = rand(m, k) if prologue == "add_norm" else None
     poison = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     del poison  # the output reuses the NaN block: every element must be written
-    with pdl_switched(rows_pdl, "gemv_rows"):
-        got = gemv.gemv_triton(x, weight, bias, prologue, norm_w, 1e-5, residual)
+    got = gemv.gemv_triton(x, weight, bias, prologue, norm_w, 1e-5, residual)
     ref = gemv.gemv_ref(x, weight, bias, prologue, norm_w, 1e-5, residual)
     if prologue == "add_norm":
         assert torch.equal(got[1], ref[1])  # the new residual: one bf16 add, rounded the same
@@ -87,12 +85,10 @@ def _short_llama(layers=4):
     return model, cfg
 
 
-@pytest.mark.parametrize("rows_pdl", [False, "late"])
 @pytest.mark.parametrize("batch", [1, 8, 32])
-def test_step_graph_with_levers_matches_eager_and_the_baseline(batch, rows_pdl):
-    """A decode step (GEMV at every batch here, PDL; the GEMV above one row with the late trigger too) captured and
-    replayed equals its eager run; and the logits stay those of the unfused cuBLAS path up to bf16 accumulation
-    order."""
+def test_step_graph_with_levers_matches_eager_and_the_baseline(batch):
+    """A decode step (GEMV at every batch here, PDL) captured and replayed equals its eager run; and the logits stay
+    those of the unfused cuBLAS path up to bf16 accumulation order."""
     model, cfg = _short_llama()
     step = _decode_step(model, cfg, batch, 1000, 2048)
     with torch.inference_mode():
@@ -100,7 +96,7 @@ def test_step_graph_with_levers_matches_eager_and_the_baseline(batch, rows_pdl):
         with pdl_switched(False):
             baseline = step().float()
         apply_fusion_policy(model, FusionPolicy.parse("all"))
-        with pdl_switched(True), pdl_switched(rows_pdl, "gemv_rows"):
+        with pdl_switched(True):
             eager = step().float()
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
