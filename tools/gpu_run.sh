@@ -99,6 +99,21 @@ for stage in "$@"; do
         | tee "$OUT/fusion_step_off.log"
       env ${FUSION_ENV:-BLINK_PDL=1} python3 -m blink.bench.step step --presets llama3-8b \
         --batches 1,8,32 2>&1 | tee "$OUT/fusion_step_on.log";;
+    flashinfer)  # issue 17's anchor: FlashInfer 0.5.3's decode attention and sampling beside ours
+      # (bench/kernels/flashinfer_anchor.py). Needs .fi (bash tools/fetch_flashinfer.sh here; carry [".fi"], not .whl:
+      # the tree and both pass 64 MiB). Its modules come prebuilt for sm_90 (flashinfer/data/aot/); FI_ARGS adds flags.
+      [ -d .fi ] || { echo "FATAL: no .fi: bash tools/fetch_flashinfer.sh, then carry .fi"; exit 1; }
+      if [ ! -e /tmp/fi-site/.installed ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fi-site .fi/*.whl \
+          || exit 1
+        mkdir -p /tmp/fi-aot && tar xJf .fi/aot.tar.xz -C /tmp/fi-aot || exit 1
+        for so in /tmp/fi-aot/*.so; do  # flashinfer loads data/aot/<name>/<name>.so before it would compile
+          name=$(basename "$so" .so); mkdir -p "/tmp/fi-site/flashinfer/data/aot/$name" && mv "$so" "$_/"
+        done
+        touch /tmp/fi-site/.installed
+      fi
+      PYTHONPATH=/tmp/fi-site:$PYTHONPATH FLASHINFER_CUDA_ARCH_LIST=9.0 python3 -m bench.kernels.flashinfer_anchor \
+        ${FI_ARGS:-} 2>&1 | tee "$OUT/flashinfer_anchor_$(date +%H%M%S).log" | tail -60;;
     sampling)  # issue 17: the selection rows at S = 1/8/32/128, 128 buckets per level (sampling_bucket.NUM_BUCKETS),
       # at the engine's programs per kernel (sampling_grid.programs_for), PDL as the engine takes it (one row only;
       # --pdl off,on: both), the old and new ways of session 17's levers: the race over the row or over the kept
@@ -306,6 +321,7 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
       # same stage again continues (--resume) on the same machine, or on a fresh one with the earlier folder
       # carried in as .intf/<p1|p2>/ (merge the returned tgz files there first: blink bench interference --merge-from),
       # or, with nothing carried, from the returned chunks kept in git as docs/results/*/*intf_<p1|p2>_points_*.tgz.
+      # A fresh machine's first server start takes most of 200 s: INTF_BUDGET below ~300 there measures nothing.
       m=${stage#interference-}; dir=/tmp/intf-$m; mkdir -p "$dir"
       [ -d ".intf/$m" ] && cp -rn ".intf/$m/." "$dir/"
       [ -f ".intf/$m.tgz" ] && tar xzf ".intf/$m.tgz" -C "$dir" --skip-old-files  # points + runs only: a smaller carry
@@ -321,10 +337,14 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
         --drain-seconds "${INTF_DRAIN_SECONDS:-8}" --server-start-s "${INTF_START_S:-90}" \
         --time-budget-s "${INTF_BUDGET:-500}" --resume --disable-tqdm --result-dir "$dir" ${INTF_ARGS:-} 2>&1 \
         | grep --line-buffered -v "it/s" | tee "$OUT/intf_${m}.log"
-      # the new points (kept in git as a chunk) apart from the report, which the merged folder redraws here
-      (cd "$dir" && find points runs logs -newer /tmp/intf-stamp -type f 2> /dev/null > /tmp/intf-new
-       tar czf "$OUT/intf_${m}_$(date +%H%M%S).tgz" -T /tmp/intf-new
-       tar czf "$OUT/intf_${m}_report_$(date +%H%M%S).tgz" results.md summary.json ./*.png 2> /dev/null)
+      # the new points and runs as a chunk to keep in git as it comes (named for the restore's glob above), the
+      # servers' logs apart (not restored), and the report, which the merged folder redraws here
+      (cd "$dir" && find points runs -newer /tmp/intf-stamp -type f 2> /dev/null > /tmp/intf-new
+       stamp=$(date +%H%M%S)
+       tar czf "$OUT/intf_${m}_points_$(grep -c '^points/' /tmp/intf-new)_$stamp.tgz" -T /tmp/intf-new
+       find logs -newer /tmp/intf-stamp -type f 2> /dev/null > /tmp/intf-logs
+       tar czf "$OUT/intf_${m}_logs_$stamp.tgz" -T /tmp/intf-logs
+       tar czf "$OUT/intf_${m}_report_$stamp.tgz" results.md summary.json ./*.png 2> /dev/null)
       ls -la "$OUT";;
     replicas)  # 2 GPUs (nvidia-h200-x2): two device-mode replicas behind vllm-router vs one replica, then a drain
       # under load (REPLICA_MODEL, REPLICA_PROMPTS, REPLICA_ARGS, REPLICA_LOAD; docs/deploy.md). Needs .whl with

@@ -71,26 +71,34 @@ def row(name: str, us: float, nbytes: int, err: float | None, extra: str = "") -
     print(f"  {name:<34} {us:9.2f} us {nbytes / us / 1e3:8.0f} GB/s  {err_text:<12} {extra}", flush=True)
 
 
-def bench_attention(cfg, context: int, batch: int, max_model_len: int, variants: dict) -> dict[str, float]:
-    """Each of `variants` (name -> AttentionTuning, rows of ATTENTION_VARIANTS) alone, us a layer."""
+def decode_batch(cfg, context: int, batch: int, max_model_len: int):
+    """A decode batch over a paged cache as the runner lays it out: (q [B, Hq, D], `copies` (K, V) caches of
+    [blocks, BLOCK_SIZE, Hkv, D], query starts, seq lens, block tables, scale, KV bytes a layer). The blocks are
+    shuffled, as a long-running cache's are."""
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     blocks_per_seq, width = triton.cdiv(context, BLOCK_SIZE), triton.cdiv(max_model_len, BLOCK_SIZE)
     kv_bytes = 2 * batch * context * hkv * d * 2
-    copies = copies_for(kv_bytes)
     num_blocks = batch * blocks_per_seq + 1
     caches = [(torch.randn(num_blocks, BLOCK_SIZE, hkv, d, device=DEVICE, dtype=DTYPE),
                torch.randn(num_blocks, BLOCK_SIZE, hkv, d, device=DEVICE, dtype=DTYPE))
-              for _ in range(copies)]
+              for _ in range(copies_for(kv_bytes))]
     tables = torch.zeros(batch, width, dtype=torch.int32, device=DEVICE)
     tables[:, :blocks_per_seq] = torch.randperm(num_blocks - 1, device=DEVICE)[: batch * blocks_per_seq].view(
         batch, blocks_per_seq).int()
     q = torch.randn(batch, hq, d, device=DEVICE, dtype=DTYPE)
     starts = torch.arange(batch + 1, dtype=torch.int32, device=DEVICE)
     lens = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
-    scale = d**-0.5
+    return q, caches, starts, lens, tables, d**-0.5, kv_bytes
+
+
+def bench_attention(cfg, context: int, batch: int, max_model_len: int, variants: dict) -> dict[str, float]:
+    """Each of `variants` (name -> AttentionTuning, rows of ATTENTION_VARIANTS) alone, us a layer."""
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q, caches, starts, lens, tables, scale, kv_bytes = decode_batch(cfg, context, batch, max_model_len)
+    width = tables.shape[1]
     ref = paged_attention_ref(q, *caches[0], starts, lens, tables, scale)
     print(f"attention decode: batch {batch}, context {context}, {hq}/{hkv} heads x {d}, "
-          f"KV {kv_bytes / 1e6:.1f} MB/layer, {copies} caches cycled", flush=True)
+          f"KV {kv_bytes / 1e6:.1f} MB/layer, {len(caches)} caches cycled", flush=True)
     results, tickets = {}, split_tickets(2 * batch, hkv, DEVICE)  # as the runner's
     for name, tuning in variants.items():
         run = lambda kv, tuning=tuning: paged_attention_triton(q, *kv, starts, lens, tables, scale, tuning=tuning,
