@@ -10,13 +10,13 @@ built from it), each timed as step_kernels times ours (caches cycled past the L2
 its error against the torch reference. FlashInfer plans on the host before each batch shape (outside the timing).
 Sampling: our sampler as the engine calls it (top-20 logprobs included, and without them) against FlashInfer's
 softmax with temperature followed by its rejection sampler (top_p_sampling_from_probs / top_k_sampling_from_probs),
-each captured in a CUDA graph and timed with L2 flushed (sampler.time_graph); eager where FlashInfer will not be
-captured (the row says so). The check column counts rows whose FlashInfer token lies outside the reference's keep
-set (expected 0).
+each captured in a CUDA graph and timed with L2 flushed (sampler.time_graph); where FlashInfer will not be
+captured, its kernels' device time from the profiler (L2 warm; the row says so). Each row counts the rows whose
+token lies outside the reference's keep set (expected 0).
 
-FlashInfer is not a dependency of blink: tools/fetch_flashinfer.sh fetches flashinfer-python 0.5.3 (a JIT
-wheel, 7 MB) with apache-tvm-ffi, and builds its sampling and decode modules for sm_90 here with nvcc, so the GPU
-machine compiles nothing; `bash tools/gpu_run.sh flashinfer` installs and runs them.
+FlashInfer is not a dependency of blink: tools/fetch_flashinfer.sh fetches flashinfer-python 0.5.3 (a JIT wheel,
+slimmed to 2 MB) with apache-tvm-ffi, and builds its sampling, decode and prefill modules for sm_90 here with nvcc,
+so the GPU machine compiles nothing; `bash tools/gpu_run.sh flashinfer` installs and runs them.
 """
 from __future__ import annotations
 
@@ -50,14 +50,28 @@ def paged_kv_indices(tables: torch.Tensor, seq_lens: torch.Tensor, block_size: i
     return indptr, indices, last.to(torch.int32)
 
 
+def kernel_us(fn, calls: int = 20) -> float:
+    """The GPU time of one eager call: its kernels' device time summed by the profiler (host gaps left out, so a
+    library that cannot be captured is not charged its Python)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return sum(e.self_device_time_total for e in prof.key_averages()) / calls
+
+
 def time_captured(fn) -> tuple[float, str]:
-    """(us, how): sampler.time_graph's captured median, else an eager do_bench median if capture fails."""
+    """(us, how): sampler.time_graph's captured median (L2 flushed), else the kernels' summed device time if
+    capture fails (the row says which)."""
     try:
         return sb.time_graph(fn), "graph"
     except Exception as e:  # noqa: BLE001 - e.g. a library that reads host state while capturing
-        print(f"    (not capturable: {type(e).__name__}: {str(e)[:120]}; timed eager)", flush=True)
+        print(f"    (not capturable: {type(e).__name__}: {str(e)[:120]}; kernels' device time instead)", flush=True)
         torch.cuda.synchronize()
-        return triton.testing.do_bench(fn, return_mode="median") * 1000, "eager"
+        return kernel_us(fn), "kernels"
 
 
 def bench_attention(flashinfer, cfg, context: int, batch: int) -> dict[str, float]:
