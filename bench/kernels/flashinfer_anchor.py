@@ -1,8 +1,9 @@
-"""FlashInfer beside blink's kernels (issue 17's anchor): decode attention over the same paged cache, and top-p /
-top-k sampling over the same logits, on the GPU.
+"""FlashInfer beside blink's kernels (issue 17's anchor): decode and prefill attention over the same paged cache,
+and top-p / top-k sampling over the same logits, on the GPU.
 
-    python -m bench.kernels.flashinfer_anchor [--sections attention,sampling] [--batches 1,8,32]
-                                              [--contexts 1024,8192] [--rows 1,8,32] [--scenarios top_p,top_k]
+    python -m bench.kernels.flashinfer_anchor [--sections attention,prefill,sampling] [--batches 1,8,32]
+                                              [--contexts 1024,8192] [--prefill-tokens 8192,32768]
+                                              [--rows 1,8,32] [--scenarios top_p,top_k]
 
 Attention: our default tuning against FlashInfer's BatchDecodeWithPagedKVCacheWrapper, CUDA cores and tensor cores,
 on one cache layout ([blocks, 16, Hkv, D], NHD to FlashInfer) with one block table (FlashInfer's page indices are
@@ -27,6 +28,7 @@ import triton
 
 from bench.kernels import sampler as sb
 from bench.kernels import step_kernels as sk
+from bench.kernels.prefill_attention import causal_flops
 from blink.kernels import sampling
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
 from blink.kernels.attention_merge import split_tickets
@@ -85,11 +87,15 @@ def bench_attention(flashinfer, cfg, context: int, batch: int) -> dict[str, floa
                                                                        split_tickets=tickets)}
     indptr, indices, last = paged_kv_indices(tables, lens, sk.BLOCK_SIZE)
     for tensor_cores in (False, True):
-        wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda"), "NHD", use_tensor_cores=tensor_cores)
-        wrapper.plan(indptr, indices, last, hq, hkv, d, sk.BLOCK_SIZE, pos_encoding_mode="NONE",
-                     q_data_type=q.dtype, kv_data_type=q.dtype, sm_scale=scale)
         label = "flashinfer decode" + (", tensor cores" if tensor_cores else "")
+        try:
+            wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda"), "NHD", use_tensor_cores=tensor_cores)
+            wrapper.plan(indptr, indices, last, hq, hkv, d, sk.BLOCK_SIZE, pos_encoding_mode="NONE",
+                         q_data_type=q.dtype, kv_data_type=q.dtype, sm_scale=scale)
+        except Exception as e:  # noqa: BLE001 - the plan (or a module load) failing must not cost the other rows
+            print(f"  {label:<34} FAILED to plan: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
         runs[label] = lambda kv, wrapper=wrapper: wrapper.run(q, kv)
     results = {}
     for label, run in runs.items():
@@ -100,6 +106,46 @@ def bench_attention(flashinfer, cfg, context: int, batch: int) -> dict[str, floa
             print(f"  {label:<34} FAILED: {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
         sk.row(label, us, kv_bytes, err)
+        results[label] = us
+    return results
+
+
+def bench_prefill(flashinfer, cfg, tokens: int) -> dict[str, float]:
+    """One causal prompt of `tokens` tokens over a shuffled paged cache (prefill_attention.py's shape): ours (default
+    tuning) against FlashInfer's paged prefill (fa2: the module built for it; Hopper's fa3 needs CUTLASS's headers,
+    left out of the carry). err: FlashInfer's output against ours."""
+    hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    blocks = triton.cdiv(tokens, sk.BLOCK_SIZE)
+    kv_bytes = 2 * tokens * hkv * d * 2
+    caches = [tuple(torch.randn(blocks + 1, sk.BLOCK_SIZE, hkv, d, device="cuda", dtype=torch.bfloat16)
+                    for _ in range(2)) for _ in range(sk.copies_for(kv_bytes))]
+    tables = torch.randperm(blocks + 1, device="cuda")[:blocks].int().view(1, blocks)
+    q = torch.randn(tokens, hq, d, device="cuda", dtype=torch.bfloat16)
+    starts = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([tokens], dtype=torch.int32, device="cuda")
+    scale, flops = d**-0.5, causal_flops(tokens, 0, hq, d)
+    print(f"attention prefill: {tokens} tokens, causal, {flops / 1e12:.2f} TFLOP", flush=True)
+    indptr, indices, last = paged_kv_indices(tables, lens, sk.BLOCK_SIZE)
+    runs = {"blink (default tuning)": lambda kv: paged_attention_triton(q, *kv, starts, lens, tables, scale)}
+    try:
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda"), "NHD", backend="fa2")
+        wrapper.plan(starts, indptr, indices, last, hq, hkv, d, sk.BLOCK_SIZE, causal=True, sm_scale=scale,
+                     q_data_type=q.dtype, kv_data_type=q.dtype)
+        runs["flashinfer prefill (fa2)"] = lambda kv: wrapper.run(q, kv)
+    except Exception as e:  # noqa: BLE001
+        print(f"  flashinfer prefill (fa2) FAILED to plan: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    results, ours = {}, None
+    for label, run in runs.items():
+        try:
+            out = run(caches[0])
+            ours = out if ours is None else ours
+            us = sk.graph_time_us([lambda kv=kv, run=run: run(kv) for kv in caches], replays=10)
+        except Exception as e:  # noqa: BLE001
+            print(f"  {label:<34} FAILED: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        print(f"  {label:<34} {us:10.1f} us {flops / us / 1e6:6.0f} TFLOP/s  err vs ours {sk.rel_err(out, ours):.1e}",
+              flush=True)
         results[label] = us
     return results
 
@@ -144,10 +190,11 @@ def bench_sampling(flashinfer, scenario: str, rows: int) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sections", default="attention,sampling")
+    parser.add_argument("--sections", default="attention,prefill,sampling")
     parser.add_argument("--model", default="llama3-8b")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--contexts", default="1024,8192")
+    parser.add_argument("--prefill-tokens", default="8192,32768")
     parser.add_argument("--rows", default="1,8,32")
     parser.add_argument("--scenarios", default="top_p,top_k")
     args = parser.parse_args()
@@ -167,6 +214,10 @@ def main() -> None:
             for batch in map(int, args.batches.split(",")):
                 for label, us in bench_attention(flashinfer, cfg, context, batch).items():
                     summary.append((f"attention b{batch} ctx {context}", label, us))
+    if "prefill" in sections:
+        for tokens in map(int, args.prefill_tokens.split(",")):
+            for label, us in bench_prefill(flashinfer, cfg, tokens).items():
+                summary.append((f"prefill {tokens}", label, us))
     if "sampling" in sections:
         for scenario in args.scenarios.split(","):
             for rows in map(int, args.rows.split(",")):
