@@ -108,7 +108,7 @@ for stage in "$@"; do
           || exit 1
         mkdir -p /tmp/fi-aot && tar xJf .fi/aot.tar.xz -C /tmp/fi-aot || exit 1
         for so in /tmp/fi-aot/*.so; do  # flashinfer loads data/aot/<name>/<name>.so before it would compile
-          name=$(basename "$so" .so); mkdir -p "/tmp/fi-site/flashinfer/data/aot/$name" && mv "$so" "$_/"
+          dest=/tmp/fi-site/flashinfer/data/aot/$(basename "$so" .so); mkdir -p "$dest" && mv "$so" "$dest/"
         done
         touch /tmp/fi-site/.installed
       fi
