@@ -1,0 +1,110 @@
+# shellcheck shell=bash
+# Sourced by tools/gpu_run.sh: kernels, the step and its levers, the GPU test suites, the compile cache.
+# stages_kernels STAGE runs that stage and returns its status, or 99 for a stage not in this file.
+stages_kernels() {
+  case $1 in
+    env) nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv; nproc;
+         python3 -c 'import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.device_count())';;
+    tests) python3 -m pytest -q -s -m gpu --timeout 300 tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -40;;
+    pytest)  # chosen GPU tests: PYTEST_ARGS, e.g. "tests/kernels/test_kernels_gpu.py -k attention" (~ for spaces in a chain)
+      python3 -m pytest -q -m gpu --timeout 300 ${PYTEST_ARGS:?PYTEST_ARGS names the tests} 2>&1 \
+        | tee "$OUT/pytest_$(date +%H%M%S).log" | tail -30;;
+    tests-k) python3 -m pytest -q -m gpu tests/kernels tests/model 2>&1 | tee "$OUT/gpu_tests_k.log" | tail -30;;
+    kernels)  # KERNELS_ARGS: e.g. "--sections attention --batches 1,8 --context 1024,4096,8192,32768" (one block-table
+      # width for all: the longest context; llama3-8b's step section at 32k fits batch 8, not 32); KERNELS_TAG names the log;
+      # KERNELS_VARIANTS: attention variants by name, ';'-separated (names hold spaces: "~" for them in a chain)
+      python3 bench/kernels/step_kernels.py ${KERNELS_ARGS:-} ${KERNELS_VARIANTS:+--variants "$KERNELS_VARIANTS"} 2>&1 \
+        | tee "$OUT/kernels${KERNELS_TAG:-}.log" | tail -60;;
+    prefill-attn)  # issue 17: the attention kernel alone on 2k-32k-token chunks, tile variants (PREFILL_ATTN_ARGS: e.g. "--tokens 8192")
+      python3 -m bench.kernels.prefill_attention ${PREFILL_ATTN_ARGS:-} 2>&1 | tee "$OUT/prefill_attn_$(date +%H%M%S).log";;  # stamped: a chain may run it twice
+    fusion)  # issue 17's per-layer levers: GEMV vs today's kernels per projection, the step with each lever on/off
+      python3 -m bench.kernels.fusion 2>&1 | tee "$OUT/fusion.log" | tail -70;;
+    graph-eager)  # issue 17: graphs vs eager (padded to the buckets, exact) under attention tunings and PDL off
+      python3 -m tools.diag_graph_eager 2>&1 | grep -v Warn | tee "$OUT/graph_eager.log";;
+    fusion-tests) python3 -m pytest -q -s -m gpu tests/model/test_fusion_gpu.py tests/kernels/test_kernels_gpu.py \
+        2>&1 | tee "$OUT/fusion_tests.log" | tail -30;;
+    fusion-step)  # the official step bench (sampling included) with the levers off, then on (FUSION_ENV; default:
+      # the defaults, the GEMV at one row and PDL since 2026-12-02)
+      BLINK_GEMV= BLINK_PDL=0 python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 \
+        | tee "$OUT/fusion_step_off.log"
+      env ${FUSION_ENV:-BLINK_PDL=1} python3 -m blink.bench.step step --presets llama3-8b \
+        --batches 1,8,32 2>&1 | tee "$OUT/fusion_step_on.log";;
+    flashinfer)  # issue 17's anchor: FlashInfer 0.5.3's decode attention and sampling beside ours
+      # (bench/kernels/flashinfer_anchor.py). Needs .fi (bash tools/fetch_flashinfer.sh here; carry [".fi"], not .whl:
+      # the tree and both pass 64 MiB). Its modules come prebuilt for sm_90 (flashinfer/data/aot/); FI_ARGS adds flags.
+      [ -d .fi ] || { echo "FATAL: no .fi: bash tools/fetch_flashinfer.sh, then carry .fi"; exit 1; }
+      if [ ! -e /tmp/fi-site/.installed ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fi-site .fi/*.whl \
+          || exit 1
+        mkdir -p /tmp/fi-aot && tar xJf .fi/aot.tar.xz -C /tmp/fi-aot || exit 1
+        for so in /tmp/fi-aot/*.so; do  # flashinfer loads data/aot/<name>/<name>.so before it would compile
+          dest=/tmp/fi-site/flashinfer/data/aot/$(basename "$so" .so); mkdir -p "$dest" && mv "$so" "$dest/"
+        done
+        touch /tmp/fi-site/.installed
+      fi
+      PYTHONPATH=/tmp/fi-site:$PYTHONPATH FLASHINFER_CUDA_ARCH_LIST=9.0 python3 -m bench.kernels.flashinfer_anchor \
+        ${FI_ARGS:-} 2>&1 | tee "$OUT/flashinfer_anchor_$(date +%H%M%S).log" | tail -60;;
+    sampling)  # issue 17: the selection rows at S = 1/8/32/128, 128 buckets per level (sampling_bucket.NUM_BUCKETS),
+      # at the engine's programs per kernel (sampling_grid.programs_for), PDL as the engine takes it (one row only;
+      # --pdl off,on: both), the old and new ways of session 17's levers: the race over the row or over the kept
+      # tokens' list (BLINK_SAMPLER_RACE), the compaction's two reads or one (BLINK_SAMPLER_COMPACT); mismatches vs
+      # the CPU reference / rows that fell back. SAMPLER_ARGS replaces it all (the old sampler: drop --no-old; every
+      # scenario: drop --scenarios). Session 11: 2 columns x 4 sizes took ~150 s (4 columns now).
+      python3 -m bench.kernels.sampler ${SAMPLER_ARGS:---buckets 128 --programs engine --pdl engine --race row,list --compact twice,once --no-old --sizes 1 8 32 128 \
+        --scenarios top_p,top_k,top_k+top_p,min_p,top_p_flat,top_k_flat,logprobs20,greedy} 2>&1 \
+        | tee "$OUT/sampling.log" | tail -40
+      python3 -m pytest -q -m gpu tests/kernels/test_sampling_select.py tests/kernels/test_sampling.py 2>&1 \
+        | tee "$OUT/sampling_tests.log" | tail -10;;
+    sampling-profile)  # issue 17: the sampler's per-kernel times at S = 1 and 32 (top_p, top_k), the old ways of
+      # session 17's levers, then the new (BLINK_SAMPLER_RACE=list, BLINK_SAMPLER_COMPACT=once)
+      BLINK_SAMPLER_RACE=row BLINK_SAMPLER_COMPACT=twice python3 tools/diag_chunk.py sampler 2>&1 \
+        | tee "$OUT/sampling_profile_old.log" | tail -40
+      BLINK_SAMPLER_RACE=list BLINK_SAMPLER_COMPACT=once python3 tools/diag_chunk.py sampler 2>&1 \
+        | tee "$OUT/sampling_profile_new.log" | tail -40;;
+    step-sampling)  # issue 17: llama3-8b decode rows greedy vs top_p / top_k, and prefill rows with their floors
+      python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 --sampling "${STEP_SAMPLING:-greedy,top_p,top_k}" \
+        --prefill-tokens "${STEP_PREFILL:-2048,8192,32768,100@2000}" --result-json "$OUT/step_sampling.json" 2>&1 | tee "$OUT/step_sampling.log";;
+    diag) python3 tools/diag.py precision profile 2>&1 | tee "$OUT/diag.log";;
+    fp32) python3 tools/diag.py fp32 2>&1 | grep -v Warn | tee "$OUT/fp32.log";;
+    step8b) python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 | tee "$OUT/step8b.log";;
+    precision) python3 tools/diag.py precision 2>&1 | grep -v Warn | tee "$OUT/precision.log";;
+    profile) python3 tools/diag.py profile 2>&1 | grep -v Warn | tee "$OUT/profile.log";;
+    timeline)  # issue 17: one replayed decode graph kernel by kernel (llama3-8b, TIMELINE_BATCHES, default 1): time by
+      # name and a mid-step window; with PDL kernels overlap, so read a kernel's cost as completion to completion
+      python3 tools/diag.py timeline 2>&1 | grep -v Warn | tee "$OUT/timeline_$(date +%H%M%S).log";;
+    ncu-attn)  # issue 17: Nsight Compute on one decode attention launch (NCU_BATCH, NCU_VARIANT of step_kernels'
+      # attention variants): occupancy, waves, DRAM throughput, warp stalls. Firecracker machines only (KINDS.md)
+      ncu --clock-control none -k regex:_paged_attention_kernel -c 1 --section SpeedOfLight --section Occupancy \
+        --section LaunchStats --section WarpStateStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+        python3 bench/kernels/step_kernels.py --sections attention --batches "${NCU_BATCH:-64}" \
+        --variants "${NCU_VARIANT:-default}" 2>&1 | tee "$OUT/ncu_attn_b${NCU_BATCH:-64}.log" | tail -120;;
+    gemv-proj)  # issue 17: each projection alone at M = GEMV_MS rows: cuBLAS (+ the norm / SiLU kernel) vs the GEMV, GB/s
+      python3 -m bench.kernels.fusion --sections gemv --ms "${GEMV_MS:-1}" --projections "${GEMV_PROJ:-all}" \
+        --sweep "${GEMV_SWEEP:-all}" 2>&1 \
+        | tee "$OUT/gemv_proj_$(date +%H%M%S).log" | tail -30;;
+    fusion-levers)  # issue 17: the whole step with each lever, session 11's kernels vs today's side by side
+      # (FUSION_CONTEXT may be a list, e.g. 1024,8192,32768; at 32k llama3-8b's KV fits batch 8, not 32)
+      python3 -m bench.kernels.fusion --sections step --batches "${FUSION_BATCHES:-1,8,32}" --levers "${LEVERS:-all}" \
+        --context "${FUSION_CONTEXT:-1024}" 2>&1 \
+        | tee "$OUT/fusion_levers_$(date +%H%M%S).log" | tail -30;;
+    step) python3 -m blink.bench.step step --result-json "$OUT/step.json" 2>&1 | tee "$OUT/step.log";;
+    offline) python3 -m blink.bench.offline offline --result-json "$OUT/offline.json" 2>&1 | tee "$OUT/offline.log";;
+    grammar-step)  # issue 15: a constrained decode step (typical schema) vs unconstrained, llama3-8b, batch 1/8/32
+      python3 -m bench.grammar.constrained_step --preset llama3-8b --batches 1,8,32 --context 1024 \
+        --result-json "$OUT/grammar_step.json" 2>&1 | tee "$OUT/grammar_step.log" | tail -20;;
+    moe-tests)  # issue 20: Phi-4 / Qwen3-30B-A3B real shapes vs HF, MoE kernels, device == host on a tiny MoE
+      python3 -m pytest -q -s -m "gpu or not gpu" --timeout 900 tests/model/test_moe_phi_gpu.py tests/kernels/test_moe.py \
+        tests/kernels/test_moe_compile_sm90.py 2>&1 | tee "$OUT/moe_tests.log" | tail -30;;
+    moe-kernels) python3 -m bench.kernels.moe_block 2>&1 | tee "$OUT/moe_kernels.log";;
+    moe-step) python3 -m blink.bench.step step --presets qwen3-30b-a3b,phi-4 --batches 1,8,32,128 \
+        --result-json "$OUT/moe_step.json" 2>&1 | tee "$OUT/moe_step.log";;
+    cache-out)  # this machine's compiled Triton kernels (cubins + metadata: enough to load them) and blink's builds,
+      # in <= 15 MiB parts: move the returned gpu_cache_* into .gpu_cache/ here and carry ".gpu_cache" next time
+      (cd /tmp && { find triton-cache \( -name '*.cubin' -o -name '*.json' \) -print; ls -d blink-cache 2> /dev/null; }) \
+        > /tmp/cache-list
+      tar czf /tmp/caches.tgz -C /tmp -T /tmp/cache-list && split -b 15m -d /tmp/caches.tgz "$OUT/gpu_cache_"
+      echo "triton cache $(du -sh /tmp/triton-cache | cut -f1) in $(ls /tmp/triton-cache | wc -l) kernels; carried: $(du -sh /tmp/caches.tgz | cut -f1)"
+      ls -la "$OUT"/gpu_cache_*;;
+    *) return 99;;
+  esac
+}
