@@ -1,0 +1,46 @@
+"""tools/gpu_stages/: each GPU stage is defined once, and a group's function runs its own stages and answers 99 for
+the others (tools/gpu_run.sh tries the groups in turn). Run with stub commands: nothing here needs a GPU."""
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GROUPS = ("kernels", "device", "serve", "lab")
+ARM = re.compile(r"^    ([a-z0-9|-]+)\)", re.M)
+
+
+def _stages(group: str) -> list[str]:
+    text = (ROOT / "tools" / "gpu_stages" / f"{group}.sh").read_text()
+    return [name for arm in ARM.findall(text) for name in arm.split("|")]
+
+
+def test_every_stage_is_defined_once_and_the_runner_tries_every_group():
+    names = [name for group in GROUPS for name in _stages(group)]
+    assert len(names) == len(set(names)) and len(names) > 50
+    runner = (ROOT / "tools" / "gpu_run.sh").read_text()
+    assert runner.count(f"for group in {' '.join(GROUPS)}; do") == 2  # sourced, then dispatched, in one order
+    assert sorted(p.stem for p in (ROOT / "tools" / "gpu_stages").glob("*.sh")) == sorted(GROUPS)
+
+
+def _call(group: str, stage: str, tmp_path) -> subprocess.CompletedProcess:
+    stub = tmp_path / "bin"
+    stub.mkdir(exist_ok=True)
+    for tool in ("python3", "nvidia-smi"):
+        (stub / tool).write_text('#!/bin/sh\necho "stub $(basename "$0") $*"\n')
+        (stub / tool).chmod(0o755)
+    script = f'set -uo pipefail; OUT={tmp_path}; source tools/gpu_stages/{group}.sh; stages_{group} "{stage}"'
+    return subprocess.run(["bash", "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=30,
+                          env={"PATH": f"{stub}:/usr/bin:/bin"})
+
+
+@pytest.mark.parametrize("group", GROUPS)
+def test_a_group_answers_99_for_a_stage_it_does_not_hold(group, tmp_path):
+    assert _call(group, "no-such-stage", tmp_path).returncode == 99
+
+
+def test_a_group_runs_its_own_stage(tmp_path):
+    done = _call("kernels", "env", tmp_path)
+    assert done.returncode == 0 and "stub nvidia-smi --query-gpu" in done.stdout
+    assert _call("device", "env", tmp_path).returncode == 99
