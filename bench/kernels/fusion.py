@@ -16,6 +16,7 @@ beyond the L2 as in step_kernels.py.
 from __future__ import annotations
 
 import argparse
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -162,7 +163,9 @@ def count_kernels(step) -> int:
 
 
 def bench_step(model_name: str, batches: list[int], contexts: list[int], max_model_len: int,
-               levers: str = "all") -> list[tuple]:
+               levers: str = "all", repeats: int = 1) -> list[tuple]:
+    """Rows (batch, context, label, us, x floor, kernels): every chosen lever `repeats` times, the levers interleaved
+    within each round so that drift hits them all alike (kernels counted in the first round only)."""
     from blink.model.weights import load_model
 
     model, cfg = load_model(model_name, sk.DEVICE, sk.DTYPE, max_positions=max_model_len)
@@ -172,10 +175,10 @@ def bench_step(model_name: str, batches: list[int], contexts: list[int], max_mod
         kv_bytes, floor_us = sk.decode_floor(weight_bytes, cfg, batch, context)
         print(f"whole decode step: batch {batch}, context {context}, floor {floor_us:.0f} us")
         step = sk._decode_step(model, cfg, batch, context, max_model_len)
-        baseline_logits = None
-        for label, (gemv, max_m, pdl, old_down, attention) in LEVERS.items():
-            if levers != "all" and label not in levers.split(";"):
-                continue
+        baseline_logits, kernels_of = None, {}
+        chosen = [(label, lever) for label, lever in LEVERS.items() if levers == "all" or label in levers.split(";")]
+        rounds = ((choice, round_) for round_ in range(repeats) for choice in chosen)
+        for (label, (gemv, max_m, pdl, old_down, attention)), round_ in rounds:
             taken = apply_fusion_policy(model, FusionPolicy.parse(gemv, max_m))
             if old_down and gemv:
                 for layer in model.model.layers:
@@ -186,7 +189,7 @@ def bench_step(model_name: str, batches: list[int], contexts: list[int], max_mod
                 with torch.inference_mode(), pdl_switched(pdl), default_tuning_switched(attention), \
                         pdl_switched(label.endswith(ROWS_PDL_SUFFIX), "gemv_rows"):
                     logits = step().float()
-                    kernels = count_kernels(step)
+                    kernels = kernels_of.setdefault(label, count_kernels(step) if round_ == 0 else 0)
                     us = sk.graph_time_us([step], replays=20)
             except Exception as e:  # noqa: BLE001 - e.g. a driver that cannot capture PDL edges
                 print(f"  {label:<34} FAILED: {type(e).__name__}: {str(e)[:200]}", flush=True)
@@ -195,12 +198,21 @@ def bench_step(model_name: str, batches: list[int], contexts: list[int], max_mod
                 baseline_logits = logits
             err = sk.rel_err(logits, baseline_logits)
             same = (logits.argmax(-1) == baseline_logits.argmax(-1)).float().mean().item()
-            sk.row(label, us, weight_bytes + kv_bytes, err,
+            sk.row(label + (f" (round {round_ + 1})" if repeats > 1 else ""), us, weight_bytes + kv_bytes, err,
                    f"{us / floor_us:.3f} x floor  {kernels} kernels ({kernels / cfg.num_hidden_layers:.1f}/layer)  "
                    f"argmax = baseline {same:.0%}  gemv layers {sum(taken.values())}")
             rows.append((batch, context, label, us, us / floor_us, kernels))
     apply_fusion_policy(model, FusionPolicy())
     return rows
+
+
+def step_summary(rows: list[tuple]) -> dict[tuple, list[tuple]]:
+    """bench_step's rows grouped by (batch, context, label) in first-seen order: each lever's (us, x floor, kernels)
+    over its rounds."""
+    grouped: dict[tuple, list[tuple]] = {}
+    for batch, context, label, us, ratio, kernels in rows:
+        grouped.setdefault((batch, context, label), []).append((us, ratio, kernels))
+    return grouped
 
 
 def main() -> None:
@@ -217,6 +229,8 @@ def main() -> None:
                         help="GEMV tiles tried at the first and last --ms")
     parser.add_argument("--projections", default="all", help="comma-separated projections for the gemv section")
     parser.add_argument("--levers", default="all", help="';'-separated LEVERS labels for the step section")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds over the levers in the step section (the "
+                        "summary gives each lever's median [min-max] when above 1)")
     args = parser.parse_args()
     av.chosen_names(parser, args.levers, LEVERS, "levers")
     cfg = presets.get(args.model)
@@ -241,15 +255,20 @@ def main() -> None:
                     wins[name].append(m)
     contexts, max_model_len = sk.parse_contexts(args.context, args.max_model_len)
     step_rows = bench_step(args.model, [int(b) for b in args.batches.split(",")], contexts, max_model_len,
-                           args.levers) if "step" in sections else []
+                           args.levers, args.repeats) if "step" in sections else []
     print("\nSUMMARY per projection (us per call; 'default' = GEMV with default_config, PDL off)")
     print(f"  {'what':<20} {'today':>9} {'default':>9} {'best':>9}  best variant")
     for what, old, default, best, which in summary:
         print(f"  {what:<20} {old:9.2f} {default:9.2f} {best:9.2f}  {which}")
-    print("\nSUMMARY step (ms, x floor, kernels per step)")
-    for batch, context, label, us, ratio, kernels in step_rows:
+    print("\nSUMMARY step (ms, x floor, kernels per step" + (f"; median [min-max] of {args.repeats} rounds)"
+                                                            if args.repeats > 1 else ")"))
+    for (batch, context, label), runs in step_summary(step_rows).items():
         at = f"ctx {context:<6} " if len(contexts) > 1 else ""
-        print(f"  b{batch:<4} {at}{label:<10} {us / 1e3:8.3f} ms  {ratio:6.3f} x  {kernels:5d} kernels")
+        ms = sorted(us / 1e3 for us, _, _ in runs)
+        spread = f" [{ms[0]:.3f}-{ms[-1]:.3f}]" if len(ms) > 1 else ""
+        ratio = statistics.median(r for _, r, _ in runs)
+        print(f"  b{batch:<4} {at}{label:<10} {statistics.median(ms):8.3f} ms{spread}  {ratio:6.3f} x  "
+              f"{runs[0][2]:5d} kernels")
     if summary:
         chosen = [name for name, ms_won in wins.items() if ms_won and min(ms_won) == int(args.ms.split(",")[0])]
         print(f"\nGEMV wins (projection: M where it wins): { {k: v for k, v in wins.items() if v} }")

@@ -32,8 +32,8 @@ def test_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     assert len(errors) >= 12 and max(errors) < 5e-3  # attention variants, small kernels, the cuBLAS GEMMs
 
 
-def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
-    """bench/kernels/fusion.py: every section, the GEMV under the interpreter, timing stubbed out."""
+def _fusion_on_cpu(monkeypatch):
+    """bench/kernels/fusion.py on the CPU: the GEMV interpreted in wide tiles, timing stubbed out."""
     from bench.kernels import fusion
     from blink import kernels
     from blink.kernels import gemv
@@ -50,6 +50,12 @@ def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     monkeypatch.setattr(fusion, "SWEEP", [gemv.GemvConfig(block_n=32, block_k=32, dot=True)])
     monkeypatch.setattr(fusion, "SILU_SWEEP", [gemv.GemvConfig(block_n=32, block_k=32, dot=True)])
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
+    return fusion
+
+
+def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
+    """bench/kernels/fusion.py: every section, the GEMV under the interpreter, timing stubbed out."""
+    fusion = _fusion_on_cpu(monkeypatch)
     monkeypatch.setattr(sys, "argv", ["fusion", "--model", "tiny-llama", "--context", "40,24", "--max-model-len", "64",
                                       "--batches", "2", "--ms", "3"])
     fusion.main()
@@ -86,3 +92,29 @@ def test_prefill_attention_bench_runs_on_tiny_shapes(monkeypatch, capsys):
     assert len(errors) == 2 * len(prefill_attention.VARIANTS) + len(prefill_attention.VARIANTS)
     assert max(errors) < 5e-3
     assert out.count(" unsplit") == sum(not t.prefill_causal_split for t in prefill_attention.VARIANTS.values()) * 2
+
+
+def test_fusion_step_summary_takes_the_median_of_rounds():
+    """--repeats: each lever's rows grouped in first-seen order, whatever the rounds' order."""
+    from bench.kernels.fusion import step_summary
+
+    rows = [(8, 1024, "a", 4600.0, 1.23, 195), (8, 1024, "b", 4700.0, 1.25, 195),
+            (8, 1024, "a", 4500.0, 1.20, 0), (8, 1024, "b", 4750.0, 1.27, 0), (8, 1024, "a", 4550.0, 1.21, 0)]
+    grouped = step_summary(rows)
+    assert list(grouped) == [(8, 1024, "a"), (8, 1024, "b")]
+    assert [us for us, _, _ in grouped[(8, 1024, "a")]] == [4600.0, 4500.0, 4550.0]
+    assert grouped[(8, 1024, "b")][0][2] == 195  # the first round's kernel count leads
+
+
+def test_fusion_step_rounds_interleave_the_levers(monkeypatch, capsys):
+    """--repeats 2: each chosen lever once a round, rounds labelled, the summary a median with its spread."""
+    fusion = _fusion_on_cpu(monkeypatch)
+    monkeypatch.setattr(sys, "argv", ["fusion", "--model", "tiny-llama", "--context", "24", "--max-model-len", "64",
+                                      "--batches", "2", "--sections", "step", "--levers", "baseline;gemv+pdl",
+                                      "--repeats", "2"])
+    fusion.main()
+    out = capsys.readouterr().out
+    rows = [line.split(" (round ")[0].strip() + " " + line.split(" (round ")[1][0]
+            for line in out.splitlines() if " (round " in line]
+    assert rows == ["baseline 1", "gemv+pdl 1", "baseline 2", "gemv+pdl 2"]  # interleaved, not lever by lever
+    assert "median [min-max] of 2 rounds" in out and "b2    baseline" in out and "b2    gemv+pdl" in out

@@ -84,8 +84,9 @@ stages_kernels() {
         | tee "$OUT/gemv_proj_$(date +%H%M%S).log" | tail -30;;
     fusion-levers)  # issue 17: the whole step with each lever, session 11's kernels vs today's side by side
       # (FUSION_CONTEXT may be a list, e.g. 1024,8192,32768; at 32k llama3-8b's KV fits batch 8, not 32)
+      # FUSION_REPEATS=N: N rounds over the levers in one process, the summary a median [min-max] per lever
       python3 -m bench.kernels.fusion --sections step --batches "${FUSION_BATCHES:-1,8,32}" --levers "${LEVERS:-all}" \
-        --context "${FUSION_CONTEXT:-1024}" 2>&1 \
+        --context "${FUSION_CONTEXT:-1024}" --repeats "${FUSION_REPEATS:-1}" 2>&1 \
         | tee "$OUT/fusion_levers_$(date +%H%M%S).log" | tail -30;;
     step) python3 -m blink.bench.step step --result-json "$OUT/step.json" 2>&1 | tee "$OUT/step.log";;
     offline) python3 -m blink.bench.offline offline --result-json "$OUT/offline.json" 2>&1 | tee "$OUT/offline.log";;
