@@ -59,21 +59,13 @@ def _x_tile(x_ptr, r_ptr, nw_ptr, new_r_ptr, rows, M, k, k_mask, stride_xm, stri
 
 
 @triton.jit
-def _gemv_rows_kernel(
-    x_ptr, r_ptr, nw_ptr, w_ptr, bias_ptr, out_ptr, new_r_ptr,
-    M, N, K, stride_xm, stride_rm, stride_wn, stride_om, eps,
-    PROLOGUE: tl.constexpr, SILU_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns; with SILU_OUT, gate rows (up: N further)
-    col_mask = cols < N
+def _weight_loop(x_ptr, r_ptr, nw_ptr, new_r_ptr, w_rows, w_up_rows, col_mask, M, K, stride_xm, stride_rm, eps,
+                 store_sum, PROLOGUE: tl.constexpr, SILU_OUT: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The stream over the program's W rows (w_rows: one pointer per output column): prologue(x) W^T for all M rows
+    of x as [BLOCK_M, BLOCK_N] fp32, the norm's rstd applied, and with SILU_OUT the up rows' product too."""
     ks = tl.arange(0, BLOCK_K)
     rows = tl.arange(0, BLOCK_M)
-    w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
-    w_up_rows = w_rows + N.to(tl.int64) * stride_wn
-    pdl_wait(USE_PDL)  # everything below may read the previous kernel's output
-
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     squares = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)  # summed over k once, after the loop
@@ -82,7 +74,7 @@ def _gemv_rows_kernel(
         k_mask = k < K
         w_mask = col_mask[:, None] & k_mask[None, :]
         w = tl.load(w_rows + k[None, :], mask=w_mask, other=0.0)
-        x_t, sq = _x_tile(x_ptr, r_ptr, nw_ptr, new_r_ptr, rows, M, k, k_mask, stride_xm, stride_rm, K, pid == 0,
+        x_t, sq = _x_tile(x_ptr, r_ptr, nw_ptr, new_r_ptr, rows, M, k, k_mask, stride_xm, stride_rm, K, store_sum,
                           PROLOGUE)
         if PROLOGUE == 1 or PROLOGUE == 2:
             squares += sq
@@ -94,14 +86,31 @@ def _gemv_rows_kernel(
         rstd = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)
         acc = acc * rstd[None, :]
         acc_up = acc_up * rstd[None, :]
-    out = tl.trans(acc)
+    return tl.trans(acc), tl.trans(acc_up)
+
+
+@triton.jit
+def _gemv_rows_kernel(
+    x_ptr, r_ptr, nw_ptr, w_ptr, bias_ptr, out_ptr, new_r_ptr,
+    M, N, K, stride_xm, stride_rm, stride_wn, stride_om, eps,
+    PROLOGUE: tl.constexpr, SILU_OUT: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # output columns; with SILU_OUT, gate rows (up: N further)
+    col_mask = cols < N
+    rows = tl.arange(0, BLOCK_M)
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
+    w_up_rows = w_rows + N.to(tl.int64) * stride_wn
+    pdl_wait(USE_PDL)  # everything below may read the previous kernel's output
+    out, up = _weight_loop(x_ptr, r_ptr, nw_ptr, new_r_ptr, w_rows, w_up_rows, col_mask, M, K, stride_xm, stride_rm,
+                           eps, pid == 0, PROLOGUE, SILU_OUT, BLOCK_M, BLOCK_N, BLOCK_K)
     if HAS_BIAS:
         out += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     dtype = x_ptr.dtype.element_ty
     # rounded to x's dtype first, as a linear's output then cast (.float()) would be: one kernel fewer
     out = out.to(dtype).to(tl.float32)
     if SILU_OUT:
-        up = tl.trans(acc_up)
         if HAS_BIAS:
             up += tl.load(bias_ptr + N + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         up = up.to(dtype).to(tl.float32)

@@ -118,3 +118,22 @@ def test_fusion_step_rounds_interleave_the_levers(monkeypatch, capsys):
             for line in out.splitlines() if " (round " in line]
     assert rows == ["baseline 1", "gemv+pdl 1", "baseline 2", "gemv+pdl 2"]  # interleaved, not lever by lever
     assert "median [min-max] of 2 rounds" in out and "b2    baseline" in out and "b2    gemv+pdl" in out
+
+
+def test_qkv_rope_bench_runs_on_a_tiny_model(monkeypatch, capsys):
+    """bench/kernels/qkv_rope.py: the two kernels and the fused one under the interpreter, timing stubbed out; the
+    fused kernel's qkv and caches agree with the two kernels'."""
+    from bench.kernels import qkv_rope
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "DTYPE", torch.float16)
+    monkeypatch.setattr(bench, "graph_time_us", lambda calls, replays=30: [call() for call in calls] and 1.0)
+    monkeypatch.setattr(bench, "copies_for", lambda nbytes: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
+    monkeypatch.setattr(sys, "argv", ["qkv_rope", "--model", "tiny-llama", "--ms", "3", "--tiles", "16x32x2"])
+    qkv_rope.main()
+    out = capsys.readouterr().out
+    assert "gemv, then rope + KV write" in out and "fused n16 k32 s2" in out and "FAILED" not in out
+    words = out.split()
+    errors = [float(word) for prev, word in zip(words, words[1:], strict=False) if prev == "err"]
+    assert len(errors) == 2 and max(errors) < 5e-3

@@ -16,7 +16,18 @@ _MULTIPLES_OF_16 = ("head_dim", "block_size", "hidden", "inter", "K", "N", "num_
 
 
 def _compile_all() -> None:
-    from blink.kernels import activation, attention, attention_merge, gemv, gemv_rows, kv_write, rmsnorm, rope, widen
+    from blink.kernels import (
+        activation,
+        attention,
+        attention_merge,
+        gemv,
+        gemv_rope,
+        gemv_rows,
+        kv_write,
+        rmsnorm,
+        rope,
+        widen,
+    )
     from blink.kernels.attention_merge import merge_chunk
 
     def check(fn, pointers: dict, constexprs: dict, pdl: bool = False, **options):
@@ -122,6 +133,15 @@ def _compile_all() -> None:
             check(gemv_rows._gemv_rows_kernel, gemv_ptrs, dict(PROLOGUE=prologue, SILU_OUT=silu_out,
                   HAS_BIAS=prologue == 0, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k), pdl=pdl,
                   num_warps=num_warps, num_stages=num_stages)
+    # qkv with RoPE and the KV write in its epilogue (gemv_rope.py): llama3-8b's heads, the tiles gemv_rows takes
+    rope_ptrs = {**gemv_ptrs, "cos_sin_ptr": "*fp32", "positions_ptr": "*i64", "slots_ptr": "*i64",
+                 "k_cache_ptr": "*bf16", "v_cache_ptr": "*bf16"}
+    for prologue, block_n, block_k, num_stages, pdl in [(2, 64, 256, 3, True), (2, 32, 512, 3, True),
+                                                        (1, 128, 128, 3, False), (0, 64, 256, 3, True)]:
+        kernel = check(gemv_rope._gemv_rope_kv_kernel, rope_ptrs,
+                       dict(PROLOGUE=prologue, HAS_BIAS=prologue == 0, HEAD_DIM=128, Q_HEADS=32, KV_HEADS=8, BLOCK_M=16,
+                            BLOCK_N=block_n, BLOCK_K=block_k), pdl=pdl, num_warps=4, num_stages=num_stages)
+        assert "cp.async" in kernel.asm["ptx"]  # the weight loop stays pipelined inside the shared helper
 
 
 def _last_loop(ptx: str) -> str:

@@ -15,6 +15,9 @@ stages_kernels() {
       # KERNELS_VARIANTS: attention variants by name, ';'-separated (names hold spaces: "~" for them in a chain)
       python3 bench/kernels/step_kernels.py ${KERNELS_ARGS:-} ${KERNELS_VARIANTS:+--variants "$KERNELS_VARIANTS"} 2>&1 \
         | tee "$OUT/kernels${KERNELS_TAG:-}.log" | tail -60;;
+    qkv-rope)  # issue 17: qkv with RoPE and the KV write in its epilogue (kernels/gemv_rope.py) vs the two kernels,
+      # alone at decode batches (QKV_ROPE_ARGS: e.g. "--ms 8 --tiles 64x256x3,32x512x3,16x512x4")
+      python3 -m bench.kernels.qkv_rope ${QKV_ROPE_ARGS:-} 2>&1 | tee "$OUT/qkv_rope_$(date +%H%M%S).log" | tail -30;;
     prefill-attn)  # issue 17: the attention kernel alone on 2k-32k-token chunks, tile variants (PREFILL_ATTN_ARGS: e.g. "--tokens 8192")
       python3 -m bench.kernels.prefill_attention ${PREFILL_ATTN_ARGS:-} 2>&1 | tee "$OUT/prefill_attn_$(date +%H%M%S).log";;  # stamped: a chain may run it twice
     fusion)  # issue 17's per-layer levers: GEMV vs today's kernels per projection, the step with each lever on/off
