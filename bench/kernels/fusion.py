@@ -16,6 +16,7 @@ beyond the L2 as in step_kernels.py.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 
 import torch
@@ -69,6 +70,9 @@ LEVERS = {"baseline": ("", DEFAULT_MAX_M, False, False, DEFAULT_ATTENTION),
 # rows whose gemv_rows kernels launch with PDL too (pdl.py's "gemv_rows" switch; off by default)
 LEVERS.update({f"{label}, rows pdl": value for label, value in LEVERS.items() if "rows" in label})
 ROWS_PDL_SUFFIX = ", rows pdl"
+# session 25: RoPE and the KV write in qkv's epilogue (kernels/gemv_rope.py; BLINK_QKV_ROPE in the engine)
+ROPE_IN_QKV = "gemv+pdl, up to 16 rows, rope in qkv"
+LEVERS[ROPE_IN_QKV] = ("all", DEFAULT_MAX_M, True, False, DEFAULT_ATTENTION)
 LEVERS.update({f"gemv+pdl, attention {name}": ("all", DEFAULT_MAX_M, True, False, tuning) for name, tuning in [
     ("before session 13", av.BEFORE_SESSION_13), ("merge kernel", AttentionTuning(merge_in_kernel=False)),
     ("split < 4/SM, 4/SM", AttentionTuning(split_below_per_sm=4, programs_per_sm=4)),
@@ -179,7 +183,8 @@ def bench_step(model_name: str, batches: list[int], contexts: list[int], max_mod
         chosen = [(label, lever) for label, lever in LEVERS.items() if levers == "all" or label in levers.split(";")]
         rounds = ((choice, round_) for round_ in range(repeats) for choice in chosen)
         for (label, (gemv, max_m, pdl, old_down, attention)), round_ in rounds:
-            taken = apply_fusion_policy(model, FusionPolicy.parse(gemv, max_m))
+            policy = FusionPolicy.parse(gemv, max_m)
+            taken = apply_fusion_policy(model, dataclasses.replace(policy, rope_in_qkv=label == ROPE_IN_QKV))
             if old_down and gemv:
                 for layer in model.model.layers:
                     down = getattr(layer.mlp, "down_proj", None)  # dense layers (MoE blocks keep their kernels)

@@ -4,10 +4,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from blink.kernels import gemv as gemv_module
 from blink.kernels.activation import silu_and_mul_ref, silu_and_mul_triton
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
 from blink.kernels.gemv import GemvPlan, gemv_triton
 from blink.kernels.gemv import supports as gemv_supports
+from blink.kernels.gemv_rope import gemv_rope_kv_triton
+from blink.kernels.gemv_rope import supports as gemv_rope_supports
 from blink.kernels.kv_write import write_kv_ref, write_kv_triton
 from blink.kernels.rmsnorm import rms_norm_ref, rms_norm_triton
 from blink.kernels.rope import (
@@ -19,7 +22,7 @@ from blink.kernels.rope import (
 from blink.kernels.widen import widen_triton
 
 __all__ = ["write_kv", "paged_attention", "rms_norm", "apply_rope", "silu_and_mul", "rope_and_write_kv",
-           "linear", "norm_linear", "silu_epilogue_takes"]
+           "linear", "norm_linear", "silu_epilogue_takes", "qkv_rope_takes", "norm_linear_rope_kv"]
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -76,6 +79,28 @@ def silu_epilogue_takes(x: torch.Tensor, gate_up_weight: torch.Tensor, gemv: Gem
     """Whether norm_linear(..., silu_mul_out=True) would fuse the SiLU-mul into gate|up's GEMV: from two rows on.
     One row keeps it in down_proj's prologue (the CUDA-core loop's tiles were tuned for that: perf.md)."""
     return x.dim() == 2 and x.shape[0] > 1 and _gemv_takes(x, gate_up_weight, gemv, "add_norm", "silu_mul")
+
+
+def _qkv_rope_config(x: torch.Tensor, weight: torch.Tensor, gemv: GemvPlan):
+    # through the module: tests swap gemv.default_config for tiles the interpreter runs quickly
+    return gemv.config or gemv_module.default_config(weight.shape[0], weight.shape[1], x.shape[0], "add_norm")
+
+
+def qkv_rope_takes(x: torch.Tensor, qkv_weight: torch.Tensor, gemv: GemvPlan | None, head_dim: int) -> bool:
+    """Whether norm_linear_rope_kv runs qkv with RoPE and the KV write in its epilogue: a plan that asks for it
+    (GemvPlan.rope_kv), two rows or more, head-aligned tiles (shapes only, so graph-safe)."""
+    return (gemv is not None and gemv.rope_kv and x.dim() == 2 and x.shape[0] > 1
+            and _gemv_takes(x, qkv_weight, gemv, "add_norm")
+            and gemv_rope_supports(x, qkv_weight, head_dim, _qkv_rope_config(x, qkv_weight, gemv)))
+
+
+def norm_linear_rope_kv(x, norm_weight, eps, weight, bias, residual, gemv: GemvPlan, positions, cos_sin, k_cache,
+                        v_cache, slot_mapping, num_q_heads: int, num_kv_heads: int):
+    """qkv = linear(rms_norm(x [+ residual])) with q and k rotated in place and k, v written to the cache, in one
+    kernel (where qkv_rope_takes). Returns (qkv, the new residual or None)."""
+    prologue = "norm" if residual is None else "add_norm"
+    return gemv_rope_kv_triton(x, weight, bias, prologue, norm_weight, eps, residual, positions, cos_sin, k_cache,
+                               v_cache, slot_mapping, num_q_heads, num_kv_heads, _qkv_rope_config(x, weight, gemv))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

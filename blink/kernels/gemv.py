@@ -52,10 +52,12 @@ class GemvConfig:
 @dataclass(frozen=True)
 class GemvPlan:
     """What a linear layer decided at load time: take calls of up to max_m rows, with this config (None:
-    default_config of the call's shape, which depends on M too)."""
+    default_config of the call's shape, which depends on M too). rope_kv (qkv only): from two rows on, RoPE and the
+    KV write run in the GEMV's epilogue (gemv_rope.py)."""
 
     config: GemvConfig | None = None
     max_m: int = MAX_M
+    rope_kv: bool = False
 
 
 def _last_wave_fill(programs: int) -> float:

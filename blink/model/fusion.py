@@ -12,10 +12,12 @@ up to 16 rows (DEFAULT_MAX_M). On the H200 with llama3-8b: at one row it cut the
 (perf.md, 2026-12-02); at 2-16 rows the tensor-core kernel with the one-pass norm and the SiLU-mul epilogue
 (gemv_rows.py) cut the step at batch 8 / 16 by 2.3% / 4.9% (4.979 -> 4.866, 5.500 -> 5.229 ms; perf.md, session
 17); at 32 rows it lost 5.6%. A sharded model (tensor parallel) defaults to none: the TP suite has not run with
-the GEMV on two GPUs. MoE blocks keep their own kernels.
+the GEMV on two GPUs. MoE blocks keep their own kernels. BLINK_QKV_ROPE=1 moves RoPE and the KV write into qkv's
+GEMV from two rows on (models without a per-head q/k norm; off until a GPU has timed it).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -32,6 +34,7 @@ class FusionPolicy:
     gemv: frozenset[str] = frozenset()  # projections that take the GEMV
     max_m: int = MAX_M  # rows a call may have to take it
     role_max_m: tuple[tuple[str, int], ...] = ()  # (projection, rows) exceptions to max_m
+    rope_in_qkv: bool = False  # qkv's GEMV (2+ rows) runs RoPE and the KV write in its epilogue (gemv_rope.py)
 
     def rows_for(self, role: str) -> int:
         return dict(self.role_max_m).get(role, self.max_m)
@@ -59,8 +62,14 @@ class FusionPolicy:
 
 
 def policy_from_env(tp_size: int = 1) -> FusionPolicy:
+    """BLINK_GEMV, BLINK_GEMV_MAX_M, and BLINK_QKV_ROPE=1 (off by default: not yet timed on a GPU)."""
     default = ("all", DEFAULT_MAX_M) if tp_size == 1 else ("", MAX_M)
-    return FusionPolicy.parse(os.environ.get("BLINK_GEMV", default[0]), os.environ.get("BLINK_GEMV_MAX_M", default[1]))
+    policy = FusionPolicy.parse(os.environ.get("BLINK_GEMV", default[0]),
+                                os.environ.get("BLINK_GEMV_MAX_M", default[1]))
+    rope = os.environ.get("BLINK_QKV_ROPE", "0")
+    if rope not in ("0", "1"):
+        raise ValueError(f"BLINK_QKV_ROPE must be 0 or 1, got {rope!r}")
+    return dataclasses.replace(policy, rope_in_qkv=rope == "1")
 
 
 def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int]:
@@ -70,6 +79,7 @@ def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int
     for role, module in model.gemv_projections():
         weight = module.weight
         ok = role in policy.gemv and weight.dim() == 2 and weight.shape[1] % 8 == 0
-        module.gemv = GemvPlan(None, policy.rows_for(role)) if ok else None  # tiles: gemv.default_config per call shape
+        rope = policy.rope_in_qkv and role == "qkv"
+        module.gemv = GemvPlan(None, policy.rows_for(role), rope) if ok else None  # tiles: default_config per call
         taken[role] += ok
     return taken

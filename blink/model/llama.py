@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from blink.kernels import paged_attention, rope_and_write_kv
+from blink.kernels import norm_linear_rope_kv, paged_attention, qkv_rope_takes, rope_and_write_kv
 from blink.model.attention_metadata import AttentionMetadata
 from blink.model.config import ModelConfig
 from blink.model.fusion import apply_fusion_policy, policy_from_env
@@ -56,22 +56,38 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, qkv: torch.Tensor, attn: AttentionMetadata,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, cos_sin: torch.Tensor) -> torch.Tensor:
         """From the qkv projection's output (the layer runs it, with the input norm in front) to o_proj's."""
-        tokens = qkv.shape[0]
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        # Strided views into qkv: the kernels accept any token/head stride with a contiguous head_dim.
-        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(tokens, self.num_heads, self.head_dim)
-        k = k.view(tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        q, k, v = self.heads(qkv)
         # Qwen3's per-head q/k RMSNorm, RoPE (in place) and the KV-cache write, in one kernel.
         q_norm_weight, k_norm_weight, eps = None, None, 0.0
         if self.q_norm is not None:
             q_norm_weight, k_norm_weight, eps = self.q_norm.weight, self.k_norm.weight, self.q_norm.eps
         q, k = rope_and_write_kv(q, k, v, positions, cos_sin, k_cache, v_cache, attn.slot_mapping,
                                  q_norm_weight, k_norm_weight, eps)
+        return self.attend(q, attn, k_cache, v_cache)
+
+    def heads(self, qkv: torch.Tensor):
+        """Strided [T, heads, D] views of q, k and v in qkv: the kernels take any token/head stride."""
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        return (q.view(-1, self.num_heads, self.head_dim), k.view(-1, self.num_kv_heads, self.head_dim),
+                v.view(-1, self.num_kv_heads, self.head_dim))
+
+    def attend(self, q: torch.Tensor, attn: AttentionMetadata, k_cache: torch.Tensor,
+               v_cache: torch.Tensor) -> torch.Tensor:
+        """Attention of the rotated q over the cache (this step's K/V already in it), then o_proj."""
         out = paged_attention(q, k_cache, v_cache, attn.query_start_loc, attn.seq_lens, attn.block_tables,
                               self.scale, attn.split_tickets)
-        return self.o_proj(out.reshape(tokens, q_size))
+        return self.o_proj(out.reshape(q.shape[0], self.num_heads * self.head_dim))
+
+    def rope_in_qkv(self, x: torch.Tensor) -> bool:
+        """Whether qkv's GEMV rotates q and k and writes K/V itself for x (shapes and the plan: graph-safe)."""
+        return self.q_norm is None and qkv_rope_takes(x, self.qkv_proj.weight, self.qkv_proj.gemv, self.head_dim)
+
+    def qkv_roped(self, x, norm: RMSNorm, residual, positions, attn: AttentionMetadata, k_cache, v_cache, cos_sin):
+        """qkv(norm(x [+ residual])) with q and k rotated and K/V in the cache, one kernel: (qkv, new residual)."""
+        proj = self.qkv_proj
+        return norm_linear_rope_kv(x, norm.weight, norm.eps, proj.weight, proj.bias, residual, proj.gemv, positions,
+                                   cos_sin, k_cache, v_cache, attn.slot_mapping, self.num_heads, self.num_kv_heads)
 
 
 class LlamaMLP(nn.Module):
@@ -99,9 +115,16 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(self, positions, hidden, residual, attn, k_cache, v_cache, cos_sin):
         """Returns (hidden, residual): the residual add is fused into the next layer's first norm."""
-        qkv, new_residual = self.self_attn.qkv_proj.normed(hidden, self.input_layernorm, residual)
-        residual = hidden if residual is None else new_residual
-        hidden = self.self_attn(positions, qkv, attn, k_cache, v_cache, cos_sin)
+        sa = self.self_attn
+        if sa.rope_in_qkv(hidden):  # RoPE and the KV write in qkv's epilogue (BLINK_QKV_ROPE)
+            qkv, new_residual = sa.qkv_roped(hidden, self.input_layernorm, residual, positions, attn, k_cache,
+                                             v_cache, cos_sin)
+            residual = hidden if residual is None else new_residual
+            hidden = sa.attend(sa.heads(qkv)[0], attn, k_cache, v_cache)
+        else:
+            qkv, new_residual = sa.qkv_proj.normed(hidden, self.input_layernorm, residual)
+            residual = hidden if residual is None else new_residual
+            hidden = sa(positions, qkv, attn, k_cache, v_cache, cos_sin)
         if isinstance(self.mlp, LlamaMLP):
             # 2+ rows on the GEMV: silu(gate) * up in gate|up's epilogue; else in down's prologue or its kernel
             fused = self.mlp.gate_up_proj.fuses_silu_mul(hidden)

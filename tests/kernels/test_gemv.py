@@ -1,5 +1,6 @@
 """The decode GEMV (blink/kernels/gemv.py) and its prologues against the kernels they replace, under the
 interpreter; the load-time policy (blink/model/fusion.py); the model with every projection on the GEMV."""
+import dataclasses
 import os
 
 import pytest
@@ -175,6 +176,51 @@ def test_model_on_the_gemv_gives_the_reference_logits(monkeypatch, preset):
     assert calls and max(calls) <= gemv.MAX_M and 5 in calls  # the decode steps (4 + 1 pad rows) took it
     if preset != "tiny-qwen3-moe":  # dense MLPs from two rows on: silu(gate) * up in gate|up's epilogue
         assert (5, "silu_mul") in epilogues and (1, "silu_mul") not in epilogues
+
+
+@pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])  # qkv without and with a bias
+def test_rope_in_qkv_gives_the_reference_logits(monkeypatch, preset):
+    """BLINK_QKV_ROPE's path (FusionPolicy.rope_in_qkv): decode steps of two rows or more run qkv with RoPE and the
+    KV write in its epilogue (gemv_rope.py) and skip rope_and_write_kv; the logits stay the cuBLAS path's, and the
+    prefill (above max_m) takes the old path in the same run."""
+    model, _ = load_model(preset, "cpu", dtype=torch.float32, seed=2)
+    chunks = [{0: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}, {0: [11], 1: [12, 13, 14]}, {0: [15], 1: [16]}, {0: [17]}]
+    reference = PagedDriver(model)
+    expected = [reference.step(c, pad_tokens=1, pad_seqs=1) for c in chunks]
+    fused_rows = []
+    real = kernels.gemv_rope_kv_triton
+
+    def spy(*a, **k):
+        fused_rows.append(a[0].shape[0])
+        return real(*a, **k)
+    monkeypatch.setattr(kernels, "gemv_rope_kv_triton", spy)
+    monkeypatch.setattr(kernels, "_triton_device", lambda x: True)
+    monkeypatch.setattr(gemv, "default_config",  # head_dim 16: tiles of 16 columns (8 rotate-half pairs)
+                        lambda n, k, m=1, prologue="none", epilogue="none":
+                        GemvConfig(block_n=16, block_k=32, dot=m > 1 or epilogue != "none"))
+    apply_fusion_policy(model, dataclasses.replace(FusionPolicy.parse("all", 8), rope_in_qkv=True))
+    assert model.model.layers[0].self_attn.qkv_proj.gemv.rope_kv
+    assert not model.model.layers[0].self_attn.o_proj.gemv.rope_kv
+    driver = PagedDriver(model)
+    for step, c in enumerate(chunks):
+        got = driver.step(c, pad_tokens=1, pad_seqs=1)
+        for seq in c:
+            torch.testing.assert_close(got[seq], expected[step][seq], rtol=1e-4, atol=1e-4)
+    layers = len(model.model.layers)
+    # 5, 3 and 2 rows with the padding row (each layer once); the 11-row prefill is above max_m: the old path
+    assert fused_rows == [5] * layers + [3] * layers + [2] * layers
+
+
+def test_rope_in_qkv_setting(monkeypatch):
+    from blink.model.fusion import policy_from_env
+
+    monkeypatch.delenv("BLINK_QKV_ROPE", raising=False)
+    assert not policy_from_env().rope_in_qkv
+    monkeypatch.setenv("BLINK_QKV_ROPE", "1")
+    assert policy_from_env().rope_in_qkv
+    monkeypatch.setenv("BLINK_QKV_ROPE", "yes")
+    with pytest.raises(ValueError, match="BLINK_QKV_ROPE"):
+        policy_from_env()
 
 
 def test_plan_max_m_sends_larger_calls_to_cublas(monkeypatch):

@@ -85,8 +85,35 @@ def _short_llama(layers=4):
     return model, cfg
 
 
+@pytest.mark.parametrize("m", [2, 8, 16])
+def test_qkv_with_rope_and_kv_write_real_shapes_bf16(m, pdl):
+    """llama3-8b's qkv with RoPE and the KV write in the epilogue (gemv_rope.py, default tiles) against the GEMV's
+    reference, then rope_and_write_kv's, in bf16: qkv and both caches, a padding row (slot -1) left out."""
+    from blink.kernels.gemv_rope import gemv_rope_kv_ref, gemv_rope_kv_triton
+
+    hq, hkv, d, k = 32, 8, 128, 4096
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    rand = lambda *shape: torch.randn(*shape, device="cuda", generator=gen).bfloat16()
+    angles = torch.rand(8192, d // 2, device="cuda", generator=gen) * 6.3
+    slots = torch.randperm(4 * m * 16, device="cuda", generator=gen)[:m]
+    slots[-1] = -1
+    case = dict(x=rand(m, k), weight=rand((hq + 2 * hkv) * d, k) / k**0.5, bias=None, prologue="add_norm",
+                norm_weight=rand(k), eps=1e-5, residual=rand(m, k),
+                positions=torch.randint(0, 8192, (m,), device="cuda"),
+                cos_sin=torch.cat((angles.cos(), angles.sin()), dim=-1), k_cache=rand(4 * m, 16, hkv, d),
+                v_cache=rand(4 * m, 16, hkv, d), slot_mapping=slots, num_q_heads=hq, num_kv_heads=hkv)
+    mine = {key: v.clone() if isinstance(v, torch.Tensor) else v for key, v in case.items()}
+    config = gemv.default_config(mine["weight"].shape[0], k, m, "add_norm")
+    got, got_residual = gemv_rope_kv_triton(**mine, config=config)
+    ref, ref_residual = gemv_rope_kv_ref(**case)
+    assert torch.equal(got_residual, ref_residual)
+    assert _rel(got, ref) < 1e-2
+    assert _rel(mine["k_cache"], case["k_cache"]) < 1e-2 and _rel(mine["v_cache"], case["v_cache"]) < 1e-2
+
+
+@pytest.mark.parametrize("rope_in_qkv", [False, True])
 @pytest.mark.parametrize("batch", [1, 8, 32])
-def test_step_graph_with_levers_matches_eager_and_the_baseline(batch):
+def test_step_graph_with_levers_matches_eager_and_the_baseline(batch, rope_in_qkv):
     """A decode step (GEMV at every batch here, PDL) captured and replayed equals its eager run; and the logits stay
     those of the unfused cuBLAS path up to bf16 accumulation order."""
     model, cfg = _short_llama()
@@ -95,7 +122,7 @@ def test_step_graph_with_levers_matches_eager_and_the_baseline(batch):
         apply_fusion_policy(model, FusionPolicy())  # the unfused cuBLAS path, whatever the default is
         with pdl_switched(False):
             baseline = step().float()
-        apply_fusion_policy(model, FusionPolicy.parse("all"))
+        apply_fusion_policy(model, dataclasses.replace(FusionPolicy.parse("all"), rope_in_qkv=rope_in_qkv))
         with pdl_switched(True):
             eager = step().float()
             stream = torch.cuda.Stream()
