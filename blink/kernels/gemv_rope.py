@@ -46,12 +46,10 @@ def _gemv_rope_kv_kernel(
     row_mask = rows < M
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
     pdl_wait(USE_PDL)  # everything below may read the previous kernel's output
-    out, _ = _weight_loop(x_ptr, r_ptr, nw_ptr, new_r_ptr, w_rows, w_rows, col_mask, M, K, stride_xm, stride_rm,
-                          eps, pid == 0, PROLOGUE, False, BLOCK_M, BLOCK_N, BLOCK_K)
-    if HAS_BIAS:
-        out += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    # the unfused GEMV's output (rounded to x's dtype), which rope.py would then read
+    out, _ = _weight_loop(x_ptr, r_ptr, nw_ptr, new_r_ptr, bias_ptr, w_rows, w_rows, cols, col_mask, M, N, K,
+                          stride_xm, stride_rm, eps, pid == 0, PROLOGUE, False, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
     dtype = x_ptr.dtype.element_ty
-    out = out.to(dtype).to(tl.float32)  # the unfused GEMV's output, which rope.py then reads
     if head < Q_HEADS + KV_HEADS:  # q and k heads rotate (one branch a program)
         pos = tl.load(positions_ptr + rows, mask=row_mask, other=0)
         pos = tl.minimum(tl.maximum(pos, 0), max_pos - 1).to(tl.int64)

@@ -59,11 +59,12 @@ def _x_tile(x_ptr, r_ptr, nw_ptr, new_r_ptr, rows, M, k, k_mask, stride_xm, stri
 
 
 @triton.jit
-def _weight_loop(x_ptr, r_ptr, nw_ptr, new_r_ptr, w_rows, w_up_rows, col_mask, M, K, stride_xm, stride_rm, eps,
-                 store_sum, PROLOGUE: tl.constexpr, SILU_OUT: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The stream over the program's W rows (w_rows: one pointer per output column): prologue(x) W^T for all M rows
-    of x as [BLOCK_M, BLOCK_N] fp32, the norm's rstd applied, and with SILU_OUT the up rows' product too."""
+def _weight_loop(x_ptr, r_ptr, nw_ptr, new_r_ptr, bias_ptr, w_rows, w_up_rows, cols, col_mask, M, N, K, stride_xm,
+                 stride_rm, eps, store_sum, PROLOGUE: tl.constexpr, SILU_OUT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The stream over the program's W rows (w_rows: one pointer per output column `cols`): prologue(x) W^T (+ b)
+    for all M rows of x as [BLOCK_M, BLOCK_N], the norm's rstd applied, rounded to x's dtype (as a linear's output
+    then cast (.float()) would be: one kernel fewer) and held in fp32; with SILU_OUT the up rows' (N further) too."""
     ks = tl.arange(0, BLOCK_K)
     rows = tl.arange(0, BLOCK_M)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -86,7 +87,13 @@ def _weight_loop(x_ptr, r_ptr, nw_ptr, new_r_ptr, w_rows, w_up_rows, col_mask, M
         rstd = tl.rsqrt(tl.sum(squares, axis=1) / K + eps)
         acc = acc * rstd[None, :]
         acc_up = acc_up * rstd[None, :]
-    return tl.trans(acc), tl.trans(acc_up)
+    out, up = tl.trans(acc), tl.trans(acc_up)
+    if HAS_BIAS:
+        out += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+        if SILU_OUT:
+            up += tl.load(bias_ptr + N + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
+    dtype = x_ptr.dtype.element_ty
+    return out.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32)
 
 
 @triton.jit
@@ -103,18 +110,10 @@ def _gemv_rows_kernel(
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
     w_up_rows = w_rows + N.to(tl.int64) * stride_wn
     pdl_wait(USE_PDL)  # everything below may read the previous kernel's output
-    out, up = _weight_loop(x_ptr, r_ptr, nw_ptr, new_r_ptr, w_rows, w_up_rows, col_mask, M, K, stride_xm, stride_rm,
-                           eps, pid == 0, PROLOGUE, SILU_OUT, BLOCK_M, BLOCK_N, BLOCK_K)
-    if HAS_BIAS:
-        out += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-    dtype = x_ptr.dtype.element_ty
-    # rounded to x's dtype first, as a linear's output then cast (.float()) would be: one kernel fewer
-    out = out.to(dtype).to(tl.float32)
+    out, up = _weight_loop(x_ptr, r_ptr, nw_ptr, new_r_ptr, bias_ptr, w_rows, w_up_rows, cols, col_mask, M, N, K,
+                           stride_xm, stride_rm, eps, pid == 0, PROLOGUE, SILU_OUT, HAS_BIAS, BLOCK_M, BLOCK_N, BLOCK_K)
     if SILU_OUT:
-        if HAS_BIAS:
-            up += tl.load(bias_ptr + N + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        up = up.to(dtype).to(tl.float32)
-        out = (out * tl.sigmoid(out) * up).to(dtype).to(tl.float32)
+        out = (out * tl.sigmoid(out) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
     out_offs = rows[:, None] * stride_om + cols[None, :]
     tl.store(out_ptr + out_offs, out.to(out_ptr.dtype.element_ty), mask=(rows < M)[:, None] & col_mask[None, :])
 
