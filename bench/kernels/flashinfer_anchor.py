@@ -28,7 +28,7 @@ import triton
 
 from bench.kernels import sampler as sb
 from bench.kernels import step_kernels as sk
-from bench.kernels.prefill_attention import causal_flops
+from bench.kernels.prefill_attention import causal_flops, prefill_batch
 from blink.kernels import sampling
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
 from blink.kernels.attention_merge import split_tickets
@@ -115,15 +115,8 @@ def bench_prefill(flashinfer, cfg, tokens: int) -> dict[str, float]:
     tuning) against FlashInfer's paged prefill (fa2: the module built for it; Hopper's fa3 needs CUTLASS's headers,
     left out of the carry). err: FlashInfer's output against ours."""
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    blocks = triton.cdiv(tokens, sk.BLOCK_SIZE)
-    kv_bytes = 2 * tokens * hkv * d * 2
-    caches = [tuple(torch.randn(blocks + 1, sk.BLOCK_SIZE, hkv, d, device="cuda", dtype=torch.bfloat16)
-                    for _ in range(2)) for _ in range(sk.copies_for(kv_bytes))]
-    tables = torch.randperm(blocks + 1, device="cuda")[:blocks].int().view(1, blocks)
-    q = torch.randn(tokens, hq, d, device="cuda", dtype=torch.bfloat16)
-    starts = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
-    lens = torch.tensor([tokens], dtype=torch.int32, device="cuda")
-    scale, flops = d**-0.5, causal_flops(tokens, 0, hq, d)
+    q, caches, starts, lens, tables, scale, _ = prefill_batch(tokens, 0, (hq, hkv), d)
+    flops = causal_flops(tokens, 0, hq, d)
     print(f"attention prefill: {tokens} tokens, causal, {flops / 1e12:.2f} TFLOP", flush=True)
     indptr, indices, last = paged_kv_indices(tables, lens, sk.BLOCK_SIZE)
     runs = {"blink (default tuning)": lambda kv: paged_attention_triton(q, *kv, starts, lens, tables, scale)}

@@ -78,8 +78,9 @@ def causal_flops(tokens: int, cached: int, num_q_heads: int, head_dim: int) -> i
     return 4 * head_dim * num_q_heads * visible
 
 
-def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int, variants: dict, ref_max: int):
-    """us per variant for one chunk; prints a row per variant."""
+def prefill_batch(tokens: int, cached: int, heads: tuple[int, int], head_dim: int):
+    """One sequence of `tokens` queries after `cached` keys over a shuffled paged cache: (q, (K, V) caches cycled
+    beyond the L2, query starts, seq lens, block table, scale, KV bytes)."""
     hq, hkv = heads
     dev, dt = sk.DEVICE, sk.DTYPE
     seq_len = tokens + cached
@@ -91,7 +92,15 @@ def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int,
     q = torch.randn(tokens, hq, head_dim, device=dev, dtype=dt)
     starts = torch.tensor([0, tokens], dtype=torch.int32, device=dev)
     lens = torch.tensor([seq_len], dtype=torch.int32, device=dev)
-    scale = head_dim**-0.5
+    return q, caches, starts, lens, tables, head_dim**-0.5, kv_bytes
+
+
+def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int, variants: dict, ref_max: int):
+    """us per variant for one chunk; prints a row per variant."""
+    hq, hkv = heads
+    seq_len = tokens + cached
+    q, caches, starts, lens, tables, scale, _ = prefill_batch(tokens, cached, heads, head_dim)
+    blocks = tables.shape[1]
     flops = causal_flops(tokens, cached, hq, head_dim)
     ref = paged_attention_ref(q, *caches[0], starts, lens, tables, scale) if tokens * seq_len <= ref_max else None
     print(f"prefill attention: {tokens} tokens after {cached} cached, {hq}/{hkv} heads x {head_dim}, "
