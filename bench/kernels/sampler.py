@@ -2,7 +2,7 @@
 
     python -m bench.kernels.sampler [--sizes 1 8 32 128] [--scenarios top_p,min_p] [--no-old] [--no-check]
                                     [--buckets 4096,512] [--programs 256,1024] [--pdl off,on,engine]
-                                    [--race row,list] [--compact twice,once]
+                                    [--race row,list] [--compact twice,once] [--reject 0,2]
 
 Each (scenario, S) runs sample() at V = 128256 captured in a CUDA graph, as the engine runs it, timed
 with triton.testing.do_bench (median, L2 flushed before each replay). "old" is the sampler of git e896288
@@ -21,6 +21,9 @@ as the engine's default, with PDL at one row only (+pdl1).
 filter may keep (sampling_race; BLINK_SAMPLER_RACE in the engine, sampling_grid.RACE_CAPACITY ids a row).
 --compact twice,once: each column also with the compaction reading its chunk twice or once (sampling_compact;
 BLINK_SAMPLER_COMPACT in the engine).
+--reject 0,2: each column also with that many rounds of the rejection before the threshold search (sampling_reject;
+BLINK_SAMPLER_REJECT in the engine; it needs the list race: with the row race it runs none). The mismatch column's
+thresholds are the search's (no rejection), its tokens the column's.
 """
 from __future__ import annotations
 
@@ -94,11 +97,11 @@ def time_graph(fn) -> float:
     return triton.testing.do_bench(graph.replay, return_mode="median") * 1000
 
 
-def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs, race, once) -> str:
+def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs, race, once, reject) -> str:
     """Tokens, thresholds and top-logprob rows where the GPU and the CPU reference differ, and "/" the rows whose
     threshold took the one-program search (the bucket plan's candidates did not fit)."""
     got = sampling.sample_triton(logits, slots, positions, state, MAX_TOP_LOGPROBS, num_buckets, programs,
-                                 race=race, compact_once=once)
+                                 race=race, compact_once=once, reject=reject)
     cpu = [t.cpu() for t in (logits, slots, positions)]
     ref = sampling.sample_ref(*cpu, cpu_state, MAX_TOP_LOGPROBS)
     penalized = sampling.apply_penalties_ref(cpu[0], cpu[1], cpu_state)
@@ -127,17 +130,19 @@ def main() -> None:
                         help="off, on, engine (one row only) or a list: the sampler's kernels with PDL")
     parser.add_argument("--race", default="row", help="row, list or row,list: the race over the row or the list")
     parser.add_argument("--compact", default="twice", help="twice, once or twice,once: the compaction's reads")
+    parser.add_argument("--reject", default="0", help="rejection rounds to time, comma-separated (0: none)")
     parser.add_argument("--no-old", action="store_true", help="skip the old sampler's column")
     parser.add_argument("--no-check", action="store_true", help="skip the CPU-reference comparison")
     args = parser.parse_args()
     pdls = {"off": False, "on": True, "engine": "one_row"}
     races, reads = {"row": 0, "list": RACE_CAPACITY}, {"twice": False, "once": True}
-    columns = [(int(b), None if p == "engine" else int(p), pdls[pdl], races[race], reads[once])
+    columns = [(int(b), None if p == "engine" else int(p), pdls[pdl], races[race], reads[once], int(rounds))
                for b in args.buckets.split(",") for p in args.programs.split(",") for pdl in args.pdl.split(",")
-               for race in args.race.split(",") for once in args.compact.split(",")]
+               for race in args.race.split(",") for once in args.compact.split(",")
+               for rounds in args.reject.split(",")]
     print(f"V={VOCAB}, {torch.cuda.get_device_name()}, old = git e896288 (bench/kernels/sampling_old.py)")
-    label = lambda nb, p, pdl, race, once: (f"nb={nb} p={p or ENG}{PDL_LABELS[pdl]}{'+list' if race else ''}"
-                                            f"{'+once' if once else ''} us")
+    label = lambda nb, p, pdl, race, once, rounds: (f"nb={nb} p={p or ENG}{PDL_LABELS[pdl]}{'+list' if race else ''}"
+                                                    f"{'+once' if once else ''}{f'+rj{rounds}' if rounds else ''} us")
     print(f"{'scenario':<13}{'S':>5}" + "".join(f"{label(*c):>32}{'bad/fb':>7}" for c in columns)
           + f"{'old us':>10}{'speedup':>9}")
     for name in args.scenarios.split(","):
@@ -146,11 +151,12 @@ def main() -> None:
             state = to_cuda(cpu_state)
             gpu = (logits.cuda(), slots.cuda(), positions.cuda())
             cells, first_us = "", None
-            for nb, p, pdl, race, once in columns:
+            for nb, p, pdl, race, once, rounds in columns:
                 with pdl_switched(pdl, "sampler"):  # read at each launch, so at the capture
                     us = time_graph(lambda: sampling.sample_triton(*gpu, state, MAX_TOP_LOGPROBS, nb, p,  # noqa: B023
-                                                                   race=race, compact_once=once))  # noqa: B023
-                    bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb, p, race, once)
+                                                                   race=race, compact_once=once,  # noqa: B023
+                                                                   reject=rounds))  # noqa: B023
+                    bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb, p, race, once, rounds)
                 first_us = first_us or us
                 cells += f"{us:>32.1f}{bad:>7}"
             old_us = (float("nan") if args.no_old else

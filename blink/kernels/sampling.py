@@ -41,6 +41,7 @@ from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the referen
     keep_thresholds,
     sample_ref,
 )
+from blink.kernels.sampling_reject import reject as reject_candidates
 from blink.kernels.sampling_resolve import _resolve_kernel
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, race_uniform_ref, row_hash  # noqa: F401
 from blink.kernels.sampling_topk import (
@@ -167,8 +168,8 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
 def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_top_logprobs: int = 0) -> torch.Tensor:
     """Steps 2-5; the compaction also gathers the top-K logprobs' candidates when max_top_logprobs > 0."""
     num_rows, vocab_size = logits.shape
-    params = (slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p)
-    sizes = dict(NB=plan.num_buckets, P=plan.num_chunks, P_PAD=plan.chunks_pad)
+    params = (slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p, plan.reject_state)
+    sizes = dict(NB=plan.num_buckets, P=plan.num_chunks, P_PAD=plan.chunks_pad, REJECT=plan.reject > 0)
     levels = dict(sizes, LOG2_NB=plan.log2_buckets)
     pdl = plan.pdl
     once = plan.compact_once  # the bucket and refine kernels keep each chunk's histograms for the compaction
@@ -192,8 +193,8 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
     _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, plan.fell_back, *params, plan.row_max,
                                  plan.kept_min, plan.row_plans, plan.sums, plan.cand_i32[0], plan.race_count,
                                  vocab_size, P=plan.num_chunks, P_PAD=plan.chunks_pad, CAND=plan.cand,
-                                 SMALL=plan.small, BLOCK=_row_block(vocab_size), RACE=plan.race, num_warps=_ROW_WARPS,
-                                 **pdl, **_NO_FUSION)
+                                 SMALL=plan.small, BLOCK=_row_block(vocab_size), RACE=plan.race,
+                                 REJECT=plan.reject > 0, num_warps=_ROW_WARPS, **pdl, **_NO_FUSION)
     return out
 
 
@@ -241,7 +242,7 @@ def keep_thresholds_triton(logits: torch.Tensor, slots: torch.Tensor, state: Sam
                            compact_once: bool | None = None) -> torch.Tensor:
     """keep_thresholds on already processed logits; `fell_back` [S] int32, if given, gets 1 for the rows that
     took the one-program search."""
-    plan = _Plan(logits, num_buckets, programs, race, compact_once)
+    plan = _Plan(logits, num_buckets, programs, race, compact_once, reject=0)  # the thresholds themselves
     prologue(logits, logits, slots, state, plan, penalize=False)
     out = _keep_thresholds_triton(logits, logits, slots, state, plan)
     if fell_back is not None:
@@ -259,14 +260,17 @@ def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: t
 def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
                   max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
                   out: SampleOutput | None = None, race: int | None = None,
-                  compact_once: bool | None = None) -> SampleOutput:
+                  compact_once: bool | None = None, reject: int | None = None) -> SampleOutput:
     """race: the list race's capacity per row (sampling_grid.race_capacity; None: BLINK_SAMPLER_RACE's);
-    compact_once: the compaction's one read (sampling_compact; None: BLINK_SAMPLER_COMPACT's)."""
+    compact_once: the compaction's one read (sampling_compact; None: BLINK_SAMPLER_COMPACT's); reject: the
+    rejection's rounds before the search (sampling_reject; None: BLINK_SAMPLER_REJECT's)."""
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
-    plan = _Plan(logits, num_buckets, programs, race, compact_once)
+    plan = _Plan(logits, num_buckets, programs, race, compact_once, reject)
     processed = torch.empty_like(logits)
     prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs)
+    if plan.reject:
+        reject_candidates(logits, processed, slots, positions, state, plan)
     threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)
     return _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs, plan, out)
 

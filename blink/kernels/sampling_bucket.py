@@ -33,6 +33,7 @@ from blink.kernels.sampling_plan import (
     COUNTERS,
     PLAN_WORDS,
     coarse_bucket,
+    decided,
     fine_bucket,
     plan_coarse,
     plan_fine,
@@ -63,7 +64,9 @@ def top_p_weight(x, inv_temperature, s_max):
 
 
 @triton.jit
-def row_params(row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr):
+def row_params(row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr,
+               REJECT: tl.constexpr):
+    """REJECT: the rejection ran first (sampling_reject); a row it decided counts as not filtered."""
     slot = tl.load(slots_ptr + row)
     safe_slot = tl.maximum(slot, 0)
     temperature = tl.load(temperature_ptr + safe_slot)
@@ -71,7 +74,10 @@ def row_params(row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
     top_p = tl.load(top_p_ptr + safe_slot)
     min_p = tl.load(min_p_ptr + safe_slot)
     processed = tl.where(slot >= 0, tl.load(flags_ptr + safe_slot), 0) != 0
-    return is_filtered(slot, temperature, top_k, top_p, min_p), processed, temperature, top_k, top_p, min_p
+    filtered = is_filtered(slot, temperature, top_k, top_p, min_p)
+    if REJECT:
+        filtered = filtered & ~decided(reject_ptr, row)
+    return filtered, processed, temperature, top_k, top_p, min_p
 
 
 @triton.jit
@@ -119,15 +125,16 @@ def _classify(src, offs, inv_temperature, s_max, cutoff, j_lo, j_hi, r, span, vo
 
 @triton.jit
 def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-                   key_max_ptr, kept_min_ptr, part_total_ptr, hist_ptr, chunk_hist_ptr, vocab_size: tl.constexpr,
-                   NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                   CHUNK_HIST: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                   reject_ptr, key_max_ptr, kept_min_ptr, part_total_ptr, hist_ptr, chunk_hist_ptr,
+                   vocab_size: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
+                   CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                   CHUNK_HIST: tl.constexpr = False, REJECT: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     """CHUNK_HIST: also keep this chunk's coarse histogram, cumulative (sampling_compact's one-read compaction)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
-        row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
+        row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, REJECT)
     if filtered:
         src, inv_temperature, s_max, cutoff = _row_scale(logits_ptr, processed_ptr, row, processed, temperature,
                                                          min_p, row_max(key_max_ptr, row, P, P_PAD), vocab_size)
@@ -151,10 +158,10 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
 
 @triton.jit
 def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-                   key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, plan_ptr, chunk_hist_ptr,
+                   reject_ptr, key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, plan_ptr, chunk_hist_ptr,
                    vocab_size: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr, P: tl.constexpr,
                    P_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNK_HIST: tl.constexpr = False,
-                   USE_PDL: tl.constexpr = False):
+                   REJECT: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     """The fine histogram of the coarse range, and the exact weight of the kept tokens before it; the row's last
     program to finish plans the fine level for the kernels after (store_row_plan). CHUNK_HIST: also keep this
     chunk's fine histogram, cumulative (sampling_compact's one-read compaction)."""
@@ -162,7 +169,7 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
-        row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
+        row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, REJECT)
     top, finite = _row_top(key_max_ptr, row, P, P_PAD)
     if filtered & finite:
         hist_row = hist_ptr + row * (2 * NB)

@@ -78,18 +78,19 @@ def _chunk_offsets(chunk_hist_ptr, row, chunk, j_lo, j_hi, f_lo, f_hi, NB: tl.co
 
 @triton.jit
 def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
-                    min_p_ptr, key_max_ptr, plan_ptr, sums_ptr, counter_ptr, cand_ptr, num_logprobs_ptr,
+                    min_p_ptr, reject_ptr, key_max_ptr, plan_ptr, sums_ptr, counter_ptr, cand_ptr, num_logprobs_ptr,
                     top_keys_ptr, part_smallest_ptr, cand_key_ptr, cand_id_ptr, race_ids_ptr, chunk_hist_ptr,
                     vocab_size: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
                     CAND: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                    RACE: tl.constexpr = 0, ONCE: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                    RACE: tl.constexpr = 0, ONCE: tl.constexpr = False, REJECT: tl.constexpr = False,
+                    USE_PDL: tl.constexpr = False):
     """The threshold's candidates (filtered rows), with RACE > 0 the race's list and, with K > 0, the top-K
     logprobs' candidates (rows that ask)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
-        row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
+        row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, REJECT)
     top, finite = _row_top(key_max_ptr, row, P, P_PAD)
     if filtered & finite:
         _, j_lo, j_hi, r, f_lo, f_hi, num_above, num_candidates, _ = load_row_plan(plan_ptr + row * PLAN_WORDS)

@@ -10,7 +10,7 @@ import triton
 
 from blink.kernels.pdl import sampler_pdl_for
 from blink.kernels.sampling_bucket import NUM_BUCKETS
-from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, log2_buckets
+from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, REJECT_WORDS, log2_buckets
 from blink.kernels.sampling_race import race_block
 from blink.kernels.sampling_topk import TOP_WIDTH
 
@@ -42,6 +42,28 @@ def race_capacity(vocab_size: int, race: int | None = None) -> int:
         race = RACE_CAPACITY if _RACE_DEFAULT else 0
     assert race >= 0 and race & (race - 1) == 0, "race: 0 or a power of two"
     return min(race, triton.next_power_of_2(vocab_size))
+
+
+# BLINK_SAMPLER_REJECT = rounds of the rejection before the threshold search (sampling_reject; 0: none), read once
+# at import like the two above (sample_triton's `reject` overrides it). Off until the H200 has timed it.
+REJECT_ROUNDS_MAX = 8
+
+
+def _reject_default() -> int:
+    value = os.environ.get("BLINK_SAMPLER_REJECT", "0")
+    if not value.isdigit() or int(value) > REJECT_ROUNDS_MAX:
+        raise ValueError(f"BLINK_SAMPLER_REJECT must be a round count from 0 to {REJECT_ROUNDS_MAX}, got {value!r}")
+    return int(value)
+
+
+_REJECT_DEFAULT = _reject_default()
+
+
+def reject_rounds(race: int, rounds: int | None = None) -> int:
+    """The rejection's round launches (0: none); it needs the list race (race > 0)."""
+    rounds = _REJECT_DEFAULT if rounds is None else rounds
+    assert 0 <= rounds <= REJECT_ROUNDS_MAX, "reject: 0 to REJECT_ROUNDS_MAX rounds"
+    return rounds if race > 0 else 0
 
 
 CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
@@ -76,7 +98,7 @@ class _Plan:
     """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
 
     def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
-                 race: int | None = None, compact_once: bool | None = None):
+                 race: int | None = None, compact_once: bool | None = None, reject: int | None = None):
         num_rows, vocab_size = logits.shape
         self.num_buckets, self.log2_buckets = num_buckets, log2_buckets(num_buckets)
         device = logits.device
@@ -102,6 +124,12 @@ class _Plan:
         self.race_block = race_block(self.race, self.num_chunks)
         self.race_ids = torch.empty(num_rows, max(self.race, 1), dtype=torch.int32, device=device)  # the lists
         self.race_count = torch.empty(num_rows, dtype=torch.int32, device=device)  # the resolve's marks
+        self.reject = reject_rounds(self.race, reject)
+        self.reject_state = torch.empty(num_rows, REJECT_WORDS.value, dtype=torch.int64, device=device)
+        self.reject_best = torch.empty(num_rows, self.num_chunks, dtype=torch.float32, device=device)
+        self.reject_token, self.reject_count = torch.empty(2, num_rows, self.num_chunks, dtype=torch.int32,
+                                                           device=device)
+        self.reject_weight = torch.empty(num_rows, self.num_chunks, dtype=torch.int64, device=device)
         self.compact_once = _ONCE_DEFAULT if compact_once is None else compact_once
         self.chunk_hist = torch.empty(num_rows, self.num_chunks, 2 * num_buckets, dtype=torch.int32, device=device) \
             if self.compact_once else torch.empty(1, dtype=torch.int32, device=device)  # coarse, fine per chunk

@@ -132,8 +132,21 @@ def plan_fine(hist_row, j_lo, j_hi, r, num_above, mass_above, total, num_kept, t
 # total (f_lo > f_hi and no candidates when the coarse range is empty).
 PLAN_WORDS = tl.constexpr(16)
 # int32 words per row of the selection's `counters`: candidates taken, top-K candidates taken, the refine
-# kernel's ticket, spare (the penalties kernel zeroes them)
-COUNTERS = tl.constexpr(4)
+# kernel's ticket, the race list's ids taken (sampling_race.LIST_COUNTER), the rejection's ticket
+# (REJECT_TICKET), three spare; the penalties kernel zeroes them
+COUNTERS = tl.constexpr(8)
+REJECT_TICKET = tl.constexpr(4)
+# int64 words per row of the rejection's state (sampling_reject): its status, the candidate token, the row's
+# top_p weight total. PENDING rows still test a candidate, DECIDED rows chose it (the search skips them), SEARCH
+# rows take the threshold search as without the rejection.
+REJECT_WORDS = tl.constexpr(4)
+PENDING, DECIDED, SEARCH = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+
+
+@triton.jit
+def decided(reject_ptr, row):
+    """Whether the rejection chose this row's token (read only where it ran: its state is not written else)."""
+    return tl.load(reject_ptr + row * REJECT_WORDS) == DECIDED
 
 
 @triton.jit

@@ -1,7 +1,8 @@
 """Step 4 of the keep thresholds (sampling_bucket's pipeline): one program per row reads the row's plan, sorts
 the compaction's candidates and applies sampling_ref's definition to them, offset by the exact count and weight
 of the kept tokens before them (the same threshold, ties included). A row whose plan did not fit its
-candidates, or whose maximum is not finite, runs sampling_select's one-program search instead."""
+candidates, or whose maximum is not finite, runs sampling_select's one-program search instead. With the rejection
+(sampling_reject), a row it decided gets its chosen token's value as the threshold and that token as its race list."""
 from __future__ import annotations
 
 import triton
@@ -9,7 +10,7 @@ import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _INT32_MAX, _INT32_MIN, _row_source, _row_top, row_params, top_p_weight
-from blink.kernels.sampling_plan import PLAN_WORDS, load_row_plan
+from blink.kernels.sampling_plan import PLAN_WORDS, REJECT_WORDS, decided, load_row_plan
 from blink.kernels.sampling_race import list_fits
 from blink.kernels.sampling_select import key_value, search_threshold
 
@@ -39,10 +40,10 @@ def _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor, 
 
 @triton.jit
 def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_ptr, slots_ptr, flags_ptr,
-                    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, kept_min_ptr, plan_ptr, sums_ptr,
-                    cand_ptr, race_count_ptr, vocab_size: tl.constexpr, P: tl.constexpr,
+                    temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, key_max_ptr, kept_min_ptr, plan_ptr,
+                    sums_ptr, cand_ptr, race_count_ptr, vocab_size: tl.constexpr, P: tl.constexpr,
                     P_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr,
-                    RACE: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
+                    RACE: tl.constexpr = 0, REJECT: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     """out[row] = sampling_ref.keep_thresholds; rows with no filter write -inf. fell_back[row]: 1 where the
     row took the one-program search (the plan's candidates did not fit), else 0. RACE > 0: race_count[row] is
     the length of the row's race list where it holds every kept token (the threshold came from the plan), else
@@ -50,7 +51,7 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_p
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
-        row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr)
+        row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, REJECT)
     threshold = tl.full([], float("-inf"), tl.float32)
     fell_back = tl.zeros([], tl.int32)
     listed = tl.full([], -1, tl.int32)
@@ -87,6 +88,11 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_p
             src = _row_source(logits_ptr, processed_ptr, row, processed, vocab_size)
             threshold = search_threshold(src, scratch_ptr + row.to(tl.int64) * vocab_size, temperature, top_k, top_p,
                                          min_p, vocab_size, BLOCK)
+    if REJECT:
+        if decided(reject_ptr, row):  # the rejection chose the token: the race's list is that one (sampling_reject)
+            chosen = tl.load(reject_ptr + row * REJECT_WORDS + 1)
+            threshold = tl.load(_row_source(logits_ptr, processed_ptr, row, processed, vocab_size) + chosen)
+            listed = tl.full([], 1, tl.int32)
     tl.store(out_ptr + row, threshold)
     tl.store(fell_back_ptr + row, fell_back)
     if RACE > 0:

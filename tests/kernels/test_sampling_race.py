@@ -10,19 +10,22 @@ from blink.kernels.sampling import _choose_and_score, _keep_thresholds_triton, s
 from blink.kernels.sampling_grid import RACE_CAPACITY, _Plan, race_capacity
 from blink.kernels.sampling_penalties import prologue
 from blink.kernels.sampling_ref import apply_penalties_ref, canonical, keep_thresholds
+from blink.kernels.sampling_reject import reject as reject_candidates
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
 from tests.kernels.test_sampling import mixed_rows, mixed_state
 
 
-def sample_with_plan(logits, slots, positions, state, k, race, cand=None, once=False, programs=None):
+def sample_with_plan(logits, slots, positions, state, k, race, cand=None, once=False, programs=None, reject=0):
     """sample_triton's steps, with the plan kept to read its marks (cand: a smaller candidate capacity, so that
-    wide rows fall back to the one-program search)."""
-    plan = _Plan(logits, programs=programs, race=race, compact_once=once)
+    wide rows fall back to the one-program search; reject: the rejection's rounds, sampling_reject)."""
+    plan = _Plan(logits, programs=programs, race=race, compact_once=once, reject=reject)
     if cand is not None:
         plan.cand = plan.small = cand
     processed = torch.empty_like(logits)
     prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=k)
+    if plan.reject:
+        reject_candidates(logits, processed, slots, positions, state, plan)
     threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, k)
     return _choose_and_score(logits, processed, threshold, slots, positions, state, k, plan), plan
 
@@ -153,7 +156,7 @@ def test_the_one_read_compaction_lists_what_the_two_reads_do():
     logits[3] = (logits[3] * 2).round() / 2  # a top_p row of ties across chunks
     runs = {}
     for once in (False, True):
-        plan = _Plan(logits, programs=32, race=2048, compact_once=once)
+        plan = _Plan(logits, programs=32, race=2048, compact_once=once, reject=0)
         assert plan.num_chunks == 4
         processed = torch.empty_like(logits)
         prologue(logits, processed, slots, state, plan, penalize=True)

@@ -1,0 +1,127 @@
+"""The rejection before the threshold search (sampling_reject, BLINK_SAMPLER_REJECT=R): the reference's tokens,
+logprobs and top logprobs token for token, whichever rows it decides, leaves pending or does not take; the rows
+it decides skip the search and race their one-token list."""
+import pytest
+import torch
+
+from blink.kernels import sampling_grid
+from blink.kernels.sampling import sample_ref, sample_triton
+from blink.kernels.sampling_grid import _Plan, reject_rounds
+from blink.kernels.sampling_plan import DECIDED, PENDING, SEARCH
+from blink.kernels.sampling_state import SamplingState
+from blink.request import SamplingParams
+from tests.kernels.test_sampling_race import assert_same, filtered_rows, sample_with_plan
+
+PARAMS = [
+    SamplingParams(temperature=0.8, top_p=0.9, logprobs=2),
+    SamplingParams(temperature=1.1, top_k=3),
+    SamplingParams(temperature=1.0, min_p=0.1),
+    SamplingParams(temperature=0.7, top_p=0.5, min_p=0.02),
+    SamplingParams(temperature=0.9, top_k=40, top_p=0.9),  # top_p's total is over the top_k set: not taken
+    SamplingParams(temperature=0.0, top_p=0.5),  # greedy: not filtered
+    SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.3, presence_penalty=0.4, logit_bias={3: 5.0}),
+    SamplingParams(temperature=0.8),  # no filter
+    SamplingParams(temperature=1.2, top_k=1),
+    SamplingParams(temperature=0.6, top_p=0.05),
+]
+MARK = {int(DECIDED.value): "decided", int(PENDING.value): "pending", int(SEARCH.value): "search"}
+
+
+def batch(vocab: int, num_rows: int, seed: int, ties: bool = False):
+    state = SamplingState(len(PARAMS), vocab, "cpu")
+    for slot, params in enumerate(PARAMS):
+        state.set_slot(slot, params, seed=31 + 7 * slot, prompt_ids=[1, 2, 3, 40], output_ids=[5, 6])
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(num_rows, vocab, generator=gen) * torch.linspace(0.5, 4.0, num_rows)[:, None]
+    if ties:
+        logits = (logits * 2).round() / 2  # runs of equal values: the candidate's ties decide with it
+    slots = torch.arange(num_rows, dtype=torch.int32) % len(PARAMS)
+    slots[-1] = -1  # padding
+    return logits, slots, torch.randint(0, 5000, (num_rows,), generator=gen), state
+
+
+def marks(plan) -> list[str]:
+    return [MARK[int(m)] for m in plan.reject_state[:, 0].tolist()]
+
+
+@pytest.mark.parametrize(("rounds", "ties"), [(1, False), (3, True)])
+def test_the_reference_token_for_token(rounds, ties):
+    """A mixed batch (S = 21): every row the reference's; the taken rows are decided or pending, the others search;
+    a decided row's race list is its token alone and the search never saw it."""
+    vocab = 300
+    logits, slots, positions, state = batch(vocab, 21, seed=rounds, ties=ties)
+    got, plan = sample_with_plan(logits, slots, positions, state, 2, 1024, reject=rounds)
+    assert_same(got, sample_ref(logits, slots, positions, state, 2),
+                sample_triton(logits, slots, positions, state, 2, race=0, reject=0))
+    slot = slots.clamp(min=0).long()
+    taken = filtered_rows(slots, state) & ~((state.top_k[slot] > 0) & (state.top_p[slot] < 1))
+    mark = marks(plan)
+    assert all(m == "search" for m, t in zip(mark, taken.tolist(), strict=True) if not t)
+    decided = torch.tensor([m == "decided" for m in mark])
+    assert decided.sum() >= 8, mark  # most taken rows: one round decides top_p rows with probability >= top_p
+    assert (plan.reject_state[decided, 1] == got.token_ids[decided]).all()
+    assert (plan.race_count[decided] == 1).all() and (plan.race_ids[decided, 0] == got.token_ids[decided]).all()
+    assert (plan.fell_back[decided] == 0).all()
+
+
+def test_rows_left_pending_take_the_search():
+    """top_k = 1 and top_p = 0.05 on flat rows rarely accept the first candidate: after one round some rows are
+    still pending and the search gives them the reference's token; with eight rounds fewer are."""
+    vocab = 400
+    logits, slots, positions, state = batch(vocab, 10, seed=5)
+    logits = logits * 0.2  # flat: the top-1 and the top 5% of the mass are far from the first candidate
+    slots[:] = torch.tensor([8, 9, 8, 9, 8, 9, 8, 9, 8, 9], dtype=torch.int32)
+    ref = sample_ref(logits, slots, positions, state, 0)
+    pending = {}
+    for rounds in (1, 8):
+        got, plan = sample_with_plan(logits, slots, positions, state, 0, 1024, reject=rounds)
+        assert got.token_ids.tolist() == ref.token_ids.tolist()
+        pending[rounds] = marks(plan).count("pending")
+    assert pending[1] >= 3 and pending[8] < pending[1], pending
+
+
+def test_the_knob(monkeypatch):
+    assert reject_rounds(1024, 2) == 2 and reject_rounds(0, 2) == 0  # needs the list race
+    for bad in ("-1", "x", "9"):
+        monkeypatch.setenv("BLINK_SAMPLER_REJECT", bad)
+        with pytest.raises(ValueError, match="BLINK_SAMPLER_REJECT"):
+            sampling_grid._reject_default()
+    monkeypatch.setenv("BLINK_SAMPLER_REJECT", "3")
+    assert sampling_grid._reject_default() == 3
+    monkeypatch.setattr(sampling_grid, "_REJECT_DEFAULT", 3)
+    assert _Plan(torch.zeros(2, 1000), race=1024).reject == 3 and _Plan(torch.zeros(2, 1000), race=0).reject == 0
+
+
+def test_top_p_at_its_boundary():
+    """Four tokens of mass 0.4, 0.3, 0.2, 0.1 and top_p = 0.69: the third lies just past the nucleus (0.7 of the
+    mass above it), and a fifth of the first candidates are it. Over 24 draws every token is one of the first two."""
+    vocab = 64
+    state = SamplingState(1, vocab, "cpu")
+    state.set_slot(0, SamplingParams(temperature=1.0, top_p=0.69), seed=99, prompt_ids=[1])
+    row = torch.full((vocab,), -30.0)
+    row[[9, 30, 41, 50]] = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    logits, slots, positions = row.repeat(24, 1), torch.zeros(24, dtype=torch.int32), torch.arange(24)
+    got, plan = sample_with_plan(logits, slots, positions, state, 0, 64, reject=2)
+    ref = sample_ref(logits, slots, positions, state, 0)
+    assert got.token_ids.tolist() == ref.token_ids.tolist() and set(ref.token_ids.tolist()) == {9, 30}
+    assert marks(plan).count("decided") >= 20
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_gpu_real_vocab(rounds):
+    """V = 128,256, bf16-rounded rows (ties go by token id), 40 rows of this file's mix: the reference's tokens and
+    logprobs; most taken rows decided."""
+    vocab = 128256
+    logits, slots, positions, cpu_state = batch(vocab, 40, seed=rounds)
+    logits = logits.bfloat16().float()
+    state = SamplingState(cpu_state.max_slots, vocab, "cuda")
+    for name, tensor in vars(cpu_state).items():
+        if isinstance(tensor, torch.Tensor):
+            getattr(state, name).copy_(tensor)
+    ref = sample_ref(logits, slots, positions, cpu_state, 20)
+    got, plan = sample_with_plan(logits.cuda(), slots.cuda(), positions.cuda(), state, 20, 16384, reject=rounds)
+    assert got.token_ids.cpu().tolist() == ref.token_ids.tolist()
+    torch.testing.assert_close(got.logprobs.cpu(), ref.logprobs, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got.top_ids.cpu(), ref.top_ids)
+    assert marks(plan).count("decided") >= 10, marks(plan)  # ~13 expected at one round (top_p rows: >= top_p)
