@@ -23,8 +23,8 @@ from tests.kernels.sm90 import compile_sm90
 ROOT = Path(__file__).resolve().parent.parent
 # prologue: (N, K) of llama3-8b's projection behind it
 SHAPES = {"none": (128256, 4096), "add_norm": (6144, 4096), "silu_mul": (4096, 14336)}
-# debug info, DWARF offsets included (they move with a comment)
-DEBUG = re.compile(r"\.loc|\.file|^\s*//|\.b8|\.b32 .*// (DW_|Length)|debug|\.section")
+# debug info, DWARF offsets and the debug labels included (they move with a comment or a helper)
+DEBUG = re.compile(r"\.loc|\.file|^\s*//|\.b8|\.b32 .*// (DW_|Length)|debug|\.section|\$L__tmp\d+")
 
 
 def load(path: Path, name: str):

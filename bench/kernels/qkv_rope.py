@@ -1,11 +1,12 @@
 """Issue 17: qkv's decode GEMV with RoPE and the KV write in its epilogue (kernels/gemv_rope.py) against the two
 kernels it replaces (the GEMV, then rope_and_write_kv), alone, at decode batches (stage `qkv-rope`):
 
-    python -m bench.kernels.qkv_rope [--model llama3-8b] [--ms 2,8,16] [--tiles 64x256x3,32x512x3]
+    python -m bench.kernels.qkv_rope [--model llama3-8b] [--ms 1,2,8,16] [--tiles 64x256x3,32x512x3]
 
 Both sides run with the add_norm prologue as a layer runs qkv, captured in one CUDA graph over weight copies cycled
 past the L2 (step_kernels.graph_time_us), us a layer. err: the fused kernel's qkv and K/V cache against the two
-kernels'. A tile is BLOCK_N x BLOCK_K x stages (BLOCK_N must divide head_dim); the first is default_config's.
+kernels'. A tile is BLOCK_N x BLOCK_K x stages (BLOCK_N must divide head_dim); the first is default_config's. One
+row runs gemv.py's CUDA-core loop on both sides (its tiles: 4 or 8 columns, 1 stage), more rows tensor cores.
 """
 from __future__ import annotations
 
@@ -65,29 +66,30 @@ def bench_rows(cfg, m: int, tiles: list[GemvConfig]) -> dict[str, float]:
     return results
 
 
-def parse_tiles(text: str) -> list[GemvConfig]:
-    """"64x256x3,32x512x3" -> tensor-core GEMV tiles (BLOCK_N x BLOCK_K x stages, 4 warps)."""
+def parse_tiles(text: str, m: int) -> list[GemvConfig]:
+    """"64x256x3,32x512x3" -> GEMV tiles (BLOCK_N x BLOCK_K x stages, 4 warps): tensor cores from two rows on."""
     tiles = []
     for spec in text.split(","):
         block_n, block_k, stages = (int(v) for v in spec.split("x"))
-        tiles.append(GemvConfig(block_n=block_n, block_k=block_k, num_stages=stages, dot=True))
+        tiles.append(GemvConfig(block_n=block_n, block_k=block_k, num_stages=stages, dot=m > 1))
     return tiles
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="llama3-8b")
-    parser.add_argument("--ms", default="2,8,16")
-    parser.add_argument("--tiles", default=None, help="default: default_config's tile for the qkv shape, then 32x512x3")
+    parser.add_argument("--ms", default="1,2,8,16")
+    parser.add_argument("--tiles", default=None, help="default: default_config's tile for the qkv shape, then 32x512x3 "
+                                                      "(one row: 8x512x1)")
     args = parser.parse_args()
     cfg = presets.get(args.model)
     print(f"{torch.cuda.get_device_name()}  {args.model}  triton {triton.__version__}  torch {torch.__version__}")
     summary = []
     for m in map(int, args.ms.split(",")):
         n = (cfg.num_attention_heads + 2 * cfg.num_key_value_heads) * cfg.head_dim
-        tiles = parse_tiles(args.tiles) if args.tiles else [
-            default_config(n, cfg.hidden_size, m, "add_norm"), GemvConfig(block_n=32, block_k=512, num_stages=3,
-                                                                          dot=True)]
+        other = GemvConfig(block_n=32, block_k=512, num_stages=3, dot=True) if m > 1 else GemvConfig(8, 512)
+        tiles = parse_tiles(args.tiles, m) if args.tiles else [default_config(n, cfg.hidden_size, m, "add_norm"),
+                                                               other]
         summary += [(m, label, us) for label, us in bench_rows(cfg, m, tiles).items()]
     print("\nSUMMARY (us a layer; ratio to the two kernels at the same M)")
     base = {m: us for m, label, us in summary if label.startswith("gemv, then")}

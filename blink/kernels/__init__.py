@@ -88,7 +88,8 @@ def _qkv_rope_config(x: torch.Tensor, weight: torch.Tensor, gemv: GemvPlan):
 
 def qkv_rope_takes(x: torch.Tensor, qkv_weight: torch.Tensor, gemv: GemvPlan | None, head_dim: int) -> bool:
     """Whether norm_linear_rope_kv runs qkv with RoPE and the KV write in its epilogue: a plan that asks for it
-    (GemvPlan.rope_kv), two rows or more, head-aligned tiles (shapes only, so graph-safe)."""
+    (GemvPlan.rope_kv), head-aligned tiles of the call's kernel (gemv_rope.supports: one row on the CUDA-core loop,
+    more on tensor cores; shapes only, so graph-safe)."""
     return (gemv is not None and gemv.rope_kv and _gemv_takes(x, qkv_weight, gemv, "add_norm")  # 2-D, <= max_m
             and gemv_rope_supports(x, qkv_weight, head_dim, _qkv_rope_config(x, qkv_weight, gemv)))
 

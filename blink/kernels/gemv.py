@@ -52,7 +52,7 @@ class GemvConfig:
 @dataclass(frozen=True)
 class GemvPlan:
     """What a linear layer decided at load time: take calls of up to max_m rows, with this config (None:
-    default_config of the call's shape, which depends on M too). rope_kv (qkv only): from two rows on, RoPE and the
+    default_config of the call's shape, which depends on M too). rope_kv (qkv only): RoPE and the
     KV write run in the GEMV's epilogue (gemv_rope.py)."""
 
     config: GemvConfig | None = None
@@ -141,23 +141,14 @@ def _x_row(x_ptr, r_ptr, nw_ptr, m, M, k, k_mask, stride_xm, stride_rm, rstd_m, 
 
 
 @triton.jit
-def _gemv_kernel(
-    x_ptr, r_ptr, nw_ptr, w_ptr, bias_ptr, out_ptr, new_r_ptr,
-    M, N, K, stride_xm, stride_rm, stride_wn, stride_om, eps,
-    PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_K: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):
-    pid = tl.program_id(0)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_mask = cols < N
+def one_row_loop(x_ptr, r_ptr, nw_ptr, new_r_ptr, w_rows, w_first, col_mask, M, K, stride_xm, stride_rm, eps,
+                 store_residual, PROLOGUE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, NORM_K: tl.constexpr, PREFETCH: tl.constexpr):
+    """After the PDL wait: the row's prologue and the stream over this program's W rows (w_rows [BLOCK_N, 1]
+    pointers); w_first: the first W tile, loaded before the wait (used with PREFETCH). Returns the [BLOCK_N] fp32
+    sums, before bias and rounding. store_residual: this program stores x + r (the new residual)."""
     ks = tl.arange(0, BLOCK_K)
     rows = tl.arange(0, BLOCK_M)
-    w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
-    if PREFETCH:
-        w_next = tl.load(w_rows + ks[None, :], mask=col_mask[:, None] & (ks < K)[None, :], other=0.0)
-    pdl_wait(USE_PDL)  # everything below may read the previous kernel's output
-
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PROLOGUE == 1 or PROLOGUE == 2:  # pass 1: each row's sum of squares (and program 0 stores x + r)
         sq = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -168,12 +159,13 @@ def _gemv_kernel(
             if PROLOGUE == 2:
                 r = tl.load(r_ptr + rows[:, None] * stride_rm + k[None, :], mask=mask, other=0.0)
                 x = (x.to(tl.float32) + r.to(tl.float32)).to(x_ptr.dtype.element_ty)
-                if pid == 0:
+                if store_residual:
                     tl.store(new_r_ptr + rows[:, None] * K + k[None, :], x, mask=mask)
             xf = x.to(tl.float32)
             sq += tl.sum(xf * xf, axis=1)
         rstd = tl.rsqrt(sq / K + eps)
 
+    w_next = w_first
     acc_1 = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)  # one row: reduce over K once, after the loop
     for k0 in range(0, K, BLOCK_K):
         if PREFETCH:  # this order ran at 4.06 ms a step; another cost ~10% (perf.md; python -m tools.gemv_ptx)
@@ -191,7 +183,28 @@ def _gemv_kernel(
         x = _x_row(x_ptr, r_ptr, nw_ptr, 0, M, k, k_mask, stride_xm, stride_rm, tl.sum(rstd, axis=0), K,
                    PROLOGUE)
         acc_1 += w * x[None, :]
-    acc = tl.sum(acc_1, axis=1)[None, :]
+    return tl.sum(acc_1, axis=1)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, r_ptr, nw_ptr, w_ptr, bias_ptr, out_ptr, new_r_ptr,
+    M, N, K, stride_xm, stride_rm, stride_wn, stride_om, eps,
+    PROLOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_mask = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    rows = tl.arange(0, BLOCK_M)
+    w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wn
+    # weights are never written during a step: the first tile may load before the wait (dead without PREFETCH)
+    w_first = tl.load(w_rows + ks[None, :], mask=col_mask[:, None] & (ks < K)[None, :], other=0.0)
+    pdl_wait(USE_PDL)  # everything below may read the previous kernel's output
+    acc = one_row_loop(x_ptr, r_ptr, nw_ptr, new_r_ptr, w_rows, w_first, col_mask, M, K, stride_xm, stride_rm, eps,
+                       pid == 0, PROLOGUE, BLOCK_M, BLOCK_N, BLOCK_K, NORM_K, PREFETCH)[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
     out_offs = rows[:, None] * stride_om + cols[None, :]

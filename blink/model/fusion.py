@@ -13,7 +13,7 @@ up to 16 rows (DEFAULT_MAX_M). On the H200 with llama3-8b: at one row it cut the
 (gemv_rows.py) cut the step at batch 8 / 16 by 2.3% / 4.9% (4.979 -> 4.866, 5.500 -> 5.229 ms; perf.md, session
 17); at 32 rows it lost 5.6%. A sharded model (tensor parallel) defaults to none: the TP suite has not run with
 the GEMV on two GPUs. MoE blocks keep their own kernels. BLINK_QKV_ROPE=1 moves RoPE and the KV write into qkv's
-GEMV from two rows on (models without a per-head q/k norm; off until a GPU has timed it).
+GEMV (one row: gemv.py's loop; more: gemv_rows'; models without a per-head q/k norm; off until a GPU has timed it).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ class FusionPolicy:
     gemv: frozenset[str] = frozenset()  # projections that take the GEMV
     max_m: int = MAX_M  # rows a call may have to take it
     role_max_m: tuple[tuple[str, int], ...] = ()  # (projection, rows) exceptions to max_m
-    rope_in_qkv: bool = False  # qkv's GEMV (2+ rows) runs RoPE and the KV write in its epilogue (gemv_rope.py)
+    rope_in_qkv: bool = False  # qkv's GEMV runs RoPE and the KV write in its epilogue (gemv_rope.py)
 
     def rows_for(self, role: str) -> int:
         return dict(self.role_max_m).get(role, self.max_m)

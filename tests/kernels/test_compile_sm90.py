@@ -142,6 +142,16 @@ def _compile_all() -> None:
                        dict(PROLOGUE=prologue, HAS_BIAS=prologue == 0, HEAD_DIM=128, Q_HEADS=32, KV_HEADS=8, BLOCK_M=16,
                             BLOCK_N=block_n, BLOCK_K=block_k), pdl=pdl, num_warps=4, num_stages=num_stages)
         assert "cp.async" in kernel.asm["ptx"]  # the weight loop stays pipelined inside the shared helper
+    # and one row on gemv.py's CUDA-core loop: default_config's 4 columns (2 pairs) and a whole-head tile
+    for prologue, block_n, block_k, pdl in [(2, 4, 1024, True), (1, 4, 1024, True), (0, 128, 32, False)]:
+        kernel = check(gemv_rope._gemv_rope_kv_one_row_kernel, rope_ptrs,
+                       dict(PROLOGUE=prologue, HAS_BIAS=prologue == 0, HEAD_DIM=128, Q_HEADS=32, KV_HEADS=8,
+                            BLOCK_N=block_n, BLOCK_K=block_k, NORM_K=4096, PREFETCH=True), pdl=pdl, num_warps=4,
+                       num_stages=1)
+        ptx = kernel.asm["ptx"]
+        assert "shfl.sync" not in _last_loop(ptx), (prologue, block_n)  # as the one-row GEMV's weight loop
+        if pdl:  # the first W tile is in flight before the wait, as in gemv.py
+            assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait"), prologue
 
 
 def _last_loop(ptx: str) -> str:

@@ -180,13 +180,15 @@ def test_model_on_the_gemv_gives_the_reference_logits(monkeypatch, preset):
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])  # qkv without and with a bias
 def test_rope_in_qkv_gives_the_reference_logits(monkeypatch, preset):
-    """BLINK_QKV_ROPE's path (FusionPolicy.rope_in_qkv): decode steps of two rows or more run qkv with RoPE and the
-    KV write in its epilogue (gemv_rope.py) and skip rope_and_write_kv; the logits stay the cuBLAS path's, and the
-    prefill (above max_m) takes the old path in the same run."""
+    """BLINK_QKV_ROPE's path (FusionPolicy.rope_in_qkv): decode steps run qkv with RoPE and the KV write in its
+    epilogue (gemv_rope.py: one row on the CUDA-core loop, more on tensor cores) and skip rope_and_write_kv; the
+    logits stay the cuBLAS path's, and the prefill (above max_m) takes the old path in the same run."""
     model, _ = load_model(preset, "cpu", dtype=torch.float32, seed=2)
-    chunks = [{0: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}, {0: [11], 1: [12, 13, 14]}, {0: [15], 1: [16]}, {0: [17]}]
+    chunks = [{0: [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]}, {0: [11], 1: [12, 13, 14]}, {0: [15], 1: [16]}, {0: [17]},
+              {1: [18]}]
+    pads = [1, 1, 1, 1, 0]  # the last step has one row: no padding row
     reference = PagedDriver(model)
-    expected = [reference.step(c, pad_tokens=1, pad_seqs=1) for c in chunks]
+    expected = [reference.step(c, pad_tokens=p, pad_seqs=p) for c, p in zip(chunks, pads, strict=True)]
     fused_rows = []
     real = kernels.gemv_rope_kv_triton
 
@@ -202,13 +204,14 @@ def test_rope_in_qkv_gives_the_reference_logits(monkeypatch, preset):
     assert model.model.layers[0].self_attn.qkv_proj.gemv.rope_kv
     assert not model.model.layers[0].self_attn.o_proj.gemv.rope_kv
     driver = PagedDriver(model)
-    for step, c in enumerate(chunks):
-        got = driver.step(c, pad_tokens=1, pad_seqs=1)
+    for step, (c, p) in enumerate(zip(chunks, pads, strict=True)):
+        got = driver.step(c, pad_tokens=p, pad_seqs=p)
         for seq in c:
             torch.testing.assert_close(got[seq], expected[step][seq], rtol=1e-4, atol=1e-4)
     layers = len(model.model.layers)
-    # 5, 3 and 2 rows with the padding row (each layer once); the 11-row prefill is above max_m: the old path
-    assert fused_rows == [5] * layers + [3] * layers + [2] * layers
+    # 5, 3 and 2 rows with the padding row, then 1 without (each layer once); the 11-row prefill is above max_m: the
+    # old path
+    assert fused_rows == [5] * layers + [3] * layers + [2] * layers + [1] * layers
 
 
 def test_rope_in_qkv_setting(monkeypatch):

@@ -66,10 +66,35 @@ def test_fused_qkv_rotates_what_the_plain_gemv_computes():
     torch.testing.assert_close(got, case["x"] @ case["weight"].T, atol=1e-5, rtol=1e-5)
 
 
-def test_supports_needs_head_aligned_tiles_and_rows():
+def test_supports_needs_head_aligned_tiles_and_the_kernel_of_its_rows():
     x, w = torch.zeros(4, HIDDEN), torch.zeros(8 * HEAD_DIM, HIDDEN)
     tiles = lambda n: GemvConfig(block_n=n, block_k=16, dot=True)
     assert supports(x, w, HEAD_DIM, tiles(16)) and supports(x, w, HEAD_DIM, tiles(32))
     assert not supports(x, w, HEAD_DIM, tiles(64))  # wider than a head
-    assert not supports(torch.zeros(1, HIDDEN), w, HEAD_DIM, tiles(16))  # one row: the CUDA-core GEMV's
-    assert not supports(x, w, HEAD_DIM, GemvConfig(block_n=16, block_k=16))  # tensor cores only
+    one = torch.zeros(1, HIDDEN)
+    assert not supports(one, w, HEAD_DIM, tiles(16))  # one row: the CUDA-core loop, not tensor cores
+    assert supports(one, w, HEAD_DIM, GemvConfig(block_n=4, block_k=16))
+    assert not supports(one, w, HEAD_DIM, GemvConfig(block_n=2, block_k=16))  # one pair a program: not taken
+    assert not supports(x, w, HEAD_DIM, GemvConfig(block_n=16, block_k=16))  # 2+ rows: tensor cores only
+
+
+@pytest.mark.parametrize("block_n", [4, 8, 32])  # 2 pairs a program (llama's default at one row), 4, a whole head
+@pytest.mark.parametrize("prologue,bias", [("none", True), ("add_norm", False), ("norm", False)])
+@pytest.mark.parametrize("num_stages", [1, 2])  # the register double buffer (the default), Triton's pipeliner
+def test_one_row_matches_gemv_then_rope_and_kv_write(block_n, prologue, bias, num_stages):
+    """One row on gemv.py's CUDA-core loop: qkv rotated, k and v in the cache at the row's slot (fp16, not bf16: the
+    interpreter truncates fp32 -> bf16 where torch rounds)."""
+    for dtype in (torch.float32, torch.float16):
+        case = _case(1, prologue, dtype, bias, seed=block_n + num_stages)
+        case["slot_mapping"] = torch.tensor([5])  # _case's padding row would be the only one
+        got_case, ref_case = _clone(case), _clone(case)
+        config = GemvConfig(block_n=block_n, block_k=16, num_stages=num_stages)
+        got, got_residual = gemv_rope_kv_triton(**got_case, config=config)
+        ref, ref_residual = gemv_rope_kv_ref(**ref_case)
+        tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=4e-3, rtol=4e-3)
+        torch.testing.assert_close(got, ref, **tol)
+        torch.testing.assert_close(got_case["k_cache"], ref_case["k_cache"], **tol)
+        torch.testing.assert_close(got_case["v_cache"], ref_case["v_cache"], **tol)
+        assert not torch.equal(got_case["k_cache"], case["k_cache"])  # the row's slot was written
+        if prologue == "add_norm":
+            torch.testing.assert_close(got_residual, ref_residual, atol=0, rtol=0)
