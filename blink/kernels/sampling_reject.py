@@ -33,11 +33,18 @@ from blink.kernels.sampling_select import canonical
 _NO_FUSION = {"enable_fp_fusion": False}
 
 
+# The race's noise -log(-log u) is below 16.64 for every 23-bit u (sampling_rng: u <= 1 - 2^-24): a token whose
+# scaled logit is more than this below a lane's best cannot take that lane
+_NOISE_BOUND = tl.constexpr(17.0)
+
+
 @triton.jit
 def _race_above(src, chunk, floor, inv_temperature, s_max, cutoff, hash_of_row, weigh, vocab_size: tl.constexpr,
                 KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """This chunk's tokens above `floor` that min_p keeps: the race's best score and its lowest id (vocab_size if
-    none is finite), their count and (weigh) their top_p weight."""
+    none is finite), their count and (weigh) their top_p weight. A block without such a token skips the weights
+    and the race (a round's floor leaves few tokens above it), and one whose tokens all lie more than the noise's
+    bound below their lanes' best skips the race's hash and logs (a real model's row: most of its vocabulary)."""
     best = tl.full([BLOCK], float("-inf"), tl.float32)  # a lane keeps its first maximum: the lowest id
     best_token = tl.full([BLOCK], vocab_size, tl.int32)
     count = tl.zeros([BLOCK], tl.int32)
@@ -49,13 +56,15 @@ def _race_above(src, chunk, floor, inv_temperature, s_max, cutoff, hash_of_row, 
         scaled = x * inv_temperature
         inside = valid & (x > floor) & (scaled >= cutoff)
         count += inside.to(tl.int32)
-        if weigh:
-            weight += tl.where(inside, top_p_weight(x, inv_temperature, s_max), 0)
-        u = race_uniform(hash_of_row, offs, KEY_BYTES)
-        score = tl.where(inside, scaled - tl.log(-tl.log(u)), float("-inf"))
-        take = score > best
-        best = tl.where(take, score, best)
-        best_token = tl.where(take, offs, best_token)
+        if tl.max(inside.to(tl.int32), 0) > 0:  # block-uniform branches
+            if weigh:
+                weight += tl.where(inside, top_p_weight(x, inv_temperature, s_max), 0)
+            if tl.max((inside & (scaled + _NOISE_BOUND >= best)).to(tl.int32), 0) > 0:
+                u = race_uniform(hash_of_row, offs, KEY_BYTES)
+                score = tl.where(inside, scaled - tl.log(-tl.log(u)), float("-inf"))
+                take = score > best
+                best = tl.where(take, score, best)
+                best_token = tl.where(take, offs, best_token)
     top = tl.max(best, 0)
     return top, tl.min(tl.where(best == top, best_token, vocab_size), 0), tl.sum(count, 0), tl.sum(weight, 0)
 

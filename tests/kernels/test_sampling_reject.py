@@ -4,7 +4,7 @@ it decides skip the search and race their one-token list."""
 import pytest
 import torch
 
-from blink.kernels import sampling_grid
+from blink.kernels import sampling_grid, sampling_reject
 from blink.kernels.sampling import sample_ref, sample_triton
 from blink.kernels.sampling_grid import _Plan, reject_rounds
 from blink.kernels.sampling_plan import DECIDED, PENDING, SEARCH
@@ -78,6 +78,29 @@ def test_rows_left_pending_take_the_search():
         assert got.token_ids.tolist() == ref.token_ids.tolist()
         pending[rounds] = marks(plan).count("pending")
     assert pending[1] >= 3 and pending[8] < pending[1], pending
+
+
+def test_blocks_far_below_the_best_skip_the_race():
+    """One program a row over four 1,024-token blocks: the second sits 40 below the first (beyond the noise's bound,
+    its hash is skipped), the third 1 below (raced), the fourth at -inf but for one token (the weights' block
+    branch). The reference's tokens, and the bound holds for the largest uniform the RNG draws."""
+    vocab, rows = 4096, 6
+    state = SamplingState(rows, vocab, "cpu")
+    for slot, p in enumerate([SamplingParams(temperature=1.0, top_p=0.95), SamplingParams(temperature=0.7, top_k=40),
+                              SamplingParams(temperature=1.0, min_p=0.05)] * 2):
+        state.set_slot(slot, p, seed=3 + slot, prompt_ids=[1])
+    gen = torch.Generator().manual_seed(9)
+    logits = torch.randn(rows, vocab, generator=gen)
+    logits[:, 1024:2048] -= 40.0
+    logits[:, 2048:3072] -= 1.0
+    logits[:, 3072:] = float("-inf")
+    logits[:, 4000] = 0.5
+    slots, positions = torch.arange(rows, dtype=torch.int32), torch.arange(rows) * 11
+    got, plan = sample_with_plan(logits, slots, positions, state, 0, 4096, programs=rows, reject=2)
+    assert plan.num_chunks == 1 and plan.chunk == 4096 and plan.block == 1024
+    assert got.token_ids.tolist() == sample_ref(logits, slots, positions, state, 0).token_ids.tolist()
+    largest_u = torch.tensor(((2**23 - 1) + 0.5) * 2.0**-23, dtype=torch.float32)
+    assert -torch.log(-torch.log(largest_u)) < sampling_reject._NOISE_BOUND.value
 
 
 def test_the_knob(monkeypatch):
