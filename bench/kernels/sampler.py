@@ -21,9 +21,9 @@ as the engine's default, with PDL at one row only (+pdl1).
 filter may keep (sampling_race; BLINK_SAMPLER_RACE in the engine, sampling_grid.RACE_CAPACITY ids a row).
 --compact twice,once: each column also with the compaction reading its chunk twice or once (sampling_compact;
 BLINK_SAMPLER_COMPACT in the engine).
---reject 0,2: each column also with that many rounds of the rejection before the threshold search (sampling_reject;
-BLINK_SAMPLER_REJECT in the engine; it needs the list race: with the row race it runs none). The mismatch column's
-thresholds are the search's (no rejection), its tokens the column's.
+--reject 0,3,3k: each column also with that many rounds of the rejection before the threshold search
+(sampling_reject; k: top_k-only rows too; BLINK_SAMPLER_REJECT in the engine; it needs the list race: with the row
+race it runs none). The mismatch column's thresholds are the search's (no rejection), its tokens the column's.
 """
 from __future__ import annotations
 
@@ -130,19 +130,21 @@ def main() -> None:
                         help="off, on, engine (one row only) or a list: the sampler's kernels with PDL")
     parser.add_argument("--race", default="row", help="row, list or row,list: the race over the row or the list")
     parser.add_argument("--compact", default="twice", help="twice, once or twice,once: the compaction's reads")
-    parser.add_argument("--reject", default="0", help="rejection rounds to time, comma-separated (0: none)")
+    parser.add_argument("--reject", default="0", help="rejection settings to time, comma-separated: 0 (none), R "
+                                                       "rounds, Rk (top_k rows too)")
     parser.add_argument("--no-old", action="store_true", help="skip the old sampler's column")
     parser.add_argument("--no-check", action="store_true", help="skip the CPU-reference comparison")
     args = parser.parse_args()
     pdls = {"off": False, "on": True, "engine": "one_row"}
     races, reads = {"row": 0, "list": RACE_CAPACITY}, {"twice": False, "once": True}
-    columns = [(int(b), None if p == "engine" else int(p), pdls[pdl], races[race], reads[once], int(rounds))
+    columns = [(int(b), None if p == "engine" else int(p), pdls[pdl], races[race], reads[once], rounds)
                for b in args.buckets.split(",") for p in args.programs.split(",") for pdl in args.pdl.split(",")
                for race in args.race.split(",") for once in args.compact.split(",")
-               for rounds in args.reject.split(",")]
+               for rounds in args.reject.split(",")]  # rounds: a BLINK_SAMPLER_REJECT setting
     print(f"V={VOCAB}, {torch.cuda.get_device_name()}, old = git e896288 (bench/kernels/sampling_old.py)")
-    label = lambda nb, p, pdl, race, once, rounds: (f"nb={nb} p={p or ENG}{PDL_LABELS[pdl]}{'+list' if race else ''}"
-                                                    f"{'+once' if once else ''}{f'+rj{rounds}' if rounds else ''} us")
+    label = lambda nb, p, pdl, race, once, rounds: (
+        f"nb={nb} p={p or ENG}{PDL_LABELS[pdl]}{'+list' if race else ''}{'+once' if once else ''}"
+        f"{f'+rj{rounds}' if rounds != '0' else ''} us")
     print(f"{'scenario':<13}{'S':>5}" + "".join(f"{label(*c):>32}{'bad/fb':>7}" for c in columns)
           + f"{'old us':>10}{'speedup':>9}")
     for name in args.scenarios.split(","):

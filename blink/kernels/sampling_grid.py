@@ -44,26 +44,31 @@ def race_capacity(vocab_size: int, race: int | None = None) -> int:
     return min(race, triton.next_power_of_2(vocab_size))
 
 
-# BLINK_SAMPLER_REJECT = rounds of the rejection before the threshold search (sampling_reject; 0: none), read once
-# at import like the two above (sample_triton's `reject` overrides it). Off until the H200 has timed it.
+# BLINK_SAMPLER_REJECT = the rejection before the threshold search (sampling_reject), read once at import like the
+# two above (sample_triton's `reject` overrides it): "R" rounds for rows with top_p or min_p and no top_k, "Rk" for
+# top_k-only rows too (a top_k row accepts a candidate with the top_k set's share of the mass: few rounds decide it
+# on a real model's rows, many on flat ones, and a row left pending costs the whole search), "0" none. Off until the
+# H200 has timed it.
 REJECT_ROUNDS_MAX = 8
 
 
-def _reject_default() -> int:
-    value = os.environ.get("BLINK_SAMPLER_REJECT", "0")
-    if not value.isdigit() or int(value) > REJECT_ROUNDS_MAX:
-        raise ValueError(f"BLINK_SAMPLER_REJECT must be a round count from 0 to {REJECT_ROUNDS_MAX}, got {value!r}")
-    return int(value)
+def reject_setting(value: int | str) -> tuple[int, bool]:
+    """(rounds, whether top_k rows are taken) from 3, "3" or "3k"; ValueError if it is none of them."""
+    text = str(value)
+    rounds, top_k = (text[:-1], True) if text.endswith("k") else (text, False)
+    if not rounds.isdigit() or int(rounds) > REJECT_ROUNDS_MAX:
+        raise ValueError(f"BLINK_SAMPLER_REJECT must be rounds from 0 to {REJECT_ROUNDS_MAX}, optionally followed "
+                         f"by k (top_k rows too), got {text!r}")
+    return int(rounds), top_k and int(rounds) > 0
 
 
-_REJECT_DEFAULT = _reject_default()
+_REJECT_DEFAULT = reject_setting(os.environ.get("BLINK_SAMPLER_REJECT", "0"))
 
 
-def reject_rounds(race: int, rounds: int | None = None) -> int:
-    """The rejection's round launches (0: none); it needs the list race (race > 0)."""
-    rounds = _REJECT_DEFAULT if rounds is None else rounds
-    assert 0 <= rounds <= REJECT_ROUNDS_MAX, "reject: 0 to REJECT_ROUNDS_MAX rounds"
-    return rounds if race > 0 else 0
+def reject_plan(race: int, value: int | str | None = None) -> tuple[int, bool]:
+    """(rounds, top_k rows taken) of the rejection (0 rounds: none); it needs the list race (race > 0)."""
+    rounds, top_k = _REJECT_DEFAULT if value is None else reject_setting(value)
+    return (rounds, top_k) if race > 0 else (0, False)
 
 
 CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
@@ -98,7 +103,7 @@ class _Plan:
     """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
 
     def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
-                 race: int | None = None, compact_once: bool | None = None, reject: int | None = None):
+                 race: int | None = None, compact_once: bool | None = None, reject: int | str | None = None):
         num_rows, vocab_size = logits.shape
         self.num_buckets, self.log2_buckets = num_buckets, log2_buckets(num_buckets)
         device = logits.device
@@ -124,7 +129,7 @@ class _Plan:
         self.race_block = race_block(self.race, self.num_chunks)
         self.race_ids = torch.empty(num_rows, max(self.race, 1), dtype=torch.int32, device=device)  # the lists
         self.race_count = torch.empty(num_rows, dtype=torch.int32, device=device)  # the resolve's marks
-        self.reject = reject_rounds(self.race, reject)
+        self.reject, self.reject_top_k = reject_plan(self.race, reject)
         self.reject_state = torch.empty(num_rows, REJECT_WORDS.value, dtype=torch.int64, device=device)
         self.reject_best = torch.empty(num_rows, self.num_chunks, dtype=torch.float32, device=device)
         self.reject_token, self.reject_count = torch.empty(2, num_rows, self.num_chunks, dtype=torch.int32,

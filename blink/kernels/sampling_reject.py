@@ -1,4 +1,4 @@
-"""Rejection before the threshold search (issue 17; BLINK_SAMPLER_REJECT=R rounds, sampling_grid.reject_rounds).
+"""Rejection before the threshold search (issue 17; BLINK_SAMPLER_REJECT=R rounds, sampling_grid.reject_setting).
 
 The choice is the race's winner over the kept set K (sampling_ref). The winner w of the race over any superset of
 K is also K's winner when w is in K (the same scores; ties go to the lower id in both), so K itself is needed only
@@ -13,10 +13,12 @@ keeps the seeded race, so a request draws the same token as with the search, tok
      candidate and race them; the last program accepts the candidate (DECIDED) or takes the next one.
 A decided row skips the bucket search (row_params), the resolve gives it its token's value as threshold and the
 token as its race list, so the choose kernel's list race returns it. Rows still pending after R rounds, and the rows
-this does not take (no filter, greedy, top_k with top_p: top_p's total is over the top_k set; no finite maximum),
-run the search as before. A top_p = p row accepts each candidate with probability >= p (it is drawn from a
-superset's mass), so one round decides most top_p rows; a top_k row accepts with the top_k set's share of the mass,
-which is small on flat rows. Needs the list race (RACE > 0): the penalties kernel writes the rows' log-sum-exp.
+this does not take (no filter, greedy, top_k with top_p: top_p's total is over the top_k set; top_k alone unless
+asked for, sampling_grid.reject_setting; no finite maximum), run the search as before. A top_p = p row accepts
+each candidate with probability >= p (it is drawn from a superset's mass), so one round decides most top_p rows; a
+top_k row accepts with the top_k set's share of the mass, which is small on flat rows. A pending row costs the
+whole search: its programs stream their chunks as at full batch. Needs the list race (RACE > 0): the penalties
+kernel writes the rows' log-sum-exp.
 Scratch: state [S, REJECT_WORDS] i64 (sampling_plan), per chunk best f32, token i32, count i32, weight i64.
 """
 from __future__ import annotations
@@ -90,8 +92,9 @@ def _merge(part_best_ptr, part_token_ptr, row, vocab_size: tl.constexpr, P: tl.c
 def _reject_first_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                          min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, part_best_ptr, part_token_ptr,
                          part_weight_ptr, reject_ptr, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
-                         KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                         KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TOP_K: tl.constexpr,
                          USE_PDL: tl.constexpr = False):
+    """TOP_K: take top_k-only rows too (else rows with top_p or min_p and no top_k)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -99,7 +102,7 @@ def _reject_first_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, False)
     top, finite = _row_top(key_max_ptr, row, P, P_PAD)
     state = reject_ptr + row * REJECT_WORDS
-    if filtered & finite & ((top_k <= 0) | (top_p >= 1.0)):
+    if filtered & finite & ((top_k <= 0) | (TOP_K & (top_p >= 1.0))):
         src, inv_temperature, s_max, cutoff = _row_scale(logits_ptr, processed_ptr, row, processed, temperature,
                                                          min_p, top, vocab_size)
         hash_of_row = row_hash(tl.load(seed_ptr + tl.maximum(tl.load(slots_ptr + row), 0)),
@@ -173,7 +176,7 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
             plan.reject_weight)
     sizes = dict(P=plan.num_chunks, P_PAD=plan.chunks_pad, KEY_BYTES=KEY_BYTES, CHUNK=plan.chunk, BLOCK=plan.block,
                  num_warps=4, **plan.pdl, **_NO_FUSION)
-    _reject_first_kernel[plan.grid](*args, plan.reject_state, vocab_size, **sizes)
+    _reject_first_kernel[plan.grid](*args, plan.reject_state, vocab_size, TOP_K=plan.reject_top_k, **sizes)
     for launch in range(1, plan.reject + 1):
         _reject_round_kernel[plan.grid](*args, plan.reject_count, plan.reject_state, plan.race_ids, launch,
                                         vocab_size, RACE=plan.race, **sizes)

@@ -279,8 +279,10 @@ kernels = [
                                                 BLOCK=1024), 4),
 ]
 # the old and new ways of issue 17's levers: the row or list race (RACE, sampling_race), the compaction's two reads
-# or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads), the rejection before the search (REJECT)
-levers = {"RACE": (0, 16384), "ONCE": (False, True), "CHUNK_HIST": (False, True), "REJECT": (False, True)}
+# or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads), the rejection before the search (REJECT; TOP_K:
+# its top_k rows)
+levers = {"RACE": (0, 16384), "ONCE": (False, True), "CHUNK_HIST": (False, True), "REJECT": (False, True),
+          "TOP_K": (False, True)}
 for kernel, constants, warps in list(kernels):
     names = inspect.signature(kernel.fn).parameters
     old, new = ({n: v[i] for n, v in levers.items() if n in names} for i in (0, 1))
@@ -289,7 +291,7 @@ for kernel, constants, warps in list(kernels):
         kernels.append((kernel, {**constants, **new}, warps))
         if "ONCE" in names:  # one lever without the other
             kernels += [(kernel, {**constants, "ONCE": True}, warps), (kernel, {**constants, "RACE": 16384}, warps)]
-assert len(kernels) == 20
+assert len(kernels) == 21
 for kernel, constants, warps in kernels:
     names = list(inspect.signature(kernel.fn).parameters)
     # the sampler's seven kernels also build with PDL (BLINK_SAMPLER_PDL): that variant must wait (kernels/pdl.py)

@@ -53,8 +53,9 @@ stages_kernels() {
       # tokens' list (BLINK_SAMPLER_RACE), the compaction's two reads or one (BLINK_SAMPLER_COMPACT); mismatches vs
       # the CPU reference / rows that fell back. SAMPLER_ARGS replaces it all (the old sampler: drop --no-old; every
       # scenario: drop --scenarios). Session 11: 2 columns x 4 sizes took ~150 s. Session 26: the engine's list race
-      # and one read without and with 1 or 3 rounds of the rejection (BLINK_SAMPLER_REJECT, sampling_reject).
-      python3 -m bench.kernels.sampler ${SAMPLER_ARGS:---buckets 128 --programs engine --pdl engine --race list --compact once --reject 0,1,3 --no-old --sizes 1 8 32 128 \
+      # and one read without and with 3 rounds of the rejection (BLINK_SAMPLER_REJECT, sampling_reject; 3k: top_k
+      # rows too).
+      python3 -m bench.kernels.sampler ${SAMPLER_ARGS:---buckets 128 --programs engine --pdl engine --race list --compact once --reject 0,3,3k --no-old --sizes 1 8 32 128 \
         --scenarios top_p,top_k,top_k+top_p,min_p,top_p_flat,top_k_flat,logprobs20,greedy} 2>&1 \
         | tee "$OUT/sampling.log" | tail -40
       python3 -m pytest -q -m gpu tests/kernels/test_sampling_select.py tests/kernels/test_sampling.py \
@@ -67,7 +68,7 @@ stages_kernels() {
       BLINK_SAMPLER_RACE=list BLINK_SAMPLER_COMPACT=once python3 tools/diag_chunk.py sampler 2>&1 \
         | tee "$OUT/sampling_profile_new.log" | tail -40
       # session 26: with three rounds of the rejection before the search (sampling_reject)
-      BLINK_SAMPLER_REJECT=3 python3 tools/diag_chunk.py sampler 2>&1 | tee "$OUT/sampling_profile_reject.log" | tail -40;;
+      BLINK_SAMPLER_REJECT=3k python3 tools/diag_chunk.py sampler 2>&1 | tee "$OUT/sampling_profile_reject.log" | tail -40;;
     step-sampling)  # issue 17: llama3-8b decode rows greedy vs top_p / top_k, and prefill rows with their floors
       python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 --sampling "${STEP_SAMPLING:-greedy,top_p,top_k}" \
         --prefill-tokens "${STEP_PREFILL:-2048,8192,32768,100@2000}" --result-json "$OUT/step_sampling.json" 2>&1 | tee "$OUT/step_sampling.log";;
