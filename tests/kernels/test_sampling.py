@@ -19,7 +19,6 @@ from blink.kernels.sampling import (
 from blink.kernels.sampling_grid import RACE_CAPACITY
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
-from tests.kernels.sm90 import run_uninterpreted
 
 MIXED_PARAMS = [
     SamplingParams(logprobs=3),
@@ -236,84 +235,6 @@ def test_logprobs_are_raw_log_softmax(impl):
     empty = impl(logits, slots, positions, state, 0)
     assert empty.top_ids.shape == (9, 0) and empty.top_logprobs.shape == (9, 0)
 
-
-
-HOPPER_COMPILE = """
-import inspect
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from blink.kernels import sampling, sampling_bucket, sampling_compact, sampling_grammar, sampling_penalties
-from blink.kernels import sampling_reject, sampling_resolve, sampling_select
-
-V = 128256
-ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_ptr": "*i32", "prompt_mask_ptr": "*u8",
-        "bias_ids_ptr": "*i32", "positions_ptr": "*i64", "seed_ptr": "*i64", "part_token_ptr": "*i32",
-        "part_smallest_ptr": "*i32", "part_largest_ptr": "*i32", "num_logprobs_ptr": "*i32", "token_ptr": "*i64",
-        "top_ids_ptr": "*i64", "gstate_ptr": "*i32", "gid_ptr": "*i32", "classes_ptr": "*i32", "row_base_ptr": "*i32",
-        "cells_ptr": "*i32", "state_ptr": "*i32", "tokens_ptr": "*i64", "key_max_ptr": "*i32", "kept_min_ptr": "*i32",
-        "part_total_ptr": "*i64", "hist_ptr": "*i32", "sums_ptr": "*i64", "counter_ptr": "*i32", "cand_ptr": "*i32",
-        "fell_back_ptr": "*i32", "plan_ptr": "*i64", "race_count_ptr": "*i32", "race_ids_ptr": "*i32",
-        "chunk_hist_ptr": "*i32",
-        "top_keys_ptr": "*i32", "cand_key_ptr": "*i32", "cand_id_ptr": "*i32", "reject_ptr": "*i64",
-        "part_weight_ptr": "*i64", "part_count_ptr": "*i32", "launch": "i32"}
-NB = sampling_bucket.NUM_BUCKETS
-rows = dict(vocab_size=V, NB=NB, P=63, P_PAD=64)
-levels = dict(rows, LOG2_NB=NB.bit_length() - 1)
-kernels = [
-    (sampling_penalties._penalties_kernel, dict(vocab_size=V, NUM_BIAS=300, BIAS_BLOCK=512, PENALIZE=1, NB=2 * NB, P=63,
-                                                ZERO=triton.next_power_of_2(-(-2 * NB // 63)), K=20, CHUNK=2048,
-                                                BLOCK=1024), 4),
-    (sampling_bucket._bucket_kernel, dict(rows, CHUNK=2048, BLOCK=1024), 4),
-    (sampling_bucket._refine_kernel, dict(levels, CHUNK=2048, BLOCK=1024), 4),
-    (sampling_compact._compact_kernel, dict(rows, CAND=4096, K=20, CHUNK=2048, BLOCK=1024), 8),
-    (sampling_resolve._resolve_kernel, dict(vocab_size=V, P=63, P_PAD=64, CAND=4096, SMALL=256, BLOCK=4096), 16),
-    (sampling_select.keep_threshold_kernel, dict(vocab_size=V, BLOCK=4096), 16),
-    (sampling._choose_kernel, dict(vocab_size=V, NUM_CHUNKS=63, KEY_BYTES=12, CHUNK=2048, BLOCK=1024), 4),
-    (sampling._finish_kernel, dict(vocab_size=V, NUM_CHUNKS=63, CHUNKS_PAD=64, K=20, K_PAD=32, CAND=4096,
-                                   SMALL=256, BLOCK=4096), 16),
-    (sampling_grammar._advance_kernel, dict(vocab_size=V, ROWS=64, BLOCK=64), 1),
-    (sampling_reject._reject_first_kernel, dict(vocab_size=V, P=63, P_PAD=64, KEY_BYTES=12, CHUNK=2048, BLOCK=1024),
-     4),
-    (sampling_reject._reject_round_kernel, dict(vocab_size=V, P=63, P_PAD=64, KEY_BYTES=12, RACE=16384, CHUNK=2048,
-                                                BLOCK=1024), 4),
-]
-# the old and new ways of issue 17's levers: the row or list race (RACE, sampling_race), the compaction's two reads
-# or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads), the rejection before the search (REJECT; TOP_K:
-# its top_k rows)
-levers = {"RACE": (0, 16384), "ONCE": (False, True), "CHUNK_HIST": (False, True), "REJECT": (False, True),
-          "TOP_K": (False, True)}
-for kernel, constants, warps in list(kernels):
-    names = inspect.signature(kernel.fn).parameters
-    old, new = ({n: v[i] for n, v in levers.items() if n in names} for i in (0, 1))
-    if new:
-        constants.update(old, **({"RACE_BLOCK": 512} if "RACE_BLOCK" in names else {}))
-        kernels.append((kernel, {**constants, **new}, warps))
-        if "ONCE" in names:  # one lever without the other
-            kernels += [(kernel, {**constants, "ONCE": True}, warps), (kernel, {**constants, "RACE": 16384}, warps)]
-assert len(kernels) == 21
-for kernel, constants, warps in kernels:
-    names = list(inspect.signature(kernel.fn).parameters)
-    # the sampler's seven kernels also build with PDL (BLINK_SAMPLER_PDL): that variant must wait (kernels/pdl.py)
-    for pdl in (False, True) if "USE_PDL" in names else (None,):
-        given = constants if pdl is None else {**constants, "USE_PDL": pdl}
-        signature = {n: "constexpr" if n in given else ints.get(n, "*fp32") for n in names}
-        constexprs = {(names.index(n),): v for n, v in given.items()}
-        options = {"enable_fp_fusion": False, "num_warps": warps, **({} if pdl is None else {"launch_pdl": pdl})}
-        if kernel is sampling_compact._compact_kernel and (given["RACE"] or given["ONCE"]):
-            options["maxnreg"] = 64  # as sampling.py launches the compaction's new ways
-        built = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                               target=GPUTarget("cuda", 90, 32), options=options)
-        if pdl is not None:
-            assert ("griddepcontrol.wait" in built.asm["ptx"]) == pdl, (kernel.fn.__name__, pdl)
-print("pdl variants:", sum("USE_PDL" in inspect.signature(k.fn).parameters for k, _, _ in kernels))
-"""
-
-
-@pytest.mark.slow  # a subprocess compiles every kernel
-def test_kernels_compile_for_hopper():
-    """The interpreter forgives what the compiler refuses: build every kernel for sm_90 (no GPU needed)."""
-    run_uninterpreted(["-c", HOPPER_COMPILE], timeout=600)
 
 # ---- GPU -------------------------------------------------------------------------------------------
 @pytest.mark.gpu
