@@ -3,9 +3,11 @@ logprobs and top logprobs token for token, whichever rows it decides, leaves pen
 it decides skip the search and race their one-token list."""
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blink.kernels import sampling_grid, sampling_reject
-from blink.kernels.sampling import sample_ref, sample_triton
+from blink.kernels.sampling import keep_thresholds, race_uniform_ref, sample_ref, sample_triton
 from blink.kernels.sampling_grid import _Plan, reject_plan, reject_setting
 from blink.kernels.sampling_plan import DECIDED, PENDING, SEARCH
 from blink.kernels.sampling_state import SamplingState
@@ -106,6 +108,39 @@ def test_blocks_far_below_the_best_skip_the_race():
     assert -torch.log(-torch.log(largest_u)) < sampling_reject._NOISE_BOUND.value
 
 
+_ROW = st.fixed_dictionaries({"temperature": st.sampled_from([0.0, 0.5, 1.0, 1.7]),
+                               "top_p": st.sampled_from([1.0, 0.9, 0.5, 0.1]), "top_k": st.sampled_from([0, 1, 5, 40]),
+                               "min_p": st.sampled_from([0.0, 0.05, 0.3])})
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.lists(_ROW, min_size=1, max_size=5), scale=st.sampled_from([0.2, 1.0, 4.0]), ties=st.booleans(),
+       setting=st.sampled_from(["1", "2k", "4k"]), seed=st.integers(0, 2**16))
+def test_any_rows_any_rounds_the_reference(rows, scale, ties, setting, seed):
+    """Drawn rows (every mix of temperature, top_p, top_k and min_p, flat or peaked, with or without runs of ties)
+    and settings: the reference's tokens, whatever the rejection decides or leaves to the search."""
+    vocab = 200
+    state = SamplingState(len(rows), vocab, "cpu")
+    for slot, row in enumerate(rows):
+        state.set_slot(slot, SamplingParams(**row), seed=seed + slot, prompt_ids=[1])
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(len(rows), vocab, generator=gen) * scale
+    if ties:
+        logits = (logits * 2).round() / 2
+    slots, positions = torch.arange(len(rows), dtype=torch.int32), torch.randint(0, 999, (len(rows),), generator=gen)
+    got, plan = sample_with_plan(logits, slots, positions, state, 0, 256, reject=setting)
+    assert got.token_ids.tolist() == sample_ref(logits, slots, positions, state, 0).token_ids.tolist()
+    # The first round decides every taken row whose first candidate (the race over min_p's tokens) is kept
+    temperature, top_k, top_p, min_p = (state.temperature, state.top_k, state.top_p, state.min_p)
+    scaled = logits * (1.0 / torch.where(temperature > 0, temperature, 1.0))[:, None]
+    cutoff = torch.where(min_p > 0, scaled.max(dim=1).values + torch.log(min_p), float("-inf"))
+    noise = -torch.log(-torch.log(race_uniform_ref(state.seed, positions, vocab)))
+    first = torch.where(scaled >= cutoff[:, None], scaled + noise, float("-inf")).argmax(dim=1)
+    kept = logits.gather(1, first[:, None]).squeeze(1) >= keep_thresholds(logits, slots, state)
+    taken = filtered_rows(slots, state) & ((top_k <= 0) | (setting.endswith("k") & (top_p >= 1)))
+    assert all(m == "decided" for m, must in zip(marks(plan), (taken & kept).tolist(), strict=True) if must)
+
+
 def test_the_setting(monkeypatch):
     assert reject_setting(3) == (3, False) and reject_setting("3k") == (3, True) and reject_setting("0k") == (0, False)
     for bad in ("-1", "x", "9", "k", "3kk", ""):
@@ -115,6 +150,23 @@ def test_the_setting(monkeypatch):
     monkeypatch.setattr(sampling_grid, "_REJECT_DEFAULT", (3, True))
     plan = _Plan(torch.zeros(2, 1000), race=1024)
     assert (plan.reject, plan.reject_top_k) == (3, True) and _Plan(torch.zeros(2, 1000), race=0).reject == 0
+
+
+@pytest.mark.parametrize(("top_p", "kept_ids"), [(0.69, {9, 30}), (0.71, {9, 30, 41})])
+def test_top_p_at_its_boundary(top_p, kept_ids):
+    """Four tokens of mass 0.4, 0.3, 0.2, 0.1: the third has 0.7 of the mass above it, just past a 0.69 nucleus and
+    just inside a 0.71 one, and a fifth of the first candidates are it. Over 24 draws every token is in the nucleus,
+    the reference's, and three rounds decide every row (a candidate each of the 0.1, 0.2 and a kept token)."""
+    vocab = 64
+    state = SamplingState(1, vocab, "cpu")
+    state.set_slot(0, SamplingParams(temperature=1.0, top_p=top_p), seed=99, prompt_ids=[1])
+    row = torch.full((vocab,), -30.0)
+    row[[9, 30, 41, 50]] = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
+    logits, slots, positions = row.repeat(24, 1), torch.zeros(24, dtype=torch.int32), torch.arange(24)
+    got, plan = sample_with_plan(logits, slots, positions, state, 0, 64, reject=3)
+    ref = sample_ref(logits, slots, positions, state, 0)
+    assert got.token_ids.tolist() == ref.token_ids.tolist() and set(ref.token_ids.tolist()) == kept_ids
+    assert marks(plan).count("decided") == 24
 
 
 @pytest.mark.gpu
