@@ -3,8 +3,9 @@
     python -m bench.kernels.prefill_attention [--tokens 2048,8192,32768] [--chunks 2048@30720] [--variants ...]
 
 One sequence of T query tokens after C cached ones (--tokens T: C = 0; --chunks T@C), llama3-8b's heads by default
-(32 q, 8 kv, head_dim 128), bf16, KV paged in 16-token blocks through a shuffled block table. Each variant is an
-AttentionTuning (the chunk tiles' rows, KV tile, warps, pipeline stages, the causal split); its time is the
+(32 q, 8 kv, head_dim 128), bf16, KV paged in 16-token blocks through a shuffled block table (the variants in
+BLOCK_SIZES: the same keys and values in 64- or 128-token blocks). Each variant is an AttentionTuning (the chunk
+tiles' rows, KV tile, warps, pipeline stages, the causal split, the warp-specialised kernel); its time is the
 median of CUDA-graph replays with the KV cycled through copies beyond the L2 (step_kernels.py's graph_time_us).
 TFLOP/s counts the causal work: 4 * head_dim * q heads * the keys each query sees; "of peak" is against the
 H200's 790 TFLOP/s (bf16 dense). err: the max relative error against the "today" variant's output, and
@@ -20,6 +21,7 @@ import triton
 from bench.kernels import step_kernels as sk
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
 from blink.kernels.attention_plan import AttentionTuning, launch_plan
+from blink.kernels.attention_ws import WS_BLOCK_Q, ws_chunk_runs
 
 PEAK_TFLOPS = 790.0  # H200 bf16 dense
 BLOCK_SIZE = 16
@@ -69,7 +71,16 @@ VARIANTS = {
     # 256 rows read each K/V tile for 64 query tokens: half today's L2 stream per FLOP (at 1.3x the floor, 128-row
     # tiles would pull ~4.7 TB/s of K/V from the L2 at 32k); 16 warps cap registers at 128 (some spills in the loop)
     "m256-w16-n64-s3": _tiles(256, 16, 64, 3),
+    # Session 27: attention_ws.py (TMA + Triton's Hopper warp specialisation; a KV tile is one cache block), and
+    # today's kernel on the same block sizes, so that the block size and the kernel are weighed apart
+    "ws-b128": AttentionTuning(prefill_ws=True, prefill_min_tokens=0),
+    "ws-b64": AttentionTuning(prefill_ws=True, prefill_min_tokens=0),
+    "ws-b64-s4": AttentionTuning(prefill_ws=True, prefill_min_tokens=0, prefill_ws_stages=4),  # K/V 3 tiles ahead
+    "today-b128": AttentionTuning(prefill_ws=False, prefill_min_tokens=0),
+    "today-b64": AttentionTuning(prefill_ws=False, prefill_min_tokens=0),
 }
+# the variants on other block sizes than BLOCK_SIZE
+BLOCK_SIZES = {"ws-b128": 128, "ws-b64": 64, "ws-b64-s4": 64, "today-b128": 128, "today-b64": 64}
 
 
 def causal_flops(tokens: int, cached: int, num_q_heads: int, head_dim: int) -> int:
@@ -95,12 +106,34 @@ def prefill_batch(tokens: int, cached: int, heads: tuple[int, int], head_dim: in
     return q, caches, starts, lens, tables, head_dim**-0.5, kv_bytes
 
 
+def reblocked(caches: list, table: torch.Tensor, seq_len: int, block_size: int):
+    """The same keys and values paged in `block_size`-token blocks through a shuffled table: (caches, table)."""
+    blocks = triton.cdiv(seq_len, block_size)
+    order = torch.randperm(blocks + 1, device=table.device)[:blocks]
+    out = []
+    for pair in caches:
+        new = []
+        for cache in pair:
+            dense = cache[table[0].long()].reshape(-1, *cache.shape[2:])[:seq_len]
+            blocked = torch.zeros(blocks + 1, block_size, *cache.shape[2:], device=cache.device, dtype=cache.dtype)
+            blocked[order] = torch.nn.functional.pad(dense, (0, 0, 0, 0, 0, blocks * block_size - seq_len)).view(
+                blocks, block_size, *cache.shape[2:])
+            new.append(blocked)
+        out.append(tuple(new))
+    return out, order.int().view(1, blocks)
+
+
 def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int, variants: dict, ref_max: int):
     """us per variant for one chunk; prints a row per variant."""
     hq, hkv = heads
     seq_len = tokens + cached
-    q, caches, starts, lens, tables, scale, _ = prefill_batch(tokens, cached, heads, head_dim)
-    blocks = tables.shape[1]
+    q, caches16, starts, lens, tables16, scale, _ = prefill_batch(tokens, cached, heads, head_dim)
+    paged = {BLOCK_SIZE: (caches16, tables16)}
+    for name in variants:
+        size = BLOCK_SIZES.get(name, BLOCK_SIZE)
+        if size not in paged:
+            paged[size] = reblocked(caches16, tables16, seq_len, size)
+    caches, tables = caches16, tables16
     flops = causal_flops(tokens, cached, hq, head_dim)
     ref = paged_attention_ref(q, *caches[0], starts, lens, tables, scale) if tokens * seq_len <= ref_max else None
     print(f"prefill attention: {tokens} tokens after {cached} cached, {hq}/{hkv} heads x {head_dim}, "
@@ -108,18 +141,23 @@ def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int,
           f"{len(caches)} caches cycled{'' if ref is not None else ', no torch reference (too large)'}", flush=True)
     results, baseline = {}, None
     for name, tuning in variants.items():
-        run = lambda kv, tuning=tuning: paged_attention_triton(q, *kv, starts, lens, tables, scale, tuning=tuning)
+        block_size = BLOCK_SIZES.get(name, BLOCK_SIZE)
+        caches, tables = paged[block_size]
+        run = lambda kv, tuning=tuning, tables=tables: paged_attention_triton(q, *kv, starts, lens, tables, scale,
+                                                                              tuning=tuning)
         out = run(caches[0])
         baseline = out if baseline is None else baseline  # the first variant ("today" unless --variants says)
         err_ref = "" if ref is None else f"ref {sk.rel_err(out, ref):.1e}"
         us = sk.graph_time_us([lambda kv=kv, run=run: run(kv) for kv in caches])
-        plan = launch_plan(tokens, 1, hq, hkv, head_dim, blocks * BLOCK_SIZE, tuning)
-        tflops, rows = flops / us / 1e6, plan.block_q * triton.next_power_of_2(hq // hkv)
+        plan = launch_plan(tokens, 1, hq, hkv, head_dim, tables.shape[1] * block_size, tuning)
+        ws = tuning.prefill_ws and ws_chunk_runs(q, caches[0][0]) and plan.num_splits == 1
+        tflops, rows = flops / us / 1e6, WS_BLOCK_Q if ws else plan.block_q * triton.next_power_of_2(hq // hkv)
         print(f"  {name:<24} {us:10.1f} us {tflops:6.0f} TFLOP/s {tflops / PEAK_TFLOPS:5.1%} of peak  "
               f"err {sk.rel_err(out, baseline):.1e} {err_ref:<12} rows {rows} n{plan.block_n} w{plan.num_warps}"
               f" s{plan.num_stages} splits {plan.num_splits}{'' if plan.causal_split else ' unsplit'}"
               f"{' exp2' if plan.scale_in_exp2 else ''}{f' lazy{plan.lazy_rescale:g}' if plan.lazy_rescale else ''}"
-              f"{f' page{plan.page(BLOCK_SIZE)}' if plan.page(BLOCK_SIZE) else ''}",
+              f"{f' page{plan.page(block_size)}' if plan.page(block_size) else ''} block {block_size}"
+              f"{' WS' if ws else ''}",
               flush=True)
         results[name] = us
     return flops, results

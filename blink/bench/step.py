@@ -40,6 +40,8 @@ def add_parser(sub) -> None:
                         "chunk of T tokens after C cached ones (a prefix-cache hit's step, e.g. 100@2000), timed "
                         "by graph replay when T fits the largest bucket")
     p.add_argument("--no-decode", action="store_true", help="only the prefill rows")
+    p.add_argument("--block-size", type=int, default=EngineArgs.block_size,
+                   help="tokens per KV-cache block (128: a KV tile of BLINK_PREFILL_WS's kernel; default %(default)s)")
     p.add_argument("--result-json", default=None)
     p.set_defaults(handler=run)
 
@@ -78,15 +80,16 @@ def graph_replay_ms(graph, iters: int) -> float:
 
 
 def time_step(preset: str, batches: list[int], context: int, iters: int, layers: int | None,
-              modes: list[str], prompt_rows: int = EngineArgs.max_prompt_logprob_rows) -> list[dict]:
+              modes: list[str], prompt_rows: int = EngineArgs.max_prompt_logprob_rows,
+              block_size: int = EngineArgs.block_size) -> list[dict]:
     from blink.core.loaded_model import LoadedModel
     from blink.core.runner import ModelRunner
 
     max_b = max(batches)
-    blocks = max_b * (-(-(context + 1) // 16))
+    blocks = max_b * (-(-(context + 1) // block_size))
     args = EngineArgs(model=preset, dtype="bfloat16", device="cuda", max_num_seqs=max_b,
                       max_num_batched_tokens=max_b, num_kv_blocks=blocks, max_model_len=context + 16,
-                      max_prompt_logprob_rows=prompt_rows)
+                      max_prompt_logprob_rows=prompt_rows, block_size=block_size)
     m = LoadedModel.load(args, num_layers=layers)
     runner = ModelRunner.for_model(m, use_graphs=True)
     shape = ModelShape.of(m.cfg)
@@ -95,13 +98,13 @@ def time_step(preset: str, batches: list[int], context: int, iters: int, layers:
         for slot in range(max_b):  # the graphs read the sampling state by slot: no recapture
             runner.sampling_state.set_slot(slot, SAMPLING_MODES[mode], seed=slot, prompt_ids=[])
         for b in batches:
-            plan = decode_plan(None, b, context, 16)
+            plan = decode_plan(None, b, context, block_size)
             bucket = runner.bucket_for(b, b)
             runner.prepare(plan, runner.buffers, bucket)
             ms = graph_replay_ms(runner.graphs[bucket], iters)
             floor = shape.decode_floor_s(b, context) * 1e3
             rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "batch": b, "bucket": bucket[0],
-                         "context": context, "sampling": mode,
+                         "context": context, "sampling": mode, "block_size": block_size,
                          "prompt_logprob_rows": prompt_rows, "ms": round(ms, 4), "floor_ms": round(floor, 4),
                          "ratio": round(ms / floor, 3),
                          "experts_read_per_layer": round(shape.touched_experts(b), 1)})
@@ -143,7 +146,8 @@ def chunks_plan(chunks: list[tuple[int, int]], block_size: int):
     return SchedulerOutput(scheduled, [])
 
 
-def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers: int | None) -> list[dict]:
+def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers: int | None,
+                 block_size: int = EngineArgs.block_size) -> list[dict]:
     """Median ms of one forward + sampling over a prefill chunk, per (tokens, context), vs its compute floor:
     eager from an empty cache (the whole-prompt rows), by graph replay after a cached context (a prefix hit's
     step, as a server runs it)."""
@@ -157,7 +161,8 @@ def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers:
     args = EngineArgs(model=preset, dtype="bfloat16", device="cuda",
                       max_num_seqs=EngineArgs.max_num_seqs if graphs else 1,
                       max_num_batched_tokens=EngineArgs.max_num_batched_tokens if graphs else widest,
-                      num_kv_blocks=-(-(longest + 16) // 16) + 1, max_model_len=longest + 16)
+                      num_kv_blocks=-(-(longest + 16) // block_size) + 1, max_model_len=longest + 16,
+                      block_size=block_size)
     m = LoadedModel.load(args, num_layers=layers)
     runner = ModelRunner.for_model(m, use_graphs=graphs)
     shape = ModelShape.of(m.cfg)
@@ -167,7 +172,7 @@ def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for tokens, context in chunks:
         bucket = runner.bucket_for(tokens, 1)
-        runner.prepare(chunks_plan([(tokens, context)], 16), runner.buffers, bucket)
+        runner.prepare(chunks_plan([(tokens, context)], block_size), runner.buffers, bucket)
         if graphs:
             ms = graph_replay_ms(runner.graphs[bucket], iters)
         else:
@@ -183,7 +188,7 @@ def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers:
         gemm, attention = shape.prefill_flops(tokens, context)
         floor = shape.prefill_floor_s(tokens, context) * 1e3
         rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "prefill_tokens": tokens,
-                     "context": context, "graph": graphs,
+                     "context": context, "graph": graphs, "block_size": block_size,
                      "bucket": bucket[0], "bucket_rows": bucket[1], "ms": round(ms, 3), "floor_ms": round(floor, 3),
                      "gemm_floor_ms": round(gemm / GEMM_RATE * 1e3, 3),
                      "attention_floor_ms": round(attention / GEMM_RATE * 1e3, 3), "ratio": round(ms / floor, 3)})
@@ -210,10 +215,10 @@ def run(ns: argparse.Namespace) -> int:
     for preset in ns.presets.split(","):
         if not ns.no_decode:
             rows += time_step(preset, batches, ns.context, ns.iters, ns.num_layers, modes,
-                              ns.max_prompt_logprob_rows)
+                              ns.max_prompt_logprob_rows, ns.block_size)
         for group in (fresh, cached):  # eager whole prompts; graph-replayed chunks after a cached context
             if group:
-                rows += time_prefill(preset, group, ns.iters, ns.num_layers)
+                rows += time_prefill(preset, group, ns.iters, ns.num_layers, ns.block_size)
     if ns.result_json:
         with open(ns.result_json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -33,6 +33,7 @@ import triton.language as tl
 from blink.kernels.attention_merge import NO_TILES, _merge_tile_if_last, merge_chunk, merge_splits
 from blink.kernels.attention_plan import AttentionTuning, launch_plan
 from blink.kernels.attention_tile import _attend_kv_tile, _warm_kv_tile
+from blink.kernels.attention_ws import ws_chunk_attention, ws_chunk_runs
 from blink.kernels.pdl import pdl_for, pdl_wait
 from blink.kernels.prefetch import CAN_PREFETCH
 
@@ -245,6 +246,11 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     plan = launch_plan(num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim,
                        block_tables.shape[1] * block_size, tuning, num_splits)
     num_splits = plan.num_splits
+    # The big chunk tiles' buckets, unsplit, on Hopper with whole-tile KV blocks (attention_ws.py; off by default)
+    if (tuning.prefill_ws and num_splits == 1 and num_seqs < num_tokens and num_tokens >= tuning.prefill_min_tokens
+            and ws_chunk_runs(q, k_cache)):
+        return ws_chunk_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
+                                  num_stages=tuning.prefill_ws_stages)
     block_d = triton.next_power_of_2(head_dim)
     out = torch.empty_like(q)
     if num_splits > 1:

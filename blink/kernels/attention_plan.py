@@ -5,7 +5,8 @@ tiles that may carry a prefill chunk take their own knobs: decode is latency-bou
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 import triton
 
@@ -107,6 +108,13 @@ class AttentionTuning:
     # step on the H200, 4 runs side by side (perf.md, 2026-12-04 session 24), medians 4.101 -> 4.081 ms at batch 1
     # (ranges overlap), 4.663 -> 4.774 at 8 and 5.938 -> 5.997 at 32 (slower in every run).
     early_table: bool = False
+    # Issue 17: big chunk tiles (prefill_min_tokens on, unsplit) run attention_ws.py's TMA + warp-specialised kernel
+    # where it fits (Hopper, a 64- or 128-token KV block: `--block-size 128`). Built in session 27 without a GPU, so
+    # off until timed (BLINK_PREFILL_WS=1 turns the default on).
+    prefill_ws: bool = field(default_factory=lambda: os.environ.get("BLINK_PREFILL_WS", "0") == "1")
+    # Its K/V buffers (the pass's num_stages): 2 at 128-token blocks (180 KB of shared memory at head_dim 128; 3 need
+    # 246 KB, over Hopper's 227), up to 4 at 64-token blocks (180 KB).
+    prefill_ws_stages: int = 2
 
 
 def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int, programs_per_sm: int,

@@ -94,6 +94,25 @@ def test_prefill_attention_bench_runs_on_tiny_shapes(monkeypatch, capsys):
     assert out.count(" unsplit") == sum(not t.prefill_causal_split for t in prefill_attention.VARIANTS.values()) * 2
 
 
+def test_prefill_attention_bench_weighs_the_ws_kernel_and_block_sizes(monkeypatch, capsys):
+    """The warp-specialised kernel's rows run it (" WS") on the same keys re-paged in 64 / 128-token blocks."""
+    from bench.kernels import prefill_attention
+
+    monkeypatch.setattr(bench, "DEVICE", "cpu")
+    monkeypatch.setattr(bench, "DTYPE", torch.float16)
+    monkeypatch.setattr(bench, "graph_time_us", lambda calls, replays=30: [call() for call in calls] and 1.0)
+    monkeypatch.setattr(bench, "copies_for", lambda nbytes: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
+    monkeypatch.setattr(sys, "argv", ["prefill", "--tokens", "150", "--chunks", "70@130", "--heads", "4/2",
+                                      "--head-dim", "64", "--variants", "today,ws-b128,ws-b64,today-b64"])
+    prefill_attention.main()
+    out = capsys.readouterr().out
+    words = out.split()
+    errors = [float(word) for prev, word in zip(words, words[1:], strict=False) if prev in ("err", "ref")]
+    assert len(errors) == 2 * 4 * 2 and max(errors) < 5e-3  # the same keys and values in every block size
+    assert out.count(" WS") == 2 * 2 and out.count("block 64") == 2 * 2 and out.count("block 128") == 2
+
+
 def test_fusion_step_summary_takes_the_median_of_rounds():
     """--repeats: each lever's rows grouped in first-seen order, whatever the rounds' order."""
     from bench.kernels.fusion import step_summary

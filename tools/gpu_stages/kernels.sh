@@ -20,6 +20,21 @@ stages_kernels() {
       python3 -m bench.kernels.qkv_rope ${QKV_ROPE_ARGS:-} 2>&1 | tee "$OUT/qkv_rope_$(date +%H%M%S).log" | tail -30;;
     prefill-attn)  # issue 17: the attention kernel alone on 2k-32k-token chunks, tile variants (PREFILL_ATTN_ARGS: e.g. "--tokens 8192")
       python3 -m bench.kernels.prefill_attention ${PREFILL_ATTN_ARGS:-} 2>&1 | tee "$OUT/prefill_attn_$(date +%H%M%S).log";;  # stamped: a chain may run it twice
+    prefill-ws)  # issue 17, session 27: kernels/attention_ws.py (TMA + Triton's Hopper warp specialisation; a KV tile is one
+      # 64/128-token cache block): its GPU test, the kernel alone beside today's on the same keys in 16/64/128-token
+      # blocks, then the step bench (llama3-8b): block 16 today, block 128 with today's kernel (prefill only: the block
+      # size apart from the kernel) and block 128 with BLINK_PREFILL_WS=1; decode rows at 16 and 128 (the decode
+      # kernel's paging at 128). PREFILL_WS_TOKENS: the step's prefill rows; PREFILL_WS_ARGS: the kernel bench's flags.
+      python3 -m pytest -q -m gpu tests/kernels/test_attention_ws.py 2>&1 | tee "$OUT/prefill_ws_tests.log" | tail -8
+      python3 -m bench.kernels.prefill_attention --variants today,today-b128,ws-b128,today-b64,ws-b64,ws-b64-s4 \
+        ${PREFILL_WS_ARGS:-} 2>&1 | tee "$OUT/prefill_ws_kernel.log" | tail -12
+      for run in 16:0:1,8,32 128:0: 128:1:1,8,32; do
+        IFS=: read -r bs ws batches <<< "$run"
+        BLINK_PREFILL_WS=$ws python3 -m blink.bench.step step --presets llama3-8b --block-size "$bs" \
+          ${batches:+--batches "$batches"} $([ -n "$batches" ] || echo --no-decode) \
+          --prefill-tokens "${PREFILL_WS_TOKENS:-2048,8192,32768,2048@30720}" \
+          --result-json "$OUT/prefill_ws_step_b${bs}_ws${ws}.json" 2>&1 | tee "$OUT/prefill_ws_step_b${bs}_ws${ws}.log"
+      done;;
     fusion)  # issue 17's per-layer levers: GEMV vs today's kernels per projection, the step with each lever on/off
       python3 -m bench.kernels.fusion 2>&1 | tee "$OUT/fusion.log" | tail -70;;
     graph-eager)  # issue 17: graphs vs eager (padded to the buckets, exact) under attention tunings and PDL off

@@ -1,0 +1,143 @@
+"""Prefill-chunk attention on Hopper in the FlashAttention-3 style: TMA loads and warp specialisation (issue 17).
+
+The same attention as attention.py's paged kernel over a step that carries prefill chunks, in the form Triton
+3.6 can specialise: a KV loop whose loads are all tensor descriptors (TMA). Its Hopper pass
+(NVGPUWarpSpecialization) then splits each program into a producer warp group that issues the K/V copies and two
+consumer warp groups of 64 query rows that run the wgmma and the softmax, with setmaxnreg moving registers from
+the producer (40) to the consumers (232-256). sm_90 PTX: 12 warps, 168 registers at launch, no spills
+(tests/kernels/test_attention_ws.py pins it). What Triton 3.6 needs for that, found by compiling variants:
+
+- one KV tile = one whole cache block (block_size == BLOCK_N, 64 or 128: `--block-size`). Hopper's TMA has no
+  gather, so a tile must be one box of the cache [num_blocks, block_size, Hkv, D]: the 4-D descriptor's box is
+  [1, BLOCK_N, 1, D] at (block, 0, kv_head, 0). The default 16-token blocks cannot be loaded so.
+- every load a descriptor, in the loop and before it: pointer loads (K/V gathers, or q) fail the pass
+  (WSLowerToken). So a program owns BLOCK_Q query tokens of ONE query head (a 2-D box of q [T, Hq * D]); the
+  GQA packing of attention.py (one KV head's group in a tile: a 3-D box and a reshape) fails it too
+  (WSDataPartition), and the group's programs share each K/V tile through the L2 instead, as FA3's do.
+- one KV loop with the causal mask on every tile: a second loop (attention.py's unmasked tiles first) fails the
+  pass (an MLIR dominance assertion).
+- no KV splits: a chunk's grid fills the GPU (a 2,048-token chunk of llama3-8b: 16 query tiles x 32 heads).
+
+The grid is (Hq, query tiles): the heads of one tile run side by side (their K/V in the L2), heaviest tiles first
+(attention.py's CAUSAL_SPLIT order), and the tile -> sequence map is attention.py's. Not timed on a GPU yet
+(perf.md has the prediction); off unless AttentionTuning.prefill_ws (BLINK_PREFILL_WS=1) and the block size fit.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from blink.kernels.attention_merge import NO_TILES
+
+WS_BLOCK_Q = 128  # query rows a program: two consumer warp groups of 64
+WS_HEAD_DIMS = (64, 128)
+WS_BLOCK_SIZES = (64, 128)
+
+
+@triton.jit
+def _ws_sequence(tile, query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr):
+    """attention.py's map: the last sequence whose first tile (one a sequence plus one per BLOCK_Q tokens beyond
+    one a sequence before it) is <= tile."""
+    seq_ids = tl.arange(0, BLOCK_S)
+    starts = tl.load(query_start_loc_ptr + seq_ids, mask=seq_ids < num_seqs, other=0)
+    first_tiles = tl.where(seq_ids < num_seqs, seq_ids + tl.maximum(starts - seq_ids, 0) // BLOCK_Q, 2147483647)
+    return tl.sum((first_tiles <= tile).to(tl.int32)) - 1
+
+
+@triton.jit
+def _ws_chunk_kernel(q_desc, k_desc, v_desc, out_ptr, query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
+                     scale_log2, stride_ot, stride_oh, stride_bt, num_seqs,
+                     GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                     BLOCK_S: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+    head = tl.program_id(0)
+    tile = tl.num_programs(1) - 1 - tl.program_id(1)  # heaviest first, as attention.py's CAUSAL_SPLIT
+    kv_head = head // GROUP
+    seq = _ws_sequence(tile, query_start_loc_ptr, num_seqs, BLOCK_Q, BLOCK_S)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    seq_len = tl.load(seq_lens_ptr + seq)
+    first_tile = seq + tl.maximum(q_start - seq, 0) // BLOCK_Q
+    q_first = (tile - first_tile) * BLOCK_Q
+    context = seq_len - q_len
+    # A tile past its sequence's queries runs no KV tile (a branch around the loop would stop the pass) and
+    # stores nothing.
+    kv_end = tl.minimum(seq_len, context + tl.minimum(q_first + BLOCK_Q, q_len))
+    num_kv_tiles = tl.where(q_first < q_len, tl.cdiv(kv_end, BLOCK_N), 0)
+
+    tokens = q_first + tl.arange(0, BLOCK_Q)
+    q_pos = context + tokens
+    q = q_desc.load([q_start + q_first, head * D])
+    m_i = tl.full([BLOCK_Q], NO_TILES, tl.float32)  # finite: a row's masked tile leaves no NaN
+    l_i = tl.zeros([BLOCK_Q], tl.float32)
+    acc = tl.zeros([BLOCK_Q, D], tl.float32)
+    table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for kv_tile in tl.range(0, num_kv_tiles, warp_specialize=WARP_SPECIALIZE):
+        block = tl.load(table_row + kv_tile)
+        k = k_desc.load([block, 0, kv_head, 0]).reshape(BLOCK_N, D)
+        scores = tl.dot(q, k.T)
+        k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        # causal: a valid row's keys end before kv_end, so the tile's tail past it is masked too
+        scores = tl.where(k_pos[None, :] <= q_pos[:, None], scores, float("-inf"))
+        # the maximum over raw scores, the scale inside exp2's FMA (attention_tile.py's SCALE_IN_EXP2)
+        m_new = tl.maximum(m_i, tl.max(scores, 1) * scale_log2)
+        p = tl.math.exp2(scores * scale_log2 - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        v = v_desc.load([block, 0, kv_head, 0]).reshape(BLOCK_N, D)
+        acc = tl.dot(p.to(v.dtype), v, acc)
+        m_i = m_new
+
+    offs = (q_start + tokens).to(tl.int64)[:, None] * stride_ot + head * stride_oh + tl.arange(0, D)[None, :]
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=(tokens < q_len)[:, None])
+
+
+def ws_chunk_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the kernel takes these tensors: half-precision q and cache of one dtype, a head size it tiles, a block
+    size of one KV tile, a GQA group, q's heads contiguous in a token (one 2-D box) and 16-byte aligned (TMA)."""
+    _, num_q_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    elem = q.element_size()
+    return (q.dtype in (torch.bfloat16, torch.float16) and k_cache.dtype == q.dtype and head_dim in WS_HEAD_DIMS
+            and block_size in WS_BLOCK_SIZES and num_q_heads % num_kv_heads == 0
+            and q.stride(2) == 1 and q.stride(1) == head_dim and q.stride(0) * elem % 16 == 0
+            and q.data_ptr() % 16 == 0 and k_cache.is_contiguous() and k_cache.data_ptr() % 16 == 0)
+
+
+def ws_chunk_runs(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """ws_chunk_fits, on a device that has both TMA and Triton's Hopper pass (sm_90), or on the CPU, where the
+    interpreter runs it for the tests (the pass needs sm_90 exactly: sm_100 takes another one, not tried here)."""
+    if q.device.type == "cuda":
+        return torch.cuda.get_device_capability(q.device)[0] == 9 and ws_chunk_fits(q, k_cache)
+    return q.device.type == "cpu" and ws_chunk_fits(q, k_cache)
+
+
+def ws_chunk_grid(num_tokens: int, num_seqs: int) -> int:
+    """Query tiles in the grid: attention.py's S + (T - S) // BLOCK_Q bound (no data needed)."""
+    return num_seqs + max(num_tokens - num_seqs, 0) // WS_BLOCK_Q
+
+
+def ws_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                       seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
+                       warp_specialize: bool = True, num_stages: int = 2) -> torch.Tensor:
+    """paged_attention's result for a step that ws_chunk_fits (rows of padding tokens unspecified, as there)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    assert ws_chunk_fits(q, k_cache) and v_cache.stride() == k_cache.stride() and block_tables.stride(-1) == 1
+    num_tokens, num_q_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_seqs = seq_lens.shape[0]
+    out = torch.empty_like(q)
+    q_desc = TensorDescriptor.from_tensor(q.view(num_tokens, num_q_heads * head_dim), [WS_BLOCK_Q, head_dim])
+    kv_box = [1, block_size, 1, head_dim]
+    k_desc = TensorDescriptor.from_tensor(k_cache, kv_box)
+    v_desc = TensorDescriptor.from_tensor(v_cache, kv_box)
+    grid = (num_q_heads, ws_chunk_grid(num_tokens, num_seqs))
+    _ws_chunk_kernel[grid](q_desc, k_desc, v_desc, out, query_start_loc, seq_lens, block_tables,
+                           scale * 1.4426950408889634, out.stride(0), out.stride(1), block_tables.stride(0), num_seqs,
+                           GROUP=num_q_heads // num_kv_heads, BLOCK_Q=WS_BLOCK_Q, BLOCK_N=block_size, D=head_dim,
+                           BLOCK_S=triton.next_power_of_2(num_seqs), WARP_SPECIALIZE=warp_specialize,
+                           num_warps=4, num_stages=num_stages)
+    return out

@@ -1,0 +1,177 @@
+"""attention_ws.py: the TMA + warp-specialised chunk kernel against the references, where paged_attention sends
+work to it, and (compiled for sm_90) that Triton's Hopper pass really specialised it.
+
+Under the interpreter in fp16 (its bf16 tl.dot is wrong, test_attention.py); bf16 on real shapes in the GPU test.
+"""
+import os
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+import torch
+
+from blink.kernels import attention
+from blink.kernels.attention import paged_attention_ref, paged_attention_triton
+from blink.kernels.attention_plan import AttentionTuning
+from blink.kernels.attention_ws import WS_BLOCK_Q, ws_chunk_attention, ws_chunk_fits
+from tests.kernels.paged_batch import make_paged_batch, naive_attention
+from tests.kernels.sm90 import run_uninterpreted
+
+HALF_TOL = dict(atol=2e-3, rtol=2e-3)
+# chunks with and without a cached prefix, a decode row, a chunk longer than one query tile, one that starts and
+# ends inside KV blocks
+Q_LENS = [70, 1, WS_BLOCK_Q + 33, 5]
+SEQ_LENS = [70, 101, WS_BLOCK_Q + 33 + 64, 5 + 200]
+
+
+def _batch(heads=(8, 2), head_dim=64, block_size=64, **kw):
+    return make_paged_batch(Q_LENS, SEQ_LENS, *heads, head_dim=head_dim, block_size=block_size,
+                            dtype=torch.float16, **kw)
+
+
+def _args(batch, scale=0.125):
+    return (batch.q, batch.k_cache, batch.v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables, scale)
+
+
+@pytest.mark.parametrize("heads", [(8, 2), (10, 2), (4, 4)])  # GQA groups of 4, 5 (Qwen2.5's kind) and 1
+@pytest.mark.parametrize("block_size", [64, 128])
+def test_matches_the_oracle(heads, block_size):
+    batch = _batch(heads, block_size=block_size, pad_seqs=1, pad_tokens=3)
+    n = batch.num_real_tokens
+    out = ws_chunk_attention(*_args(batch))
+    expected = naive_attention(batch, Q_LENS, 0.125)
+    torch.testing.assert_close(out[:n].double(), expected, **HALF_TOL)
+    torch.testing.assert_close(out[:n], paged_attention_ref(*_args(batch))[:n], **HALF_TOL)
+
+
+def test_query_as_a_slice_of_the_qkv_output():
+    """q as the model passes it: a view into qkv [T, (Hq + 2 Hkv) * D] (a 2-D box with the token stride)."""
+    batch = _batch()
+    tokens, hq, d = batch.q.shape
+    qkv = torch.randn(tokens, (hq + 4) * d, dtype=torch.float16)
+    q = qkv[:, : hq * d].view(tokens, hq, d)
+    q.copy_(batch.q)
+    assert ws_chunk_fits(q, batch.k_cache) and q.stride(0) == (hq + 4) * d
+    out = ws_chunk_attention(q, *_args(batch)[1:])
+    torch.testing.assert_close(out, ws_chunk_attention(*_args(batch)), atol=0, rtol=0)
+
+
+def test_fits_only_what_one_box_can_load():
+    batch = _batch()
+    q, k = batch.q, batch.k_cache
+    assert ws_chunk_fits(q, k)
+    assert not ws_chunk_fits(q.float(), k.float())  # fp32: the kernel is half precision
+    assert not ws_chunk_fits(q, _batch(block_size=16).k_cache)  # a 16-token block is not one KV tile
+    assert not ws_chunk_fits(q, _batch(block_size=32).k_cache)
+    assert not ws_chunk_fits(_batch(head_dim=96).q, _batch(head_dim=96).k_cache)
+    assert not ws_chunk_fits(q.transpose(0, 1).contiguous().transpose(0, 1), k)  # heads not contiguous in a token
+    assert not ws_chunk_fits(q, k.bfloat16())  # q and the cache in different dtypes
+
+
+def _dispatch_counter(monkeypatch):
+    calls = []
+    real = attention.ws_chunk_attention
+    monkeypatch.setattr(attention, "ws_chunk_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    return calls
+
+
+def test_paged_attention_sends_big_chunk_steps_to_it(monkeypatch):
+    calls = _dispatch_counter(monkeypatch)
+    batch = _batch()
+    n = batch.num_real_tokens
+    on = AttentionTuning(prefill_ws=True, prefill_min_tokens=64)
+    out = paged_attention_triton(*_args(batch), tuning=on)
+    assert calls == [1]
+    torch.testing.assert_close(out[:n], paged_attention_ref(*_args(batch))[:n], **HALF_TOL)
+    # not: off, a bucket below prefill_min_tokens, a pure decode step, a 16-token block, fp32
+    paged_attention_triton(*_args(batch), tuning=AttentionTuning(prefill_ws=False, prefill_min_tokens=64))
+    paged_attention_triton(*_args(batch), tuning=AttentionTuning(prefill_ws=True))
+    decode = make_paged_batch([1, 1], [70, 130], 8, 2, head_dim=64, block_size=64, dtype=torch.float16)
+    paged_attention_triton(*_args(decode), tuning=on)
+    paged_attention_triton(*_args(_batch(block_size=16)), tuning=on)
+    fp32 = make_paged_batch(Q_LENS, SEQ_LENS, 8, 2, head_dim=64, block_size=64)
+    paged_attention_triton(*_args(fp32), tuning=on)
+    assert calls == [1]
+
+
+def test_the_environment_turns_the_default_on(monkeypatch):
+    monkeypatch.delenv("BLINK_PREFILL_WS", raising=False)
+    assert not AttentionTuning().prefill_ws
+    monkeypatch.setenv("BLINK_PREFILL_WS", "1")
+    assert AttentionTuning().prefill_ws
+
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from blink.kernels.attention_ws import _ws_chunk_kernel
+out = []
+for group, block_n, d, ws, stages in json.loads(sys.argv[1]):
+    sig = {"q_desc": f"tensordesc<bf16[128,{d}]>", "k_desc": f"tensordesc<bf16[1,{block_n},1,{d}]>",
+           "v_desc": f"tensordesc<bf16[1,{block_n},1,{d}]>", "out_ptr": "*bf16", "query_start_loc_ptr": "*i32",
+           "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "scale_log2": "fp32", "stride_ot": "i32",
+           "stride_oh": "i32", "stride_bt": "i32", "num_seqs": "i32"}
+    constexprs = {"GROUP": group, "BLOCK_Q": 128, "BLOCK_N": block_n, "D": d, "BLOCK_S": 16, "WARP_SPECIALIZE": ws}
+    sig.update({name: "constexpr" for name in constexprs})
+    attrs = {(i,): [["tt.divisibility", 16]] for i in (3, 4, 5, 6, 8, 9, 10)}
+    kernel = triton.compile(ASTSource(fn=_ws_chunk_kernel, signature=sig, constexprs=constexprs, attrs=attrs),
+                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": stages})
+    path = f"{sys.argv[2]}/ws_{group}_{block_n}_{d}_{int(ws)}.ptx"
+    open(path, "w").write(kernel.asm["ptx"])
+    out.append({"warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared, "ptx": path})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # spawns a process
+def test_sm90_compile_is_warp_specialised():
+    """The pass split the program (3 warp groups, registers moved by setmaxnreg), K/V come by TMA with no pointer
+    gathers, and (where ptxas is here) nothing spills. A Triton upgrade that drops any of these fails here."""
+    import json
+
+    configs = [(4, 128, 128, True, 2), (5, 64, 128, True, 4), (1, 128, 64, True, 2), (4, 128, 128, False, 2)]
+    with tempfile.TemporaryDirectory() as tmp:
+        results = json.loads(run_uninterpreted(["-c", _COMPILE, json.dumps(configs), tmp], timeout=600))
+        for (group, block_n, d, ws, _), got in zip(configs, results, strict=True):
+            ptx = open(got["ptx"]).read()
+            assert "cp.async.bulk.tensor" in ptx and "cp.async.cg" not in ptx, (group, block_n, d)
+            assert "wgmma.mma_async" in ptx
+            assert got["shared"] <= 232448
+            if not ws:
+                assert got["warps"] == 4 and "setmaxnreg" not in ptx
+                continue
+            assert got["warps"] == 12 and "setmaxnreg.inc" in ptx and "setmaxnreg.dec" in ptx, (group, block_n, d)
+            if shutil.which("ptxas"):
+                info = subprocess.run(["ptxas", "-arch=sm_90a", "-v", got["ptx"], "-o", os.devnull],
+                                      capture_output=True, text=True, check=True).stderr
+                assert "0 bytes spill stores" in info and "0 bytes spill loads" in info, info
+
+
+@pytest.mark.gpu
+def test_gpu_real_shapes_bf16(monkeypatch):
+    """llama3-8b's heads, a 2,048-token prompt and a 2,048-token chunk after 4,096 cached, 128-token blocks:
+    against the torch reference and the paged kernel."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper GPU")
+    q_lens, seq_lens = [2048, 2048, 1], [2048, 6144, 300]
+    batch = make_paged_batch(q_lens, seq_lens, 32, 8, head_dim=128, block_size=128, dtype=torch.bfloat16,
+                             device="cuda", pad_tokens=5)
+    n = batch.num_real_tokens
+    args = _args(batch, 128**-0.5)
+    out = ws_chunk_attention(*args)
+    assert torch.isfinite(out[:n]).all()
+    torch.testing.assert_close(out[:n], paged_attention_ref(*args)[:n], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out[:n], paged_attention_triton(*args, tuning=AttentionTuning())[:n],
+                               atol=2e-2, rtol=2e-2)
+    # through the engine's entry (blink.kernels.paged_attention) with the tuning on, as BLINK_PREFILL_WS=1 sets it
+    from blink.kernels import paged_attention
+    from blink.kernels.attention import default_tuning_switched
+
+    calls = _dispatch_counter(monkeypatch)
+    with default_tuning_switched(AttentionTuning(prefill_ws=True)):
+        via_engine = paged_attention(*args)
+    assert calls == [1]
+    torch.testing.assert_close(via_engine[:n], out[:n], atol=0, rtol=0)
