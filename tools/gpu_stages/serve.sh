@@ -37,6 +37,19 @@ stages_serve() {
       wait_healthy 8014 120
       frontend_load 8014 frontend_null
       stop_server $srv;;
+    long-prompt)  # issue 17: the served TTFT of 30k-token prompts (llama3-8b, 16 out, one at a time) per LONG_CONFIGS entry
+      # MODE:BLOCK:WS (WS: BLINK_PREFILL_WS, session 27's warp-specialised prefill); LONG_ARGS adds serve flags
+      for cfg in ${LONG_CONFIGS:-device:16:0 device:128:1}; do
+        IFS=: read -r mode bs ws <<< "$cfg"; tag="${mode}_b${bs}_ws${ws}"
+        BLINK_PREFILL_WS=$ws python3 -m blink serve --model llama3-8b --engine "$mode" --max-model-len 32768 \
+          --block-size "$bs" --port 8015 ${LONG_ARGS:-} > "$OUT/long_serve_$tag.log" 2>&1 & srv=$!
+        wait_healthy 8015 240 $srv || die_server $srv "$OUT/long_serve_$tag.log" "long-prompt $tag"
+        python3 -m blink bench serve --base-url http://127.0.0.1:8015 --num-prompts "${LONG_PROMPTS:-6}" \
+          --max-concurrency 1 --random-input-len "${LONG_INPUT:-30000}" --random-output-len 16 --ignore-eos \
+          --disable-tqdm --result-json "$OUT/long_prompt_$tag.json" | grep -E "Successful|Failed|TTFT|TPOT" \
+          | tee "$OUT/long_prompt_$tag.txt"
+        stop_server $srv
+      done;;
     tp-serve)  # 2 GPUs: serving throughput at TP=2 behind blink serve, both modes, all requests at once
       for engine in ${TP_SERVE_ENGINES:-device host}; do
         python3 -m blink serve --model llama3-8b --engine $engine -tp 2 --max-model-len 1024 --port 8012 \
