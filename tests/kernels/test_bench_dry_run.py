@@ -72,8 +72,8 @@ def test_fusion_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     assert "gemv layers 9" in out  # tiny-llama: 2 layers x 4 projections + the LM head took the plan
 
 
-def test_prefill_attention_bench_runs_on_tiny_shapes(monkeypatch, capsys):
-    """bench/kernels/prefill_attention.py: every variant on a prompt and a chunk after cached tokens."""
+def _prefill_bench_output(monkeypatch, capsys, *argv: str) -> str:
+    """bench/kernels/prefill_attention.py's printout on the CPU (fp16, one cache copy, each timing one call)."""
     from bench.kernels import prefill_attention
 
     monkeypatch.setattr(bench, "DEVICE", "cpu")
@@ -81,10 +81,17 @@ def test_prefill_attention_bench_runs_on_tiny_shapes(monkeypatch, capsys):
     monkeypatch.setattr(bench, "graph_time_us", lambda calls, replays=30: [call() for call in calls] and 1.0)
     monkeypatch.setattr(bench, "copies_for", lambda nbytes: 1)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
-    monkeypatch.setattr(sys, "argv", ["prefill", "--tokens", "40", "--chunks", "24@50", "--heads", "8/2",
-                                      "--head-dim", "32", "--ref-max", "1700"])
+    monkeypatch.setattr(sys, "argv", ["prefill", *argv])
     prefill_attention.main()
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_prefill_attention_bench_runs_on_tiny_shapes(monkeypatch, capsys):
+    """bench/kernels/prefill_attention.py: every variant on a prompt and a chunk after cached tokens."""
+    from bench.kernels import prefill_attention
+
+    out = _prefill_bench_output(monkeypatch, capsys, "--tokens", "40", "--chunks", "24@50", "--heads", "8/2",
+                                "--head-dim", "32", "--ref-max", "1700")
     assert "SUMMARY" in out and "40@0" in out and "24@50" in out
     words = out.split()
     errors = [float(word) for prev, word in zip(words, words[1:], strict=False) if prev in ("err", "ref")]
@@ -96,17 +103,8 @@ def test_prefill_attention_bench_runs_on_tiny_shapes(monkeypatch, capsys):
 
 def test_prefill_attention_bench_weighs_the_ws_kernel_and_block_sizes(monkeypatch, capsys):
     """The warp-specialised kernel's rows run it (" WS") on the same keys re-paged in 64 / 128-token blocks."""
-    from bench.kernels import prefill_attention
-
-    monkeypatch.setattr(bench, "DEVICE", "cpu")
-    monkeypatch.setattr(bench, "DTYPE", torch.float16)
-    monkeypatch.setattr(bench, "graph_time_us", lambda calls, replays=30: [call() for call in calls] and 1.0)
-    monkeypatch.setattr(bench, "copies_for", lambda nbytes: 1)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
-    monkeypatch.setattr(sys, "argv", ["prefill", "--tokens", "150", "--chunks", "70@130", "--heads", "4/2",
-                                      "--head-dim", "64", "--variants", "today,ws-b128,ws-b64,today-b64"])
-    prefill_attention.main()
-    out = capsys.readouterr().out
+    out = _prefill_bench_output(monkeypatch, capsys, "--tokens", "150", "--chunks", "70@130", "--heads", "4/2",
+                                "--head-dim", "64", "--variants", "today,ws-b128,ws-b64,today-b64")
     words = out.split()
     errors = [float(word) for prev, word in zip(words, words[1:], strict=False) if prev in ("err", "ref")]
     assert len(errors) == 2 * 4 * 2 and max(errors) < 5e-3  # the same keys and values in every block size
