@@ -18,6 +18,12 @@ the producer (40) to the consumers (232-256). sm_90 PTX: 12 warps, 168 registers
   pass (an MLIR dominance assertion).
 - no KV splits: a chunk's grid fills the GPU (a 2,048-token chunk of llama3-8b: 16 query tiles x 32 heads).
 
+One difference from attention.py: V comes whole from its box (it feeds the wgmma from shared memory, never
+through registers), so the keys past a sequence's end in its last block enter the PV product with weight 0. The
+cache starts zeroed and holds only values the model wrote, so 0 * v = 0 there; a model that once wrote inf or NaN
+into a block would leave it to the next sequence that takes the block (attention.py masks those loads). Before this
+kernel is a default: zero a block's tail when it is handed out, or show that a finite model cannot write inf.
+
 The grid is (Hq, query tiles): the heads of one tile run side by side (their K/V in the L2), heaviest tiles first
 (attention.py's CAUSAL_SPLIT order), and the tile -> sequence map is attention.py's. Not timed on a GPU yet
 (perf.md has the prediction); off unless AttentionTuning.prefill_ws (BLINK_PREFILL_WS=1) and the block size fit.
