@@ -9,6 +9,8 @@ captured in a bucket's CUDA graph and launched from the device: no .item(), no n
             into a buffer sized for the worst case; block_expert[b] says which expert M-block b belongs
             to (E = unused block: its programs exit at once). The grid over the worst case stays fixed.
     gemm:   blink/kernels/moe_gemm.py: gate|up with silu*up fused, then down with the routing weight.
+At decode sizes (up to gemv_pairs (token, expert) pairs, the model's choice: model/fusion.py) the experts run as
+two weight streams instead of align + the grouped GEMMs + the sum (moe_gemv.py).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from blink.kernels import moe_gemv
 from blink.kernels.moe_gemm import grouped_gemm_triton
 
 
@@ -157,9 +160,11 @@ def experts_ref(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: 
 
 
 def experts_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor,
-                   weights: torch.Tensor) -> torch.Tensor:
+                   weights: torch.Tensor, gemv_pairs: int = 0) -> torch.Tensor:
     """The same sum through align + two grouped GEMMs; the k partial outputs are summed in fp32 (torch's
-    sum accumulates half types in fp32) and rounded once."""
+    sum accumulates half types in fp32) and rounded once. Up to gemv_pairs pairs: moe_gemv's two streams."""
+    if ids.numel() <= gemv_pairs and moe_gemv.supports(hidden, w13, w2, ids):
+        return moe_gemv.experts_gemv_triton(hidden, w13, w2, ids, weights)
     tokens, top_k = ids.shape
     block_m = block_m_for(ids.numel(), w13.shape[0])
     sorted_ids, block_expert = align_triton(ids, w13.shape[0], block_m)
@@ -176,14 +181,16 @@ def fused_moe_ref(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.
 
 
 def fused_moe_triton(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                     top_k: int, renormalize: bool) -> torch.Tensor:
-    """Five launches, no host sync: route, align, gate|up GEMM, down GEMM, the sum over k."""
+                     top_k: int, renormalize: bool, gemv_pairs: int = 0) -> torch.Tensor:
+    """Five launches, no host sync: route, align, gate|up GEMM, down GEMM, the sum over k (three up to gemv_pairs
+    pairs: route and moe_gemv's two streams)."""
     ids, weights = route_triton(router_logits, top_k, renormalize)
-    return experts_triton(hidden, w13, w2, ids, weights)
+    return experts_triton(hidden, w13, w2, ids, weights, gemv_pairs)
 
 
 def fused_moe(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-              top_k: int, renormalize: bool) -> torch.Tensor:
+              top_k: int, renormalize: bool, gemv_pairs: int = 0) -> torch.Tensor:
     """Routing and the experts in one call: Triton kernels on CUDA tensors, torch references otherwise."""
-    impl = fused_moe_triton if hidden.is_cuda else fused_moe_ref
-    return impl(hidden, router_logits, w13, w2, top_k, renormalize)
+    if hidden.is_cuda:
+        return fused_moe_triton(hidden, router_logits, w13, w2, top_k, renormalize, gemv_pairs)
+    return fused_moe_ref(hidden, router_logits, w13, w2, top_k, renormalize)

@@ -14,6 +14,8 @@ up to 16 rows (DEFAULT_MAX_M). On the H200 with llama3-8b: at one row it cut the
 17); at 32 rows it lost 5.6%. A sharded model (tensor parallel) defaults to none: the TP suite has not run with
 the GEMV on two GPUs. MoE blocks keep their own kernels. BLINK_QKV_ROPE=1 moves RoPE and the KV write into qkv's
 GEMV (one row: gemv.py's loop; more: gemv_rows'; models without a per-head q/k norm; off until a GPU has timed it).
+BLINK_MOE_GEMV=N runs a MoE block's experts as two weight streams (kernels/moe_gemv.py) in steps of up to N (token,
+expert) pairs (N <= 64; 8 is batch 1 at top-8), instead of the sort and the grouped GEMMs; off (0) until timed.
 """
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from blink.kernels.gemv import MAX_M, GemvPlan
+from blink.kernels.moe_gemv import MAX_PAIRS
+from blink.model.moe import FusedExperts
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
 DEFAULT_MAX_M = "16"
@@ -35,6 +39,7 @@ class FusionPolicy:
     max_m: int = MAX_M  # rows a call may have to take it
     role_max_m: tuple[tuple[str, int], ...] = ()  # (projection, rows) exceptions to max_m
     rope_in_qkv: bool = False  # qkv's GEMV runs RoPE and the KV write in its epilogue (gemv_rope.py)
+    moe_gemv_pairs: int = 0  # MoE experts as weight streams in steps of up to this many pairs (moe_gemv.py)
 
     def rows_for(self, role: str) -> int:
         return dict(self.role_max_m).get(role, self.max_m)
@@ -62,14 +67,18 @@ class FusionPolicy:
 
 
 def policy_from_env(tp_size: int = 1) -> FusionPolicy:
-    """BLINK_GEMV, BLINK_GEMV_MAX_M, and BLINK_QKV_ROPE=1 (off by default: not yet timed on a GPU)."""
+    """BLINK_GEMV, BLINK_GEMV_MAX_M, BLINK_QKV_ROPE=1 and BLINK_MOE_GEMV=N (both off by default: not yet timed on a
+    GPU)."""
     default = ("all", DEFAULT_MAX_M) if tp_size == 1 else ("", MAX_M)
     policy = FusionPolicy.parse(os.environ.get("BLINK_GEMV", default[0]),
                                 os.environ.get("BLINK_GEMV_MAX_M", default[1]))
     rope = os.environ.get("BLINK_QKV_ROPE", "0")
     if rope not in ("0", "1"):
         raise ValueError(f"BLINK_QKV_ROPE must be 0 or 1, got {rope!r}")
-    return dataclasses.replace(policy, rope_in_qkv=rope == "1")
+    pairs = os.environ.get("BLINK_MOE_GEMV", "0")
+    if not pairs.isdigit() or int(pairs) > MAX_PAIRS:
+        raise ValueError(f"BLINK_MOE_GEMV must be a pair count in [0, {MAX_PAIRS}], got {pairs!r}")
+    return dataclasses.replace(policy, rope_in_qkv=rope == "1", moe_gemv_pairs=int(pairs))
 
 
 def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int]:
@@ -82,4 +91,7 @@ def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int
         rope = policy.rope_in_qkv and role == "qkv"
         module.gemv = GemvPlan(None, policy.rows_for(role), rope) if ok else None  # tiles: default_config per call
         taken[role] += ok
+    for module in model.modules():
+        if isinstance(module, FusedExperts):
+            module.gemv_pairs = policy.moe_gemv_pairs
     return taken

@@ -47,6 +47,7 @@ class FusedExperts(nn.Module):
         self.tp_rank, self.tp_size = _rank_size(tp)
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.local = _shard_size(intermediate_size, self.tp_size, "moe_intermediate_size")
+        self.gemv_pairs = 0  # steps of up to this many (token, expert) pairs stream the weights (model/fusion.py)
         self.w13 = _empty_param(num_experts, 2 * self.local, hidden_size, device=device, dtype=dtype)
         self.w2 = _empty_param(num_experts, hidden_size, self.local, device=device, dtype=dtype)
 
@@ -117,7 +118,8 @@ class SparseMoeBlock(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         router_logits = linear(hidden, self.gate.weight)  # in the model dtype, as transformers does
-        out = fused_moe(hidden, router_logits, self.experts.w13, self.experts.w2, self.top_k, self.renormalize)
+        out = fused_moe(hidden, router_logits, self.experts.w13, self.experts.w2, self.top_k, self.renormalize,
+                        self.experts.gemv_pairs)
         if self.shared_expert is not None:  # the sigmoid gate is replicated, so it may scale a partial sum
             gate = torch.sigmoid(linear(hidden, self.shared_expert_gate.weight))
             out = out + gate * self.shared_expert.partial(hidden)

@@ -120,3 +120,4 @@ def test_moe_bench_runs_on_tiny_shapes(monkeypatch):
                            "--inter", "64", "--tp", "2"])
     assert [r["batch"] for r in rows] == [1, 40] and rows[0]["touched"] == 2
     assert all(r["err"] < 2e-2 and r["floor_us"] > 0 for r in rows)
+    assert rows[0]["streams_err"] < 2e-2 and "streams_us" not in rows[1]  # 80 pairs: past moe_gemv.MAX_PAIRS

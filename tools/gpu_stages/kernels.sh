@@ -119,7 +119,8 @@ stages_kernels() {
     moe-tests)  # issue 20: Phi-4 / Qwen3-30B-A3B real shapes vs HF, MoE kernels, device == host on a tiny MoE
       python3 -m pytest -q -s -m "gpu or not gpu" --timeout 900 tests/model/test_moe_phi_gpu.py tests/kernels/test_moe.py \
         tests/kernels/test_moe_compile_sm90.py 2>&1 | tee "$OUT/moe_tests.log" | tail -30;;
-    moe-kernels) python3 -m bench.kernels.moe_block 2>&1 | tee "$OUT/moe_kernels.log";;
+    moe-kernels)  # the MoE block alone per batch: sort + grouped GEMMs, and (batch <= 8 at top-8) the streams
+      python3 -m bench.kernels.moe_block ${MOE_KERNELS_ARGS:-} 2>&1 | tee "$OUT/moe_kernels.log";;
     moe-step) python3 -m blink.bench.step step --presets qwen3-30b-a3b,phi-4 --batches 1,8,32,128 \
         --result-json "$OUT/moe_step.json" 2>&1 | tee "$OUT/moe_step.log";;
     cache-out)  # this machine's compiled Triton kernels (cubins + metadata: enough to load them) and blink's builds,

@@ -1,0 +1,157 @@
+"""moe_gemv.py: the experts as weight streams at decode sizes, against the torch reference and against the sort +
+grouped GEMM path (Triton interpreter here, the GPU there), where experts_triton sends work to it, and the model's
+switch (BLINK_MOE_GEMV)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from blink.kernels import moe, moe_gemv
+from blink.kernels.moe_gemv import MAX_PAIRS, MoeGemvConfig, default_config, experts_gemv_triton
+from blink.model import fusion
+from blink.model.weights import load_model
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+HALF = torch.bfloat16 if DEVICE == "cuda" else torch.float16  # the interpreter's bf16 tl.dot is wrong
+
+
+def _case(tokens, experts, top_k, hidden, inter, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=g).to(DEVICE, dtype)
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden**0.5).to(DEVICE, dtype)
+    w2 = (torch.randn(experts, hidden, inter, generator=g) / inter**0.5).to(DEVICE, dtype)
+    ids, weights = moe.route_ref(torch.randn(tokens, experts, generator=g).to(DEVICE), top_k, True)
+    return x, w13, w2, ids, weights
+
+
+# hidden and inter not multiples of the tiles (masks), a token count with repeated experts, Qwen3-30B-A3B's top-8
+@pytest.mark.parametrize(("tokens", "experts", "top_k"), [(1, 16, 8), (3, 8, 2), (8, 4, 4)])
+@pytest.mark.parametrize("dtype", [torch.float32, HALF])
+def test_matches_the_reference_and_the_grouped_gemm(tokens, experts, top_k, dtype):
+    x, w13, w2, ids, weights = _case(tokens, experts, top_k, 72, 40, dtype, seed=tokens)
+    got = experts_gemv_triton(x, w13, w2, ids, weights)
+    grouped = moe.experts_triton(x, w13, w2, ids, weights)
+    want = moe.experts_ref(x, w13, w2, ids, weights)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:  # the same rounding points as the grouped path; the sum over k in another order than the reference's
+        torch.testing.assert_close(got.float(), grouped.float(), rtol=0, atol=2 * 2**-10 * grouped.abs().max().item())
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+def _rounded_like_the_kernels(x, w13, w2, ids, weights):
+    """The streams' contract in float64, rounding to x's dtype where the kernels do: each projection, the
+    activation, each pair's weighted output; the sum over k unrounded, then rounded once."""
+    dt, inter = x.dtype, w13.shape[1] // 2
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(ids.shape[0]):
+        for k in range(ids.shape[1]):
+            e = int(ids[t, k])
+            gate_up = (w13[e].double() @ x[t].double()).to(dt).double()
+            gate, up = gate_up[:inter], gate_up[inter:]
+            act = (gate * torch.sigmoid(gate) * up).to(dt).double()
+            down = (w2[e].double() @ act).to(dt).double()
+            out[t] += (down * float(weights[t, k])).to(dt).double()
+    return out.to(dt)
+
+
+def test_rounds_where_the_grouped_path_does():
+    """Half precision: all but near-ties equal to the float64 contract rounded at the kernels' points (a missing
+    rounding of the pairs' outputs or of the projections moves a third or more of them)."""
+    x, w13, w2, ids, weights = _case(4, 8, 4, 96, 64, HALF, seed=7)
+    got = experts_gemv_triton(x, w13, w2, ids, weights).cpu()
+    want = _rounded_like_the_kernels(*(t.cpu() for t in (x, w13, w2, ids, weights)))
+    assert (got == want).float().mean() >= 0.97
+
+
+@pytest.mark.parametrize("config", [MoeGemvConfig(2, 16), MoeGemvConfig(16, 64), MoeGemvConfig(4, 128)])
+def test_any_tile_gives_the_same_sums(config):
+    """Tiles narrower than the rows and K, wider than K: only the order of an fp32 sum changes."""
+    x, w13, w2, ids, weights = _case(2, 8, 4, 72, 40, torch.float32, seed=5)
+    got = experts_gemv_triton(x, w13, w2, ids, weights, config, config)
+    torch.testing.assert_close(got, moe.experts_ref(x, w13, w2, ids, weights), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter warns about the NaN rows
+def test_padding_rows_leave_the_real_rows_alone():
+    """A bucket's padding rows hold garbage; route_triton still picks real experts for them, and the real rows'
+    output does not depend on them."""
+    x, w13, w2, _, _ = _case(4, 8, 2, 32, 24, torch.float32, seed=3)
+    logits = torch.randn(4, 8).to(DEVICE)
+    logits[2:] = float("nan")
+    x[2:] = float("nan")
+    ids, weights = moe.route_triton(logits, 2, True) if DEVICE == "cuda" else moe.route_ref(logits, 2, True)
+    ids = ids.clamp(0, 7).contiguous()
+    weights = torch.nan_to_num(weights).contiguous()
+    got = experts_gemv_triton(x, w13, w2, ids, weights)
+    torch.testing.assert_close(got[:2], moe.experts_ref(x[:2], w13, w2, ids[:2], weights[:2]), rtol=1e-5, atol=1e-5)
+
+
+def test_experts_triton_takes_it_up_to_gemv_pairs(monkeypatch):
+    calls = []
+    real = moe_gemv.experts_gemv_triton
+    monkeypatch.setattr(moe_gemv, "experts_gemv_triton", lambda *a, **k: calls.append(a[3].numel()) or real(*a, **k))
+    x, w13, w2, ids, weights = _case(3, 8, 2, 32, 24, torch.float32)
+    want = moe.experts_ref(x, w13, w2, ids, weights)
+    torch.testing.assert_close(moe.experts_triton(x, w13, w2, ids, weights, gemv_pairs=6), want, rtol=1e-5,
+                               atol=1e-5)
+    moe.experts_triton(x, w13, w2, ids, weights, gemv_pairs=5)  # 6 pairs > 5: the grouped GEMM
+    moe.experts_triton(x, w13, w2, ids, weights)  # off by default
+    big = _case(MAX_PAIRS // 2 + 1, 8, 2, 32, 24, torch.float32)
+    moe.experts_triton(*big, gemv_pairs=10**6)  # past MAX_PAIRS whatever the model asks
+    assert calls == [6]
+
+
+def test_supports_only_what_the_kernels_take():
+    x, w13, w2, ids, _ = _case(2, 8, 2, 32, 24, torch.float32)
+    assert moe_gemv.supports(x, w13, w2, ids)
+    assert not moe_gemv.supports(x.half(), w13, w2, ids)  # mixed dtypes
+    assert not moe_gemv.supports(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, ids)
+    assert not moe_gemv.supports(x, w13, w2, torch.zeros(MAX_PAIRS + 1, 1, dtype=torch.int32))
+
+
+def test_default_config_fills_the_last_wave():
+    # Qwen3-30B-A3B at batch 1: 8 pairs x 768 rows of gate|up, 2,048 rows of down for one token
+    up, down = default_config(768, 2048, 8), default_config(2048, 768, 1)
+    for cfg, rows, items in ((up, 768, 8), (down, 2048, 1)):
+        programs = items * -(-rows // cfg.block_n)
+        assert programs % (4 * 132) == 0 or programs / (-(-programs // (4 * 132)) * 4 * 132) >= 0.9 or \
+            cfg.block_n == max((4, 8, 16, 2), key=lambda bn: moe_gemv._fill(items * -(-rows // bn)))
+        assert cfg.block_n * cfg.block_k <= 4096 and cfg.block_k >= 16
+
+
+def test_the_environment_sets_the_model_switch(monkeypatch):
+    monkeypatch.setenv("BLINK_MOE_GEMV", "8")
+    assert fusion.policy_from_env().moe_gemv_pairs == 8
+    model, _ = load_model("tiny-qwen3-moe", "cpu", dtype=torch.float32, seed=0)
+    experts = [m for m in model.modules() if isinstance(m, fusion.FusedExperts)]
+    assert experts and all(m.gemv_pairs == 8 for m in experts)
+    monkeypatch.delenv("BLINK_MOE_GEMV")
+    assert fusion.policy_from_env().moe_gemv_pairs == 0
+    for bad in ("65", "-1", "yes"):
+        monkeypatch.setenv("BLINK_MOE_GEMV", bad)
+        with pytest.raises(ValueError, match="BLINK_MOE_GEMV"):
+            fusion.policy_from_env()
+
+
+def test_a_tiny_moe_model_through_the_streams(monkeypatch):
+    """The model hands the kernels what they take: a tiny Qwen3-MoE step over the Triton MoE path with the streams
+    on gives the reference's logits."""
+    from tests.model.paged import PagedDriver
+
+    monkeypatch.setenv("BLINK_MOE_GEMV", "64")
+    model, _ = load_model("tiny-qwen3-moe", "cpu", dtype=torch.float32, seed=1)
+    chunks = [{0: [1, 2, 3], 1: [4]}]
+    expected = [PagedDriver(model).step(c) for c in chunks]
+    from blink.model import moe as moe_model
+
+    calls = []
+    real = moe.fused_moe_triton  # the GPU's path, in the interpreter
+    monkeypatch.setattr(moe_model, "fused_moe", lambda *a: calls.append(a[-1]) or real(*a))
+    streams = []
+    real_streams = moe_gemv.experts_gemv_triton
+    monkeypatch.setattr(moe_gemv, "experts_gemv_triton", lambda *a: streams.append(1) or real_streams(*a))
+    got = PagedDriver(model).step(chunks[0])
+    for seq in chunks[0]:
+        torch.testing.assert_close(got[seq], expected[0][seq], rtol=1e-4, atol=1e-4)
+    assert calls and set(calls) == {64} and len(streams) == len(calls)
