@@ -17,34 +17,35 @@ from tests.host.test_host_engine import hf_greedy, run_all
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(900)]
 
 
-@pytest.mark.parametrize("tokens", [1, 8, 128, 2048])
-def test_moe_kernels_at_qwen3_30b_shapes(tokens):
+@pytest.mark.parametrize(("tokens", "gemv_pairs"), [(1, 0), (8, 0), (128, 0), (2048, 0), (1, 64), (8, 64)])
+def test_moe_kernels_at_qwen3_30b_shapes(tokens, gemv_pairs):
     g = torch.Generator(device="cuda").manual_seed(tokens)
     experts, hidden, inter = 128, 2048, 768
     x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
     w13 = (0.02 * torch.randn(experts, 2 * inter, hidden, device="cuda", generator=g)).bfloat16()
     w2 = (0.02 * torch.randn(experts, hidden, inter, device="cuda", generator=g)).bfloat16()
     logits = torch.randn(tokens, experts, device="cuda", generator=g).bfloat16()
-    got = fused_moe_triton(x, logits, w13, w2, 8, True).float()
+    got = fused_moe_triton(x, logits, w13, w2, 8, True, gemv_pairs).float()
     want = fused_moe_ref(x, logits, w13, w2, 8, True).float()
     assert ((got - want).norm() / want.norm()).item() < 1e-2
 
 
-def test_moe_is_captured_and_replayed_in_a_cuda_graph():
+@pytest.mark.parametrize("gemv_pairs", [0, 64])  # 64: 16 tokens x top-4, all as moe_gemv's streams
+def test_moe_is_captured_and_replayed_in_a_cuda_graph(gemv_pairs):
     """Routing, the sort and both GEMMs replay from one graph with new inputs: nothing was decided on the
     host at capture time (no sync, no data-dependent shape)."""
     g = torch.Generator(device="cuda").manual_seed(0)
-    tokens, experts, hidden, inter = 32, 64, 256, 128
+    tokens, experts, hidden, inter = (32 if gemv_pairs == 0 else 16), 64, 256, 128
     w13 = (0.05 * torch.randn(experts, 2 * inter, hidden, device="cuda", generator=g)).bfloat16()
     w2 = (0.05 * torch.randn(experts, hidden, inter, device="cuda", generator=g)).bfloat16()
     x = torch.randn(tokens, hidden, device="cuda", generator=g).bfloat16()
     logits = torch.randn(tokens, experts, device="cuda", generator=g).bfloat16()
-    fused_moe_triton(x, logits, w13, w2, 4, True)  # compile outside the capture
+    fused_moe_triton(x, logits, w13, w2, 4, True, gemv_pairs)  # compile outside the capture
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=stream):
-            out = fused_moe_triton(x, logits, w13, w2, 4, True)
+            out = fused_moe_triton(x, logits, w13, w2, 4, True, gemv_pairs)
     for seed in (1, 2):
         x.copy_(torch.randn(tokens, hidden, device="cuda", generator=g))
         logits.copy_(torch.randn(tokens, experts, device="cuda", generator=g) * seed)
