@@ -76,11 +76,13 @@ VARIANTS = {
     "ws-b128": AttentionTuning(prefill_ws=True, prefill_min_tokens=0),
     "ws-b64": AttentionTuning(prefill_ws=True, prefill_min_tokens=0),
     "ws-b64-s4": AttentionTuning(prefill_ws=True, prefill_min_tokens=0, prefill_ws_stages=4),  # K/V 3 tiles ahead
+    "ws-b128-maskv": AttentionTuning(prefill_ws=True, prefill_min_tokens=0, prefill_ws_mask_v=True),  # attention.py's V
     "today-b128": AttentionTuning(prefill_ws=False, prefill_min_tokens=0),
     "today-b64": AttentionTuning(prefill_ws=False, prefill_min_tokens=0),
 }
 # the variants on other block sizes than BLOCK_SIZE
-BLOCK_SIZES = {"ws-b128": 128, "ws-b64": 64, "ws-b64-s4": 64, "today-b128": 128, "today-b64": 64}
+BLOCK_SIZES = {"ws-b128": 128, "ws-b64": 64, "ws-b64-s4": 64, "ws-b128-maskv": 128, "today-b128": 128,
+               "today-b64": 64}
 
 
 def causal_flops(tokens: int, cached: int, num_q_heads: int, head_dim: int) -> int:

@@ -250,7 +250,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if (tuning.prefill_ws and num_splits == 1 and num_seqs < num_tokens and num_tokens >= tuning.prefill_min_tokens
             and ws_chunk_runs(q, k_cache)):
         return ws_chunk_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
-                                  num_stages=tuning.prefill_ws_stages)
+                                  num_stages=tuning.prefill_ws_stages, mask_v_tail=tuning.prefill_ws_mask_v)
     block_d = triton.next_power_of_2(head_dim)
     out = torch.empty_like(q)
     if num_splits > 1:

@@ -115,6 +115,9 @@ class AttentionTuning:
     # Its K/V buffers (the pass's num_stages): 2 at 128-token blocks (180 KB of shared memory at head_dim 128; 3 need
     # 246 KB, over Hopper's 227), up to 4 at 64-token blocks (180 KB).
     prefill_ws_stages: int = 2
+    # V's rows past a sequence's end zeroed before the PV product (attention_ws.py's MASK_V_TAIL), as attention.py's
+    # masked loads do, so that a stale inf / NaN in a reused block cannot reach the output
+    prefill_ws_mask_v: bool = False
 
 
 def _choose_splits(working_tiles: int, num_kv_heads: int, max_kv_len: int, block_n: int, programs_per_sm: int,

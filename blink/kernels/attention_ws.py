@@ -21,8 +21,9 @@ the producer (40) to the consumers (232-256). sm_90 PTX: 12 warps, 168 registers
 One difference from attention.py: V comes whole from its box (it feeds the wgmma from shared memory, never
 through registers), so the keys past a sequence's end in its last block enter the PV product with weight 0. The
 cache starts zeroed and holds only values the model wrote, so 0 * v = 0 there; a model that once wrote inf or NaN
-into a block would leave it to the next sequence that takes the block (attention.py masks those loads). Before this
-kernel is a default: zero a block's tail when it is handed out, or show that a finite model cannot write inf.
+into a block would leave it to the next sequence that takes the block (attention.py masks those loads). MASK_V_TAIL
+(AttentionTuning.prefill_ws_mask_v) zeroes those rows as attention.py does, at a price the GPU has not measured
+(V through registers: 229 KB of shared memory and 220 bytes of spills at 128 x 128, ptxas).
 
 The grid is (Hq, query tiles): the heads of one tile run side by side (their K/V in the L2), heaviest tiles first
 (attention.py's CAUSAL_SPLIT order), and the tile -> sequence map is attention.py's. Not timed on a GPU yet
@@ -55,7 +56,7 @@ def _ws_sequence(tile, query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr, BLO
 def _ws_chunk_kernel(q_desc, k_desc, v_desc, out_ptr, query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
                      scale_log2, stride_ot, stride_oh, stride_bt, num_seqs,
                      GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                     BLOCK_S: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                     BLOCK_S: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, MASK_V_TAIL: tl.constexpr = False):
     head = tl.program_id(0)
     tile = tl.num_programs(1) - 1 - tl.program_id(1)  # heaviest first, as attention.py's CAUSAL_SPLIT
     kv_head = head // GROUP
@@ -92,6 +93,8 @@ def _ws_chunk_kernel(q_desc, k_desc, v_desc, out_ptr, query_start_loc_ptr, seq_l
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         v = v_desc.load([block, 0, kv_head, 0]).reshape(BLOCK_N, D)
+        if MASK_V_TAIL:  # V's rows past kv_end zeroed: V then passes through registers (sm_90: 229 KB, spills)
+            v = tl.where((k_pos < kv_end)[:, None], v, 0.0)
         acc = tl.dot(p.to(v.dtype), v, acc)
         m_i = m_new
 
@@ -127,7 +130,7 @@ def ws_chunk_grid(num_tokens: int, num_seqs: int) -> int:
 
 def ws_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
                        seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
-                       warp_specialize: bool = True, num_stages: int = 2) -> torch.Tensor:
+                       warp_specialize: bool = True, num_stages: int = 2, mask_v_tail: bool = False) -> torch.Tensor:
     """paged_attention's result for a step that ws_chunk_fits (rows of padding tokens unspecified, as there)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -145,5 +148,5 @@ def ws_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                            scale * 1.4426950408889634, out.stride(0), out.stride(1), block_tables.stride(0), num_seqs,
                            GROUP=num_q_heads // num_kv_heads, BLOCK_Q=WS_BLOCK_Q, BLOCK_N=block_size, D=head_dim,
                            BLOCK_S=triton.next_power_of_2(num_seqs), WARP_SPECIALIZE=warp_specialize,
-                           num_warps=4, num_stages=num_stages)
+                           MASK_V_TAIL=mask_v_tail, num_warps=4, num_stages=num_stages)
     return out

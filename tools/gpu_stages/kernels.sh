@@ -26,7 +26,7 @@ stages_kernels() {
       # size apart from the kernel) and block 128 with BLINK_PREFILL_WS=1; decode rows at 16 and 128 (the decode
       # kernel's paging at 128). PREFILL_WS_TOKENS: the step's prefill rows; PREFILL_WS_ARGS: the kernel bench's flags.
       python3 -m pytest -q -m gpu tests/kernels/test_attention_ws.py 2>&1 | tee "$OUT/prefill_ws_tests.log" | tail -8
-      python3 -m bench.kernels.prefill_attention --variants today,today-b128,ws-b128,today-b64,ws-b64,ws-b64-s4 \
+      python3 -m bench.kernels.prefill_attention --variants today,today-b128,ws-b128,ws-b128-maskv,today-b64,ws-b64,ws-b64-s4 \
         ${PREFILL_WS_ARGS:-} 2>&1 | tee "$OUT/prefill_ws_kernel.log" | tail -12
       for run in 16:0:1,8,32 128:0: 128:1:1,8,32; do
         IFS=: read -r bs ws batches <<< "$run"
