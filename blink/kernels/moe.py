@@ -175,7 +175,8 @@ def experts_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, id
 
 
 def fused_moe_ref(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-                  top_k: int, renormalize: bool) -> torch.Tensor:
+                  top_k: int, renormalize: bool, gemv_pairs: int = 0) -> torch.Tensor:
+    """gemv_pairs picks the Triton path's kernels (fused_moe_triton); the sum they compute is this one."""
     ids, weights = route_ref(router_logits, top_k, renormalize)
     return experts_ref(hidden, w13, w2, ids, weights)
 
@@ -193,4 +194,4 @@ def fused_moe(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tens
     """Routing and the experts in one call: Triton kernels on CUDA tensors, torch references otherwise."""
     if hidden.is_cuda:
         return fused_moe_triton(hidden, router_logits, w13, w2, top_k, renormalize, gemv_pairs)
-    return fused_moe_ref(hidden, router_logits, w13, w2, top_k, renormalize)
+    return fused_moe_ref(hidden, router_logits, w13, w2, top_k, renormalize, gemv_pairs)
