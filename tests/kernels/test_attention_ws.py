@@ -10,6 +10,8 @@ import tempfile
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from blink.kernels import attention
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
@@ -42,6 +44,19 @@ def test_matches_the_oracle(heads, block_size):
     out = ws_chunk_attention(*_args(batch))
     expected = naive_attention(batch, Q_LENS, 0.125)
     torch.testing.assert_close(out[:n].double(), expected, **HALF_TOL)
+    torch.testing.assert_close(out[:n], paged_attention_ref(*_args(batch))[:n], **HALF_TOL)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(1, 300), st.integers(0, 300)), min_size=1, max_size=4), st.integers(0, 2**16))
+def test_any_batch_of_chunks_matches_the_reference(chunks, seed):
+    """Drawn steps: up to 4 sequences of 1-300 new tokens after 0-300 cached, so query tiles straddle sequences and
+    KV blocks in every way."""
+    q_lens = [q for q, _ in chunks]
+    seq_lens = [q + c for q, c in chunks]
+    batch = make_paged_batch(q_lens, seq_lens, 4, 2, head_dim=64, block_size=64, dtype=torch.float16, seed=seed)
+    n = batch.num_real_tokens
+    out = ws_chunk_attention(*_args(batch))
     torch.testing.assert_close(out[:n], paged_attention_ref(*_args(batch))[:n], **HALF_TOL)
 
 
