@@ -14,6 +14,7 @@ from blink.bench.roofline import COPY_BW, GEMM_RATE, ModelShape
 from blink.config import EngineArgs
 from blink.request import SamplingParams
 
+DEVICE = "cuda"  # the CPU dry run (tests/bench/test_step_bench.py) sets "cpu": prefill rows only, eager
 SAMPLING_MODES = {  # what every slot of a decode row samples with
     "greedy": SamplingParams(temperature=0.0),
     "top_p": SamplingParams(temperature=0.7, top_p=0.9),
@@ -137,7 +138,7 @@ def chunks_plan(chunks: list[tuple[int, int]], block_size: int):
     scheduled, next_block = [], 0
     for i, (tokens, context) in enumerate(chunks):
         total = context + tokens
-        seq = Sequence(i, [1 + ((i + j) * 7) % 1000 for j in range(total)], SamplingParams(temperature=0), seed=i,
+        seq = Sequence(i, [1 + ((i + j) * 7) % 500 for j in range(total)], SamplingParams(temperature=0), seed=i,
                        arrival=i, num_computed=context, slot=i, status=SeqStatus.RUNNING)
         blocks = -(-(total + 1) // block_size)
         seq.block_ids = list(range(next_block, next_block + blocks))
@@ -155,10 +156,10 @@ def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers:
     from blink.core.runner import ModelRunner
 
     widest, longest = max(t for t, _ in chunks), max(t + c for t, c in chunks)
-    graphs = all(c > 0 for _, c in chunks) and widest <= EngineArgs.max_num_batched_tokens
+    graphs = DEVICE == "cuda" and all(c > 0 for _, c in chunks) and widest <= EngineArgs.max_num_batched_tokens
     # A graph-replayed chunk runs in the server's bucket: (128, 64) for a 100-token chunk, whose padding rows
     # shape the attention launch (perf.md, 2026-12-01 session 8: a (128, 1) bucket hid a 1.5x slower one).
-    args = EngineArgs(model=preset, dtype="bfloat16", device="cuda",
+    args = EngineArgs(model=preset, dtype="bfloat16", device=DEVICE,
                       max_num_seqs=EngineArgs.max_num_seqs if graphs else 1,
                       max_num_batched_tokens=EngineArgs.max_num_batched_tokens if graphs else widest,
                       num_kv_blocks=-(-(longest + 16) // block_size) + 1, max_model_len=longest + 16,
