@@ -10,7 +10,9 @@ captured in a bucket's CUDA graph and launched from the device: no .item(), no n
             to (E = unused block: its programs exit at once). The grid over the worst case stays fixed.
     gemm:   blink/kernels/moe_gemm.py: gate|up with silu*up fused, then down with the routing weight.
 At decode sizes (up to gemv_pairs (token, expert) pairs, the model's choice: model/fusion.py) the experts run as
-two weight streams instead of align + the grouped GEMMs + the sum (moe_gemv.py).
+two weight streams instead of align + the grouped GEMMs + the sum (moe_gemv.py). At one row the whole sparse block
+after attention (normed_block_triton) is three launches: the router as a one-row GEMV with the residual add and the
+post-attention norm in its prologue (gemv.py), route, the streams (gate_up normalizing the residual sum itself).
 """
 from __future__ import annotations
 
@@ -19,7 +21,10 @@ import triton
 import triton.language as tl
 
 from blink.kernels import moe_gemv
+from blink.kernels.gemv import gemv_triton
+from blink.kernels.gemv import supports as gemv_supports
 from blink.kernels.moe_gemm import grouped_gemm_triton
+from blink.kernels.rmsnorm import rms_norm_ref
 
 
 def route_ref(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,7 +168,7 @@ def experts_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, id
                    weights: torch.Tensor, gemv_pairs: int = 0) -> torch.Tensor:
     """The same sum through align + two grouped GEMMs; the k partial outputs are summed in fp32 (torch's
     sum accumulates half types in fp32) and rounded once. Up to gemv_pairs pairs: moe_gemv's two streams."""
-    if ids.numel() <= gemv_pairs and moe_gemv.supports(hidden, w13, w2, ids):
+    if ids.numel() <= gemv_pairs and moe_gemv.supports(hidden, w13, w2, ids.numel()) and ids.is_contiguous():
         return moe_gemv.experts_gemv_triton(hidden, w13, w2, ids, weights)
     tokens, top_k = ids.shape
     block_m = block_m_for(ids.numel(), w13.shape[0])
@@ -195,3 +200,30 @@ def fused_moe(hidden: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tens
     if hidden.is_cuda:
         return fused_moe_triton(hidden, router_logits, w13, w2, top_k, renormalize, gemv_pairs)
     return fused_moe_ref(hidden, router_logits, w13, w2, top_k, renormalize, gemv_pairs)
+
+
+def normed_block_takes(hidden: torch.Tensor, router_weight: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                       top_k: int, gemv_pairs: int) -> bool:
+    """Shapes only (graph-safe): one row, its pairs within gemv_pairs, and both kernels' conditions."""
+    return (hidden.dim() == 2 and hidden.shape[0] == 1 and top_k <= gemv_pairs
+            and gemv_supports(hidden, router_weight, "add_norm") and moe_gemv.supports(hidden, w13, w2, top_k))
+
+
+def normed_block_ref(hidden: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                     router_weight: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
+                     renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's post-attention norm, router and experts as separate ops: (experts' sum, new residual)."""
+    normed, new_residual = rms_norm_ref(hidden, norm_weight, eps, residual)
+    logits = torch.nn.functional.linear(normed, router_weight)
+    return fused_moe_ref(normed, logits, w13, w2, top_k, renormalize), new_residual
+
+
+def normed_block_triton(hidden: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                        router_weight: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, top_k: int,
+                        renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """normed_block_ref in three launches (normed_block_takes must hold): the router's GEMV normalizes
+    hidden + residual in its prologue and stores the sum (the new residual); gate_up normalizes that sum again."""
+    logits, new_residual = gemv_triton(hidden, router_weight, None, "add_norm", norm_weight, eps, residual)
+    ids, weights = route_triton(logits, top_k, renormalize)
+    out = moe_gemv.experts_gemv_triton(new_residual, w13, w2, ids, weights, norm_weight=norm_weight, eps=eps)
+    return out, new_residual

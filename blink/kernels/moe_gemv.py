@@ -49,15 +49,18 @@ def default_config(rows_per_item: int, k: int, items: int) -> MoeGemvConfig:
     return MoeGemvConfig(block_n, max(16, min(_TILE // block_n, triton.next_power_of_2(k))))
 
 
-def supports(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor) -> bool:
+def supports(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, pairs: int) -> bool:
     """Shapes and dtypes only (graph-safe): few pairs, contiguous stacked weights of the activations' dtype."""
-    return (ids.numel() <= MAX_PAIRS and hidden.dim() == 2 and hidden.stride(-1) == 1 and w13.is_contiguous()
-            and w2.is_contiguous() and hidden.dtype == w13.dtype == w2.dtype and ids.is_contiguous())
+    return (pairs <= MAX_PAIRS and hidden.dim() == 2 and hidden.stride(-1) == 1 and w13.is_contiguous()
+            and w2.is_contiguous() and hidden.dtype == w13.dtype == w2.dtype)
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w13_ptr, ids_ptr, act_ptr, H, I, stride_xt, stride_we, stride_wn, stride_ap,
-                    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gate_up_kernel(x_ptr, nw_ptr, w13_ptr, ids_ptr, act_ptr, H, I, stride_xt, stride_we, stride_wn, stride_ap, eps,
+                    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr = False,
+                    NORM_K: tl.constexpr = 1024):
+    """NORM: x is the layer's residual sum and each program applies the post-attention RMSNorm to it (weight nw),
+    with rmsnorm.py's rounding: its row's sum of squares in one pass over x first (H values, from the L2)."""
     pair = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_mask = cols < I
@@ -66,16 +69,28 @@ def _gate_up_kernel(x_ptr, w13_ptr, ids_ptr, act_ptr, H, I, stride_xt, stride_we
     gate_rows = w13_ptr + expert * stride_we + cols.to(tl.int64)[:, None] * stride_wn
     up_rows = gate_rows + I * stride_wn  # w13 holds the gate rows, then the up rows
     ks = tl.arange(0, BLOCK_K)
+    dtype = act_ptr.dtype.element_ty
+    rstd = 0.0
+    if NORM:
+        squares = tl.zeros([NORM_K], tl.float32)
+        for k0 in range(0, H, NORM_K):
+            k = k0 + tl.arange(0, NORM_K)
+            xs = tl.load(x_ptr + token * stride_xt + k, mask=k < H, other=0.0).to(tl.float32)
+            squares += xs * xs
+        rstd = tl.rsqrt(tl.sum(squares, axis=0) / H + eps)
     acc_gate = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # reduced over K once, after the loop (gemv.py)
     acc_up = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for k0 in range(0, H, BLOCK_K):
         k = k0 + ks
         k_mask = k < H
-        x = tl.load(x_ptr + token * stride_xt + k, mask=k_mask, other=0.0).to(tl.float32)[None, :]
+        x = tl.load(x_ptr + token * stride_xt + k, mask=k_mask, other=0.0).to(tl.float32)
+        if NORM:
+            w = tl.load(nw_ptr + k, mask=k_mask, other=0.0).to(tl.float32)
+            x = ((x * rstd).to(dtype).to(tl.float32) * w).to(dtype).to(tl.float32)
+        x = x[None, :]
         w_mask = col_mask[:, None] & k_mask[None, :]
         acc_gate += tl.load(gate_rows + k[None, :], mask=w_mask, other=0.0).to(tl.float32) * x
         acc_up += tl.load(up_rows + k[None, :], mask=w_mask, other=0.0).to(tl.float32) * x
-    dtype = act_ptr.dtype.element_ty
     gate = tl.sum(acc_gate, axis=1).to(dtype).to(tl.float32)  # the projection rounded, as gate_up's GEMM output
     up = tl.sum(acc_up, axis=1).to(dtype).to(tl.float32)
     tl.store(act_ptr + pair * stride_ap + cols, (gate * tl.sigmoid(gate) * up).to(dtype), mask=col_mask)
@@ -108,9 +123,12 @@ def _down_kernel(act_ptr, w2_ptr, ids_ptr, weights_ptr, out_ptr, H, I, stride_ap
 
 def experts_gemv_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor,
                         weights: torch.Tensor, gate_up_config: MoeGemvConfig | None = None,
-                        down_config: MoeGemvConfig | None = None) -> torch.Tensor:
-    """moe.experts_triton's result through the two streams (supports() must hold)."""
-    assert supports(hidden, w13, w2, ids) and weights.shape == ids.shape and weights.is_contiguous()
+                        down_config: MoeGemvConfig | None = None, norm_weight: torch.Tensor | None = None,
+                        eps: float = 0.0) -> torch.Tensor:
+    """moe.experts_triton's result through the two streams (supports() must hold). With norm_weight, hidden is the
+    residual sum and the experts see rms_norm_ref(hidden, norm_weight, eps), normalized inside gate_up."""
+    assert supports(hidden, w13, w2, ids.numel()) and ids.is_contiguous()
+    assert weights.shape == ids.shape and weights.is_contiguous()
     tokens, top_k = ids.shape
     _, hidden_size = hidden.shape
     inter = w13.shape[1] // 2
@@ -119,8 +137,10 @@ def experts_gemv_triton(hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tenso
     out = torch.empty_like(hidden)
     up_cfg = gate_up_config or default_config(inter, hidden_size, pairs)
     _gate_up_kernel[(pairs, triton.cdiv(inter, up_cfg.block_n))](
-        hidden, w13, ids, act, hidden_size, inter, hidden.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        TOP_K=top_k, BLOCK_N=up_cfg.block_n, BLOCK_K=up_cfg.block_k, num_warps=up_cfg.num_warps,
+        hidden, norm_weight if norm_weight is not None else hidden, w13, ids, act, hidden_size, inter,
+        hidden.stride(0), w13.stride(0), w13.stride(1), act.stride(0), eps,
+        TOP_K=top_k, BLOCK_N=up_cfg.block_n, BLOCK_K=up_cfg.block_k, NORM=norm_weight is not None,
+        NORM_K=min(triton.next_power_of_2(hidden_size), 4096), num_warps=up_cfg.num_warps,
         num_stages=up_cfg.num_stages)
     down_cfg = down_config or default_config(hidden_size, inter, tokens)
     _down_kernel[(tokens, triton.cdiv(hidden_size, down_cfg.block_n))](

@@ -130,6 +130,8 @@ class LlamaDecoderLayer(nn.Module):
             fused = self.mlp.gate_up_proj.fuses_silu_mul(hidden)
             act, residual = self.mlp.gate_up_proj.normed(hidden, self.post_attention_layernorm, residual, fused)
             return self.mlp.down_proj(act, silu_mul_input=not fused), residual
+        if self.mlp.takes_normed(hidden):  # one row, the experts as streams: the norm in the router's GEMV
+            return self.mlp.normed(hidden, self.post_attention_layernorm, residual)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from blink import kernels
 from blink.kernels import linear
-from blink.kernels.moe import fused_moe
+from blink.kernels.moe import fused_moe, normed_block_takes, normed_block_triton
 from blink.model.config import ModelConfig
 from blink.model.layers import (
     ColumnParallelLinear,
@@ -115,6 +116,20 @@ class SparseMoeBlock(nn.Module):
             self.shared_expert_gate = Router(1, cfg.hidden_size, device, dtype)  # replicated [1, H]
         else:
             self.shared_expert = self.shared_expert_gate = None
+
+    def takes_normed(self, hidden: torch.Tensor) -> bool:
+        """Whether normed() runs this call: one row on the GPU with the streams on (BLINK_MOE_GEMV), no shared
+        expert (it would need the normalized row apart). Shapes only, so graph-safe."""
+        return (self.shared_expert is None and kernels._triton_device(hidden)
+                and normed_block_takes(hidden, self.gate.weight, self.experts.w13, self.experts.w2, self.top_k,
+                                       self.experts.gemv_pairs))
+
+    def normed(self, hidden: torch.Tensor, norm, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's post-attention norm (residual add included) and this block in three launches (kernels/moe.py:
+        normed_block_triton): (output, new residual)."""
+        out, new_residual = normed_block_triton(hidden, residual, norm.weight, norm.eps, self.gate.weight,
+                                                self.experts.w13, self.experts.w2, self.top_k, self.renormalize)
+        return (out if self.tp is None or self.tp.size == 1 else self.tp.all_reduce(out)), new_residual
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         router_logits = linear(hidden, self.gate.weight)  # in the model dtype, as transformers does

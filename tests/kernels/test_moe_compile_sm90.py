@@ -13,7 +13,8 @@ def _compile_all() -> None:
 
     def check(fn, pointers: dict, constexprs: dict, **options):
         aligned = lambda name: name in pointers or name.startswith("stride") or name in _MULTIPLES_OF_16
-        compile_sm90(fn, pointers, constexprs, aligned, **options)
+        scalar = lambda name: "fp32" if name == "eps" else "i32"
+        compile_sm90(fn, pointers, constexprs, aligned, scalar, **options)
 
     for renorm in (False, True):  # 128 experts, top 8 (Qwen3-30B-A3B); 8, top 2 (Mixtral)
         for block_e, top_k in ((128, 8), (8, 2)):
@@ -31,16 +32,17 @@ def _compile_all() -> None:
                       dict(TOP_K=8, GATED=gated, WEIGHTED=weighted, PRECISION=precision, BLOCK_M=block_m,
                            BLOCK_N=block_n, BLOCK_K=64))
     # the decode streams (moe_gemv.py) at Qwen3-30B-A3B's batch 1 / 8 tiles, and a narrow and a wide one
-    streams = {"x_ptr": "*bf16", "w13_ptr": "*bf16", "w2_ptr": "*bf16", "act_ptr": "*bf16", "out_ptr": "*bf16",
-               "ids_ptr": "*i32", "weights_ptr": "*fp32"}
+    streams = {"x_ptr": "*bf16", "nw_ptr": "*bf16", "w13_ptr": "*bf16", "w2_ptr": "*bf16", "act_ptr": "*bf16",
+               "out_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32"}
     configs = {moe_gemv.default_config(768, 2048, 8), moe_gemv.default_config(768, 2048, 64),
                moe_gemv.default_config(2048, 768, 1), moe_gemv.default_config(2048, 768, 8),
                moe_gemv.MoeGemvConfig(2, 2048), moe_gemv.MoeGemvConfig(16, 256)}
     for cfg in sorted(configs, key=str):
         for top_k in (8, 2):
-            for fn in (moe_gemv._gate_up_kernel, moe_gemv._down_kernel):
+            for fn, extra in ((moe_gemv._gate_up_kernel, dict(NORM=False)), (moe_gemv._gate_up_kernel,
+                              dict(NORM=True, NORM_K=2048)), (moe_gemv._down_kernel, {})):
                 check(fn, {name: streams[name] for name in fn.arg_names if name in streams},
-                      dict(TOP_K=top_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k), num_warps=cfg.num_warps,
+                      dict(TOP_K=top_k, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, **extra), num_warps=cfg.num_warps,
                       num_stages=cfg.num_stages)
 
 

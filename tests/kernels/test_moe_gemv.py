@@ -66,6 +66,19 @@ def test_rounds_where_the_grouped_path_does():
     assert (got == want).float().mean() >= 0.97
 
 
+def test_the_norm_prologue_rounds_where_rmsnorm_does():
+    """gate_up's NORM prologue: all but near-ties equal to the contract over rms_norm's rounding of the row (x * rstd
+    rounded, then times the weight, rounded)."""
+    x, w13, w2, ids, weights = _case(3, 8, 4, 96, 64, HALF, seed=9)
+    norm_w = (1 + 0.1 * torch.randn(96, generator=torch.Generator().manual_seed(9))).to(DEVICE, HALF)
+    got = experts_gemv_triton(x, w13, w2, ids, weights, norm_weight=norm_w, eps=1e-5).cpu()
+    xd = x.cpu().double()
+    rstd = torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)
+    normed = ((xd * rstd).to(HALF).double() * norm_w.cpu().double()).to(HALF)
+    want = _rounded_like_the_kernels(normed, *(t.cpu() for t in (w13, w2, ids, weights)))
+    assert (got == want).float().mean() >= 0.97
+
+
 @pytest.mark.parametrize("config", [MoeGemvConfig(2, 16), MoeGemvConfig(16, 64), MoeGemvConfig(4, 128)])
 def test_any_tile_gives_the_same_sums(config):
     """Tiles narrower than the rows and K, wider than K: only the order of an fp32 sum changes."""
@@ -106,10 +119,10 @@ def test_experts_triton_takes_it_up_to_gemv_pairs(monkeypatch):
 
 def test_supports_only_what_the_kernels_take():
     x, w13, w2, ids, _ = _case(2, 8, 2, 32, 24, torch.float32)
-    assert moe_gemv.supports(x, w13, w2, ids)
-    assert not moe_gemv.supports(x.half(), w13, w2, ids)  # mixed dtypes
-    assert not moe_gemv.supports(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, ids)
-    assert not moe_gemv.supports(x, w13, w2, torch.zeros(MAX_PAIRS + 1, 1, dtype=torch.int32))
+    assert moe_gemv.supports(x, w13, w2, ids.numel())
+    assert not moe_gemv.supports(x.half(), w13, w2, 4)  # mixed dtypes
+    assert not moe_gemv.supports(x, w13.transpose(1, 2).contiguous().transpose(1, 2), w2, 4)
+    assert not moe_gemv.supports(x, w13, w2, MAX_PAIRS + 1)
 
 
 def test_default_config_fills_the_last_wave():
@@ -158,3 +171,63 @@ def test_a_tiny_moe_model_through_the_streams(monkeypatch):
     for seq in chunks[0]:
         torch.testing.assert_close(got[seq], expected[0][seq], rtol=1e-4, atol=1e-4)
     assert calls and set(calls) == {64} and len(streams) == len(calls)
+
+
+@pytest.mark.parametrize("top_k", [8, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, HALF])
+def test_the_normed_block_matches_its_ops(top_k, dtype):
+    """One row: the router's GEMV with the residual add and norm in its prologue, route, the streams with the norm
+    in gate_up, against the norm, router and experts as separate ops."""
+    x, w13, w2, _, _ = _case(1, 16, top_k, 72, 40, dtype, seed=11)
+    g = torch.Generator().manual_seed(12)
+    residual = torch.randn(1, 72, generator=g).to(DEVICE, dtype)
+    norm_w = (1 + 0.1 * torch.randn(72, generator=g)).to(DEVICE, dtype)
+    router_w = (torch.randn(16, 72, generator=g) / 72**0.5).to(DEVICE, dtype)
+    args = (x, residual, norm_w, 1e-5, router_w, w13, w2, top_k, True)
+    assert moe.normed_block_takes(x, router_w, w13, w2, top_k, 64)
+    out, new_residual = moe.normed_block_triton(*args)
+    want, want_residual = moe.normed_block_ref(*args)
+    assert torch.equal(new_residual, want_residual)
+    # the router's logits as the GEMV computes them route the reference too: a last-bit difference from cuBLAS's
+    # must not swap an expert at the k-th place
+    logits, _ = moe.gemv_triton(x, router_w, None, "add_norm", norm_w, 1e-5, residual)
+    normed = moe.rms_norm_ref(x, norm_w, 1e-5, residual)[0]
+    torch.testing.assert_close(logits.float(), torch.nn.functional.linear(normed, router_w).float(), rtol=2e-2,
+                               atol=2e-2)
+    want = moe.fused_moe_ref(normed, logits, w13, w2, top_k, True)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out.float(), want.float(), rtol=tol, atol=tol * want.abs().max().item())
+
+
+def test_the_normed_block_takes_one_row_within_the_pairs():
+    x, w13, w2, _, _ = _case(2, 16, 4, 72, 40, torch.float32)
+    router_w = torch.randn(16, 72)
+    assert moe.normed_block_takes(x[:1], router_w, w13, w2, 4, 4)
+    assert not moe.normed_block_takes(x, router_w, w13, w2, 4, 64)  # two rows
+    assert not moe.normed_block_takes(x[:1], router_w, w13, w2, 4, 3)  # more pairs than the model allows
+    assert not moe.normed_block_takes(x[:1], router_w, w13, w2, 4, 0)  # off
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the model on the CPU, its kernels interpreted")
+def test_a_tiny_moe_decode_row_through_the_normed_block(monkeypatch):
+    """tiny Qwen3-MoE with BLINK_MOE_GEMV=64 and the Triton paths taken on the CPU: one-row decode steps run every
+    sparse layer as the normed block, and the logits stay the reference's (fp32)."""
+    from blink import kernels
+    from blink.model import moe as moe_model
+    from tests.model.paged import PagedDriver
+
+    monkeypatch.setenv("BLINK_MOE_GEMV", "64")
+    model, cfg = load_model("tiny-qwen3-moe", "cpu", dtype=torch.float32, seed=1)
+    steps = [{0: [1, 2, 3]}, {0: [4]}, {0: [5]}]
+    reference = PagedDriver(model)
+    expected = [reference.step(c) for c in steps]
+    monkeypatch.setattr(kernels, "_triton_device", lambda x: True)
+    calls = []
+    real = moe_model.normed_block_triton
+    monkeypatch.setattr(moe_model, "normed_block_triton", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    driver = PagedDriver(model)
+    for step, chunk in enumerate(steps):
+        got = driver.step(chunk)
+        torch.testing.assert_close(got[0], expected[step][0], rtol=1e-4, atol=1e-4)
+    sparse = sum(cfg.is_moe_layer(i) for i in range(cfg.num_hidden_layers))
+    assert calls == [1] * (2 * sparse)  # the two one-row steps; the 3-token prefill took the unfused path

@@ -30,6 +30,29 @@ def test_moe_kernels_at_qwen3_30b_shapes(tokens, gemv_pairs):
     assert ((got - want).norm() / want.norm()).item() < 1e-2
 
 
+def test_normed_block_at_qwen3_30b_shapes():
+    """One row: the router's GEMV with the residual add and norm, route, the streams normalizing in gate_up."""
+    from blink.kernels.gemv import gemv_triton
+    from blink.kernels.moe import normed_block_ref, normed_block_takes, normed_block_triton
+    from blink.kernels.rmsnorm import rms_norm_ref
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    experts, hidden, inter = 128, 2048, 768
+    rand = lambda *shape, s=1.0: (s * torch.randn(*shape, device="cuda", generator=g)).bfloat16()
+    x, residual, norm_w = rand(1, hidden), rand(1, hidden), 1 + rand(hidden, s=0.1)
+    router_w, w13, w2 = rand(experts, hidden, s=0.02), rand(experts, 2 * inter, hidden, s=0.02), \
+        rand(experts, hidden, inter, s=0.02)
+    args = (x, residual, norm_w, 1e-6, router_w, w13, w2, 8, True)
+    assert normed_block_takes(x, router_w, w13, w2, 8, 64)
+    got, got_residual = normed_block_triton(*args)
+    _, want_residual = normed_block_ref(*args)
+    assert torch.equal(got_residual, want_residual)
+    # routed by the GEMV's own logits (a last-bit difference from cuBLAS's may swap the 8th expert)
+    logits, _ = gemv_triton(x, router_w, None, "add_norm", norm_w, 1e-6, residual)
+    want = fused_moe_ref(rms_norm_ref(x, norm_w, 1e-6, residual)[0], logits, w13, w2, 8, True)
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+
+
 @pytest.mark.parametrize("gemv_pairs", [0, 64])  # 64: 16 tokens x top-4, all as moe_gemv's streams
 def test_moe_is_captured_and_replayed_in_a_cuda_graph(gemv_pairs):
     """Routing, the sort and both GEMMs replay from one graph with new inputs: nothing was decided on the
