@@ -15,7 +15,9 @@ up to 16 rows (DEFAULT_MAX_M). On the H200 with llama3-8b: at one row it cut the
 the GEMV on two GPUs. MoE blocks keep their own kernels. BLINK_QKV_ROPE=1 moves RoPE and the KV write into qkv's
 GEMV (one row: gemv.py's loop; more: gemv_rows'; models without a per-head q/k norm; off until a GPU has timed it).
 BLINK_MOE_GEMV=N runs a MoE block's experts as two weight streams (kernels/moe_gemv.py) in steps of up to N (token,
-expert) pairs (N <= 64; 8 is batch 1 at top-8), instead of the sort and the grouped GEMMs; off (0) until timed.
+expert) pairs (N <= 64; 8 is batch 1 at top-8), instead of the sort and the grouped GEMMs; off (0) until timed. At one
+row it folds the post-attention norm into the block too (kernels/moe.py's normed_block_triton) unless
+BLINK_MOE_NORMED=0 (for the A/B of the two).
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ class FusionPolicy:
     role_max_m: tuple[tuple[str, int], ...] = ()  # (projection, rows) exceptions to max_m
     rope_in_qkv: bool = False  # qkv's GEMV runs RoPE and the KV write in its epilogue (gemv_rope.py)
     moe_gemv_pairs: int = 0  # MoE experts as weight streams in steps of up to this many pairs (moe_gemv.py)
+    moe_normed: bool = True  # with them, at one row, the post-attention norm folded into the block (moe.py)
 
     def rows_for(self, role: str) -> int:
         return dict(self.role_max_m).get(role, self.max_m)
@@ -78,7 +81,10 @@ def policy_from_env(tp_size: int = 1) -> FusionPolicy:
     pairs = os.environ.get("BLINK_MOE_GEMV", "0")
     if not pairs.isdigit() or int(pairs) > MAX_PAIRS:
         raise ValueError(f"BLINK_MOE_GEMV must be a pair count in [0, {MAX_PAIRS}], got {pairs!r}")
-    return dataclasses.replace(policy, rope_in_qkv=rope == "1", moe_gemv_pairs=int(pairs))
+    normed = os.environ.get("BLINK_MOE_NORMED", "1")
+    if normed not in ("0", "1"):
+        raise ValueError(f"BLINK_MOE_NORMED must be 0 or 1, got {normed!r}")
+    return dataclasses.replace(policy, rope_in_qkv=rope == "1", moe_gemv_pairs=int(pairs), moe_normed=normed == "1")
 
 
 def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int]:
@@ -93,5 +99,5 @@ def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int
         taken[role] += ok
     for module in model.modules():
         if isinstance(module, FusedExperts):
-            module.gemv_pairs = policy.moe_gemv_pairs
+            module.gemv_pairs, module.normed_block = policy.moe_gemv_pairs, policy.moe_normed
     return taken

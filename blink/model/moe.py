@@ -49,6 +49,7 @@ class FusedExperts(nn.Module):
         self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
         self.local = _shard_size(intermediate_size, self.tp_size, "moe_intermediate_size")
         self.gemv_pairs = 0  # steps of up to this many (token, expert) pairs stream the weights (model/fusion.py)
+        self.normed_block = True  # with them, one row folds the post-attention norm in (SparseMoeBlock.normed)
         self.w13 = _empty_param(num_experts, 2 * self.local, hidden_size, device=device, dtype=dtype)
         self.w2 = _empty_param(num_experts, hidden_size, self.local, device=device, dtype=dtype)
 
@@ -120,7 +121,7 @@ class SparseMoeBlock(nn.Module):
     def takes_normed(self, hidden: torch.Tensor) -> bool:
         """Whether normed() runs this call: one row on the GPU with the streams on (BLINK_MOE_GEMV), no shared
         expert (it would need the normalized row apart). Shapes only, so graph-safe."""
-        return (self.shared_expert is None and kernels._triton_device(hidden)
+        return (self.shared_expert is None and self.experts.normed_block and kernels._triton_device(hidden)
                 and normed_block_takes(hidden, self.gate.weight, self.experts.w13, self.experts.w2, self.top_k,
                                        self.experts.gemv_pairs))
 

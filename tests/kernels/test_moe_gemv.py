@@ -141,6 +141,13 @@ def test_the_environment_sets_the_model_switch(monkeypatch):
     model, _ = load_model("tiny-qwen3-moe", "cpu", dtype=torch.float32, seed=0)
     experts = [m for m in model.modules() if isinstance(m, fusion.FusedExperts)]
     assert experts and all(m.gemv_pairs == 8 for m in experts)
+    monkeypatch.setenv("BLINK_MOE_NORMED", "0")
+    model, _ = load_model("tiny-qwen3-moe", "cpu", dtype=torch.float32, seed=0)
+    assert all(not m.normed_block for m in model.modules() if isinstance(m, fusion.FusedExperts))
+    monkeypatch.setenv("BLINK_MOE_NORMED", "2")
+    with pytest.raises(ValueError, match="BLINK_MOE_NORMED"):
+        fusion.policy_from_env()
+    monkeypatch.delenv("BLINK_MOE_NORMED")
     monkeypatch.delenv("BLINK_MOE_GEMV")
     assert fusion.policy_from_env().moe_gemv_pairs == 0
     for bad in ("65", "-1", "yes"):

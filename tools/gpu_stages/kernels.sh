@@ -122,14 +122,16 @@ stages_kernels() {
     moe-kernels)  # the MoE block alone per batch: sort + grouped GEMMs, and (batch <= 8 at top-8) the streams
       python3 -m bench.kernels.moe_block ${MOE_KERNELS_ARGS:-} 2>&1 | tee "$OUT/moe_kernels.log";;
     moe-gemv)  # issue 17's MoE lever (session 27): kernels/moe_gemv.py's streams; the MoE GPU tests, the block alone at
-      # batch 1-8 (sort + grouped GEMMs beside the streams), then qwen3-30b-a3b's step at batch 1 / 8 without and with
-      # BLINK_MOE_GEMV=64
+      # batch 1-8 (sort + grouped GEMMs beside the streams), then qwen3-30b-a3b's step at batch 1 / 8 without, with
+      # BLINK_MOE_GEMV=64 but the norm left apart (BLINK_MOE_NORMED=0), and with both
       python3 -m pytest -q tests/kernels/test_moe_gemv.py tests/model/test_moe_phi_gpu.py -k "not hf" 2>&1 \
         | tee "$OUT/moe_gemv_tests.log" | tail -8
       python3 -m bench.kernels.moe_block --batches 1,2,4,8,16 2>&1 | tee "$OUT/moe_gemv_block.log"
-      for pairs in 0 64; do
-        BLINK_MOE_GEMV=$pairs python3 -m blink.bench.step step --presets qwen3-30b-a3b --batches 1,8 \
-          --result-json "$OUT/moe_gemv_step_$pairs.json" 2>&1 | tee "$OUT/moe_gemv_step_$pairs.log"
+      for run in 0:1 64:0 64:1; do
+        IFS=: read -r pairs normed <<< "$run"
+        BLINK_MOE_GEMV=$pairs BLINK_MOE_NORMED=$normed python3 -m blink.bench.step step --presets qwen3-30b-a3b \
+          --batches 1,8 --result-json "$OUT/moe_gemv_step_${pairs}_$normed.json" 2>&1 \
+          | tee "$OUT/moe_gemv_step_${pairs}_$normed.log"
       done;;
     moe-step) python3 -m blink.bench.step step --presets qwen3-30b-a3b,phi-4 --batches 1,8,32,128 \
         --result-json "$OUT/moe_step.json" 2>&1 | tee "$OUT/moe_step.log";;
