@@ -65,6 +65,13 @@ def _last_wave_fill(programs: int) -> float:
     return programs / (triton.cdiv(programs, slots) * slots)
 
 
+def widest_filling(widths: tuple[int, ...], programs_of) -> int:
+    """The first width (rows a one-row program) whose programs_of(width) programs fill the last wave to >= 90% (a
+    part-empty last wave leaves HBM idle), else the best-filling one."""
+    full = [bn for bn in widths if _last_wave_fill(programs_of(bn)) >= 0.9]
+    return full[0] if full else max(widths, key=lambda bn: _last_wave_fill(programs_of(bn)))
+
+
 def default_config(n: int, k: int, m: int = 1, prologue: str = "none", epilogue: str = "none") -> GemvConfig:
     """One row: W tiles of 4096 elements (8 KB in bf16), 4 x 1024 first (one W row per warp, so the reduction
     over K stays inside a warp: 64 registers, ptxas); the first width whose programs fill the last wave to
@@ -87,8 +94,7 @@ def default_config(n: int, k: int, m: int = 1, prologue: str = "none", epilogue:
             return GemvConfig(block_n=64, block_k=128 if m <= 16 else 64, num_stages=4, dot=True)
         return GemvConfig(block_n=32, block_k=512 if m <= 32 else 256, num_stages=3, dot=True)
     widths = (8, 16) if prologue == "silu_mul" else (4, 8, 2)
-    full = [bn for bn in widths if _last_wave_fill(triton.cdiv(n, bn)) >= 0.9]
-    block_n = full[0] if full else max(widths, key=lambda bn: _last_wave_fill(triton.cdiv(n, bn)))
+    block_n = widest_filling(widths, lambda bn: triton.cdiv(n, bn))
     return GemvConfig(block_n=block_n, block_k=max(16, min(4096 // block_n, triton.next_power_of_2(k))))
 
 

@@ -23,9 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
+from blink.kernels.gemv import widest_filling
+
 MAX_PAIRS = 64  # batch 8 at top-8: one pair in two experts (128); more pairs share experts and want the GEMM
 _TILE = 4096  # W elements a program loads a step per weight (8 KB in bf16), as gemv.py's one-row tiles
-_SLOTS = 4 * 132  # one-row programs resident on an H200 (gemv.py's estimate), for the last wave's fill
 
 
 @dataclass(frozen=True)
@@ -36,16 +37,10 @@ class MoeGemvConfig:
     num_stages: int = 2
 
 
-def _fill(programs: int) -> float:
-    return programs / (triton.cdiv(programs, _SLOTS) * _SLOTS)
-
-
 def default_config(rows_per_item: int, k: int, items: int) -> MoeGemvConfig:
-    """The widest program (fewest, longest streams) whose last wave is >= 90% full, else the best-filling one, over
-    `items` x rows_per_item / BLOCK_N programs; K tiles of _TILE / BLOCK_N, at most K rounded up."""
-    widths = (4, 8, 16, 2)
-    full = [bn for bn in widths if _fill(items * triton.cdiv(rows_per_item, bn)) >= 0.9]
-    block_n = full[0] if full else max(widths, key=lambda bn: _fill(items * triton.cdiv(rows_per_item, bn)))
+    """gemv.py's width rule (widest_filling) over `items` x rows_per_item / BLOCK_N programs; K tiles of
+    _TILE / BLOCK_N, at most K rounded up."""
+    block_n = widest_filling((4, 8, 16, 2), lambda bn: items * triton.cdiv(rows_per_item, bn))
     return MoeGemvConfig(block_n, max(16, min(_TILE // block_n, triton.next_power_of_2(k))))
 
 

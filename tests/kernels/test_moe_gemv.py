@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 
-from blink.kernels import moe, moe_gemv
+from blink.kernels import gemv, moe, moe_gemv
 from blink.kernels.moe_gemv import MAX_PAIRS, MoeGemvConfig, default_config, experts_gemv_triton
 from blink.model import fusion
 from blink.model.weights import load_model
@@ -131,7 +131,7 @@ def test_default_config_fills_the_last_wave():
     for cfg, rows, items in ((up, 768, 8), (down, 2048, 1)):
         programs = items * -(-rows // cfg.block_n)
         assert programs % (4 * 132) == 0 or programs / (-(-programs // (4 * 132)) * 4 * 132) >= 0.9 or \
-            cfg.block_n == max((4, 8, 16, 2), key=lambda bn: moe_gemv._fill(items * -(-rows // bn)))
+            cfg.block_n == max((4, 8, 16, 2), key=lambda bn: gemv._last_wave_fill(items * -(-rows // bn)))
         assert cfg.block_n * cfg.block_k <= 4096 and cfg.block_k >= 16
 
 
