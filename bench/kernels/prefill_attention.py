@@ -152,7 +152,7 @@ def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int,
         err_ref = "" if ref is None else f"ref {sk.rel_err(out, ref):.1e}"
         us = sk.graph_time_us([lambda kv=kv, run=run: run(kv) for kv in caches])
         plan = launch_plan(tokens, 1, hq, hkv, head_dim, tables.shape[1] * block_size, tuning)
-        ws = tuning.prefill_ws and ws_chunk_runs(q, caches[0][0]) and plan.num_splits == 1
+        ws = plan.ws_chunk and ws_chunk_runs(q, caches[0][0])
         tflops, rows = flops / us / 1e6, WS_BLOCK_Q if ws else plan.block_q * triton.next_power_of_2(hq // hkv)
         print(f"  {name:<24} {us:10.1f} us {tflops:6.0f} TFLOP/s {tflops / PEAK_TFLOPS:5.1%} of peak  "
               f"err {sk.rel_err(out, baseline):.1e} {err_ref:<12} rows {rows} n{plan.block_n} w{plan.num_warps}"

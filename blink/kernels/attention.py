@@ -8,10 +8,10 @@ query_start_loc[S]) are zero in the reference and unspecified in the Triton vers
 
 Triton design: a program owns one KV head and a tile of BLOCK_Q query tokens x all GROUP query heads that
 share that KV head (BLOCK_M = BLOCK_Q * GROUP rows), so each KV tile is loaded once per group. Sequence s
-owns program tiles starting at s + (query_start_loc[s] - s) // BLOCK_Q (_first_tile: every sequence's first
-tile, then one more per BLOCK_Q of the tokens beyond one a sequence); that bound needs no data, so the grid is
-(S + (T - S) // BLOCK_Q, Hkv, splits): a pure decode step has no empty program, and programs past a sequence's
-queries exit at once. With splits > 1
+owns program tiles starting at s + (query_start_loc[s] - s) // BLOCK_Q (attention_plan.py's tile map: every
+sequence's first tile, then one more per BLOCK_Q of the tokens beyond one a sequence); that needs no data, so the
+grid is (S + (T - S) // BLOCK_Q, Hkv, splits): a pure decode step has no empty program, and programs past a
+sequence's queries exit at once. With splits > 1
 (small batches, flash-decoding) each program covers a slice of the KV range and a second kernel (opt-in: the
 tile's last split to finish) merges the partial results by their log-sum-exp (attention_merge.py). Tiles that
 may carry a prefill chunk (CAUSAL_SPLIT) run the KV tiles that all their rows see whole without the causal
@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from blink.kernels.attention_merge import NO_TILES, _merge_tile_if_last, merge_chunk, merge_splits
-from blink.kernels.attention_plan import AttentionTuning, launch_plan
+from blink.kernels.attention_plan import AttentionTuning, first_tile, launch_plan, tile_sequence
 from blink.kernels.attention_tile import _attend_kv_tile, _warm_kv_tile
 from blink.kernels.attention_ws import ws_chunk_attention, ws_chunk_runs
 from blink.kernels.pdl import pdl_for, pdl_wait
@@ -78,14 +78,6 @@ def paged_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
         probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, values).to(q.dtype)
     return out
-
-
-@triton.jit
-def _first_tile(q_start, seq, BLOCK_Q: tl.constexpr):
-    """Sequence seq's first query tile: one tile a sequence, plus one per BLOCK_Q tokens beyond one a sequence
-    before it (padding sequences, with no tokens, may take the count below zero: clamped, it stays monotone).
-    The grid's tiles, S + (T - S) // BLOCK_Q, cover any step of T tokens over S sequences (attention_plan.py)."""
-    return seq + tl.maximum(q_start - seq, 0) // BLOCK_Q
 
 
 @triton.jit
@@ -140,18 +132,11 @@ def _paged_attention_kernel(
         # causal tail does not run alone at the end (the GPU starts programs in order of program_id(0)).
         tile = tl.num_programs(0) - 1 - tile
 
-    # Which sequence owns this tile: the last s whose first tile index is <= tile.
-    if BLOCK_S == 1:
-        seq = tile * 0  # one sequence: skip a dependent load (batch-1 decode is latency-bound)
-    else:
-        seq_ids = tl.arange(0, BLOCK_S)
-        seq_starts = tl.load(query_start_loc_ptr + seq_ids, mask=seq_ids < num_seqs, other=0)
-        first_tiles = tl.where(seq_ids < num_seqs, _first_tile(seq_starts, seq_ids, BLOCK_Q), 2147483647)
-        seq = tl.sum((first_tiles <= tile).to(tl.int32)) - 1
+    seq = tile_sequence(tile, query_start_loc_ptr, num_seqs, BLOCK_Q, BLOCK_S)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)  # issued with the loads above, not after the branch below
-    q_first = (tile - _first_tile(q_start, seq, BLOCK_Q)) * BLOCK_Q  # first query of this tile within the seq
+    q_first = (tile - first_tile(q_start, seq, BLOCK_Q)) * BLOCK_Q  # first query of this tile within the seq
     context = seq_len - q_len
     if EARLY_TABLE:  # the block table and the KV below `context` predate the graph's kernels too (pdl.py)
         _warm_first_kv_tile(seq, seq_len, q_len, q_first, split, block_tables_ptr, stride_bt, k_cache_ptr, v_cache_ptr,
@@ -246,9 +231,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     plan = launch_plan(num_tokens, num_seqs, num_q_heads, num_kv_heads, head_dim,
                        block_tables.shape[1] * block_size, tuning, num_splits)
     num_splits = plan.num_splits
-    # The big chunk tiles' buckets, unsplit, on Hopper with whole-tile KV blocks (attention_ws.py; off by default)
-    if (tuning.prefill_ws and num_splits == 1 and num_seqs < num_tokens and num_tokens >= tuning.prefill_min_tokens
-            and ws_chunk_runs(q, k_cache)):
+    if plan.ws_chunk and ws_chunk_runs(q, k_cache):  # on Hopper, with whole-tile KV blocks (attention_ws.py)
         return ws_chunk_attention(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale,
                                   num_stages=tuning.prefill_ws_stages, mask_v_tail=tuning.prefill_ws_mask_v)
     block_d = triton.next_power_of_2(head_dim)

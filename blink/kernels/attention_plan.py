@@ -9,8 +9,38 @@ import os
 from dataclasses import dataclass, field
 
 import triton
+import triton.language as tl
 
 _NUM_SMS_H200 = 132  # target for split-KV; over-splitting a smaller GPU is harmless
+
+
+# The tile map, one definition for attention.py's and attention_ws.py's kernels: sequence s's query tiles start at
+# s + (query_start_loc[s] - s) // BLOCK_Q, one tile a sequence plus one per BLOCK_Q tokens beyond one a sequence
+# before it. That needs no data, so S + (T - S) // BLOCK_Q tiles cover any step of T tokens over S sequences
+# (grid_tiles): none empty in pure decode, and tiles past a sequence's queries exit at once.
+def grid_tiles(num_tokens: int, num_seqs: int, block_q: int) -> int:
+    """Query tiles in a grid that covers any composition of num_tokens over num_seqs (first_tile's bound)."""
+    return num_seqs + max(num_tokens - num_seqs, 0) // block_q
+
+
+@triton.jit
+def first_tile(q_start, seq, BLOCK_Q: tl.constexpr):
+    """Sequence seq's first query tile (padding sequences, with no tokens, may take the count below zero: clamped,
+    it stays monotone)."""
+    return seq + tl.maximum(q_start - seq, 0) // BLOCK_Q
+
+
+@triton.jit
+def tile_sequence(tile, query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The sequence that owns query tile `tile`: the last s whose first tile is <= tile."""
+    if BLOCK_S == 1:
+        seq = tile * 0  # one sequence: skip a dependent load (batch-1 decode is latency-bound)
+    else:
+        seq_ids = tl.arange(0, BLOCK_S)
+        starts = tl.load(query_start_loc_ptr + seq_ids, mask=seq_ids < num_seqs, other=0)
+        first_tiles = tl.where(seq_ids < num_seqs, first_tile(starts, seq_ids, BLOCK_Q), 2147483647)
+        seq = tl.sum((first_tiles <= tile).to(tl.int32)) - 1
+    return seq
 
 
 @dataclass(frozen=True)
@@ -148,6 +178,8 @@ class LaunchPlan:
     const_page: bool = False
     maxnreg: int | None = None  # the launch's register cap (decode tiles' decode_maxnreg), None: the compiler's
     early_table: bool = False  # the kernel's EARLY_TABLE (decode tiles' early_table)
+    # attention_ws.py's kernel instead (prefill_ws on, big chunk tiles, unsplit), where ws_chunk_runs takes the tensors
+    ws_chunk: bool = False
 
     def page(self, block_size: int) -> int:
         """The kernel's PAGE: the KV block size where it is compiled in (a power of two dividing the KV tile), or 0."""
@@ -186,10 +218,9 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
     block_m = max(16, group_pad, rows)  # tl.dot needs M >= 16
     block_q = block_m // group_pad
     max_splits = tuning.max_splits
-    # attention.py's _first_tile: a sequence's tiles start one after the last one's, plus one per block_q tokens
-    # beyond one a sequence, so S + (T - S) // block_q tiles cover any composition (none empty in pure decode; the
-    # data-free bound before, T // block_q + S, left 2 of 10 tiles empty at batch 8: perf.md session 22).
-    num_tiles = num_seqs + max(num_tokens - num_seqs, 0) // block_q
+    # the tile map's bound (the data-free bound before, T // block_q + S, left 2 of 10 tiles empty at batch 8:
+    # perf.md session 22)
+    num_tiles = grid_tiles(num_tokens, num_seqs, block_q)
     # Tiles with work, in the composition that needs the splits most: a decode bucket's rows may each be
     # a sequence (one tile per token); a bucket that carries a chunk may hold that one chunk, whose tiles are
     # all the work (its padding tiles exit at once). Counting those padding tiles left (128, 64) unsplit:
@@ -220,4 +251,5 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
                       scale_in_exp2, tuning.prefill_lazy_rescale if chunk else 0.0,
                       tuning.prefill_const_page if chunk else (tuning.decode_const_page
                                                                 or (small_grid and tuning.small_grid_const_page)),
-                      None if chunk else tuning.decode_maxnreg, tuning.early_table and not chunk)
+                      None if chunk else tuning.decode_maxnreg, tuning.early_table and not chunk,
+                      tuning.prefill_ws and big and num_splits == 1)

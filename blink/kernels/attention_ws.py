@@ -26,8 +26,9 @@ into a block would leave it to the next sequence that takes the block (attention
 (V through registers: 229 KB of shared memory and 220 bytes of spills at 128 x 128, ptxas).
 
 The grid is (Hq, query tiles): the heads of one tile run side by side (their K/V in the L2), heaviest tiles first
-(attention.py's CAUSAL_SPLIT order), and the tile -> sequence map is attention.py's. Not timed on a GPU yet
-(perf.md has the prediction); off unless AttentionTuning.prefill_ws (BLINK_PREFILL_WS=1) and the block size fit.
+(attention.py's CAUSAL_SPLIT order), and the tile -> sequence map is attention_plan.py's, as attention.py's. Not
+timed on a GPU yet (perf.md has the prediction); off unless AttentionTuning.prefill_ws (BLINK_PREFILL_WS=1) and the
+block size fit.
 """
 from __future__ import annotations
 
@@ -36,20 +37,11 @@ import triton
 import triton.language as tl
 
 from blink.kernels.attention_merge import NO_TILES
+from blink.kernels.attention_plan import first_tile, grid_tiles, tile_sequence
 
 WS_BLOCK_Q = 128  # query rows a program: two consumer warp groups of 64
 WS_HEAD_DIMS = (64, 128)
 WS_BLOCK_SIZES = (64, 128)
-
-
-@triton.jit
-def _ws_sequence(tile, query_start_loc_ptr, num_seqs, BLOCK_Q: tl.constexpr, BLOCK_S: tl.constexpr):
-    """attention.py's map: the last sequence whose first tile (one a sequence plus one per BLOCK_Q tokens beyond
-    one a sequence before it) is <= tile."""
-    seq_ids = tl.arange(0, BLOCK_S)
-    starts = tl.load(query_start_loc_ptr + seq_ids, mask=seq_ids < num_seqs, other=0)
-    first_tiles = tl.where(seq_ids < num_seqs, seq_ids + tl.maximum(starts - seq_ids, 0) // BLOCK_Q, 2147483647)
-    return tl.sum((first_tiles <= tile).to(tl.int32)) - 1
 
 
 @triton.jit
@@ -60,12 +52,11 @@ def _ws_chunk_kernel(q_desc, k_desc, v_desc, out_ptr, query_start_loc_ptr, seq_l
     head = tl.program_id(0)
     tile = tl.num_programs(1) - 1 - tl.program_id(1)  # heaviest first, as attention.py's CAUSAL_SPLIT
     kv_head = head // GROUP
-    seq = _ws_sequence(tile, query_start_loc_ptr, num_seqs, BLOCK_Q, BLOCK_S)
+    seq = tile_sequence(tile, query_start_loc_ptr, num_seqs, BLOCK_Q, BLOCK_S)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     seq_len = tl.load(seq_lens_ptr + seq)
-    first_tile = seq + tl.maximum(q_start - seq, 0) // BLOCK_Q
-    q_first = (tile - first_tile) * BLOCK_Q
+    q_first = (tile - first_tile(q_start, seq, BLOCK_Q)) * BLOCK_Q
     context = seq_len - q_len
     # A tile past its sequence's queries runs no KV tile (a branch around the loop would stop the pass) and
     # stores nothing.
@@ -123,11 +114,6 @@ def ws_chunk_runs(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return q.device.type == "cpu" and ws_chunk_fits(q, k_cache)
 
 
-def ws_chunk_grid(num_tokens: int, num_seqs: int) -> int:
-    """Query tiles in the grid: attention.py's S + (T - S) // BLOCK_Q bound (no data needed)."""
-    return num_seqs + max(num_tokens - num_seqs, 0) // WS_BLOCK_Q
-
-
 def ws_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
                        seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                        warp_specialize: bool = True, num_stages: int = 2, mask_v_tail: bool = False) -> torch.Tensor:
@@ -143,7 +129,7 @@ def ws_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     kv_box = [1, block_size, 1, head_dim]
     k_desc = TensorDescriptor.from_tensor(k_cache, kv_box)
     v_desc = TensorDescriptor.from_tensor(v_cache, kv_box)
-    grid = (num_q_heads, ws_chunk_grid(num_tokens, num_seqs))
+    grid = (num_q_heads, grid_tiles(num_tokens, num_seqs, WS_BLOCK_Q))
     _ws_chunk_kernel[grid](q_desc, k_desc, v_desc, out, query_start_loc, seq_lens, block_tables,
                            scale * 1.4426950408889634, out.stride(0), out.stride(1), block_tables.stride(0), num_seqs,
                            GROUP=num_q_heads // num_kv_heads, BLOCK_Q=WS_BLOCK_Q, BLOCK_N=block_size, D=head_dim,

@@ -58,7 +58,7 @@ def test_triton_matches_reference(q_lens, seq_lens, heads, head_dim, block_size,
     ([5, 2, 1], 0, 3),  # padding tokens beyond the sequences' (the next bucket up)
 ])
 def test_the_grid_takes_one_tile_a_sequence_plus_one_per_block_of_extra_tokens(q_lens, pad_seqs, pad_tokens):
-    """The tile map (attention.py _first_tile) at the bound of its grid: every composition of T tokens over S
+    """The tile map (attention_plan.py's first_tile) at the bound of its grid: every composition of T tokens over S
     sequences fits S + (T - S) // BLOCK_Q tiles, and a pure decode bucket has no empty program."""
     batch = make_paged_batch(q_lens, [q + 9 for q in q_lens], 8, 1, head_dim=32, block_size=4, pad_seqs=pad_seqs,
                              pad_tokens=pad_tokens)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from blink.kernels import attention
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
-from blink.kernels.attention_plan import AttentionTuning
+from blink.kernels.attention_plan import AttentionTuning, launch_plan
 from blink.kernels.attention_ws import WS_BLOCK_Q, ws_chunk_attention, ws_chunk_fits
 from tests.kernels.paged_batch import make_paged_batch, naive_attention
 from tests.kernels.sm90 import run_uninterpreted
@@ -114,7 +114,8 @@ def test_paged_attention_sends_big_chunk_steps_to_it(monkeypatch):
     out = paged_attention_triton(*_args(batch), tuning=on)
     assert calls == [1]
     torch.testing.assert_close(out[:n], paged_attention_ref(*_args(batch))[:n], **HALF_TOL)
-    # not: off, a bucket below prefill_min_tokens, a pure decode step, a 16-token block, fp32
+    # not: split KV, off, a bucket below prefill_min_tokens, a pure decode step, a 16-token block, fp32
+    paged_attention_triton(*_args(batch), num_splits=2, tuning=on)
     paged_attention_triton(*_args(batch), tuning=AttentionTuning(prefill_ws=False, prefill_min_tokens=64))
     paged_attention_triton(*_args(batch), tuning=AttentionTuning(prefill_ws=True))
     decode = make_paged_batch([1, 1], [70, 130], 8, 2, head_dim=64, block_size=64, dtype=torch.float16)
@@ -123,6 +124,15 @@ def test_paged_attention_sends_big_chunk_steps_to_it(monkeypatch):
     fp32 = make_paged_batch(Q_LENS, SEQ_LENS, 8, 2, head_dim=64, block_size=64)
     paged_attention_triton(*_args(fp32), tuning=on)
     assert calls == [1]
+
+
+def test_the_launch_plan_marks_big_unsplit_chunk_tiles_only():
+    on = AttentionTuning(prefill_ws=True)
+    assert launch_plan(4096, 2, 32, 8, 128, 8192, on).ws_chunk
+    assert not launch_plan(4096, 2, 32, 8, 128, 8192, on, num_splits=2).ws_chunk
+    assert not launch_plan(1024, 2, 32, 8, 128, 8192, on).ws_chunk  # below prefill_min_tokens
+    assert not launch_plan(64, 64, 32, 8, 128, 8192, on).ws_chunk  # a pure decode bucket
+    assert not launch_plan(4096, 2, 32, 8, 128, 8192, AttentionTuning(prefill_ws=False)).ws_chunk
 
 
 def test_the_environment_turns_the_default_on(monkeypatch):
