@@ -23,7 +23,10 @@ through registers), so the keys past a sequence's end in its last block enter th
 cache starts zeroed and holds only values the model wrote, so 0 * v = 0 there; a model that once wrote inf or NaN
 into a block would leave it to the next sequence that takes the block (attention.py masks those loads). MASK_V_TAIL
 (AttentionTuning.prefill_ws_mask_v) zeroes those rows as attention.py does, at a price the GPU has not measured
-(V through registers: 229 KB of shared memory and 220 bytes of spills at 128 x 128, ptxas).
+(V through registers: 229 KB of shared memory and 220 bytes of spills at 128 x 128, ptxas). FlashAttention-3 and
+-4 load V by TMA the same way and have the same property (Dao-AILab/flash-attention issue 2374, open); vLLM's answer
+is to zero blocks as they are allocated. A free alternative here: the KV write zeroes a block's V rows past the
+step's last token when the step enters the block (one block's zeros per block filled), so a tail is never stale.
 
 The grid is (Hq, query tiles): the heads of one tile run side by side (their K/V in the L2), heaviest tiles first
 (attention.py's CAUSAL_SPLIT order), and the tile -> sequence map is attention_plan.py's, as attention.py's. Not
