@@ -182,8 +182,9 @@ class LaunchPlan:
     ws_chunk: bool = False
 
     def page(self, block_size: int) -> int:
-        """The kernel's PAGE: the KV block size where it is compiled in (a power of two dividing the KV tile), or 0."""
-        fits = block_size & (block_size - 1) == 0 and self.block_n % block_size == 0
+        """The kernel's PAGE: the KV block size where it is compiled in (a power of two dividing the KV tile or a
+        multiple of it), or 0."""
+        fits = block_size & (block_size - 1) == 0 and (self.block_n % block_size == 0 or block_size % self.block_n == 0)
         return block_size if self.const_page and fits else 0
 
     def splits_with_work(self, kv_len: int) -> int:

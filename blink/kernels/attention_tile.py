@@ -10,6 +10,7 @@ code is unchanged:
   below 2^threshold. Exact in math: the final division uses the same maximum as the sums.
 - PAGE > 0 (_kv_offsets): the KV block size as a constexpr. With a runtime block size the paged gather's
   address math (a signed division and remainder per key, 64-bit products) was about a third of the loop's SASS.
+  A block of whole tiles (64 or 128 tokens, 32-key decode tiles) takes one table entry a tile.
 - EARLY_TABLE (_warm_kv_tile, decode tiles): before the PDL wait, the first KV tile's block-table entries for the
   cached positions (below `context`: what earlier steps wrote), and, compiled (PREFETCH_KV), an L2 prefetch of those
   positions' K and V lines, so that the loop's prologue finds both on chip. Loads only, results unchanged.
@@ -31,9 +32,18 @@ def _kv_offsets(kv_tile, kv_end, table_row, kv_head, block_size, stride_cb, stri
                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PAGE: tl.constexpr):
     """(positions, which are < kv_end, cache offsets) of a KV tile's keys: one block-table entry per key.
     PAGE > 0: the block size as a constexpr that divides BLOCK_N, so each key's table index is the tile's first
-    plus a constant and its place in the block a constant (no division by a runtime block size in the loop)."""
+    plus a constant and its place in the block a constant (no division by a runtime block size in the loop); or
+    a multiple of BLOCK_N, so the tile lies in one block: one table entry for the tile, its keys in a row."""
     k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     k_valid = k_pos < kv_end
+    if PAGE >= BLOCK_N:
+        first = kv_tile * BLOCK_N
+        if MASKED:  # a tile past kv_end (a split with no work) reads entry 0: its keys are all invalid
+            block = tl.load(table_row + first // PAGE, mask=first < kv_end, other=0).to(tl.int64)
+        else:
+            block = tl.load(table_row + first // PAGE).to(tl.int64)
+        return k_pos, k_valid, block * stride_cb + (first % PAGE + tl.arange(0, BLOCK_N)) * stride_co \
+            + kv_head * stride_ch
     if PAGE > 0:
         entry = kv_tile * (BLOCK_N // PAGE) + tl.arange(0, BLOCK_N) // PAGE
     else:

@@ -52,13 +52,34 @@ def test_prefill_variants_with_kv_splits(variant):
     torch.testing.assert_close(out[:46], expected[:46], atol=2e-5, rtol=2e-5)
 
 
-def test_a_block_size_that_does_not_divide_the_kv_tile_stays_a_runtime_value():
-    batch = make_paged_batch([30], [75], 8, 2, head_dim=32, block_size=32, pad_tokens=1)
+@pytest.mark.parametrize("block_size", [32, 64, 12])
+def test_a_block_of_whole_kv_tiles_compiles_in_too_and_any_other_stays_a_runtime_value(block_size):
+    """16-key tiles: blocks of 32 / 64 keys hold whole tiles (one table entry a tile), 12 is no power of two."""
+    batch = make_paged_batch([30], [75], 8, 2, head_dim=32, block_size=block_size, pad_tokens=1)
     tuning = AttentionTuning(prefill_block_m=32, prefill_block_n=16, prefill_min_tokens=0, **VARIANTS["page"])
-    plan = launch_plan(31, 1, 8, 2, 32, 96, tuning)
-    assert plan.page(32) == 0 and plan.page(16) == 16 and plan.page(8) == 8 and plan.page(12) == 0
-    torch.testing.assert_close(_run(paged_attention_triton, batch, 0.2, tuning=tuning)[:30],
-                               _run(paged_attention_ref, batch, 0.2)[:30], atol=2e-5, rtol=2e-5)
+    plan = launch_plan(31, 1, 8, 2, 32, 128, tuning)
+    assert plan.page(32) == 32 and plan.page(64) == 64 and plan.page(16) == 16 and plan.page(8) == 8
+    assert plan.page(12) == 0 and plan.page(48) == 0
+    out = _run(paged_attention_triton, batch, 0.2, tuning=tuning)
+    torch.testing.assert_close(out[:30], _run(paged_attention_ref, batch, 0.2)[:30], atol=2e-5, rtol=2e-5)
+    runtime = _run(paged_attention_triton, batch, 0.2, tuning=AttentionTuning(
+        prefill_block_m=32, prefill_block_n=16, prefill_min_tokens=0, prefill_const_page=False))
+    torch.testing.assert_close(out[:30], runtime[:30], atol=0, rtol=0)  # the same keys, the same arithmetic
+
+
+@pytest.mark.parametrize("num_splits", [None, 4])
+def test_the_batch_1_grid_reads_a_64_token_block_a_tile_at_a_time(num_splits):
+    """Decode's batch-1 grid (32-key tiles, block size compiled in) over 64-token blocks: KV splits that start past
+    the sequence's keys and a masked last tile; bit-equal to the runtime block size."""
+    batch = make_paged_batch([1], [300], 8, 2, head_dim=32, block_size=64)
+    on = AttentionTuning(block_n=32, small_grid_programs=8)
+    plan = launch_plan(1, 1, 8, 2, 32, batch.block_tables.shape[1] * 64, on, num_splits)
+    assert plan.page(64) == 64
+    out = _run(paged_attention_triton, batch, 0.2, tuning=on, num_splits=num_splits)
+    torch.testing.assert_close(out[:1], _run(paged_attention_ref, batch, 0.2)[:1], atol=2e-5, rtol=2e-5)
+    off = AttentionTuning(block_n=32, small_grid_programs=8, small_grid_const_page=False)
+    torch.testing.assert_close(out[:1], _run(paged_attention_triton, batch, 0.2, tuning=off, num_splits=num_splits)[:1],
+                               atol=0, rtol=0)
 
 
 def test_prefill_variants_leave_decode_tiles_alone():

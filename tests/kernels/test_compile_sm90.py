@@ -76,11 +76,14 @@ def _compile_all() -> None:
                                     NUM_SPLITS=splits, PRECISION="tf32", CAUSAL_SPLIT=False,
                                     SPLIT_MIN_TILES=min_tiles, **dict(off, MERGE_CHUNK=merge_chunk(splits, 4, 128))),
                                num_warps=4, num_stages=2, pdl=True))
-    # Session 18's opt-in decode variants: the KV block size compiled in, and with it the scale in exp2
-    for loop in (dict(off, PAGE=16), dict(off, PAGE=16, SCALE_IN_EXP2=True)):
+    # Session 18's opt-in decode variants: the KV block size compiled in, and with it the scale in exp2; a block of
+    # whole tiles (64 / 128 tokens: one table entry a tile) at batch 1's 32-key tiles
+    for block_n, loop in ((64, dict(off, PAGE=16)), (64, dict(off, PAGE=16, SCALE_IN_EXP2=True)),
+                          (32, dict(off, PAGE=128)), (64, dict(off, PAGE=64))):
         check(attention._paged_attention_kernel, attention_ptrs,
-              dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=4, BLOCK_N=64, BLOCK_D=128, BLOCK_S=8, NUM_SPLITS=4, PRECISION="tf32",
-                   CAUSAL_SPLIT=False, SPLIT_MIN_TILES=0, **loop), num_warps=4, num_stages=2, pdl=True)
+              dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=4, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=8, NUM_SPLITS=4,
+                   PRECISION="tf32", CAUSAL_SPLIT=False, SPLIT_MIN_TILES=0, **loop),
+              num_warps=4, num_stages=2, pdl=True)
     # Chunk tiles with the causal split (unmasked loop, then the diagonal): today's 64 rows, the sweep's 128 rows, and
     # session 17's variants (deeper pipelines: K/V 2-3 tiles ahead in up to 225 KB; the scale in exp2; lazy rescaling;
     # the KV block size compiled in)
