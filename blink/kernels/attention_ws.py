@@ -30,8 +30,8 @@ step's last token when the step enters the block (one block's zeros per block fi
 
 The grid is (Hq, query tiles): the heads of one tile run side by side (their K/V in the L2), heaviest tiles first
 (attention.py's CAUSAL_SPLIT order), and the tile -> sequence map is attention_plan.py's, as attention.py's. Not
-timed on a GPU yet (perf.md has the prediction); off unless AttentionTuning.prefill_ws (BLINK_PREFILL_WS=1) and the
-block size fit.
+timed: on the H200 the specialised launch deadlocks (WS_DEADLOCK below), so a GPU refuses it; off unless
+AttentionTuning.prefill_ws (BLINK_PREFILL_WS=1) and the block size fit.
 """
 from __future__ import annotations
 
@@ -43,6 +43,11 @@ from blink.kernels.attention_merge import NO_TILES
 from blink.kernels.attention_plan import first_tile, grid_tiles, tile_sequence
 
 WS_BLOCK_Q = 128  # query rows a program: two consumer warp groups of 64
+# On the H200 (2026-12-05, session 28, Triton 3.6, perf.md) the specialised kernel never finished: a 256-token prompt,
+# 200 tokens, a chunk after 512 cached and a mixed step all hung at 1 or 2 stages, while the same kernel unspecialised
+# returned the reference's output. The specialised launch is refused on a GPU until that is understood.
+WS_DEADLOCK = ("attention_ws: Triton 3.6's warp-specialised kernel deadlocked on the H200 in every shape tried "
+               "(perf.md, session 28); unset BLINK_PREFILL_WS")
 WS_HEAD_DIMS = (64, 128)
 WS_BLOCK_SIZES = (64, 128)
 
@@ -123,6 +128,8 @@ def ws_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     """paged_attention's result for a step that ws_chunk_fits (rows of padding tokens unspecified, as there)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
+    if q.is_cuda and warp_specialize:
+        raise RuntimeError(WS_DEADLOCK)
     assert ws_chunk_fits(q, k_cache) and v_cache.stride() == k_cache.stride() and block_tables.stride(-1) == 1
     num_tokens, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]

@@ -12,8 +12,9 @@ up to 16 rows (DEFAULT_MAX_M). On the H200 with llama3-8b: at one row it cut the
 (perf.md, 2026-12-02); at 2-16 rows the tensor-core kernel with the one-pass norm and the SiLU-mul epilogue
 (gemv_rows.py) cut the step at batch 8 / 16 by 2.3% / 4.9% (4.979 -> 4.866, 5.500 -> 5.229 ms; perf.md, session
 17); at 32 rows it lost 5.6%. A sharded model (tensor parallel) defaults to none: the TP suite has not run with
-the GEMV on two GPUs. MoE blocks keep their own kernels. BLINK_QKV_ROPE=1 moves RoPE and the KV write into qkv's
-GEMV (one row: gemv.py's loop; more: gemv_rows'; models without a per-head q/k norm; off until a GPU has timed it).
+the GEMV on two GPUs. MoE blocks keep their own kernels. RoPE and the KV write run in qkv's GEMV (one row: gemv.py's
+loop; more: gemv_rows'; models without a per-head q/k norm) unless BLINK_QKV_ROPE=0: on the H200 (perf.md, session 28)
+llama3-8b's step went 4.148 -> 4.082 ms at batch 1 and 4.736 -> 4.697 at batch 8 (medians of 3 interleaved rounds).
 BLINK_MOE_GEMV=N runs a MoE block's experts as two weight streams (kernels/moe_gemv.py) in steps of up to N (token,
 expert) pairs (N <= 64; 8 is batch 1 at top-8), instead of the sort and the grouped GEMMs; off (0) until timed. At one
 row it folds the post-attention norm into the block too (kernels/moe.py's normed_block_triton) unless
@@ -70,12 +71,11 @@ class FusionPolicy:
 
 
 def policy_from_env(tp_size: int = 1) -> FusionPolicy:
-    """BLINK_GEMV, BLINK_GEMV_MAX_M, BLINK_QKV_ROPE=1 and BLINK_MOE_GEMV=N (both off by default: not yet timed on a
-    GPU)."""
+    """BLINK_GEMV, BLINK_GEMV_MAX_M, BLINK_QKV_ROPE (on unless 0) and BLINK_MOE_GEMV=N (off by default)."""
     default = ("all", DEFAULT_MAX_M) if tp_size == 1 else ("", MAX_M)
     policy = FusionPolicy.parse(os.environ.get("BLINK_GEMV", default[0]),
                                 os.environ.get("BLINK_GEMV_MAX_M", default[1]))
-    rope = os.environ.get("BLINK_QKV_ROPE", "0")
+    rope = os.environ.get("BLINK_QKV_ROPE", "1")
     if rope not in ("0", "1"):
         raise ValueError(f"BLINK_QKV_ROPE must be 0 or 1, got {rope!r}")
     pairs = os.environ.get("BLINK_MOE_GEMV", "0")

@@ -203,7 +203,10 @@ def test_gpu_real_shapes_bf16(monkeypatch):
                              device="cuda", pad_tokens=5)
     n = batch.num_real_tokens
     args = _args(batch, 128**-0.5)
-    out = ws_chunk_attention(*args)
+    # session 28: the specialised launch deadlocked on the H200, so it is refused there; unspecialised it runs
+    with pytest.raises(RuntimeError, match="deadlocked"):
+        ws_chunk_attention(*args)
+    out = ws_chunk_attention(*args, warp_specialize=False)
     assert torch.isfinite(out[:n]).all()
     torch.testing.assert_close(out[:n], paged_attention_ref(*args)[:n], atol=2e-2, rtol=2e-2)
     torch.testing.assert_close(out[:n], paged_attention_triton(*args, tuning=AttentionTuning())[:n],
@@ -213,13 +216,13 @@ def test_gpu_real_shapes_bf16(monkeypatch):
     from blink.kernels.attention import default_tuning_switched
 
     calls = _dispatch_counter(monkeypatch)
-    with default_tuning_switched(AttentionTuning(prefill_ws=True)):
-        via_engine = paged_attention(*args)
+    with default_tuning_switched(AttentionTuning(prefill_ws=True)), pytest.raises(RuntimeError, match="deadlocked"):
+        paged_attention(*args)
     assert calls == [1]
-    torch.testing.assert_close(via_engine[:n], out[:n], atol=0, rtol=0)
 
 
 @pytest.mark.gpu
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="WS_DEADLOCK: the specialised launch is refused on GPUs")
 def test_gpu_served_prefill_with_the_kernel(monkeypatch):
     """llama3-8b's shapes cut to 4 layers, 128-token blocks, 2,048-token chunk buckets (captured graphs): prompts of
     1.5k-5k tokens, so most chunks carry a cached prefix. With the kernel on, the graphs take it (it runs at capture)

@@ -218,9 +218,9 @@ def test_rope_in_qkv_setting(monkeypatch):
     from blink.model.fusion import policy_from_env
 
     monkeypatch.delenv("BLINK_QKV_ROPE", raising=False)
+    assert policy_from_env().rope_in_qkv  # the default since session 28
+    monkeypatch.setenv("BLINK_QKV_ROPE", "0")
     assert not policy_from_env().rope_in_qkv
-    monkeypatch.setenv("BLINK_QKV_ROPE", "1")
-    assert policy_from_env().rope_in_qkv
     monkeypatch.setenv("BLINK_QKV_ROPE", "yes")
     with pytest.raises(ValueError, match="BLINK_QKV_ROPE"):
         policy_from_env()
@@ -242,18 +242,20 @@ def test_pdl_only_on_cuda_tensors_when_on():
 
 
 def test_default_policy_is_the_gemv_up_to_16_rows_on_one_rank_only(monkeypatch):
-    """Unset: every projection up to 16 rows on one rank (measured on the H200), none when sharded; set: as given."""
+    """Unset: every projection up to 16 rows on one rank (measured on the H200) with RoPE in qkv, none when sharded;
+    set: as given."""
     from blink.model.fusion import PROJECTIONS, policy_from_env
 
     monkeypatch.delenv("BLINK_GEMV", raising=False)
     monkeypatch.delenv("BLINK_GEMV_MAX_M", raising=False)
-    assert policy_from_env() == FusionPolicy(frozenset(PROJECTIONS), 16)
+    monkeypatch.delenv("BLINK_QKV_ROPE", raising=False)
+    assert policy_from_env() == FusionPolicy(frozenset(PROJECTIONS), 16, rope_in_qkv=True)
     assert policy_from_env(tp_size=2).gemv == frozenset()
     monkeypatch.setenv("BLINK_GEMV", "")
     assert policy_from_env().gemv == frozenset()
     monkeypatch.setenv("BLINK_GEMV", "qkv,o")
     monkeypatch.setenv("BLINK_GEMV_MAX_M", "4")
-    assert policy_from_env() == FusionPolicy(frozenset({"qkv", "o"}), 4)
+    assert policy_from_env() == FusionPolicy(frozenset({"qkv", "o"}), 4, rope_in_qkv=True)
 
 
 def test_pdl_is_on_by_default_the_samplers_for_one_row_and_both_switch_back(monkeypatch):
