@@ -56,7 +56,8 @@ WS_BLOCK_SIZES = (64, 128)
 def _ws_chunk_kernel(q_desc, k_desc, v_desc, out_ptr, query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
                      scale_log2, stride_ot, stride_oh, stride_bt, num_seqs,
                      GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                     BLOCK_S: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, MASK_V_TAIL: tl.constexpr = False):
+                     BLOCK_S: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, MASK_V_TAIL: tl.constexpr = False,
+                     TABLE: tl.constexpr = 0, MAX_BLOCKS: tl.constexpr = 1):
     head = tl.program_id(0)
     tile = tl.num_programs(1) - 1 - tl.program_id(1)  # heaviest first, as attention.py's CAUSAL_SPLIT
     kv_head = head // GROUP
@@ -78,8 +79,21 @@ def _ws_chunk_kernel(q_desc, k_desc, v_desc, out_ptr, query_start_loc_ptr, seq_l
     l_i = tl.zeros([BLOCK_Q], tl.float32)
     acc = tl.zeros([BLOCK_Q, D], tl.float32)
     table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    # How a tile finds its block (TABLE, for session 28's deadlock hunt; WS_TABLE_MODES): 0 a scalar load in the loop,
+    # 1 the first entry plus the tile (contiguous tables only: a diagnostic), 2 the row read before the loop and
+    # selected in registers (no load left in the loop)
+    if TABLE == 1:
+        first_block = tl.load(table_row)
+    if TABLE == 2:
+        entries = tl.arange(0, MAX_BLOCKS)
+        row = tl.load(table_row + entries, mask=entries < num_kv_tiles, other=0)
     for kv_tile in tl.range(0, num_kv_tiles, warp_specialize=WARP_SPECIALIZE):
-        block = tl.load(table_row + kv_tile)
+        if TABLE == 0:
+            block = tl.load(table_row + kv_tile)
+        elif TABLE == 1:
+            block = first_block + kv_tile
+        else:
+            block = tl.sum(tl.where(entries == kv_tile, row, 0))
         k = k_desc.load([block, 0, kv_head, 0]).reshape(BLOCK_N, D)
         scores = tl.dot(q, k.T)
         k_pos = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -126,10 +140,22 @@ def ws_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                        warp_specialize: bool = True, num_stages: int = 2, mask_v_tail: bool = False) -> torch.Tensor:
     """paged_attention's result for a step that ws_chunk_fits (rows of padding tokens unspecified, as there)."""
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
     if q.is_cuda and warp_specialize:
         raise RuntimeError(WS_DEADLOCK)
+    return launch_ws_chunk(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, warp_specialize,
+                           num_stages, mask_v_tail)
+
+
+WS_TABLE_MODES = {"load": 0, "contiguous": 1, "row": 2}  # the kernel's TABLE
+
+
+def launch_ws_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
+                    seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, warp_specialize: bool = True,
+                    num_stages: int = 2, mask_v_tail: bool = False, table: str = "load") -> torch.Tensor:
+    """The launch without ws_chunk_attention's refusal, for the deadlock diagnosis (tools/diag_ws.py) and the tests.
+    table "contiguous" is right only where each sequence's blocks are consecutive."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
     assert ws_chunk_fits(q, k_cache) and v_cache.stride() == k_cache.stride() and block_tables.stride(-1) == 1
     num_tokens, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -144,5 +170,6 @@ def ws_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                            scale * 1.4426950408889634, out.stride(0), out.stride(1), block_tables.stride(0), num_seqs,
                            GROUP=num_q_heads // num_kv_heads, BLOCK_Q=WS_BLOCK_Q, BLOCK_N=block_size, D=head_dim,
                            BLOCK_S=triton.next_power_of_2(num_seqs), WARP_SPECIALIZE=warp_specialize,
-                           MASK_V_TAIL=mask_v_tail, num_warps=4, num_stages=num_stages)
+                           MASK_V_TAIL=mask_v_tail, TABLE=WS_TABLE_MODES[table],
+                           MAX_BLOCKS=triton.next_power_of_2(block_tables.shape[1]), num_warps=4, num_stages=num_stages)
     return out

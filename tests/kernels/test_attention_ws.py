@@ -126,6 +126,27 @@ def test_paged_attention_sends_big_chunk_steps_to_it(monkeypatch):
     assert calls == [1]
 
 
+@pytest.mark.parametrize("table", ["load", "contiguous", "row"])
+def test_every_way_to_find_a_tiles_block_gives_the_reference(table):
+    """tools/diag_ws.py's cases (session 28's deadlock hunt): the table modes on contiguous tables, and the tool's case
+    runner itself."""
+    from blink.kernels.attention_ws import launch_ws_chunk
+    from tools.diag_ws import contiguous
+
+    batch = contiguous(_batch())
+    n = batch.num_real_tokens
+    out = launch_ws_chunk(*_args(batch), table=table)
+    torch.testing.assert_close(out[:n], paged_attention_ref(*_args(batch))[:n], **HALF_TOL)
+    torch.testing.assert_close(out[:n], launch_ws_chunk(*_args(batch))[:n], atol=0, rtol=0)
+
+
+def test_the_diag_tool_reports_a_case(capsys):
+    from tools.diag_ws import run_case
+
+    run_case("mixed", "row", True, 2, "cpu")
+    assert capsys.readouterr().out.startswith("ok maxerr")
+
+
 def test_the_launch_plan_marks_big_unsplit_chunk_tiles_only():
     on = AttentionTuning(prefill_ws=True)
     assert launch_plan(4096, 2, 32, 8, 128, 8192, on).ws_chunk
@@ -149,18 +170,19 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from blink.kernels.attention_ws import _ws_chunk_kernel
 out = []
-for group, block_n, d, ws, stages, *mask in json.loads(sys.argv[1]):
+for group, block_n, d, ws, stages, *extra in json.loads(sys.argv[1]):
+    mask, table = (extra + [False, 0])[:2]
     sig = {"q_desc": f"tensordesc<bf16[128,{d}]>", "k_desc": f"tensordesc<bf16[1,{block_n},1,{d}]>",
            "v_desc": f"tensordesc<bf16[1,{block_n},1,{d}]>", "out_ptr": "*bf16", "query_start_loc_ptr": "*i32",
            "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "scale_log2": "fp32", "stride_ot": "i32",
            "stride_oh": "i32", "stride_bt": "i32", "num_seqs": "i32"}
     constexprs = {"GROUP": group, "BLOCK_Q": 128, "BLOCK_N": block_n, "D": d, "BLOCK_S": 16, "WARP_SPECIALIZE": ws,
-                  "MASK_V_TAIL": bool(mask)}
+                  "MASK_V_TAIL": bool(mask), "TABLE": table, "MAX_BLOCKS": 256}
     sig.update({name: "constexpr" for name in constexprs})
     attrs = {(i,): [["tt.divisibility", 16]] for i in (3, 4, 5, 6, 8, 9, 10)}
     kernel = triton.compile(ASTSource(fn=_ws_chunk_kernel, signature=sig, constexprs=constexprs, attrs=attrs),
                             target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": stages})
-    path = f"{sys.argv[2]}/ws_{group}_{block_n}_{d}_{int(ws)}_{stages}_{int(bool(mask))}.ptx"
+    path = f"{sys.argv[2]}/ws_{group}_{block_n}_{d}_{int(ws)}_{stages}_{int(bool(mask))}_{table}.ptx"
     open(path, "w").write(kernel.asm["ptx"])
     out.append({"warps": kernel.metadata.num_warps, "shared": kernel.metadata.shared, "ptx": path})
 print(json.dumps(out))
@@ -174,10 +196,12 @@ def test_sm90_compile_is_warp_specialised():
     import json
 
     configs = [(4, 128, 128, True, 2), (5, 64, 128, True, 4), (1, 128, 64, True, 2), (4, 128, 128, False, 2),
-               (4, 128, 128, True, 2, True)]  # the last: MASK_V_TAIL
+               (4, 128, 128, True, 2, True),  # MASK_V_TAIL
+               (4, 128, 128, True, 2, False, 1), (4, 128, 128, True, 2, False, 2)]  # the table modes (tools/diag_ws)
     with tempfile.TemporaryDirectory() as tmp:
         results = json.loads(run_uninterpreted(["-c", _COMPILE, json.dumps(configs), tmp], timeout=600))
-        for (group, block_n, d, ws, _, *mask), got in zip(configs, results, strict=True):
+        for (group, block_n, d, ws, _, *extra), got in zip(configs, results, strict=True):
+            mask = bool(extra and extra[0])
             ptx = open(got["ptx"]).read()
             assert "cp.async.bulk.tensor" in ptx and "cp.async.cg" not in ptx, (group, block_n, d)
             assert "wgmma.mma_async" in ptx

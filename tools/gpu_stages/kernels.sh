@@ -35,6 +35,9 @@ stages_kernels() {
           --prefill-tokens "${PREFILL_WS_TOKENS:-2048,8192,32768,2048@30720}" \
           --result-json "$OUT/prefill_ws_step_b${bs}_ws${ws}.json" 2>&1 | tee "$OUT/prefill_ws_step_b${bs}_ws${ws}.log"
       done;;
+    ws-diag)  # session 28: attention_ws.py's specialised kernel hung on the H200; each case in its own process under a
+      # limit (tools/diag_ws.py: with and without specialisation, three ways to find a tile's block, four shapes)
+      python3 -m tools.diag_ws ${WS_DIAG_ARGS:---timeout 30 --shapes prompt256,mixed} 2>&1 | tee "$OUT/ws_diag.log";;
     fusion)  # issue 17's per-layer levers: GEMV vs today's kernels per projection, the step with each lever on/off
       python3 -m bench.kernels.fusion 2>&1 | tee "$OUT/fusion.log" | tail -70;;
     graph-eager)  # issue 17: graphs vs eager (padded to the buckets, exact) under attention tunings and PDL off

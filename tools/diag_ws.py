@@ -1,0 +1,86 @@
+"""Where attention_ws.py's warp-specialised kernel hangs (issue 17, session 28: it never finished on the H200).
+
+Each case runs in its own process under a time limit, so a hang costs its limit and the next case still runs:
+the kernel with and without specialisation, with each way of finding a tile's block (attention_ws.WS_TABLE_MODES:
+a load in the loop, the first entry plus the tile, the row read before the loop), on shapes from a 256-token prompt
+to a mixed step. Block tables are contiguous here, so every mode is right. Prints one line a case: ok with the max
+error against paged_attention_ref, HANG, or the error.
+
+    python -m tools.diag_ws [--timeout 30] [--modes load,contiguous,row] [--device cuda]
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+
+SHAPES = {"prompt256": ([256], [256]), "prompt200": ([200], [200]), "chunk128@512": ([128], [640]),
+          "mixed": ([200, 1, 70], [200, 130, 334])}
+
+
+def contiguous(batch):
+    """The batch re-paged so that each sequence's blocks are consecutive (block ids in table order)."""
+    import torch
+
+    block_size = batch.k_cache.shape[1]
+    rows = [row[: -(-int(n) // block_size)] for row, n in zip(batch.block_tables, batch.seq_lens, strict=True)]
+    order = torch.cat(rows).long()
+    tables = torch.zeros_like(batch.block_tables)
+    used = 0
+    for s, row in enumerate(rows):
+        tables[s, : len(row)] = torch.arange(used, used + len(row), dtype=tables.dtype)
+        used += len(row)
+    batch.k_cache, batch.v_cache = batch.k_cache[order].contiguous(), batch.v_cache[order].contiguous()
+    batch.block_tables = tables
+    return batch
+
+
+def run_case(shape: str, table: str, ws: bool, stages: int, device: str) -> None:
+    import torch
+
+    from blink.kernels.attention import paged_attention_ref
+    from blink.kernels.attention_ws import launch_ws_chunk
+    from tests.kernels.paged_batch import make_paged_batch
+
+    q_lens, seq_lens = SHAPES[shape]
+    batch = contiguous(make_paged_batch(q_lens, seq_lens, 8, 2, head_dim=64, block_size=64, dtype=torch.float16,
+                                        device=device))
+    args = (batch.q, batch.k_cache, batch.v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables, 0.125)
+    out = launch_ws_chunk(*args, warp_specialize=ws, num_stages=stages, table=table)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    n = sum(q_lens)
+    err = (out[:n].float() - paged_attention_ref(*args)[:n].float()).abs().max().item()
+    print(f"ok maxerr {err:.1e}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--timeout", type=float, default=30.0, help="seconds a case may take, compile included")
+    parser.add_argument("--modes", default="load,contiguous,row")
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--stages", default="2")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--case", nargs=5, help=argparse.SUPPRESS)  # shape table ws stages device: one case, here
+    args = parser.parse_args()
+    if args.case:
+        shape, table, ws, stages, device = args.case
+        run_case(shape, table, ws == "1", int(stages), device)
+        return
+    for shape in args.shapes.split(","):
+        for table in args.modes.split(","):
+            for stages in args.stages.split(","):
+                for ws in ("0", "1"):
+                    case = [shape, table, ws, stages, args.device]
+                    try:
+                        done = subprocess.run([sys.executable, "-m", "tools.diag_ws", "--case", *case],
+                                              capture_output=True, text=True, timeout=args.timeout)
+                        said = (done.stdout.strip().splitlines() or [""])[-1] if done.returncode == 0 else \
+                            "error: " + (done.stderr.strip().splitlines() or ["?"])[-1]
+                    except subprocess.TimeoutExpired:
+                        said = f"HANG (over {args.timeout:g} s)"
+                    print(f"{shape:<14} table {table:<10} stages {stages} ws {ws}: {said}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
