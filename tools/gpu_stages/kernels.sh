@@ -127,12 +127,15 @@ stages_kernels() {
     moe-gemv)  # issue 17's MoE lever (session 27): kernels/moe_gemv.py's streams; the MoE GPU tests, the block alone at
       # batch 1-8 (sort + grouped GEMMs beside the streams), then qwen3-30b-a3b's step at batch 1 / 8 without, with
       # BLINK_MOE_GEMV=64 but the norm left apart (BLINK_MOE_NORMED=0), and with both
-      python3 -m pytest -q tests/kernels/test_moe_gemv.py tests/model/test_moe_phi_gpu.py -k "not hf" 2>&1 \
+      python3 -m pytest -q --timeout 120 tests/kernels/test_moe_gemv.py tests/model/test_moe_phi_gpu.py -k "not hf" 2>&1 \
         | tee "$OUT/moe_gemv_tests.log" | tail -8
       python3 -m bench.kernels.moe_block --batches 1,2,4,8,16 2>&1 | tee "$OUT/moe_gemv_block.log"
-      for run in 0:1 64:0 64:1; do
+      # session 28: the step with the streams printed nothing in 95 s (compiles or a hang?): under a limit that
+      # aborts with every thread's Python stack (faulthandler), so the log says which
+      for run in 64:1 0:1 64:0; do
         IFS=: read -r pairs normed <<< "$run"
-        BLINK_MOE_GEMV=$pairs BLINK_MOE_NORMED=$normed python3 -m blink.bench.step step --presets qwen3-30b-a3b \
+        BLINK_MOE_GEMV=$pairs BLINK_MOE_NORMED=$normed PYTHONFAULTHANDLER=1 timeout -s ABRT "${MOE_STEP_LIMIT:-200}" \
+          python3 -m blink.bench.step step --presets qwen3-30b-a3b \
           --batches 1,8 --result-json "$OUT/moe_gemv_step_${pairs}_$normed.json" 2>&1 \
           | tee "$OUT/moe_gemv_step_${pairs}_$normed.log"
       done;;
