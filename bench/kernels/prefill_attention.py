@@ -21,7 +21,7 @@ import triton
 from bench.kernels import step_kernels as sk
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
 from blink.kernels.attention_plan import AttentionTuning, launch_plan
-from blink.kernels.attention_ws import WS_BLOCK_Q, ws_chunk_runs
+from blink.kernels.attention_ws import WS_BLOCK_Q, WS_DEADLOCK, ws_chunk_runs
 
 PEAK_TFLOPS = 790.0  # H200 bf16 dense
 BLOCK_SIZE = 16
@@ -149,7 +149,9 @@ def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int,
                                                                               tuning=tuning)
         try:
             out = run(caches[0])
-        except RuntimeError as refused:  # attention_ws.WS_DEADLOCK on a GPU
+        except RuntimeError as refused:  # attention_ws.WS_DEADLOCK on a GPU; any other error still stops the bench
+            if str(refused) != WS_DEADLOCK:
+                raise
             print(f"  {name:<24} refused: {refused}", flush=True)
             continue
         baseline = out if baseline is None else baseline  # the first variant ("today" unless --variants says)
