@@ -8,6 +8,7 @@ intervals) clear the server; these clear, or convict, the client.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
 
@@ -20,10 +21,12 @@ MIN_GENERATION = 1  # young collections take microseconds
 
 class ClientStallRecorder:
     """Records (perf_counter end, seconds) of each loop lag over MIN_LAG_S and (perf_counter start, generation,
-    seconds) of each collection of MIN_GENERATION or older, from start() (on the loop) until stop()."""
+    seconds) of each collection of MIN_GENERATION or older, from start() (on the loop) until stop(). With the
+    collector held only an explicit gc.collect() is recorded."""
 
-    def __init__(self, min_lag_s: float = MIN_LAG_S, tick_s: float = TICK_S):
+    def __init__(self, min_lag_s: float = MIN_LAG_S, tick_s: float = TICK_S, collector_held: bool = False):
         self.min_lag_s = min_lag_s
+        self.collector_held = collector_held  # the run held the collector (collector_held): said in the record
         self.loop_lags: list[tuple[float, float]] = []
         self.gcs: list[tuple[float, int, float]] = []
         self._monitor = LoopLagMonitor(self._on_lag, tick_s=tick_s, idle_tick_s=tick_s)
@@ -53,7 +56,26 @@ class ClientStallRecorder:
         requests' send times (seconds from the first send, as result_folder.raw_requests), microseconds."""
         us = lambda x: round(x, 6)
         return {"loop_lags": [[us(end - lag - first_send), us(lag)] for end, lag in self.loop_lags],
-                "gcs": [[us(start - first_send), gen, us(seconds)] for start, gen, seconds in self.gcs]}
+                "gcs": [[us(start - first_send), gen, us(seconds)] for start, gen, seconds in self.gcs],
+                "collector_held": self.collector_held}
+
+
+@contextlib.contextmanager
+def collector_held():
+    """No collection inside the block: the heap so far frozen (gc.freeze: no later collection walks it), the
+    collector off until the block ends. The interference lab's points 2026-12-02..04 had four full collections of
+    the load generator (260-634 ms each, its long-lived heap walked): each made a whole-server pause of the same
+    start and length (docs/results.md). Young garbage left over the block is freed by the collections after it."""
+    gc.collect()
+    gc.freeze()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.unfreeze()
 
 
 def stalls_in(stalls: dict | None, start_s: float, length_s: float) -> list[str]:

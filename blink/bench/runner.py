@@ -12,7 +12,7 @@ import httpx
 from tqdm.auto import tqdm
 
 from blink.bench.client import completion_payload, stream_completion
-from blink.bench.client_stalls import ClientStallRecorder
+from blink.bench.client_stalls import ClientStallRecorder, collector_held
 from blink.bench.metrics import RequestResult, summarize
 from blink.bench.result_folder import first_send
 from blink.bench.workload import SampleRequest, arrival_offsets
@@ -38,6 +38,9 @@ class LoadConfig:
     drain_s: float = 30.0
     show_progress: bool = True
     extra_body: dict | None = None  # more request fields for every request (e.g. a structured-output constraint)
+    # No garbage collection in the client while it measures (client_stalls.collector_held): a full collection of
+    # its heap stamps every stream's next token late at once, which reads as a pause of the server
+    hold_collector: bool = True
 
 
 @dataclass
@@ -96,12 +99,13 @@ async def run_load(config: LoadConfig, requests: list[SampleRequest]) -> LoadOut
         progress.update(1)
 
     tasks: list[asyncio.Task] = []
-    stalls = ClientStallRecorder()
-    stalls.start()
-    try:
-        duration = await _send_all(config, requests, offsets, one, tasks)
-    finally:
-        await stalls.stop()
+    stalls = ClientStallRecorder(collector_held=config.hold_collector)
+    with collector_held() if config.hold_collector else contextlib.nullcontext():
+        stalls.start()
+        try:
+            duration = await _send_all(config, requests, offsets, one, tasks)
+        finally:
+            await stalls.stop()
     progress.close()
     window = config.max_duration_s + config.drain_s if config.max_duration_s else None
     return LoadOutcome(results=results, sent=len(tasks), duration_s=duration, stalls=stalls, started=started,

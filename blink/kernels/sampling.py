@@ -6,8 +6,9 @@ finish splits the vocabulary in the same chunks (256-1,024 programs in all, samp
   1. penalties: rows whose slot has penalties or logit_bias get processed logits in a side buffer (the
      other rows are never copied); rows with a filter also write each chunk's maximum, rows that ask for
      top-K logprobs each chunk's floor certificate (sampling_topk), and every row zeroes its scratch.
-  (with BLINK_SAMPLER_REJECT, R + 1 launches of sampling_reject here: a top_p / min_p row whose race winner is
-     kept within R rounds is decided, skips steps 2-4 and races a one-token list in step 6)
+  (with BLINK_SAMPLER_REJECT, step 1 also races the rows it takes and R launches of sampling_reject follow: a
+     top_p / min_p row whose race winner is kept within R rounds is decided, skips steps 2-4 and races a one-token
+     list in step 6)
   2-5. keep thresholds (sampling_bucket): rows with temperature > 0 and some filter (top_k, top_p < 1,
      min_p > 0) bucket their tokens in two levels, gather the candidates (step 4 also gathers the top-K
      logprobs' candidates) and resolve the threshold exactly; every other row writes -inf.
@@ -234,7 +235,7 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
 def apply_penalties_triton(logits: torch.Tensor, slots: torch.Tensor, state: SamplingState) -> torch.Tensor:
     flagged = torch.where(slots >= 0, state.flags[slots.clamp(min=0).long()], 0) != 0
     out = torch.empty_like(logits)
-    prologue(logits, out, slots, state, _Plan(logits), penalize=True)
+    prologue(logits, out, slots, state, _Plan(logits, reject=0), penalize=True)
     return torch.where(flagged[:, None], out, logits)
 
 
@@ -270,7 +271,8 @@ def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Te
     logits = logits.float().contiguous()
     plan = _Plan(logits, num_buckets, programs, race, compact_once, reject)
     processed = torch.empty_like(logits)
-    prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs)
+    prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs,
+             positions=positions)
     if plan.reject:
         reject_candidates(logits, processed, slots, positions, state, plan)
     threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)

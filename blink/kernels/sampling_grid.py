@@ -131,10 +131,12 @@ class _Plan:
         self.race_count = torch.empty(num_rows, dtype=torch.int32, device=device)  # the resolve's marks
         self.reject, self.reject_top_k = reject_plan(self.race, reject)
         self.reject_state = torch.empty(num_rows, REJECT_WORDS.value, dtype=torch.int64, device=device)
-        self.reject_best = torch.empty(num_rows, self.num_chunks, dtype=torch.float32, device=device)
-        self.reject_token, self.reject_count = torch.empty(2, num_rows, self.num_chunks, dtype=torch.int32,
-                                                           device=device)
-        self.reject_weight = torch.empty(num_rows, self.num_chunks, dtype=torch.int64, device=device)
+        # per chunk: the penalties kernel's first race, then a round's race, count and weights (above, total)
+        self.reject_first_best, self.reject_best = torch.empty(2, num_rows, self.num_chunks, dtype=torch.float32,
+                                                               device=device)
+        self.reject_first_token, self.reject_token, self.reject_count = torch.empty(
+            3, num_rows, self.num_chunks, dtype=torch.int32, device=device)
+        self.reject_weight = torch.empty(2, num_rows, self.num_chunks, dtype=torch.int64, device=device)
         self.compact_once = _ONCE_DEFAULT if compact_once is None else compact_once
         self.chunk_hist = torch.empty(num_rows, self.num_chunks, 2 * num_buckets, dtype=torch.int32, device=device) \
             if self.compact_once else torch.empty(1, dtype=torch.int32, device=device)  # coarse, fine per chunk

@@ -13,6 +13,8 @@ from blink.kernels.sampling_bucket import is_filtered
 from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
 from blink.kernels.sampling_plan import COUNTERS
 from blink.kernels.sampling_race import lse_step, store_lse
+from blink.kernels.sampling_reject import first_race, taken
+from blink.kernels.sampling_rng import KEY_BYTES
 from blink.kernels.sampling_select import canonical, sortable_key
 from blink.kernels.sampling_topk import asks_for_logprobs, store_chunk_top
 
@@ -33,12 +35,14 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                       counts_ptr, prompt_mask_ptr, bias_ids_ptr, bias_vals_ptr, gstate_ptr, gid_ptr, classes_ptr,
                       row_base_ptr, cells_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr,
                       hist_ptr, sums_ptr, counter_ptr, num_logprobs_ptr, top_keys_ptr, part_smallest_ptr,
-                      part_max_ptr, part_sum_ptr, part_largest_ptr,
-                      vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr, BIAS_BLOCK: tl.constexpr,
+                      part_max_ptr, part_sum_ptr, part_largest_ptr, seed_ptr, positions_ptr, first_best_ptr,
+                      first_token_ptr, vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr, BIAS_BLOCK: tl.constexpr,
                       PENALIZE: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, ZERO: tl.constexpr, K: tl.constexpr,
-                      CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
+                      CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr = 0, REJECT: tl.constexpr = False,
+                      TOP_K: tl.constexpr = False, KEY_BYTES: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
     """PENALIZE=0: the logits are already processed; only the chunk maxima and the zeroing. RACE > 0: rows with
-    a filter also get the choose kernel's log-sum-exp partials here (sampling_race: their race may skip the row)."""
+    a filter also get the choose kernel's log-sum-exp partials here (sampling_race: their race may skip the row).
+    REJECT: the rows the rejection takes (TOP_K: top_k-only rows too) get its first race (sampling_reject)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk_start = tl.program_id(1) * CHUNK
@@ -96,8 +100,11 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
         tl.store(sums_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int64))
         tl.store(counter_ptr + row * COUNTERS + tl.arange(0, COUNTERS), tl.zeros([COUNTERS], tl.int32))
     # Rows with a filter: this chunk's largest processed logit (the buckets are relative to the row's).
-    if is_filtered(slot, tl.load(temperature_ptr + safe_slot), tl.load(top_k_ptr + safe_slot),
-                   tl.load(top_p_ptr + safe_slot), tl.load(min_p_ptr + safe_slot)):
+    temperature = tl.load(temperature_ptr + safe_slot)
+    top_k = tl.load(top_k_ptr + safe_slot)
+    top_p = tl.load(top_p_ptr + safe_slot)
+    min_p = tl.load(min_p_ptr + safe_slot)
+    if is_filtered(slot, temperature, top_k, top_p, min_p):
         raw_row = logits_ptr + row.to(tl.int64) * vocab_size
         src = raw_row
         if flags != 0:
@@ -117,6 +124,12 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                     raw = tl.load(raw_row + offs, mask=offs < vocab_size, other=float("-inf"))
                 run_max, run_sum, raw_largest = lse_step(run_max, run_sum, raw_largest, raw, offs < vocab_size)
         tl.store(key_max_ptr + row * P + tl.program_id(1), tl.max(largest, 0))
+        if REJECT:
+            if taken(True, top_k, top_p, TOP_K):  # the chunk is in the L1 / L2 now: the race reads it again
+                part = row * P + tl.program_id(1)
+                first_race(src, tl.program_id(1), tl.max(largest, 0), temperature, min_p, tl.load(seed_ptr + safe_slot),
+                           tl.load(positions_ptr + row), first_best_ptr + part, first_token_ptr + part, vocab_size,
+                           KEY_BYTES, CHUNK, BLOCK)
         if RACE > 0:
             store_lse(part_max_ptr, part_sum_ptr, part_largest_ptr, row * P + tl.program_id(1), run_max, run_sum,
                       raw_largest)
@@ -136,10 +149,12 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
             tl.store(part_smallest_ptr + row * P + tl.program_id(1), tl.min(smallest, 0))
 
 
-def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: int = 0) -> None:
-    """Penalties into `out` (penalize), the selection's chunk maxima and zeroing and, for
-    max_top_logprobs > 0, the top-K floor certificates (plan: sampling_grid._Plan)."""
+def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: int = 0, positions=None) -> None:
+    """Penalties into `out` (penalize), the selection's chunk maxima and zeroing, for max_top_logprobs > 0 the
+    top-K floor certificates and, for plan.reject > 0, the rejection's first race at `positions` (plan:
+    sampling_grid._Plan)."""
     num_rows, vocab_size = logits.shape
+    assert positions is not None or not plan.reject, "the rejection's race needs the rows' positions"
     num_bias = state.bias_ids.shape[1]
     _penalties_kernel[plan.grid](
         logits, out, slots, state.flags, state.repetition_penalty, state.frequency_penalty,
@@ -147,9 +162,11 @@ def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: 
         state.grammar_state, state.grammar_id, state.grammar_classes, state.grammar_row_base, state.grammar_cells,
         state.temperature, state.top_k, state.top_p, state.min_p, plan.row_max, plan.hist, plan.sums, plan.counters,
         state.num_logprobs, plan.top_keys, plan.part_i32[1], plan.part_f32[0], plan.part_f32[1], plan.part_i32[2],
+        state.seed, slots if positions is None else positions, plan.reject_first_best, plan.reject_first_token,
         vocab_size, NUM_BIAS=num_bias,
         BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=2 * plan.num_buckets,
         P=plan.num_chunks,
         ZERO=triton.next_power_of_2(triton.cdiv(2 * plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,
-        CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race, num_warps=4, **plan.pdl, **_NO_FUSION,
+        CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race, REJECT=plan.reject > 0, TOP_K=plan.reject_top_k,
+        KEY_BYTES=KEY_BYTES, num_warps=4, **plan.pdl, **_NO_FUSION,
     )

@@ -6,7 +6,7 @@ import asyncio
 import gc
 import time
 
-from blink.bench.client_stalls import ClientStallRecorder, stalls_in
+from blink.bench.client_stalls import ClientStallRecorder, collector_held, stalls_in
 from blink.bench.result_folder import raw_requests
 from blink.bench.server_report import pauses_section
 from tests.bench.test_pauses import streams
@@ -34,6 +34,32 @@ def test_a_blocked_loop_and_a_full_collection_are_recorded_with_their_times():
     relative = recorder.relative_to(blocked_at - 1.0)
     start_s, seconds = next(x for x in relative["loop_lags"] if x[1] > 0.1)
     assert abs(start_s - 1.0) < 0.05 and seconds == round(lag, 6)
+
+
+def test_no_collection_runs_while_the_collector_is_held():
+    """Cyclic garbage far past every generation's threshold: no automatic collection inside the block (the recorder
+    sees none), the heap frozen; after it the collector is on again, unfrozen, and collects that garbage."""
+    class Node:
+        pass
+
+    def cycles(n):
+        for _ in range(n):
+            a, b = Node(), Node()
+            a.other, b.other = b, a
+
+    recorder = ClientStallRecorder(min_lag_s=1.0, collector_held=True)
+    try:
+        with collector_held():  # its own first collection comes before the recorder's callback
+            gc.callbacks.append(recorder._on_gc)
+            assert not gc.isenabled() and gc.get_freeze_count() > 0
+            cycles(50 * max(gc.get_threshold()))
+            assert recorder.gcs == []
+        assert gc.isenabled() and gc.get_freeze_count() == 0
+        cycles(50 * max(gc.get_threshold()))  # the same garbage with the collector on: collections run
+        assert recorder.gcs
+    finally:
+        gc.callbacks.remove(recorder._on_gc)
+    assert recorder.relative_to(0.0)["collector_held"]
 
 
 def test_stalls_overlapping_a_pause_are_named():

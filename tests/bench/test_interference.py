@@ -33,7 +33,8 @@ def test_repeated_sweep_keeps_every_repeat_and_summarises(fake_server, tmp_path)
         assert p["engine_pid"] == os.getpid()  # read from the fake's blink:engine_pid gauge
         assert p["frontend_gc"] is None and p["frontend_stalls"] is None and p["engine_steps"] is None  # no series
         # the client's own stalls, on the send-time clock: each lag starts inside the point's run
-        assert set(p["client_stalls"]) == {"loop_lags", "gcs"}
+        assert set(p["client_stalls"]) == {"loop_lags", "gcs", "collector_held"}
+        assert p["client_stalls"]["collector_held"]  # LoadConfig's default
         assert all(-1.0 < start < 30.0 and lag >= 0.02 for start, lag in p["client_stalls"]["loop_lags"])
         # the raw per-request latencies are kept, and give back the summary's percentiles' inputs
         assert len(request_samples(p, "ttft")) == p["bench"]["completed"]

@@ -1,6 +1,7 @@
 """The load generator end to end against the fake streaming server."""
 import argparse
 import asyncio
+import gc
 import json
 
 import httpx
@@ -77,7 +78,9 @@ def test_server_errors_count_as_failed(fake_server):
     assert summary["total_output_tokens"] == 8
     assert sorted(r.error[:8] for r in outcome.results if not r.success) == ["HTTP 500"] * 2
     stalls = outcome.client_stalls()  # the client's own loop lags and collections, on the send-time clock
-    assert set(stalls) == {"loop_lags", "gcs"} and all(lag >= 0.02 for _, lag in stalls["loop_lags"])
+    assert set(stalls) == {"loop_lags", "gcs", "collector_held"} and all(lag >= 0.02 for _, lag in stalls["loop_lags"])
+    assert stalls["collector_held"] and stalls["gcs"] == []  # LoadConfig's default: no collection while it measures
+    assert gc.isenabled() and gc.get_freeze_count() == 0  # and the collector back as it was
 
 
 def test_a_time_box_stops_sending_and_cancels_stragglers(fake_server):

@@ -237,7 +237,7 @@ def test_the_top_logprobs_floor_pools_every_chunks_top_lanes():
     logits[0, torch.randint(0, vocab, (8,), generator=gen)] += 9.0
     logits = logits.bfloat16().float()
     slots, positions = torch.zeros(1, dtype=torch.int32), torch.arange(1)
-    plan = _Plan(logits)
+    plan = _Plan(logits, reject=0)
     assert plan.num_chunks == 63
     processed = torch.empty_like(logits)
     prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=20)

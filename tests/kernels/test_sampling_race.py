@@ -23,7 +23,7 @@ def sample_with_plan(logits, slots, positions, state, k, race, cand=None, once=F
     if cand is not None:
         plan.cand = plan.small = cand
     processed = torch.empty_like(logits)
-    prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=k)
+    prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=k, positions=positions)
     if plan.reject:
         reject_candidates(logits, processed, slots, positions, state, plan)
     threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, k)

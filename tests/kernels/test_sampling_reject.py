@@ -108,6 +108,26 @@ def test_blocks_far_below_the_best_skip_the_race():
     assert -torch.log(-torch.log(largest_u)) < sampling_reject._NOISE_BOUND.value
 
 
+def test_a_first_candidate_below_the_rows_min_p_cutoff_is_rejected():
+    """The penalties kernel races each chunk over min_p's cutoff from the chunk's own maximum: a superset. Here the
+    row's maximum (5.0) sits alone in chunk 0 and 192 tokens at 3.0 fill the other chunks, inside their chunks'
+    cutoffs (3 + log 0.5) but below the row's (5 + log 0.5): they hold 96% of the superset's mass, so most first
+    candidates are among them, and the round must refuse them by min_p. The reference keeps token 7 alone."""
+    vocab, rows = 256, 8
+    state = SamplingState(1, vocab, "cpu")
+    state.set_slot(0, SamplingParams(temperature=1.0, min_p=0.5), seed=5, prompt_ids=[1])
+    row = torch.full((vocab,), float("-inf"))
+    row[7], row[64:] = 5.0, 3.0
+    logits, slots, positions = row.repeat(rows, 1), torch.zeros(rows, dtype=torch.int32), torch.arange(rows) * 3
+    got, plan = sample_with_plan(logits, slots, positions, state, 0, 256, programs=32, reject=2)
+    assert plan.num_chunks == 4
+    assert got.token_ids.tolist() == sample_ref(logits, slots, positions, state, 0).token_ids.tolist() == [7] * rows
+    best = plan.reject_first_best.gather(1, plan.reject_first_best.argmax(dim=1, keepdim=True)).squeeze(1)
+    first = plan.reject_first_token.gather(1, plan.reject_first_best.argmax(dim=1, keepdim=True)).squeeze(1)
+    assert torch.isfinite(best).all() and (first != 7).sum() >= 5, first  # the case this test is for
+    assert marks(plan) == ["decided"] * rows  # the second round's candidate is token 7
+
+
 _ROW = st.fixed_dictionaries({"temperature": st.sampled_from([0.0, 0.5, 1.0, 1.7]),
                                "top_p": st.sampled_from([1.0, 0.9, 0.5, 0.1]), "top_k": st.sampled_from([0, 1, 5, 40]),
                                "min_p": st.sampled_from([0.0, 0.05, 0.3])})
@@ -130,12 +150,17 @@ def test_any_rows_any_rounds_the_reference(rows, scale, ties, setting, seed):
     slots, positions = torch.arange(len(rows), dtype=torch.int32), torch.randint(0, 999, (len(rows),), generator=gen)
     got, plan = sample_with_plan(logits, slots, positions, state, 0, 256, reject=setting)
     assert got.token_ids.tolist() == sample_ref(logits, slots, positions, state, 0).token_ids.tolist()
-    # The first round decides every taken row whose first candidate (the race over min_p's tokens) is kept
+    # The first round decides every taken row whose first candidate is kept: the penalties kernel's race over the
+    # tokens min_p would keep if each chunk's maximum were the row's
     temperature, top_k, top_p, min_p = (state.temperature, state.top_k, state.top_p, state.min_p)
-    scaled = logits * (1.0 / torch.where(temperature > 0, temperature, 1.0))[:, None]
-    cutoff = torch.where(min_p > 0, scaled.max(dim=1).values + torch.log(min_p), float("-inf"))
+    inv_temperature = 1.0 / torch.where(temperature > 0, temperature, 1.0)
+    scaled = logits * inv_temperature[:, None]
+    chunks = torch.arange(vocab) // plan.chunk
+    chunk_max = torch.stack([logits[:, chunks == c].max(dim=1).values for c in range(plan.num_chunks)], dim=1)
+    cutoff = torch.where(min_p[:, None] > 0, chunk_max[:, chunks] * inv_temperature[:, None]
+                         + torch.log(min_p)[:, None], float("-inf"))
     noise = -torch.log(-torch.log(race_uniform_ref(state.seed, positions, vocab)))
-    first = torch.where(scaled >= cutoff[:, None], scaled + noise, float("-inf")).argmax(dim=1)
+    first = torch.where(scaled >= cutoff, scaled + noise, float("-inf")).argmax(dim=1)
     kept = logits.gather(1, first[:, None]).squeeze(1) >= keep_thresholds(logits, slots, state)
     taken = filtered_rows(slots, state) & ((top_k <= 0) | (setting.endswith("k") & (top_p >= 1)))
     assert all(m == "decided" for m, must in zip(marks(plan), (taken & kept).tolist(), strict=True) if must)

@@ -22,14 +22,14 @@ ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_p
         "fell_back_ptr": "*i32", "plan_ptr": "*i64", "race_count_ptr": "*i32", "race_ids_ptr": "*i32",
         "chunk_hist_ptr": "*i32",
         "top_keys_ptr": "*i32", "cand_key_ptr": "*i32", "cand_id_ptr": "*i32", "reject_ptr": "*i64",
-        "part_weight_ptr": "*i64", "part_count_ptr": "*i32", "launch": "i32"}
+        "part_weight_ptr": "*i64", "part_count_ptr": "*i32", "launch": "i32", "first_token_ptr": "*i32"}
 NB = sampling_bucket.NUM_BUCKETS
 rows = dict(vocab_size=V, NB=NB, P=63, P_PAD=64)
 levels = dict(rows, LOG2_NB=NB.bit_length() - 1)
 kernels = [
     (sampling_penalties._penalties_kernel, dict(vocab_size=V, NUM_BIAS=300, BIAS_BLOCK=512, PENALIZE=1, NB=2 * NB, P=63,
                                                 ZERO=triton.next_power_of_2(-(-2 * NB // 63)), K=20, CHUNK=2048,
-                                                BLOCK=1024), 4),
+                                                BLOCK=1024, KEY_BYTES=12), 4),
     (sampling_bucket._bucket_kernel, dict(rows, CHUNK=2048, BLOCK=1024), 4),
     (sampling_bucket._refine_kernel, dict(levels, CHUNK=2048, BLOCK=1024), 4),
     (sampling_compact._compact_kernel, dict(rows, CAND=4096, K=20, CHUNK=2048, BLOCK=1024), 8),
@@ -39,16 +39,14 @@ kernels = [
     (sampling._finish_kernel, dict(vocab_size=V, NUM_CHUNKS=63, CHUNKS_PAD=64, K=20, K_PAD=32, CAND=4096,
                                    SMALL=256, BLOCK=4096), 16),
     (sampling_grammar._advance_kernel, dict(vocab_size=V, ROWS=64, BLOCK=64), 1),
-    (sampling_reject._reject_first_kernel, dict(vocab_size=V, P=63, P_PAD=64, KEY_BYTES=12, CHUNK=2048, BLOCK=1024),
-     4),
     (sampling_reject._reject_round_kernel, dict(vocab_size=V, P=63, P_PAD=64, KEY_BYTES=12, RACE=16384, CHUNK=2048,
                                                 BLOCK=1024), 4),
 ]
 # the old and new ways of issue 17's levers: the row or list race (RACE, sampling_race), the compaction's two reads
 # or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads), the rejection before the search (REJECT; TOP_K:
-# its top_k rows)
+# its top_k rows; FIRST: its first round, which takes the penalties kernel's race)
 levers = {"RACE": (0, 16384), "ONCE": (False, True), "CHUNK_HIST": (False, True), "REJECT": (False, True),
-          "TOP_K": (False, True)}
+          "TOP_K": (False, True), "FIRST": (False, True)}
 for kernel, constants, warps in list(kernels):
     names = inspect.signature(kernel.fn).parameters
     old, new = ({n: v[i] for n, v in levers.items() if n in names} for i in (0, 1))
@@ -57,7 +55,7 @@ for kernel, constants, warps in list(kernels):
         kernels.append((kernel, {**constants, **new}, warps))
         if "ONCE" in names:  # one lever without the other
             kernels += [(kernel, {**constants, "ONCE": True}, warps), (kernel, {**constants, "RACE": 16384}, warps)]
-assert len(kernels) == 21
+assert len(kernels) == 19, len(kernels)
 for kernel, constants, warps in kernels:
     names = list(inspect.signature(kernel.fn).parameters)
     # the sampler's seven kernels also build with PDL (BLINK_SAMPLER_PDL): that variant must wait (kernels/pdl.py)
