@@ -1,12 +1,15 @@
 """Where attention_ws.py's warp-specialised kernel hangs (issue 17, session 28: it never finished on the H200).
 
 Each case runs in its own process under a time limit, so a hang costs its limit and the next case still runs:
-the kernel with and without specialisation, with each way of finding a tile's block (attention_ws.WS_TABLE_MODES:
-a load in the loop, the first entry plus the tile, the row read before the loop), on shapes from a 256-token prompt
-to a mixed step. Block tables are contiguous here, so every mode is right. Prints one line a case: ok with the max
-error against paged_attention_ref, HANG, or the error.
+the kernel with and without specialisation, per variant (VARIANTS, the suspected fix first), with each way of
+finding a tile's block (attention_ws.WS_TABLE_MODES: a load in the loop, the first entry plus the tile, the row
+read before the loop), on shapes from a 256-token prompt to a mixed step. Block tables are contiguous here, so
+every mode is right. Prints one line a case: ok with the max error against paged_attention_ref, HANG, or the error.
 
-    python -m tools.diag_ws [--timeout 30] [--modes load,contiguous,row] [--device cuda]
+Session 29's suspect (attention_ws.WS_Q_DESCS): q's host descriptor box [128, D] against the pass's two 64-row
+copies. qdev ok + host HANG confirms it; bq64 (q never split) is the control that needs no device descriptor.
+
+    python -m tools.diag_ws [--timeout 30] [--variants qdev,bq64,host] [--modes load] [--device cuda]
 """
 from __future__ import annotations
 
@@ -16,6 +19,9 @@ import sys
 
 SHAPES = {"prompt256": ([256], [256]), "prompt200": ([200], [200]), "chunk128@512": ([128], [640]),
           "mixed": ([200, 1, 70], [200, 130, 334])}
+# launch_ws_chunk's arguments per variant: q's descriptor made in the kernel; q tiles of 64 rows (the pass then
+# leaves q whole); today's host descriptor of 128 rows (hung on the H200, session 28)
+VARIANTS = {"qdev": {"q_desc": "device"}, "bq64": {"block_q": 64}, "host": {}}
 
 
 def contiguous(batch):
@@ -35,7 +41,7 @@ def contiguous(batch):
     return batch
 
 
-def run_case(shape: str, table: str, ws: bool, stages: int, device: str) -> None:
+def run_case(shape: str, table: str, ws: bool, stages: int, device: str, variant: str = "host") -> None:
     import torch
 
     from blink.kernels.attention import paged_attention_ref
@@ -46,7 +52,7 @@ def run_case(shape: str, table: str, ws: bool, stages: int, device: str) -> None
     batch = contiguous(make_paged_batch(q_lens, seq_lens, 8, 2, head_dim=64, block_size=64, dtype=torch.float16,
                                         device=device))
     args = (batch.q, batch.k_cache, batch.v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables, 0.125)
-    out = launch_ws_chunk(*args, warp_specialize=ws, num_stages=stages, table=table)
+    out = launch_ws_chunk(*args, warp_specialize=ws, num_stages=stages, table=table, **VARIANTS[variant])
     if device == "cuda":
         torch.cuda.synchronize()
     n = sum(q_lens)
@@ -57,29 +63,30 @@ def run_case(shape: str, table: str, ws: bool, stages: int, device: str) -> None
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds a case may take, compile included")
-    parser.add_argument("--modes", default="load,contiguous,row")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--modes", default="load", help="of load,contiguous,row (session 28's suspects)")
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--stages", default="2")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--case", nargs=5, help=argparse.SUPPRESS)  # shape table ws stages device: one case, here
+    # shape table ws stages device variant: one case, in this process
+    parser.add_argument("--case", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
-        shape, table, ws, stages, device = args.case
-        run_case(shape, table, ws == "1", int(stages), device)
+        shape, table, ws, stages, device, variant = args.case
+        run_case(shape, table, ws == "1", int(stages), device, variant)
         return
-    for shape in args.shapes.split(","):
-        for table in args.modes.split(","):
-            for stages in args.stages.split(","):
-                for ws in ("0", "1"):
-                    case = [shape, table, ws, stages, args.device]
-                    try:
-                        done = subprocess.run([sys.executable, "-m", "tools.diag_ws", "--case", *case],
-                                              capture_output=True, text=True, timeout=args.timeout)
-                        said = (done.stdout.strip().splitlines() or [""])[-1] if done.returncode == 0 else \
-                            "error: " + (done.stderr.strip().splitlines() or ["?"])[-1]
-                    except subprocess.TimeoutExpired:
-                        said = f"HANG (over {args.timeout:g} s)"
-                    print(f"{shape:<14} table {table:<10} stages {stages} ws {ws}: {said}", flush=True)
+    cases = [(v, sh, t, st, ws) for v in args.variants.split(",") for sh in args.shapes.split(",")
+             for t in args.modes.split(",") for st in args.stages.split(",") for ws in ("0", "1")]
+    for variant, shape, table, stages, ws in cases:
+        case = [shape, table, ws, stages, args.device, variant]
+        try:
+            done = subprocess.run([sys.executable, "-m", "tools.diag_ws", "--case", *case],
+                                  capture_output=True, text=True, timeout=args.timeout)
+            said = (done.stdout.strip().splitlines() or [""])[-1] if done.returncode == 0 else \
+                "error: " + (done.stderr.strip().splitlines() or ["?"])[-1]
+        except subprocess.TimeoutExpired:
+            said = f"HANG (over {args.timeout:g} s)"
+        print(f"{variant:<5} {shape:<14} table {table:<10} stages {stages} ws {ws}: {said}", flush=True)
 
 
 if __name__ == "__main__":

@@ -30,10 +30,13 @@ step's last token when the step enters the block (one block's zeros per block fi
 
 The grid is (Hq, query tiles): the heads of one tile run side by side (their K/V in the L2), heaviest tiles first
 (attention.py's CAUSAL_SPLIT order), and the tile -> sequence map is attention_plan.py's, as attention.py's. Not
-timed: on the H200 the specialised launch deadlocks (WS_DEADLOCK below), so a GPU refuses it; off unless
-AttentionTuning.prefill_ws (BLINK_PREFILL_WS=1) and the block size fit.
+timed: on the H200 the specialised launch deadlocked (WS_DEADLOCK below: q's host descriptor, WS_Q_DESCS, is the
+likely cause), so a GPU refuses it until its fix has run; off unless AttentionTuning.prefill_ws (BLINK_PREFILL_WS=1)
+and the block size fit.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
@@ -45,19 +48,22 @@ from blink.kernels.attention_plan import first_tile, grid_tiles, tile_sequence
 WS_BLOCK_Q = 128  # query rows a program: two consumer warp groups of 64
 # On the H200 (2026-12-05, session 28, Triton 3.6, perf.md) the specialised kernel never finished: a 256-token prompt,
 # 200 tokens, a chunk after 512 cached and a mixed step all hung at 1 or 2 stages, while the same kernel unspecialised
-# returned the reference's output. The specialised launch is refused on a GPU until that is understood.
-WS_DEADLOCK = ("attention_ws: Triton 3.6's warp-specialised kernel deadlocked on the H200 in every shape tried "
-               "(perf.md, session 28); unset BLINK_PREFILL_WS")
+# returned the reference's output. Session 29 found the likely cause in the sm_90 PTX (WS_Q_DESCS below) and the
+# engine's launch now makes q's descriptor in the kernel, which no GPU has run yet: until one has (tools/diag_ws.py),
+# a GPU refuses the specialised launch unless BLINK_PREFILL_WS_UNCHECKED=1 (the `prefill-ws` stage sets it once
+# `ws-diag`'s case passes).
+WS_DEADLOCK = ("attention_ws: Triton 3.6's warp-specialised kernel deadlocked on the H200 (perf.md, session 28) and "
+               "its fix has not run on a GPU; unset BLINK_PREFILL_WS, or set BLINK_PREFILL_WS_UNCHECKED=1 to try it")
 WS_HEAD_DIMS = (64, 128)
 WS_BLOCK_SIZES = (64, 128)
 
 
 @triton.jit
 def _ws_chunk_kernel(q_desc, k_desc, v_desc, out_ptr, query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
-                     scale_log2, stride_ot, stride_oh, stride_bt, num_seqs,
+                     scale_log2, stride_ot, stride_oh, stride_bt, num_seqs, num_tokens, stride_qt,
                      GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
                      BLOCK_S: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, MASK_V_TAIL: tl.constexpr = False,
-                     TABLE: tl.constexpr = 0, MAX_BLOCKS: tl.constexpr = 1):
+                     TABLE: tl.constexpr = 0, MAX_BLOCKS: tl.constexpr = 1, Q_ON_DEVICE: tl.constexpr = False):
     head = tl.program_id(0)
     tile = tl.num_programs(1) - 1 - tl.program_id(1)  # heaviest first, as attention.py's CAUSAL_SPLIT
     kv_head = head // GROUP
@@ -74,6 +80,9 @@ def _ws_chunk_kernel(q_desc, k_desc, v_desc, out_ptr, query_start_loc_ptr, seq_l
 
     tokens = q_first + tl.arange(0, BLOCK_Q)
     q_pos = context + tokens
+    if Q_ON_DEVICE:  # q_desc is q's pointer: a descriptor made here is one the pass can halve (WS_Q_DESCS)
+        q_desc = tl.make_tensor_descriptor(q_desc, shape=[num_tokens, tl.num_programs(0) * D], strides=[stride_qt, 1],
+                                           block_shape=[BLOCK_Q, D])
     q = q_desc.load([q_start + q_first, head * D])
     m_i = tl.full([BLOCK_Q], NO_TILES, tl.float32)  # finite: a row's masked tile leaves no NaN
     l_i = tl.zeros([BLOCK_Q], tl.float32)
@@ -140,36 +149,67 @@ def ws_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float,
                        warp_specialize: bool = True, num_stages: int = 2, mask_v_tail: bool = False) -> torch.Tensor:
     """paged_attention's result for a step that ws_chunk_fits (rows of padding tokens unspecified, as there)."""
-    if q.is_cuda and warp_specialize:
+    if q.is_cuda and warp_specialize and os.environ.get("BLINK_PREFILL_WS_UNCHECKED") != "1":
         raise RuntimeError(WS_DEADLOCK)
     return launch_ws_chunk(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, warp_specialize,
-                           num_stages, mask_v_tail)
+                           num_stages, mask_v_tail, q_desc="device")
 
 
 WS_TABLE_MODES = {"load": 0, "contiguous": 1, "row": 2}  # the kernel's TABLE
+# Where q's TMA descriptor is made: the likely cause of session 28's hang, read from the sm_90 PTX on the CPU. The
+# pass halves q's load between the two consumer groups (two [BLOCK_Q / 2, D] copies, each barrier's expect_tx half
+# the tile), but a host descriptor's box is fixed at [BLOCK_Q, D] (the launcher encodes the box in the kernel's
+# metadata, still 128 rows): each copy lands twice the bytes its mbarrier expects, so its tx-count passes zero and
+# the consumer groups' wait on q never ends. "device": the kernel makes the descriptor (tl.make_tensor_descriptor),
+# so the split halves its box too (PTX box 64 rows = expect_tx). Triton's Hopper attention tutorial does so for this
+# reason (triton-lang/triton PR 7658: no data partitioning with host TMA on Hopper; issue 11587 / PR 11596: a later
+# Triton's verifier rejects the mismatch at compile time, 3.6 compiles it).
+WS_Q_DESCS = ("host", "device")
+
+
+def _scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    """Global scratch for Triton's in-kernel descriptors (128 bytes a program)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _ensure_allocator() -> None:
+    """A device descriptor needs a scratch allocator (triton.set_allocator); one already set is kept."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
 
 
 def launch_ws_chunk(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, query_start_loc: torch.Tensor,
                     seq_lens: torch.Tensor, block_tables: torch.Tensor, scale: float, warp_specialize: bool = True,
-                    num_stages: int = 2, mask_v_tail: bool = False, table: str = "load") -> torch.Tensor:
+                    num_stages: int = 2, mask_v_tail: bool = False, table: str = "load", q_desc: str = "host",
+                    block_q: int = WS_BLOCK_Q) -> torch.Tensor:
     """The launch without ws_chunk_attention's refusal, for the deadlock diagnosis (tools/diag_ws.py) and the tests.
-    table "contiguous" is right only where each sequence's blocks are consecutive."""
+    table "contiguous" is right only where each sequence's blocks are consecutive. q_desc: WS_Q_DESCS. block_q 64:
+    a diagnostic control (the pass then leaves q whole: both consumer groups run the same 64 rows)."""
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     assert ws_chunk_fits(q, k_cache) and v_cache.stride() == k_cache.stride() and block_tables.stride(-1) == 1
+    assert q_desc in WS_Q_DESCS and block_q in (64, WS_BLOCK_Q)
     num_tokens, num_q_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
     out = torch.empty_like(q)
-    q_desc = TensorDescriptor.from_tensor(q.view(num_tokens, num_q_heads * head_dim), [WS_BLOCK_Q, head_dim])
+    if q_desc == "device":
+        q_arg = q  # its pointer; the kernel makes the descriptor
+        if q.is_cuda:
+            _ensure_allocator()
+    else:
+        q_arg = TensorDescriptor.from_tensor(q.view(num_tokens, num_q_heads * head_dim), [block_q, head_dim])
     kv_box = [1, block_size, 1, head_dim]
     k_desc = TensorDescriptor.from_tensor(k_cache, kv_box)
     v_desc = TensorDescriptor.from_tensor(v_cache, kv_box)
-    grid = (num_q_heads, grid_tiles(num_tokens, num_seqs, WS_BLOCK_Q))
-    _ws_chunk_kernel[grid](q_desc, k_desc, v_desc, out, query_start_loc, seq_lens, block_tables,
+    grid = (num_q_heads, grid_tiles(num_tokens, num_seqs, block_q))
+    _ws_chunk_kernel[grid](q_arg, k_desc, v_desc, out, query_start_loc, seq_lens, block_tables,
                            scale * 1.4426950408889634, out.stride(0), out.stride(1), block_tables.stride(0), num_seqs,
-                           GROUP=num_q_heads // num_kv_heads, BLOCK_Q=WS_BLOCK_Q, BLOCK_N=block_size, D=head_dim,
-                           BLOCK_S=triton.next_power_of_2(num_seqs), WARP_SPECIALIZE=warp_specialize,
-                           MASK_V_TAIL=mask_v_tail, TABLE=WS_TABLE_MODES[table],
-                           MAX_BLOCKS=triton.next_power_of_2(block_tables.shape[1]), num_warps=4, num_stages=num_stages)
+                           num_tokens, q.stride(0), GROUP=num_q_heads // num_kv_heads, BLOCK_Q=block_q,
+                           BLOCK_N=block_size, D=head_dim, BLOCK_S=triton.next_power_of_2(num_seqs),
+                           WARP_SPECIALIZE=warp_specialize, MASK_V_TAIL=mask_v_tail, TABLE=WS_TABLE_MODES[table],
+                           MAX_BLOCKS=triton.next_power_of_2(block_tables.shape[1]), Q_ON_DEVICE=q_desc == "device",
+                           num_warps=4, num_stages=num_stages)
     return out

@@ -24,12 +24,20 @@ stages_kernels() {
       # 64/128-token cache block): its GPU test, the kernel alone beside today's on the same keys in 16/64/128-token
       # blocks (the WS rows print their refusal since session 28), then the step bench (llama3-8b) at block 16 and 128,
       # decode rows included. PREFILL_WS_TOKENS: the step's prefill rows; PREFILL_WS_ARGS: the kernel bench's flags.
+      # session 29: the specialised launch runs only once its fix (q's descriptor made in the kernel) passed here:
+      # tools/diag_ws.py's qdev cases, each in a process under a limit; then BLINK_PREFILL_WS_UNCHECKED=1 and the step
+      # also runs at block 128 with the kernel (128:1)
+      python3 -m tools.diag_ws --variants qdev --shapes prompt256,mixed --timeout 40 2>&1 | tee "$OUT/prefill_ws_diag.log"
+      ws_runs="16:0:1,8,32 128:0:1,8,32"
+      if [ "$(grep -c 'ws 1: ok' "$OUT/prefill_ws_diag.log")" = 2 ]; then
+        export BLINK_PREFILL_WS_UNCHECKED=1 && ws_runs="$ws_runs 128:1"
+      fi
       python3 -m pytest -q --timeout 120 -m gpu tests/kernels/test_attention_ws.py 2>&1 | tee "$OUT/prefill_ws_tests.log" | tail -8
       python3 -m bench.kernels.prefill_attention --variants today,today-b128,ws-b128,ws-b128-maskv,today-b64,ws-b64,ws-b64-s4 \
         ${PREFILL_WS_ARGS:-} 2>&1 | tee "$OUT/prefill_ws_kernel.log" | tail -12
-      # session 28: the WS kernel is refused on GPUs (it deadlocked), so the step compares the block sizes with
-      # today's kernel (decode at 128 takes the compiled-in page for whole tiles); PREFILL_WS_RUNS adds 128:1:
-      for run in ${PREFILL_WS_RUNS:-16:0:1,8,32 128:0:1,8,32}; do
+      # the step compares the block sizes with today's kernel (decode at 128 takes the compiled-in page for whole
+      # tiles) and, where the fix passed, with the WS kernel; PREFILL_WS_RUNS replaces the runs:
+      for run in ${PREFILL_WS_RUNS:-$ws_runs}; do
         IFS=: read -r bs ws batches <<< "$run"
         BLINK_PREFILL_WS=$ws python3 -m blink.bench.step step --presets llama3-8b --block-size "$bs" \
           ${batches:+--batches "$batches"} $([ -n "$batches" ] || echo --no-decode) \
@@ -37,7 +45,9 @@ stages_kernels() {
           --result-json "$OUT/prefill_ws_step_b${bs}_ws${ws}.json" 2>&1 | tee "$OUT/prefill_ws_step_b${bs}_ws${ws}.log"
       done;;
     ws-diag)  # session 28: attention_ws.py's specialised kernel hung on the H200; each case in its own process under a
-      # limit (tools/diag_ws.py: with and without specialisation, three ways to find a tile's block, four shapes)
+      # limit (tools/diag_ws.py: with and without specialisation; session 29's variants: q's descriptor made in the
+      # kernel (the suspected fix), 64-row q tiles (a control), today's host descriptor; WS_DIAG_ARGS="--modes
+      # load,contiguous,row" adds session 28's table modes)
       python3 -m tools.diag_ws ${WS_DIAG_ARGS:---timeout 30 --shapes prompt256,mixed} 2>&1 | tee "$OUT/ws_diag.log";;
     fusion)  # issue 17's per-layer levers: GEMV vs today's kernels per projection, the step with each lever on/off
       python3 -m bench.kernels.fusion 2>&1 | tee "$OUT/fusion.log" | tail -70;;
