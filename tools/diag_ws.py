@@ -41,7 +41,8 @@ def contiguous(batch):
     return batch
 
 
-def run_case(shape: str, table: str, ws: bool, stages: int, device: str, variant: str = "host") -> None:
+def run_case(shape: str, table: str, ws: bool, stages: int, device: str, variant: str = "host",
+             repeats: int = 1) -> None:
     import torch
 
     from blink.kernels.attention import paged_attention_ref
@@ -52,12 +53,17 @@ def run_case(shape: str, table: str, ws: bool, stages: int, device: str, variant
     batch = contiguous(make_paged_batch(q_lens, seq_lens, 8, 2, head_dim=64, block_size=64, dtype=torch.float16,
                                         device=device))
     args = (batch.q, batch.k_cache, batch.v_cache, batch.query_start_loc, batch.seq_lens, batch.block_tables, 0.125)
-    out = launch_ws_chunk(*args, warp_specialize=ws, num_stages=stages, table=table, **VARIANTS[variant])
-    if device == "cuda":
-        torch.cuda.synchronize()
     n = sum(q_lens)
-    err = (out[:n].float() - paged_attention_ref(*args)[:n].float()).abs().max().item()
-    print(f"ok maxerr {err:.1e}", flush=True)
+    ref = paged_attention_ref(*args)[:n].float()
+    outs = []
+    for _ in range(repeats):  # a release of a K/V slot before its last read (perf.md, session 29) shows as drift
+        outs.append(launch_ws_chunk(*args, warp_specialize=ws, num_stages=stages, table=table,
+                                    **VARIANTS[variant])[:n])
+        if device == "cuda":
+            torch.cuda.synchronize()
+    err = max((out.float() - ref).abs().max().item() for out in outs)
+    differing = sum(not torch.equal(out, outs[0]) for out in outs[1:])
+    print(f"ok maxerr {err:.1e} over {repeats} runs, {differing} differing from the first", flush=True)
 
 
 def main() -> None:
@@ -68,20 +74,21 @@ def main() -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--stages", default="2")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--repeats", type=int, default=10, help="launches a case, compared bit for bit")
     # shape table ws stages device variant: one case, in this process
     parser.add_argument("--case", nargs=6, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         shape, table, ws, stages, device, variant = args.case
-        run_case(shape, table, ws == "1", int(stages), device, variant)
+        run_case(shape, table, ws == "1", int(stages), device, variant, args.repeats)
         return
     cases = [(v, sh, t, st, ws) for v in args.variants.split(",") for sh in args.shapes.split(",")
              for t in args.modes.split(",") for st in args.stages.split(",") for ws in ("0", "1")]
     for variant, shape, table, stages, ws in cases:
         case = [shape, table, ws, stages, args.device, variant]
         try:
-            done = subprocess.run([sys.executable, "-m", "tools.diag_ws", "--case", *case],
-                                  capture_output=True, text=True, timeout=args.timeout)
+            command = [sys.executable, "-m", "tools.diag_ws", "--repeats", str(args.repeats), "--case", *case]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
             said = (done.stdout.strip().splitlines() or [""])[-1] if done.returncode == 0 else \
                 "error: " + (done.stderr.strip().splitlines() or ["?"])[-1]
         except subprocess.TimeoutExpired:
