@@ -121,3 +121,10 @@ def test_moe_bench_runs_on_tiny_shapes(monkeypatch):
     assert [r["batch"] for r in rows] == [1, 40] and rows[0]["touched"] == 2
     assert all(r["err"] < 2e-2 and r["floor_us"] > 0 for r in rows)
     assert rows[0]["streams_err"] < 2e-2 and "streams_us" not in rows[1]  # 80 pairs: past moe_gemv.MAX_PAIRS
+    # the streams alone in given tiles: the defaults first, then each gate_up tile, then each down tile
+    tiled = bench_moe.main(["--batches", "1", "--experts", "8", "--top-k", "2", "--hidden", "32", "--inter", "64",
+                            "--stream-tiles", "2x16w4s2,8x32w2s3;16x16w4s2"])
+    tiles = tiled[0]["tiles"]
+    assert [t["which"] for t in tiles] == ["default", "gate_up", "gate_up", "down"]
+    assert tiles[2]["gate_up"] == bench_moe.MoeGemvConfig(8, 32, 2, 3) and tiles[3]["down"].block_n == 16
+    assert all(t["err"] < 2e-2 for t in tiles)

@@ -141,6 +141,11 @@ stages_kernels() {
       python3 -m pytest -q --timeout 120 tests/kernels/test_moe_gemv.py tests/model/test_moe_phi_gpu.py -k "not hf" 2>&1 \
         | tee "$OUT/moe_gemv_tests.log" | tail -8
       python3 -m bench.kernels.moe_block --batches 1,2,4,8,16 2>&1 | tee "$OUT/moe_gemv_block.log"
+      # session 29: the streams alone at batch 1 in other tiles (MOE_TILES: gate_up tiles;down tiles), since the
+      # block at batch 1 read its 75 MB at ~1.7 TB/s in session 28
+      python3 -m bench.kernels.moe_block --batches 1 --stream-tiles \
+        "${MOE_TILES:-8x512w4s2,8x512w4s3,16x256w4s3,2x2048w4s2,4x512w4s3;2x1024w4s2,8x512w8s2,4x256w4s3,2x512w2s2}" 2>&1 \
+        | tee "$OUT/moe_gemv_tiles.log"
       # session 28: the step with the streams printed nothing in 95 s (compiles or a hang?): under a limit that
       # aborts with every thread's Python stack (faulthandler), so the log says which
       for run in 64:1 0:1 64:0; do
