@@ -8,9 +8,9 @@ Defaults are one Qwen3-30B-A3B layer (--tp N: one rank's slice of each expert). 
 sort kernels alone, then the whole block (route, sort, both grouped GEMMs, the sum over k), and where the pairs
 fit moe_gemv.MAX_PAIRS the block with the experts as weight streams (route, gate_up, down: "streams", side by
 side with the sort and GEMMs in one run; --stream-tiles: the two streams alone in each gate_up tile, then in each
-down tile, BLOCK_N x BLOCK_K, warps, stages, beside moe_gemv's default tiles); the floor is the bytes of the experts actually routed to (counted from
-this batch's routing) plus the activations, at the copy bandwidth of blink/bench/roofline.py; err is the block
-against its torch reference.
+down tile, BLOCK_N x BLOCK_K, warps, stages, beside moe_gemv's default tiles); the floor is the bytes of the experts
+actually routed to (counted from this batch's routing) plus the activations, at the copy bandwidth of
+blink/bench/roofline.py; err is the block against its torch reference.
 """
 from __future__ import annotations
 
