@@ -17,7 +17,6 @@ from blink.core.step_buffers import StepBuffers
 from blink.kernels.attention_merge import split_tickets
 from blink.kernels.prompt_logprobs import prompt_logprobs
 from blink.kernels.sampling import SampleOutput, sample
-from blink.kernels.sampling_grammar import advance_grammar
 from blink.request import MAX_TOP_LOGPROBS
 
 
@@ -86,9 +85,10 @@ class ModelRunner:
         slots = buf.sample_slots[:num_seqs]
         out = SampleOutput(buf.sampled_ids[:num_seqs], buf.logprobs[:num_seqs], buf.top_ids[:num_seqs],
                            buf.top_logprobs[:num_seqs])  # the sampler writes the step's outputs in place
-        sample(logits, slots, buf.sample_positions[:num_seqs], self.sampling_state, MAX_TOP_LOGPROBS, out=out)
-        self.sampling_state.record_tokens(slots, out.token_ids)
-        advance_grammar(slots, out.token_ids, self.sampling_state)  # constrained slots' DFA states
+        # record: the token counted in its slot's penalty history and a constrained slot's DFA advanced, in the
+        # sampler's last kernel on a GPU
+        sample(logits, slots, buf.sample_positions[:num_seqs], self.sampling_state, MAX_TOP_LOGPROBS, out=out,
+               record=True)
 
     def capture(self, bucket: tuple[int, int], buf: StepBuffers,
                 on_graph_end: Callable[[int], None] | None = None) -> torch.cuda.CUDAGraph:

@@ -33,10 +33,12 @@ import triton.language as tl
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _refine_kernel
 from blink.kernels.sampling_compact import _compact_kernel
+from blink.kernels.sampling_grammar import advance_grammar
 from blink.kernels.sampling_grid import _Plan, _row_block
 from blink.kernels.sampling_penalties import prologue
 from blink.kernels.sampling_plan import COUNTERS
 from blink.kernels.sampling_race import lse_step, race_over_list, store_lse
+from blink.kernels.sampling_record import record_token
 from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the reference lives there)
     SampleOutput,
     apply_penalties_ref,
@@ -128,10 +130,13 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
 @triton.jit
 def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_max_ptr, part_sum_ptr,
                    part_best_ptr, part_token_ptr, part_smallest_ptr, part_largest_ptr, top_keys_ptr, counter_ptr,
-                   cand_key_ptr, cand_id_ptr, token_ptr, logprob_ptr, top_ids_ptr, top_logprobs_ptr,
+                   cand_key_ptr, cand_id_ptr, token_ptr, logprob_ptr, top_ids_ptr, top_logprobs_ptr, flags_ptr,
+                   counts_ptr, gstate_ptr, gid_ptr, classes_ptr, row_base_ptr, cells_ptr,
                    vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr, CHUNKS_PAD: tl.constexpr, K: tl.constexpr,
                    K_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr,
-                   USE_PDL: tl.constexpr = False):
+                   RECORD: tl.constexpr = False, GRAMMAR: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+    """RECORD: also what followed the choice in launches of their own (sampling_record's count of the token in its
+    slot's penalty history; with GRAMMAR, sampling_grammar's advance of a constrained slot's DFA state)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     c = tl.arange(0, CHUNKS_PAD)
@@ -150,6 +155,9 @@ def _finish_kernel(logits_ptr, scratch_ptr, slots_ptr, num_logprobs_ptr, part_ma
     raw_row = logits_ptr + row.to(tl.int64) * vocab_size
     tl.store(token_ptr + row, token.to(tl.int64))
     tl.store(logprob_ptr + row, tl.load(raw_row + token) - normalizer)
+    if RECORD:
+        record_token(row, token, slots_ptr, flags_ptr, counts_ptr, gstate_ptr, gid_ptr, classes_ptr, row_base_ptr,
+                     cells_ptr, vocab_size, GRAMMAR)
 
     if K > 0:
         ids_out = top_ids_ptr + row.to(tl.int64) * K
@@ -202,7 +210,7 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
 
 
 def _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs,
-                      plan: _Plan, out: SampleOutput | None = None) -> SampleOutput:
+                      plan: _Plan, out: SampleOutput | None = None, record: bool = False) -> SampleOutput:
     num_rows, vocab_size = logits.shape
     assert max_top_logprobs <= vocab_size
     device = logits.device
@@ -222,10 +230,11 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
     assert all(t.is_contiguous() for t in out) and top_ids.shape == (num_rows, max_top_logprobs)
     _finish_kernel[(num_rows,)](
         logits, plan.scratch, slots, state.num_logprobs, f32[0], f32[1], f32[2], i32[0], i32[1], i32[2], plan.top_keys,
-        plan.counters, plan.cand_i32[1], plan.cand_i32[2], token_ids, logprobs, top_ids, top_logprobs, vocab_size,
-        NUM_CHUNKS=plan.num_chunks, CHUNKS_PAD=plan.chunks_pad, K=max_top_logprobs,
+        plan.counters, plan.cand_i32[1], plan.cand_i32[2], token_ids, logprobs, top_ids, top_logprobs, state.flags,
+        state.output_counts, state.grammar_state, state.grammar_id, state.grammar_classes, state.grammar_row_base,
+        state.grammar_cells, vocab_size, NUM_CHUNKS=plan.num_chunks, CHUNKS_PAD=plan.chunks_pad, K=max_top_logprobs,
         K_PAD=triton.next_power_of_2(max(max_top_logprobs, 1)), CAND=plan.cand, SMALL=plan.small,
-        BLOCK=_row_block(vocab_size),
+        BLOCK=_row_block(vocab_size), RECORD=record, GRAMMAR=record and state.grammar_slots > 0,
         num_warps=_ROW_WARPS, **plan.pdl, **_NO_FUSION,
     )
     return out
@@ -263,10 +272,11 @@ def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: t
 def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
                   max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
                   out: SampleOutput | None = None, race: int | None = None,
-                  compact_once: bool | None = None, reject: int | None = None) -> SampleOutput:
+                  compact_once: bool | None = None, reject: int | None = None, record: bool = False) -> SampleOutput:
     """race: the list race's capacity per row (sampling_grid.race_capacity; None: BLINK_SAMPLER_RACE's);
     compact_once: the compaction's one read (sampling_compact; None: BLINK_SAMPLER_COMPACT's); reject: the
-    rejection's rounds before the search (sampling_reject; None: BLINK_SAMPLER_REJECT's)."""
+    rejection's rounds before the search (sampling_reject; None: BLINK_SAMPLER_REJECT's); record: the state's
+    updates after the choice too (sample's)."""
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
     plan = _Plan(logits, num_buckets, programs, race, compact_once, reject)
@@ -276,19 +286,25 @@ def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Te
     if plan.reject:
         reject_candidates(logits, processed, slots, positions, state, plan)
     threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)
-    return _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs, plan, out)
+    return _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs, plan, out,
+                             record)
 
 
 def sample(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
-           max_top_logprobs: int, out: SampleOutput | None = None) -> SampleOutput:
+           max_top_logprobs: int, out: SampleOutput | None = None, record: bool = False) -> SampleOutput:
     """logits [S, V] f32, slots [S] int32 (-1: padding), positions [S] int64 (of the sampled token). With `out`
     (contiguous tensors of SampleOutput's dtypes, e.g. a step's buffers) the results land there, copy-free on
-    CUDA."""
+    CUDA. record: also count each row's token in its slot's penalty history and advance a constrained slot's DFA
+    state (SamplingState.record_tokens, sampling_grammar.advance_grammar; one row per constrained slot), on CUDA
+    inside the last kernel."""
     if logits.is_cuda:
-        return sample_triton(logits, slots, positions, state, max_top_logprobs, out=out)
+        return sample_triton(logits, slots, positions, state, max_top_logprobs, out=out, record=record)
     got = sample_ref(logits, slots, positions, state, max_top_logprobs)
-    if out is None:
-        return got
-    for dst, src in zip(out, got, strict=True):
-        dst.copy_(src)
-    return out
+    if out is not None:
+        for dst, src in zip(out, got, strict=True):
+            dst.copy_(src)
+        got = out
+    if record:
+        state.record_tokens(slots, got.token_ids)
+        advance_grammar(slots, got.token_ids, state)
+    return got

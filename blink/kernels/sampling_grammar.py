@@ -4,7 +4,8 @@ Tables: blink/grammar/tables.py (token -> class, (state, class) -> next state), 
 SamplingState's grammar arena. A token is allowed iff its cell holds a next state >= 0; a slot whose
 state is -1 (defensive: never reached through the mask) allows only EOS, so it ends at once. The mask
 runs inside the penalties kernel's pass (sampling.py) before temperature, top-k and top-p; the advance
-is one tiny launch after the choice. Both are capturable: fixed grids, no host sync.
+runs in the sampler's finish kernel in the engine's step (sampling_record.record_token), or as one tiny launch
+after the choice (advance_grammar). Both are capturable: fixed grids, no host sync.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from blink.grammar.tables import CLASS_EOS
 if TYPE_CHECKING:
     from blink.kernels.sampling_state import SamplingState
 
-FLAG_GRAMMAR = 4  # sampling_state.FLAG_GRAMMAR (not imported: the engine module imports this one's users)
+FLAG_GRAMMAR = 4  # SamplingState.flags' grammar bit (sampling_state takes it from here)
 _FLAG_GRAMMAR = tl.constexpr(FLAG_GRAMMAR)  # the kernels' copies (Triton reads only constexpr globals)
 _CLASS_EOS = tl.constexpr(CLASS_EOS)
 

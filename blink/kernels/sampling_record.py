@@ -1,5 +1,6 @@
 """After the choice: count each row's new token in its slot's output_counts, the history that presence and
-frequency penalties read at the next step. One launch; the torch version (record_tokens_ref) is about ten small
+frequency penalties read at the next step. In the engine's step the sampler's finish kernel does it (record_token,
+with the grammar's advance); else one launch; the torch version (record_tokens_ref) is about ten small
 kernels, ~15 us of a batch-1 step on the H200 (perf.md, 2026-12-02 session 12's timeline). Capturable: a fixed
 grid, no host sync. Rows whose slot is negative, whose token is negative, or whose slot has no penalties add 0,
 so padding rows may point anywhere valid or at -1; rows sharing a slot and token both count (atomics).
@@ -9,6 +10,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from blink.kernels.sampling_grammar import _FLAG_GRAMMAR
+
+FLAG_PENALTIES = 1  # SamplingState.flags' penalties bit (sampling_state takes it from here)
+_FLAG_PENALTIES = tl.constexpr(FLAG_PENALTIES)
 
 
 def record_tokens_ref(counts: torch.Tensor, flags: torch.Tensor, penalties_flag: int, slots: torch.Tensor,
@@ -33,6 +39,24 @@ def _record_kernel(slots_ptr, tokens_ptr, flags_ptr, counts_ptr, vocab_size,
     live = live & ((flags & FLAG) != 0)
     offs = tl.maximum(slot, 0).to(tl.int64) * vocab_size + tl.maximum(token, 0)
     tl.atomic_add(counts_ptr + offs, tl.full([BLOCK], 1, tl.int32), mask=live)
+
+
+@triton.jit
+def record_token(row, token, slots_ptr, flags_ptr, counts_ptr, gstate_ptr, gid_ptr, classes_ptr, row_base_ptr,
+                 cells_ptr, vocab_size: tl.constexpr, GRAMMAR: tl.constexpr):
+    """One row's updates after the choice, inside the sampler's finish kernel (sampling.py: two launches fewer a
+    step): the count as _record_kernel's and, with GRAMMAR, the DFA advance as sampling_grammar's _advance_kernel."""
+    slot = tl.load(slots_ptr + row)
+    if slot >= 0:
+        flags = tl.load(flags_ptr + slot)
+        if (flags & _FLAG_PENALTIES) != 0:
+            tl.atomic_add(counts_ptr + slot.to(tl.int64) * vocab_size + token, 1)  # rows may share a slot and token
+        if GRAMMAR:
+            if (flags & _FLAG_GRAMMAR) != 0:
+                gstate = tl.load(gstate_ptr + slot)
+                cls = tl.load(classes_ptr + tl.load(gid_ptr + slot).to(tl.int64) * vocab_size + token)
+                nxt = tl.load(cells_ptr + tl.load(row_base_ptr + tl.maximum(gstate, 0)) + cls)
+                tl.store(gstate_ptr + slot, tl.where(gstate >= 0, nxt, -1))
 
 
 def record_tokens_triton(counts: torch.Tensor, flags: torch.Tensor, penalties_flag: int, slots: torch.Tensor,

@@ -44,11 +44,11 @@ from collections.abc import Sequence
 import torch
 
 from blink.kernels import sampling_record
+from blink.kernels.sampling_grammar import FLAG_GRAMMAR  # the flags' bits, each defined by its reader
+from blink.kernels.sampling_record import FLAG_PENALTIES
 from blink.request import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS, SamplingParams
 
-FLAG_PENALTIES = 1
 FLAG_LOGIT_BIAS = 2
-FLAG_GRAMMAR = 4
 
 
 def _as_int64(seed: int) -> int:

@@ -32,6 +32,33 @@ def constrained_state(compiler, vocab):
     return state, arena
 
 
+def test_the_updates_after_the_choice_inside_the_sampler_equal_the_separate_ones(demo_compiler, demo_vocab):
+    """sample(record=True): the finish kernel counts each token in its slot's penalty history and advances the
+    constrained slots' DFA states (runner.py's step), as record_tokens and advance_grammar after sample_ref do;
+    two rows of one unconstrained slot with penalties (slot 4) that choose the same token both count."""
+    _, _, vocab = demo_vocab
+    ref_state, _ = constrained_state(demo_compiler, vocab)
+    tri_state, _ = constrained_state(demo_compiler, vocab)
+    for state in (ref_state, tri_state):
+        state.set_slot(4, SamplingParams(temperature=0.0, frequency_penalty=0.5), seed=1, prompt_ids=[1])
+    slots = torch.tensor([0, 1, 2, 3, 4, 4, -1], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(3)
+    for step in range(6):
+        logits = torch.randn(len(slots), vocab, generator=gen) * 4
+        logits[5] = logits[4]  # greedy twins: the same token, counted twice
+        positions = torch.full((len(slots),), 20 + step, dtype=torch.int64)
+        ref = sample_ref(logits, slots, positions, ref_state, 2)
+        assert ref.token_ids[4] == ref.token_ids[5]
+        ref_state.record_tokens(slots, ref.token_ids)
+        advance_grammar_ref(slots, ref.token_ids, ref_state)
+        tri = sample_triton(logits, slots, positions, tri_state, 2, record=True)
+        assert torch.equal(ref.token_ids, tri.token_ids)
+        assert torch.equal(ref_state.grammar_state, tri_state.grammar_state)
+        assert torch.equal(ref_state.output_counts, tri_state.output_counts)
+    assert tri_state.output_counts[4].sum() == 12 and tri_state.output_counts[2].sum() == 6  # greedy twins: 2 a step
+    assert tri_state.output_counts[0].sum() == 0  # no penalties: not counted
+
+
 def test_triton_equals_reference_and_obeys_the_grammar(demo_compiler, demo_vocab):
     tok, eos, vocab = demo_vocab
     ref_state, _ = constrained_state(demo_compiler, vocab)

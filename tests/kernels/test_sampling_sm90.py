@@ -44,9 +44,10 @@ kernels = [
 ]
 # the old and new ways of issue 17's levers: the row or list race (RACE, sampling_race), the compaction's two reads
 # or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads), the rejection before the search (REJECT; TOP_K:
-# its top_k rows; FIRST: its first round, which takes the penalties kernel's race)
+# its top_k rows; FIRST: its first round, which takes the penalties kernel's race; RECORD / GRAMMAR: the finish
+# kernel's updates after the choice)
 levers = {"RACE": (0, 16384), "ONCE": (False, True), "CHUNK_HIST": (False, True), "REJECT": (False, True),
-          "TOP_K": (False, True), "FIRST": (False, True)}
+          "TOP_K": (False, True), "FIRST": (False, True), "RECORD": (False, True), "GRAMMAR": (False, True)}
 for kernel, constants, warps in list(kernels):
     names = inspect.signature(kernel.fn).parameters
     old, new = ({n: v[i] for n, v in levers.items() if n in names} for i in (0, 1))
@@ -55,7 +56,7 @@ for kernel, constants, warps in list(kernels):
         kernels.append((kernel, {**constants, **new}, warps))
         if "ONCE" in names:  # one lever without the other
             kernels += [(kernel, {**constants, "ONCE": True}, warps), (kernel, {**constants, "RACE": 16384}, warps)]
-assert len(kernels) == 19, len(kernels)
+assert len(kernels) == 20, len(kernels)
 for kernel, constants, warps in kernels:
     names = list(inspect.signature(kernel.fn).parameters)
     # the sampler's seven kernels also build with PDL (BLINK_SAMPLER_PDL): that variant must wait (kernels/pdl.py)
