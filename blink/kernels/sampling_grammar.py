@@ -35,6 +35,14 @@ def grammar_allowed(offs, mask, gstate, gid, classes_ptr, row_base_ptr, cells_pt
 
 
 @triton.jit
+def grammar_next(gstate, token, gid, live, classes_ptr, row_base_ptr, cells_ptr, vocab_size: tl.constexpr):
+    """The global state after `token` from gstate in grammar gid (-1 from -1); scalars or blocks alike."""
+    cls = tl.load(classes_ptr + gid.to(tl.int64) * vocab_size + token, mask=live, other=0)
+    base = tl.load(row_base_ptr + tl.maximum(gstate, 0), mask=live & (gstate >= 0), other=0)
+    return tl.load(cells_ptr + base + cls, mask=live & (gstate >= 0), other=-1)
+
+
+@triton.jit
 def _advance_kernel(slots_ptr, tokens_ptr, flags_ptr, state_ptr, gid_ptr, classes_ptr, row_base_ptr, cells_ptr,
                     vocab_size: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.arange(0, BLOCK)
@@ -46,9 +54,7 @@ def _advance_kernel(slots_ptr, tokens_ptr, flags_ptr, state_ptr, gid_ptr, classe
     gstate = tl.load(state_ptr + safe, mask=live, other=-1)
     token = tl.load(tokens_ptr + r, mask=live, other=0).to(tl.int32)
     gid = tl.load(gid_ptr + safe, mask=live, other=0)
-    cls = tl.load(classes_ptr + gid.to(tl.int64) * vocab_size + token, mask=live, other=0)
-    base = tl.load(row_base_ptr + tl.maximum(gstate, 0), mask=live & (gstate >= 0), other=0)
-    nxt = tl.load(cells_ptr + base + cls, mask=live & (gstate >= 0), other=-1)
+    nxt = grammar_next(gstate, token, gid, live, classes_ptr, row_base_ptr, cells_ptr, vocab_size)
     tl.store(state_ptr + safe, nxt, mask=live)
 
 

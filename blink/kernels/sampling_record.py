@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from blink.kernels.sampling_grammar import _FLAG_GRAMMAR
+from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_next
 
 FLAG_PENALTIES = 1  # SamplingState.flags' penalties bit (sampling_state takes it from here)
 _FLAG_PENALTIES = tl.constexpr(FLAG_PENALTIES)
@@ -53,10 +53,9 @@ def record_token(row, token, slots_ptr, flags_ptr, counts_ptr, gstate_ptr, gid_p
             tl.atomic_add(counts_ptr + slot.to(tl.int64) * vocab_size + token, 1)  # rows may share a slot and token
         if GRAMMAR:
             if (flags & _FLAG_GRAMMAR) != 0:
-                gstate = tl.load(gstate_ptr + slot)
-                cls = tl.load(classes_ptr + tl.load(gid_ptr + slot).to(tl.int64) * vocab_size + token)
-                nxt = tl.load(cells_ptr + tl.load(row_base_ptr + tl.maximum(gstate, 0)) + cls)
-                tl.store(gstate_ptr + slot, tl.where(gstate >= 0, nxt, -1))
+                nxt = grammar_next(tl.load(gstate_ptr + slot), token, tl.load(gid_ptr + slot), True, classes_ptr,
+                                   row_base_ptr, cells_ptr, vocab_size)
+                tl.store(gstate_ptr + slot, nxt)
 
 
 def record_tokens_triton(counts: torch.Tensor, flags: torch.Tensor, penalties_flag: int, slots: torch.Tensor,
