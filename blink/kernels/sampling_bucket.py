@@ -102,12 +102,18 @@ def _row_source(logits_ptr, processed_ptr, row, processed, vocab_size: tl.conste
 
 
 @triton.jit
+def scale_cutoff(temperature, min_p, top):
+    """1 / T, the largest scaled logit and min_p's cutoff (-inf: keeps all) under the largest key `top`."""
+    inv_temperature = tl.math.div_rn(1.0, temperature)  # rounded as torch's '/'
+    s_max = key_value(top) * inv_temperature
+    return inv_temperature, s_max, tl.where(min_p > 0.0, s_max + tl.log(min_p), float("-inf"))
+
+
+@triton.jit
 def _row_scale(logits_ptr, processed_ptr, row, processed, temperature, min_p, top, vocab_size: tl.constexpr):
     """The row's source, 1 / T, its largest scaled logit and min_p's cutoff (-inf: keeps all)."""
     src = _row_source(logits_ptr, processed_ptr, row, processed, vocab_size)
-    inv_temperature = tl.math.div_rn(1.0, temperature)  # rounded as torch's '/'
-    s_max = key_value(top) * inv_temperature
-    cutoff = tl.where(min_p > 0.0, s_max + tl.log(min_p), float("-inf"))
+    inv_temperature, s_max, cutoff = scale_cutoff(temperature, min_p, top)
     return src, inv_temperature, s_max, cutoff
 
 

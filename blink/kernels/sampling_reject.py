@@ -32,10 +32,10 @@ import triton
 import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
-from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, top_p_weight
+from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, scale_cutoff, top_p_weight
 from blink.kernels.sampling_plan import COUNTERS, DECIDED, PENDING, REJECT_TICKET, REJECT_WORDS, SEARCH
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, row_hash
-from blink.kernels.sampling_select import canonical, key_value
+from blink.kernels.sampling_select import canonical
 
 _NO_FUSION = {"enable_fp_fusion": False}
 
@@ -96,8 +96,7 @@ def first_race(src, chunk, chunk_key_max, temperature, min_p, seed, position, be
                vocab_size: tl.constexpr, KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Step 0 for one program of a taken row (the penalties kernel calls it after its chunk maximum): the race over
     this chunk's tokens at or above min_p's cutoff from the chunk's own maximum, into best_ptr / token_ptr."""
-    inv_temperature = tl.math.div_rn(1.0, temperature)  # as _row_scale
-    cutoff = tl.where(min_p > 0.0, key_value(chunk_key_max) * inv_temperature + tl.log(min_p), float("-inf"))
+    inv_temperature, _, cutoff = scale_cutoff(temperature, min_p, chunk_key_max)
     best, token, _, _, _ = _race_above(src, chunk, float("-inf"), inv_temperature, 0.0, cutoff,
                                        row_hash(seed, position), False, vocab_size, KEY_BYTES, CHUNK, BLOCK)
     tl.store(best_ptr, best)
