@@ -4,11 +4,17 @@ rings and the real process model, but the engine answers at once. It polls ingre
 device mode's GPU does, every few microseconds; so it holds a core) and emits one token (id 0) per live
 request per turn until each request's max_tokens. TTFT and ITL measured against it are the front end's
 own cost plus the client's, with no model in the way.
+
+`BLINK_NULL_STEP_MS=10` paces it like a real engine's decode steps: while requests are live, one turn (one
+token a request) every 10 ms, so the front end reads one record a request at a time, as it does in serving;
+arrivals wait for the next turn, and an idle engine starts an arrival at once.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import time
 from pathlib import Path
 
 from blink.core.limits import EngineLimits, publish_limits
@@ -42,7 +48,12 @@ def serve(segment, args, should_stop) -> None:
     publish_limits(model_limits(args), ctl)
     ctl.ready = 1
     live: dict[int, list[int]] = {}  # req_id -> [tokens emitted, max_tokens]
+    step_s = float(os.environ.get("BLINK_NULL_STEP_MS", "0")) / 1000
+    next_turn = 0.0
     while not ctl.stop_flag and not should_stop():
+        if live and step_s:  # a step is running: wait it out (sleeping, not spinning: the core is the client's too)
+            time.sleep(max(0.0, next_turn - time.perf_counter()))
+        next_turn = time.perf_counter() + step_s
         events: list[TokenEvent] = []
         for item in ingress.poll(MAX_INGEST):
             if item.kind == "abort":
