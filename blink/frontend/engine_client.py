@@ -1,9 +1,10 @@
 """The front end's side of the rings: submit and abort requests, route egress events to per-request queues.
 
 Everything that touches the ingress ring runs on the event loop's thread (the ring has one producer).
-One daemon thread polls the egress ring (every 100 us while requests are in flight; idle, with a backoff
-that a new request cuts short) and hands batches of events to the loop, which puts each into its
-request's asyncio.Queue. While requests are in flight it also times the engine's silences (EgressGaps).
+One daemon thread polls the egress ring (while requests are in flight every 100 us, except through the
+part of a step it expects to be silent: egress_cadence.py; idle, with a backoff that a new request cuts
+short) and hands batches of events to the loop, which puts each into its request's asyncio.Queue.
+While requests are in flight it also times the engine's silences (EgressGaps).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from blink.frontend.egress_cadence import EgressCadence
 from blink.request import FinishReason, SamplingParams, TokenEvent
 from blink.transport.rings import EgressConsumer, IngressProducer
 from blink.transport.shm import Segment
@@ -215,13 +217,15 @@ class EngineClient:
     # egress (reader thread -> loop)
     def _read_egress(self) -> None:
         idle_sleep = FIRST_IDLE_SLEEP_S
-        gaps = self.egress_gaps
+        gaps, cadence = self.egress_gaps, EgressCadence(ACTIVE_POLL_S)
         while not self._stopping.is_set():
             events = self.consumer.poll()
             if events:
                 idle_sleep = FIRST_IDLE_SLEEP_S
+                now = time.perf_counter()
+                cadence.records(now)
                 if gaps is not None:
-                    gaps.read(time.perf_counter(), bool(self.queues))
+                    gaps.read(now, bool(self.queues))
                 self._loop.call_soon_threadsafe(self._dispatch, events)
             elif self.control.exited:
                 late = self.consumer.poll()  # records published just before `exited` (a drain's last ones)
@@ -231,8 +235,9 @@ class EngineClient:
                 self._loop.call_soon_threadsafe(self._fail_all)
                 self._stopping.wait(POLL_TIMEOUT_S)
             elif self.queues:  # truthiness of a dict is atomic; a stale answer only changes the backoff
-                time.sleep(ACTIVE_POLL_S)
+                time.sleep(cadence.empty(time.perf_counter()))
             else:  # idle: back off, but a new request wakes us at once (its first token must not wait a sleep out)
+                cadence.idle()
                 if gaps is not None:
                     gaps.idle()
                 self._wake.wait(idle_sleep)
