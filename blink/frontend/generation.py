@@ -92,36 +92,46 @@ async def _deltas(ctx: GenerationContext, req_id: int, queue: asyncio.Queue, tim
     prompt: dict[int, PromptLogprobEntry] | None = {} if params.prompt_logprobs is not None else None
     try:
         while not done:
-            event: TokenEvent = await queue.get()
-            if event.is_prompt:  # before the first token; a recomputed prefill may send one again
-                if prompt is not None:
-                    tops = list(zip(event.top_ids, event.top_logprobs, strict=True))
-                    prompt[-event.position] = PromptLogprobEntry(event.token_id, event.logprob, event.rank, tops)
-                continue
-            reason = event.finish_reason
-            cached = max(cached, event.cached_tokens)
-            piece = ""
-            if event.token_id >= 0:
-                num_tokens += 1
-                timer.token(event.queue_us)
-                if params.logprobs is not None:
-                    tops = [(t, lp) for t, lp in zip(event.top_ids, event.top_logprobs, strict=True) if t >= 0]
-                    logprobs.append(TokenLogprob(event.token_id, event.logprob, tops))
-                if reason == FinishReason.STOP and event.token_id in params.stop_token_ids:
-                    stop_reason = event.token_id  # (EOS leaves stop_reason None, as vLLM)
-                if reason != FinishReason.STOP or include_stop:  # a stop token is not output text by default
-                    piece = detokenizer.add(event.token_id)
-            if event.finished:
-                piece += detokenizer.flush()
-            text, stopped = stops.feed(piece, check=num_tokens >= params.min_tokens)
-            if stopped:
-                ctx.client.abort(req_id)
-                reason, stop_reason = FinishReason.STOP, stops.matched
-            elif event.finished:
-                text += stops.flush()
-            done = stopped or event.finished
-            if reason == FinishReason.ERROR and ctx.client.cut_by_shutdown:
-                raise APIError(503, "server shutting down: the request was cut before it finished")
+            # All records already queued make one delta: a consumer that fell behind (a starved front end)
+            # catches up with one chunk, not one a token, so its work shrinks as its lag grows.
+            events: list[TokenEvent] = [await queue.get()]
+            while not queue.empty():
+                events.append(queue.get_nowait())
+            text, reason = "", FinishReason.NONE
+            for event in events:
+                if event.is_prompt:  # before the first token; a recomputed prefill may send one again
+                    if prompt is not None:
+                        tops = list(zip(event.top_ids, event.top_logprobs, strict=True))
+                        prompt[-event.position] = PromptLogprobEntry(event.token_id, event.logprob, event.rank,
+                                                                     tops)
+                    continue
+                reason = event.finish_reason
+                cached = max(cached, event.cached_tokens)
+                piece = ""
+                if event.token_id >= 0:
+                    num_tokens += 1
+                    timer.token(event.queue_us)
+                    if params.logprobs is not None:
+                        tops = [(t, lp) for t, lp in zip(event.top_ids, event.top_logprobs, strict=True) if t >= 0]
+                        logprobs.append(TokenLogprob(event.token_id, event.logprob, tops))
+                    if reason == FinishReason.STOP and event.token_id in params.stop_token_ids:
+                        stop_reason = event.token_id  # (EOS leaves stop_reason None, as vLLM)
+                    if reason != FinishReason.STOP or include_stop:  # a stop token is not output text by default
+                        piece = detokenizer.add(event.token_id)
+                if event.finished:
+                    piece += detokenizer.flush()
+                out, stopped = stops.feed(piece, check=num_tokens >= params.min_tokens)
+                text += out
+                if stopped:
+                    ctx.client.abort(req_id)
+                    reason, stop_reason = FinishReason.STOP, stops.matched
+                elif event.finished:
+                    text += stops.flush()
+                done = stopped or event.finished
+                if reason == FinishReason.ERROR and ctx.client.cut_by_shutdown:
+                    raise APIError(503, "server shutting down: the request was cut before it finished")
+                if done:
+                    break  # the rest of the batch: the records of a request we aborted
             if text or done:
                 finish = reason.openai if done else None
                 delta = Delta(text, logprobs, finish, num_tokens, cached, reason == FinishReason.ERROR,
