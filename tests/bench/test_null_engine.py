@@ -4,6 +4,7 @@ rings, and the server's own TTFT histogram counts each request."""
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import pytest
@@ -26,6 +27,25 @@ def test_null_engine_serves_max_tokens_through_the_real_front_end(tmp_path):
                 assert body["choices"][0]["finish_reason"] == "length"
             metrics = client.get("/metrics").text
         assert re.search(r"^blink:time_to_first_token_seconds_count{[^}]*} 2.0$", metrics, re.M)
+    finally:
+        server.stop()
+    assert server.wait_exit(20) == 0
+
+
+def test_null_engine_paced_takes_a_step_a_token(tmp_path):
+    """BLINK_NULL_STEP_MS: one token a request a step, so 6 tokens take at least 5 steps after the first."""
+    model = make_tokenizer_only_model(tmp_path / "model")
+    server = ServerProcess(["--model", str(model), "--engine-module", "blink.bench.null_engine"],
+                           env={"BLINK_NULL_STEP_MS": "40"})
+    try:
+        server.wait_ready()
+        with httpx.Client(base_url=server.base_url, timeout=30) as client:
+            started = time.perf_counter()
+            body = client.post("/v1/completions", json={"model": str(model), "prompt": "hello",
+                                                        "max_tokens": 6}).json()
+            elapsed = time.perf_counter() - started
+        assert body["usage"]["completion_tokens"] == 6
+        assert elapsed >= 5 * 0.040  # unpaced it answers in about a millisecond
     finally:
         server.stop()
     assert server.wait_exit(20) == 0
