@@ -10,7 +10,9 @@ intervals between burst starts, then polls every `poll_s` again until the next b
 
 What it risks: a step shorter than `fraction` of that shortest interval has its records read late, by at
 most the difference. A longer step costs nothing. Prefill-only steps (no records) merge two intervals,
-which the minimum over the history ignores.
+which the minimum over the history ignores; extra bursts (an abort's record) only shorten the sleeps. A read
+that took half the ring or more (`backlog`) may have left the engine waiting for room to write the rest of its
+step: the next empty poll does not end that burst.
 """
 from __future__ import annotations
 
@@ -27,9 +29,11 @@ class EgressCadence:
         self.history = history
         self.burst_start: float | None = None
         self.in_burst = False
+        self.backlog = False
 
-    def records(self, now: float) -> None:
-        """A poll returned records at `now` (perf_counter)."""
+    def records(self, now: float, backlog: bool = False) -> None:
+        """A poll returned records at `now` (perf_counter); `backlog`: half the ring's capacity or more."""
+        self.backlog = backlog
         if not self.in_burst:
             if self.burst_start is not None:
                 self.intervals.append(now - self.burst_start)
@@ -38,6 +42,9 @@ class EgressCadence:
     def empty(self, now: float) -> float:
         """A poll returned nothing at `now`: how long to sleep before the next one."""
         if not self.in_burst:
+            return self.poll_s
+        if self.backlog:  # the engine may be waiting for the room we just made: look again soon
+            self.backlog = False
             return self.poll_s
         self.in_burst = False
         if len(self.intervals) < self.history:  # not yet sure of the rhythm
@@ -48,4 +55,4 @@ class EgressCadence:
     def idle(self) -> None:
         """Nothing in flight: the rhythm is learnt again from the next bursts."""
         self.intervals.clear()
-        self.burst_start, self.in_burst = None, False
+        self.burst_start, self.in_burst, self.backlog = None, False, False

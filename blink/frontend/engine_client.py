@@ -223,7 +223,7 @@ class EngineClient:
             if events:
                 idle_sleep = FIRST_IDLE_SLEEP_S
                 now = time.perf_counter()
-                cadence.records(now)
+                cadence.records(now, backlog=2 * len(events) >= self.consumer.ring.capacity)
                 if gaps is not None:
                     gaps.read(now, bool(self.queues))
                 self._loop.call_soon_threadsafe(self._dispatch, events)

@@ -3,6 +3,7 @@ every poll_s until it knows the steps' rhythm, then sleeps through the silent pa
 step that got shorter is learnt within a few bursts."""
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -36,7 +37,7 @@ def test_a_burst_read_over_several_polls_counts_once():
     cadence = EgressCadence(POLL, fraction=0.5, history=2)
     for i in range(3):
         _burst(cadence, 0.010 * i, polls_with_records=3)
-    assert list(cadence.intervals) == [0.010, 0.010]
+    assert list(cadence.intervals) == pytest.approx([0.010, 0.010])
 
 
 def test_a_shorter_step_is_learnt():
@@ -71,3 +72,15 @@ def test_sleeps_stay_within_poll_s_and_the_cap(steps):
         sleep = _burst(cadence, t)
         assert POLL <= sleep <= 0.02
         t += max(step, POLL + sleep)
+
+
+def test_a_read_of_half_the_ring_keeps_polling_after_its_first_empty_poll():
+    """The engine may be waiting for room to write the rest of its step: that burst is not over yet."""
+    cadence = EgressCadence(POLL, fraction=0.75, history=2)
+    for i in range(3):
+        _burst(cadence, 0.010 * i)
+    cadence.records(0.030, backlog=True)
+    assert cadence.empty(0.0301) == POLL  # not the long sleep
+    cadence.records(0.0302)  # the rest of the step: the same burst
+    assert abs(cadence.empty(0.0303) - (0.030 + 0.0075 - 0.0303)) < 1e-9
+    assert list(cadence.intervals) == pytest.approx([0.010, 0.010])
