@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import httpx
 
 from blink.bench.attackers import Attackers, AttackSpec
+from blink.bench.code_version import code_version
 from blink.bench.cpu_energy import CpuEnergyMeter
 from blink.bench.gpu_monitor import GpuMonitor
 from blink.bench.host_cpu import CpuMeter
@@ -145,4 +146,5 @@ def measure_point(sweep: Sweep, requests: list, rate: float, kind: str, level: f
         "bench": bench,
         "requests": raw_requests(outcome.results),
         "client_stalls": outcome.client_stalls(),  # the load generator's own loop lags and collections
+        "code": code_version(),  # repeats merge across sessions: which source measured this one
     }

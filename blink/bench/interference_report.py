@@ -77,6 +77,10 @@ def summarize_point(repeats: list[dict]) -> dict:
     row["completed"] = spread([p["bench"]["completed"] for p in repeats])
     row["failed_total"] = sum(p["bench"]["failed"] for p in repeats)
     row["incomplete_total"] = sum(p["bench"].get("incomplete", 0) for p in repeats)
+    # repeats merge across sessions and the code changes between them (code_version.py; older points lack it)
+    shas = [(p.get("code") or {}).get("source_sha") for p in repeats]
+    row["code_versions"] = sorted({sha for sha in shas if sha})
+    row["code_unrecorded"] = shas.count(None)
     for name in METRICS:
         row[name] = spread(values(repeats, name))
     for metric in POOLED:
@@ -117,10 +121,17 @@ def pooled_cell(s: dict) -> str:
     return f"{s['value']:.1f} ({s['ci_low']:.1f}-{s['ci_high']:.1f})"
 
 
+def code_cell(r: dict) -> str:
+    """How many different sources measured a point's repeats, and how many repeats did not record theirs."""
+    known = len(r["code_versions"])
+    return f"{known} (+{r['code_unrecorded']} unrecorded)" if r["code_unrecorded"] else str(known)
+
+
 def markdown_table(rows: list[dict]) -> str:
     header = ("| layout | mode | condition | rate (req/s) | repeats | done | failed | incomplete | out tok/s | "
               "retention | P50 TTFT (ms) | P99 TTFT (ms) | pooled P99 TTFT (ms) | P50 TPOT (ms) | "
-              "P99 TPOT (ms) | P99 ITL (ms) | engine CPU s / 1k tok | mJ / out tok | CPU mJ / out tok | idle W |")
+              "P99 TPOT (ms) | P99 ITL (ms) | engine CPU s / 1k tok | mJ / out tok | CPU mJ / out tok | idle W | "
+              "code versions |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
         lines.append("| " + " | ".join([
@@ -130,6 +141,7 @@ def markdown_table(rows: list[dict]) -> str:
             cell(r["p99_ttft_ms"]), pooled_cell(r["pooled_p99_ttft_ms"]), cell(r["p50_tpot_ms"], 2),
             cell(r["p99_tpot_ms"], 2), cell(r["p99_itl_ms"], 2), cell(r["engine_cpu_s_per_1k_tokens"], 3),
             cell(r["energy_per_output_token_mj"]), cell(r["cpu_energy_per_token_mj"]), cell(r["server_idle_power_w"]),
+            code_cell(r),
         ]) + " |")
     return "\n".join(lines) + "\n"
 

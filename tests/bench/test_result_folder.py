@@ -136,3 +136,22 @@ def test_runs_table_names_the_front_end_niceness_and_serve_flags():
     table = runs_section([plain, niced]).splitlines()
     assert "| a | 0 | - |" in table[4]
     assert "nice=19, frontend_nice=-10, serve_args=--max-num-seqs 8" in table[5]
+
+
+def test_the_table_counts_the_code_versions_behind_a_points_repeats(tmp_path):
+    """Repeats merge across sessions while the code changes: each row says how many sources measured it."""
+    for repeat, sha in enumerate(["aaa", "bbb", "aaa", None]):
+        point = fake_point("run1", repeat)
+        if sha:
+            point["code"] = {"commit": None, "dirty": None, "source_sha": sha}
+        save_repeat(str(tmp_path), point)
+    write_report(str(tmp_path))
+    text = (tmp_path / "results.md").read_text()
+    assert "| idle W | code versions |" in text
+    assert "| - | 2 (+1 unrecorded) |" in text
+
+
+def test_a_point_records_the_source_it_ran():
+    from blink.bench.code_version import code_version
+    version = code_version()
+    assert len(version["source_sha"]) == 12 and set(version) == {"commit", "dirty", "source_sha"}
