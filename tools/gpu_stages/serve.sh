@@ -37,6 +37,17 @@ stages_serve() {
       wait_healthy 8014 120
       frontend_load 8014 frontend_null
       stop_server $srv;;
+    frontend-lab)  # issue 19 item 3 on the GPU host's CPUs (no GPU used): the front end alone on core 2 against the
+      # paced zero-cost engine (core 0; client on 1), isolated and under spin x2 / x8 on its core (perf.md, session 30);
+      # first the cost of one 100 us sleep's wake-up here (16.6 us of CPU on the 2-core CI machine)
+      python3 -c 'import resource, time
+r0 = resource.getrusage(resource.RUSAGE_SELF); t = time.perf_counter(); n = 0
+while time.perf_counter() - t < 1: time.sleep(100e-6); n += 1
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+print("sleep(100 us): %d a second, %.2f us of CPU each" % (n, (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / n * 1e6))' \
+        | tee "$OUT/frontend_lab.log"
+      PY=python3 FE_CPU=2 ENGINE_CPU=0 CLIENT_CPU=1 STEP_MS=10 RATE=24 REPS=${FRONTEND_LAB_REPS:-2} OUTD=/tmp/frontend_lab \
+        bash tools/frontend_foothold.sh lab 2>&1 | tee -a "$OUT/frontend_lab.log";;
     long-prompt)  # issue 17: the served TTFT of 30k-token prompts (llama3-8b, 16 out, one at a time) per LONG_CONFIGS entry
       # MODE:BLOCK:WS (WS: BLINK_PREFILL_WS, session 27's warp-specialised prefill); LONG_ARGS adds serve flags
       for cfg in ${LONG_CONFIGS:-device:16:0 device:128:1}; do
