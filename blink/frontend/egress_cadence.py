@@ -13,6 +13,11 @@ most the difference. A longer step costs nothing. Prefill-only steps (no records
 which the minimum over the history ignores; extra bursts (an abort's record) only shorten the sleeps. A read
 that took half the ring or more (`backlog`) may have left the engine waiting for room to write the rest of its
 step: the next empty poll does not end that burst.
+
+Bursts are timed when a poll finds them, so one found by the first poll after a long sleep may have come
+at any time during it: the steps got shorter, or the reader was starved of CPU. Its start is unknown, so the
+reader forgets the rhythm and polls every `poll_s` until it has timed `history` intervals again. Otherwise
+one late find would shift every later wake-up by its lateness, and the next bursts would be found late too.
 """
 from __future__ import annotations
 
@@ -30,29 +35,40 @@ class EgressCadence:
         self.burst_start: float | None = None
         self.in_burst = False
         self.backlog = False
+        self.slept_long = False  # the last sleep was the long one: a burst found now came at an unknown time
 
     def records(self, now: float, backlog: bool = False) -> None:
         """A poll returned records at `now` (perf_counter); `backlog`: half the ring's capacity or more."""
         self.backlog = backlog
         if not self.in_burst:
-            if self.burst_start is not None:
-                self.intervals.append(now - self.burst_start)
-            self.burst_start, self.in_burst = now, True
+            if self.slept_long:  # found late, by an unknown time: the steps got shorter, or we were starved
+                self.intervals.clear()  # learn the rhythm again, polling every poll_s meanwhile
+                self.burst_start = None
+            else:
+                if self.burst_start is not None:
+                    self.intervals.append(now - self.burst_start)
+                self.burst_start = now
+            self.in_burst = True
+        self.slept_long = False
 
     def empty(self, now: float) -> float:
         """A poll returned nothing at `now`: how long to sleep before the next one."""
+        self.slept_long = False
         if not self.in_burst:
             return self.poll_s
         if self.backlog:  # the engine may be waiting for the room we just made: look again soon
             self.backlog = False
             return self.poll_s
         self.in_burst = False
-        if len(self.intervals) < self.history:  # not yet sure of the rhythm
+        if self.burst_start is None or len(self.intervals) < self.history:  # timed late, or rhythm not yet known
             return self.poll_s
-        wake = self.burst_start + self.fraction * min(self.intervals)
-        return min(self.max_sleep_s, max(self.poll_s, wake - now))
+        sleep = self.burst_start + self.fraction * min(self.intervals) - now
+        if sleep <= self.poll_s:
+            return self.poll_s
+        self.slept_long = True
+        return min(self.max_sleep_s, sleep)
 
     def idle(self) -> None:
         """Nothing in flight: the rhythm is learnt again from the next bursts."""
         self.intervals.clear()
-        self.burst_start, self.in_burst, self.backlog = None, False, False
+        self.burst_start, self.in_burst, self.backlog, self.slept_long = None, False, False, False

@@ -46,14 +46,35 @@ def test_a_shorter_step_is_learnt():
     for _ in range(3):
         _burst(cadence, start)
         start += 0.010
-    # the steps shorten to 2 ms: each burst is found at the reader's wake-up, which shrinks the minimum
+    # the steps shorten to 2 ms: the first burst is found late, at the reader's wake-up after a long sleep;
+    # it forgets the rhythm, polls every poll_s while it times two intervals, then sleeps within the step
+    cadence.empty(start - 0.0024)  # the wake-up after the last 10 ms burst's sleep: nothing yet
     t, sleeps = start, []
-    for _ in range(12):
+    for _ in range(6):
         sleep = _burst(cadence, t)
         sleeps.append(sleep)
-        t = max(t + 0.002, t + POLL + sleep)  # records wait for the reader if it sleeps past them
-    assert sleeps[-1] <= 0.75 * 0.002  # back within the step
-    assert max(sleeps) <= 0.0075
+        t_next = t + 0.002
+        wake = t + POLL + sleep
+        if wake > t_next:  # the reader sleeps past the burst: found at its wake-up
+            t_next = wake
+        else:
+            cadence.empty(wake)  # it wakes (or polls) before the burst and finds nothing
+        t = t_next
+    assert sleeps[0] > 0.002  # the old rhythm: past the next burst
+    assert sleeps[1:4] == [POLL] * 3  # found late: relearning
+    assert POLL < sleeps[4] <= 0.75 * 0.002 and POLL < sleeps[5] <= 0.75 * 0.002  # within the 2 ms step
+
+
+def test_a_burst_found_late_is_not_timed():
+    """Found by the first poll after a long sleep, a burst's start is unknown: no interval from it, and
+    the rhythm is learnt again; a starved reader so falls back to polling every poll_s."""
+    cadence = EgressCadence(POLL, fraction=0.75, history=2)
+    for i in range(3):
+        _burst(cadence, 0.010 * i)
+    assert _burst(cadence, 0.035) == POLL  # found at 35 ms, after the 7.4 ms sleep: late
+    assert len(cadence.intervals) == 0
+    assert _burst(cadence, 0.040) == POLL  # timed exactly, but no interval yet (the one before is unknown)
+    assert list(cadence.intervals) == []
 
 
 def test_idle_forgets_the_rhythm():
@@ -79,6 +100,7 @@ def test_a_read_of_half_the_ring_keeps_polling_after_its_first_empty_poll():
     cadence = EgressCadence(POLL, fraction=0.75, history=2)
     for i in range(3):
         _burst(cadence, 0.010 * i)
+    assert cadence.empty(0.0276) == POLL  # the poll after the long sleep: nothing yet
     cadence.records(0.030, backlog=True)
     assert cadence.empty(0.0301) == POLL  # not the long sleep
     cadence.records(0.0302)  # the rest of the step: the same burst
