@@ -30,8 +30,7 @@ class EgressCadence:
         self.poll_s = poll_s
         self.fraction = fraction
         self.max_sleep_s = max_sleep_s
-        self.intervals: collections.deque[float] = collections.deque(maxlen=history)
-        self.history = history
+        self.intervals: collections.deque[float] = collections.deque(maxlen=history)  # a full one: rhythm known
         self.burst_start: float | None = None
         self.in_burst = False
         self.backlog = False
@@ -60,7 +59,7 @@ class EgressCadence:
             self.backlog = False
             return self.poll_s
         self.in_burst = False
-        if self.burst_start is None or len(self.intervals) < self.history:  # timed late, or rhythm not yet known
+        if self.burst_start is None or len(self.intervals) < self.intervals.maxlen:  # timed late, or rhythm unknown
             return self.poll_s
         sleep = self.burst_start + self.fraction * min(self.intervals) - now
         if sleep <= self.poll_s:
