@@ -21,7 +21,7 @@ import triton
 from bench.kernels import step_kernels as sk
 from blink.kernels.attention import paged_attention_ref, paged_attention_triton
 from blink.kernels.attention_plan import AttentionTuning, launch_plan
-from blink.kernels.attention_ws import WS_BLOCK_Q, WS_DEADLOCK, ws_chunk_runs
+from blink.kernels.attention_ws import WS_BLOCK_Q, WS_REFUSED, ws_chunk_runs
 
 PEAK_TFLOPS = 790.0  # H200 bf16 dense
 BLOCK_SIZE = 16
@@ -76,12 +76,14 @@ VARIANTS = {
     "ws-b128": AttentionTuning(prefill_ws=True, prefill_min_tokens=0),
     "ws-b64": AttentionTuning(prefill_ws=True, prefill_min_tokens=0),
     "ws-b64-s4": AttentionTuning(prefill_ws=True, prefill_min_tokens=0, prefill_ws_stages=4),  # K/V 3 tiles ahead
+    "ws-b128-s2": AttentionTuning(prefill_ws=True, prefill_min_tokens=0, prefill_ws_stages=2),  # K/V 1 tile ahead
+    "ws-b64-s2": AttentionTuning(prefill_ws=True, prefill_min_tokens=0, prefill_ws_stages=2),
     "ws-b128-maskv": AttentionTuning(prefill_ws=True, prefill_min_tokens=0, prefill_ws_mask_v=True),  # attention.py's V
     "today-b128": AttentionTuning(prefill_ws=False, prefill_min_tokens=0),
     "today-b64": AttentionTuning(prefill_ws=False, prefill_min_tokens=0),
 }
 # the variants on other block sizes than BLOCK_SIZE
-BLOCK_SIZES = {"ws-b128": 128, "ws-b64": 64, "ws-b64-s4": 64, "ws-b128-maskv": 128, "today-b128": 128,
+BLOCK_SIZES = {"ws-b128-s2": 128, "ws-b64-s2": 64, "ws-b128": 128, "ws-b64": 64, "ws-b64-s4": 64, "ws-b128-maskv": 128, "today-b128": 128,
                "today-b64": 64}
 
 
@@ -149,8 +151,8 @@ def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int,
                                                                               tuning=tuning)
         try:
             out = run(caches[0])
-        except RuntimeError as refused:  # attention_ws.WS_DEADLOCK on a GPU; any other error still stops the bench
-            if str(refused) != WS_DEADLOCK:
+        except RuntimeError as refused:  # attention_ws.WS_REFUSED on a GPU; any other error still stops the bench
+            if str(refused) != WS_REFUSED:
                 raise
             print(f"  {name:<24} refused: {refused}", flush=True)
             continue

@@ -30,9 +30,9 @@ step's last token when the step enters the block (one block's zeros per block fi
 
 The grid is (Hq, query tiles): the heads of one tile run side by side (their K/V in the L2), heaviest tiles first
 (attention.py's CAUSAL_SPLIT order), and the tile -> sequence map is attention_plan.py's, as attention.py's. Not
-timed: on the H200 the specialised launch deadlocked (WS_DEADLOCK below: q's host descriptor, WS_Q_DESCS, is the
-likely cause), so a GPU refuses it until its fix has run; off unless AttentionTuning.prefill_ws (BLINK_PREFILL_WS=1)
-and the block size fit.
+used: on Hopper the specialised launch first deadlocked (session 28; q's host descriptor, WS_Q_DESCS), and with that
+fixed it returns wrong results at 2k+ tokens (session 31, WS_REFUSED below), so a GPU refuses it; off unless
+AttentionTuning.prefill_ws (BLINK_PREFILL_WS=1) and the block size fit.
 """
 from __future__ import annotations
 
@@ -46,14 +46,15 @@ from blink.kernels.attention_merge import NO_TILES
 from blink.kernels.attention_plan import first_tile, grid_tiles, tile_sequence
 
 WS_BLOCK_Q = 128  # query rows a program: two consumer warp groups of 64
-# On the H200 (2026-12-05, session 28, Triton 3.6, perf.md) the specialised kernel never finished: a 256-token prompt,
-# 200 tokens, a chunk after 512 cached and a mixed step all hung at 1 or 2 stages, while the same kernel unspecialised
-# returned the reference's output. Session 29 found the likely cause in the sm_90 PTX (WS_Q_DESCS below) and the
-# engine's launch now makes q's descriptor in the kernel, which no GPU has run yet: until one has (tools/diag_ws.py),
-# a GPU refuses the specialised launch unless BLINK_PREFILL_WS_UNCHECKED=1 (the `prefill-ws` stage sets it once
-# `ws-diag`'s case passes).
-WS_DEADLOCK = ("attention_ws: Triton 3.6's warp-specialised kernel deadlocked on the H200 (perf.md, session 28) and "
-               "its fix has not run on a GPU; unset BLINK_PREFILL_WS, or set BLINK_PREFILL_WS_UNCHECKED=1 to try it")
+# Session 28 (H200, Triton 3.6): the specialised kernel never finished; session 29 traced that to q's host
+# descriptor (WS_Q_DESCS) and made q's descriptor in the kernel. Session 31 (H100, perf.md): no hang, and right on
+# short steps (up to 5 KV tiles at 1-2 stages, 10 launches bit-equal), but wrong from 2,048 tokens (max error
+# 0.14-0.93 at 1-5 stages; NaN and run-to-run differences at 3 stages and 5 tiles), while the interpreter's run of
+# the same kernel on the same 2,048 + 6,144-token step matches the reference: the compiled pipeline is at fault
+# (a K/V slot released before the wgmma that reads it is what the sm_90 PTX suggests, perf.md session 29). So a GPU
+# refuses the specialised launch unless BLINK_PREFILL_WS_UNCHECKED=1 (for the GPU test and the bench).
+WS_REFUSED = ("attention_ws: Triton 3.6's warp-specialised kernel returns wrong results on Hopper from 2k tokens "
+              "(perf.md, session 31); unset BLINK_PREFILL_WS, or set BLINK_PREFILL_WS_UNCHECKED=1 to run it anyway")
 WS_HEAD_DIMS = (64, 128)
 WS_BLOCK_SIZES = (64, 128)
 
@@ -150,7 +151,7 @@ def ws_chunk_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
                        warp_specialize: bool = True, num_stages: int = 2, mask_v_tail: bool = False) -> torch.Tensor:
     """paged_attention's result for a step that ws_chunk_fits (rows of padding tokens unspecified, as there)."""
     if q.is_cuda and warp_specialize and os.environ.get("BLINK_PREFILL_WS_UNCHECKED") != "1":
-        raise RuntimeError(WS_DEADLOCK)
+        raise RuntimeError(WS_REFUSED)
     return launch_ws_chunk(q, k_cache, v_cache, query_start_loc, seq_lens, block_tables, scale, warp_specialize,
                            num_stages, mask_v_tail, q_desc="device")
 

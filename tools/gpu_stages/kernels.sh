@@ -24,19 +24,19 @@ stages_kernels() {
       # 64/128-token cache block): its GPU test, the kernel alone beside today's on the same keys in 16/64/128-token
       # blocks (the WS rows print their refusal since session 28), then the step bench (llama3-8b) at block 16 and 128,
       # decode rows included. PREFILL_WS_TOKENS: the step's prefill rows; PREFILL_WS_ARGS: the kernel bench's flags.
-      # session 29: the specialised launch runs only once its fix (q's descriptor made in the kernel) passed here:
-      # tools/diag_ws.py's qdev cases, each in a process under a limit; then BLINK_PREFILL_WS_UNCHECKED=1 and the step
-      # also runs at block 128 with the kernel (128:1)
-      python3 -m tools.diag_ws --variants qdev --shapes prompt256,mixed --timeout 40 2>&1 | tee "$OUT/prefill_ws_diag.log"
-      ws_runs="16:0:1,8,32 128:0:1,8,32"
-      if [ "$(grep -c 'ws 1: ok' "$OUT/prefill_ws_diag.log")" = 2 ]; then
-        export BLINK_PREFILL_WS_UNCHECKED=1 && ws_runs="$ws_runs 128:1"
-      fi
+      # session 31: the specialised launch runs (BLINK_PREFILL_WS_UNCHECKED=1) and its GPU test decides whether the
+      # step also runs at block 128 with the kernel (128:1): the qdev cases passed there while 2k-token steps were wrong
+      python3 -m tools.diag_ws --variants qdev --shapes prompt256,chunk128@512 --stages 2,3 --timeout 40 2>&1 \
+        | tee "$OUT/prefill_ws_diag.log"
+      export BLINK_PREFILL_WS_UNCHECKED=1
       python3 -m pytest -q --timeout 120 -m gpu tests/kernels/test_attention_ws.py 2>&1 | tee "$OUT/prefill_ws_tests.log" | tail -8
-      python3 -m bench.kernels.prefill_attention --variants today,today-b128,ws-b128,ws-b128-maskv,today-b64,ws-b64,ws-b64-s4 \
+      ws_runs="16:0:1,8,32 128:0:1,8,32"
+      grep -qE "^[0-9]+ passed" "$OUT/prefill_ws_tests.log" && ! grep -q failed "$OUT/prefill_ws_tests.log" \
+        && ws_runs="$ws_runs 128:1"
+      python3 -m bench.kernels.prefill_attention --variants today,today-b128,ws-b128,ws-b128-s2,today-b64,ws-b64-s2 \
         ${PREFILL_WS_ARGS:-} 2>&1 | tee "$OUT/prefill_ws_kernel.log" | tail -12
       # the step compares the block sizes with today's kernel (decode at 128 takes the compiled-in page for whole
-      # tiles) and, where the fix passed, with the WS kernel; PREFILL_WS_RUNS replaces the runs:
+      # tiles) and, where its GPU test passed, with the WS kernel; PREFILL_WS_RUNS replaces the runs:
       for run in ${PREFILL_WS_RUNS:-$ws_runs}; do
         IFS=: read -r bs ws batches <<< "$run"
         BLINK_PREFILL_WS=$ws python3 -m blink.bench.step step --presets llama3-8b --block-size "$bs" \
