@@ -83,7 +83,8 @@ VARIANTS = {
     "today-b64": AttentionTuning(prefill_ws=False, prefill_min_tokens=0),
 }
 # the variants on other block sizes than BLOCK_SIZE
-BLOCK_SIZES = {"ws-b128-s2": 128, "ws-b64-s2": 64, "ws-b128": 128, "ws-b64": 64, "ws-b64-s4": 64, "ws-b128-maskv": 128, "today-b128": 128,
+BLOCK_SIZES = {"ws-b128-s2": 128, "ws-b64-s2": 64,
+               "ws-b128": 128, "ws-b64": 64, "ws-b64-s4": 64, "ws-b128-maskv": 128, "today-b128": 128,
                "today-b64": 64}
 
 
