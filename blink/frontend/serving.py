@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass
 
+import orjson
 from fastapi import Request
 
 from blink.frontend.engine_client import EngineClient, EngineUnavailable
@@ -151,12 +151,15 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def sse(payload: dict | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, ensure_ascii=False)
-    return f"data: {data}\n\n"
+def sse(payload: dict | str) -> bytes:
+    """One server-sent event, as bytes (the response writes them as they are). orjson: 0.6 us a streamed chunk
+    against json.dumps' 3.2 on the CPU machine (perf.md, session 31); UTF-8 as ensure_ascii=False, integer keys as
+    strings as json.dumps makes them (vLLM's prompt_logprobs), no NaN (JSON has none: it becomes null)."""
+    data = payload.encode() if isinstance(payload, str) else orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS)
+    return b"data: " + data + b"\n\n"
 
 
-async def sse_stream(chunks: AsyncIterator[dict]) -> AsyncIterator[str]:
+async def sse_stream(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:
     """Frame chunks as server-sent events, ending with [DONE]; an error mid-stream becomes an error event."""
     try:
         async for chunk in chunks:
