@@ -5,7 +5,6 @@ tool_result blocks in (messages_protocol.py). Errors use Anthropic's shape: {"ty
 """
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -22,7 +21,7 @@ from blink.frontend.messages_protocol import (
     tool_use_block,
 )
 from blink.frontend.protocol import SamplingFields
-from blink.frontend.serving import FrontendState, arrival, request_id, unless_disconnected
+from blink.frontend.serving import FrontendState, arrival, request_id, sse, unless_disconnected
 from blink.frontend.tool_calls import ToolCall, ToolCallSplitter, split_tool_calls
 
 __all__ = ["MessagesRequest", "create_message"]
@@ -121,13 +120,12 @@ async def _events(stream: AsyncIterator[Delta], message: dict, num_prompt_tokens
     yield "message_stop", {"type": "message_stop"}
 
 
-async def _sse(events: AsyncIterator[tuple[str, dict]]) -> AsyncIterator[str]:
+async def _sse(events: AsyncIterator[tuple[str, dict]]) -> AsyncIterator[bytes]:
     """Anthropic's framing: a named event per message; an error mid-stream is an `error` event."""
     try:
         async for name, data in events:
-            yield f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+            yield sse(data, name)
     except APIError as e:
-        yield f"event: error\ndata: {json.dumps(anthropic_error_body(e.status, e.message))}\n\n"
+        yield sse(anthropic_error_body(e.status, e.message), "error")
     except Exception as e:  # headers are sent: the error can only travel as an event
-        body = anthropic_error_body(500, f"internal error: {type(e).__name__}: {e}")
-        yield f"event: error\ndata: {json.dumps(body)}\n\n"
+        yield sse(anthropic_error_body(500, f"internal error: {type(e).__name__}: {e}"), "error")

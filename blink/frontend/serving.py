@@ -151,12 +151,13 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
             "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
-def sse(payload: dict | str) -> bytes:
-    """One server-sent event, as bytes (the response writes them as they are). orjson: 0.6 us a streamed chunk
-    against json.dumps' 3.2 on the CPU machine (perf.md, session 31); UTF-8 as ensure_ascii=False, integer keys as
-    strings as json.dumps makes them (vLLM's prompt_logprobs), no NaN (JSON has none: it becomes null)."""
+def sse(payload: dict | str, event: str | None = None) -> bytes:
+    """One server-sent event, as bytes (the response writes them as they are); `event` names it (Anthropic's).
+    orjson: 0.6 us a streamed chunk against json.dumps' 3.2 on the CPU machine (perf.md, session 31); UTF-8 as
+    ensure_ascii=False, integer keys as strings as json.dumps makes them (vLLM's prompt_logprobs), no NaN (JSON has
+    none: it becomes null)."""
     data = payload.encode() if isinstance(payload, str) else orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS)
-    return b"data: " + data + b"\n\n"
+    return (b"event: " + event.encode() + b"\n" if event else b"") + b"data: " + data + b"\n\n"
 
 
 async def sse_stream(chunks: AsyncIterator[dict]) -> AsyncIterator[bytes]:

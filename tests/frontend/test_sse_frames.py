@@ -56,3 +56,10 @@ def test_the_stream_ends_with_done_and_an_error_becomes_an_event():
 @pytest.mark.parametrize("payload", ["[DONE]", "x"])
 def test_a_string_payload_is_sent_as_it_is(payload):
     assert sse(payload) == f"data: {payload}\n\n".encode()
+
+
+def test_a_named_event_leads_with_its_name():
+    """Anthropic's framing (messages.py): `event: NAME` before the data line."""
+    raw = sse({"type": "message_stop"}, "message_stop")
+    assert raw.startswith(b"event: message_stop\ndata: ")
+    assert _strict(raw[len(b"event: message_stop\n"):]) == {"type": "message_stop"}

@@ -107,23 +107,23 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
       done;;
     prefix)  # issue 16: llama3-8b, 2,000-token shared prefix + 100-token suffixes, 128 out, and multi-turn chat;
       # both modes, the prefix cache on and off (PREFIX_ENGINES, PREFIX_CACHES, PREFIX_RATE: requests/s of the shared-prefix run,
-      # PREFIX_PROMPTS: requests per run, PREFIX_MULTITURN=0: the shared-prefix run only)
+      # PREFIX_PROMPTS: requests per run, PREFIX_MULTITURN=0: the shared-prefix run only; PREFIX_BLOCK: the KV block size)
       for engine in ${PREFIX_ENGINES:-device host}; do
         for cache in ${PREFIX_CACHES:-enable no-enable}; do
           python3 -m blink serve --model llama3-8b --engine $engine --max-model-len 4096 --port 8015 \
-            --$cache-prefix-caching > "$OUT/prefix_serve_${engine}_$cache.log" 2>&1 & srv=$!
+            --block-size "${PREFIX_BLOCK:-16}" --$cache-prefix-caching > "$OUT/prefix_serve_${engine}_$cache.log" 2>&1 & srv=$!
           wait_healthy 8015
           timeout 300 python3 -m blink bench serve --base-url http://127.0.0.1:8015 --num-prompts "${PREFIX_PROMPTS:-200}" \
             --request-rate "${PREFIX_RATE:-4}" --random-prefix-len 2000 --random-input-len 100 --random-output-len 128 \
-            --ignore-eos --disable-tqdm --result-json "$OUT/prefix_${engine}_$cache.json" \
+            --ignore-eos --disable-tqdm --result-json "$OUT/prefix_${engine}_${cache}_b${PREFIX_BLOCK:-16}.json" \
             | grep -E "Successful|Failed|hit rate|Output token|TTFT"
           # where the shared-prefix run's TTFT goes, from the server's side (sums and counts, seconds)
           curl -s localhost:8015/metrics | grep -E "^blink:(time_to_first_token|request_queue_time|request_prefill_time)_seconds_(sum|count)" \
-            | tee "$OUT/prefix_${engine}_${cache}_metrics.txt"
+            | tee "$OUT/prefix_${engine}_${cache}_b${PREFIX_BLOCK:-16}_metrics.txt"
           [ "${PREFIX_MULTITURN:-1}" = 0 ] || timeout 300 python3 -m blink bench serve --base-url http://127.0.0.1:8015 --dataset-name multi-turn \
             --multi-turn-turns 5 --random-prefix-len 500 --random-input-len 200 --random-output-len 128 \
             --num-prompts "${PREFIX_PROMPTS:-200}" --max-concurrency 40 --ignore-eos --disable-tqdm --seed 1 \
-            --result-json "$OUT/multiturn_${engine}_$cache.json" | grep -E "Successful|Failed|hit rate|Output token|TTFT"
+            --result-json "$OUT/multiturn_${engine}_${cache}_b${PREFIX_BLOCK:-16}.json" | grep -E "Successful|Failed|hit rate|Output token|TTFT"
           stop_server $srv
         done
       done;;
