@@ -6,7 +6,8 @@ can be read before it is timed.
     python -m tools.attn_sass --decode-batch 32 [--context 1024] [--variants "default;maxnreg 96"]
                                                                                # attention_variants.py's decode grids
 
-llama3-8b's heads (32 q, 8 kv, head_dim 128), bf16, 16-token KV blocks: one sequence of --tokens tokens, or
+llama3-8b's heads (32 q, 8 kv, head_dim 128), bf16, 16-token KV blocks (the prefill bench's block size for its
+`-b64` / `-b128` variants): one sequence of --tokens tokens, or
 --decode-batch sequences of one token at --context keys (the plan's tiles, splits and register cap for them).
 Columns per loop: SASS instructions, MUFU.EX2, FMUL, FFMA, FADD, BAR.SYNC, LDGSTS (cp.async), HGMMA, and STL / LDL
 (spills) inside the loop.
@@ -22,7 +23,7 @@ from pathlib import Path
 import triton
 
 from bench.kernels.attention_variants import ATTENTION_VARIANTS, chosen_names
-from bench.kernels.prefill_attention import VARIANTS
+from bench.kernels.prefill_attention import BLOCK_SIZES, VARIANTS
 from blink.kernels import attention
 from blink.kernels.attention_merge import merge_chunk
 from blink.kernels.attention_plan import launch_plan
@@ -57,9 +58,9 @@ def loops(sass: str) -> list[dict]:
 
 
 def compile_variant(tuning, tokens: int, seqs: int = 1, kv_len: int | None = None, heads=(32, 8),
-                    head_dim: int = 128, pdl: bool = False):
+                    head_dim: int = 128, pdl: bool = False, block_size: int = 16):
     """One chunk of `tokens` (seqs 1), or `seqs` decode rows (tokens == seqs) at kv_len keys, as the plan runs it
-    (pdl: launched with PDL, as on the H200 in the step)."""
+    (pdl: launched with PDL, as on the H200 in the step), on KV blocks of block_size tokens."""
     plan = launch_plan(tokens, seqs, *heads, head_dim, kv_len or tokens, tuning)
     group = heads[0] // heads[1]
     merge = plan.num_splits > 1 and tuning.merge_in_kernel  # as attention.py with the runner's tickets (every tile's)
@@ -67,7 +68,7 @@ def compile_variant(tuning, tokens: int, seqs: int = 1, kv_len: int | None = Non
                       BLOCK_N=plan.block_n, BLOCK_D=head_dim, BLOCK_S=triton.next_power_of_2(seqs),
                       NUM_SPLITS=plan.num_splits, PRECISION="tf32", USE_PDL=pdl, CAUSAL_SPLIT=plan.causal_split,
                       SPLIT_MIN_TILES=plan.split_min_tiles, SCALE_IN_EXP2=plan.scale_in_exp2,
-                      LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(16),
+                      LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(block_size),
                       MERGE_CHUNK=merge_chunk(plan.num_splits, group, head_dim) if merge else 0,
                       EARLY_TABLE=plan.early_table, PREFETCH_KV=plan.early_table)
     aligned = lambda name: name in POINTERS or name.startswith("stride") or name in ("head_dim", "block_size")
@@ -92,7 +93,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         for name in names:
-            kernel = compile_variant(table[name], *shape)
+            block_size = 16 if args.decode_batch else BLOCK_SIZES.get(name, 16)  # the bench's today-b128 and others
+            kernel = compile_variant(table[name], *shape, block_size=block_size)
             cubin.write_bytes(kernel.asm["cubin"])
             usage = subprocess.run([_nvidia_tool("cuobjdump"), "-res-usage", str(cubin)], capture_output=True,
                                    text=True, check=True).stdout
