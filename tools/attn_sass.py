@@ -70,7 +70,7 @@ def compile_variant(tuning, tokens: int, seqs: int = 1, kv_len: int | None = Non
                       SPLIT_MIN_TILES=plan.split_min_tiles, SCALE_IN_EXP2=plan.scale_in_exp2,
                       LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(block_size),
                       MERGE_CHUNK=merge_chunk(plan.num_splits, group, head_dim) if merge else 0,
-                      EARLY_TABLE=plan.early_table, PREFETCH_KV=plan.early_table)
+                      EARLY_TABLE=plan.early_table, PREFETCH_KV=plan.early_table, PAGE_GATHER=plan.page_gather)
     aligned = lambda name: name in POINTERS or name.startswith("stride") or name in ("head_dim", "block_size")
     scalar = lambda name: "fp32" if name == "scale_log2" else "i32"
     cap = {"maxnreg": plan.maxnreg} if plan.maxnreg else {}

@@ -124,6 +124,7 @@ def _paged_attention_kernel(
     SCALE_IN_EXP2: tl.constexpr, LAZY_RESCALE: tl.constexpr, PAGE: tl.constexpr,  # chunk tiles' (attention_tile.py)
     MERGE_CHUNK: tl.constexpr,  # > 0: the last split merges, this many splits a load (attention_merge.py)
     EARLY_TABLE: tl.constexpr, PREFETCH_KV: tl.constexpr,  # first KV tile warmed before the wait (attention_tile.py)
+    PAGE_GATHER: tl.constexpr = False,  # chunk tiles' table entries a tile at once (attention_tile.py)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -190,10 +191,10 @@ def _paged_attention_kernel(
         masked_begin = tl.minimum(tl.maximum((context + q_first + 1) // BLOCK_N, kv_tile_begin), kv_tile_end)
         for kv_tile in range(kv_tile_begin, masked_begin):
             acc, m_i, l_i = _attend_kv_tile(acc, m_i, l_i, kv_tile, *kv_args, BLOCK_N, PRECISION, False,
-                                            SCALE_IN_EXP2, LAZY_RESCALE, PAGE)
+                                            SCALE_IN_EXP2, LAZY_RESCALE, PAGE, PAGE_GATHER)
     for kv_tile in range(masked_begin, kv_tile_end):
         acc, m_i, l_i = _attend_kv_tile(acc, m_i, l_i, kv_tile, *kv_args, BLOCK_N, PRECISION, True, SCALE_IN_EXP2,
-                                        LAZY_RESCALE, PAGE)
+                                        LAZY_RESCALE, PAGE, PAGE_GATHER)
 
     out_mask = row_valid[:, None] & dim_valid[None, :]
     if NUM_SPLITS == 1:
@@ -258,7 +259,7 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         USE_PDL=use_pdl, CAUSAL_SPLIT=plan.causal_split, SPLIT_MIN_TILES=plan.split_min_tiles,
         SCALE_IN_EXP2=plan.scale_in_exp2, LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(block_size),
         MERGE_CHUNK=merge_chunk(num_splits, group, block_d) if merge_in_kernel else 0,
-        EARLY_TABLE=plan.early_table, PREFETCH_KV=plan.early_table and CAN_PREFETCH,
+        EARLY_TABLE=plan.early_table, PREFETCH_KV=plan.early_table and CAN_PREFETCH, PAGE_GATHER=plan.page_gather,
         num_warps=plan.num_warps, num_stages=plan.num_stages, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {}),
         launch_pdl=use_pdl,
     )

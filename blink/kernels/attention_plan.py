@@ -116,6 +116,10 @@ class AttentionTuning:
     small_chunk_scale_in_exp2: bool = False
     prefill_lazy_rescale: float = 0.0
     prefill_const_page: bool = True
+    # With the page compiled in below the tile (16-token blocks): a tile's table entries loaded at once and spread to
+    # its keys (attention_tile.py's PAGE_GATHER; session 31: 128-token blocks made prefill attention 7-14% faster on an
+    # H100, and this gives 16-token tiles their loop's instruction count back; untimed: off unless BLINK_PAGE_GATHER=1)
+    prefill_page_gather: bool = field(default_factory=lambda: os.environ.get("BLINK_PAGE_GATHER", "0") == "1")
     # The same two for decode tiles (session 18, not yet timed: `kernels` times them alone at batch 1-32). Decode
     # reads 8 x 1k keys at batch 8 at 2.4 TB/s (13.7 us a layer for 33.5 MB), where chunk tiles lost a third of
     # their loop to the runtime block size's divide and remainder.
@@ -180,6 +184,7 @@ class LaunchPlan:
     early_table: bool = False  # the kernel's EARLY_TABLE (decode tiles' early_table)
     # attention_ws.py's kernel instead (prefill_ws on, big chunk tiles, unsplit), where ws_chunk_runs takes the tensors
     ws_chunk: bool = False
+    page_gather: bool = False  # the kernel's PAGE_GATHER (chunk tiles' prefill_page_gather)
 
     def page(self, block_size: int) -> int:
         """The kernel's PAGE: the KV block size where it is compiled in (a power of two dividing the KV tile or a
@@ -253,4 +258,4 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
                       tuning.prefill_const_page if chunk else (tuning.decode_const_page
                                                                 or (small_grid and tuning.small_grid_const_page)),
                       None if chunk else tuning.decode_maxnreg, tuning.early_table and not chunk,
-                      tuning.prefill_ws and big and num_splits == 1)
+                      tuning.prefill_ws and big and num_splits == 1, page_gather=chunk and tuning.prefill_page_gather)

@@ -11,6 +11,10 @@ code is unchanged:
 - PAGE > 0 (_kv_offsets): the KV block size as a constexpr. With a runtime block size the paged gather's
   address math (a signed division and remainder per key, 64-bit products) was about a third of the loop's SASS.
   A block of whole tiles (64 or 128 tokens, 32-key decode tiles) takes one table entry a tile.
+- PAGE_GATHER (chunk tiles, PAGE below the tile): a tile's BLOCK_N // PAGE table entries loaded as one short vector
+  and spread to the keys by tl.gather, instead of one gathered entry per key. Compiled for sm_90 (session 31,
+  tools/attn_sass.py) a 128-key tile at 16-token blocks then issues 594 instructions and 17 cp.async (today's 621
+  and 24; 128-token blocks 590 and 17), at the price of 4 spills in the masked loop. Not timed.
 - EARLY_TABLE (_warm_kv_tile, decode tiles): before the PDL wait, the first KV tile's block-table entries for the
   cached positions (below `context`: what earlier steps wrote), and, compiled (PREFETCH_KV), an L2 prefetch of those
   positions' K and V lines, so that the loop's prologue finds both on chip. Loads only, results unchanged.
@@ -29,7 +33,7 @@ from blink.kernels.prefetch import prefetch_l2
 
 @triton.jit
 def _kv_offsets(kv_tile, kv_end, table_row, kv_head, block_size, stride_cb, stride_co, stride_ch,
-                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PAGE: tl.constexpr):
+                BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PAGE: tl.constexpr, PAGE_GATHER: tl.constexpr = False):
     """(positions, which are < kv_end, cache offsets) of a KV tile's keys: one block-table entry per key.
     PAGE > 0: the block size as a constexpr that divides BLOCK_N, so each key's table index is the tile's first
     plus a constant and its place in the block a constant (no division by a runtime block size in the loop); or
@@ -44,6 +48,15 @@ def _kv_offsets(kv_tile, kv_end, table_row, kv_head, block_size, stride_cb, stri
             block = tl.load(table_row + first // PAGE).to(tl.int64)
         return k_pos, k_valid, block * stride_cb + (first % PAGE + tl.arange(0, BLOCK_N)) * stride_co \
             + kv_head * stride_ch
+    if PAGE > 0 and PAGE_GATHER:  # the tile's entries once, then each key's by its place (the module's docstring)
+        ENTRIES: tl.constexpr = BLOCK_N // PAGE
+        entries = kv_tile * ENTRIES + tl.arange(0, ENTRIES)
+        if MASKED:  # an entry whose first key is past kv_end: its keys are all invalid
+            blocks = tl.load(table_row + entries, mask=entries * PAGE < kv_end, other=0)
+        else:
+            blocks = tl.load(table_row + entries)
+        block = tl.gather(blocks, tl.arange(0, BLOCK_N) // PAGE, 0).to(tl.int64)
+        return k_pos, k_valid, block * stride_cb + (tl.arange(0, BLOCK_N) % PAGE) * stride_co + kv_head * stride_ch
     if PAGE > 0:
         entry = kv_tile * (BLOCK_N // PAGE) + tl.arange(0, BLOCK_N) // PAGE
     else:
@@ -115,13 +128,14 @@ def _softmax_pv(acc, m_i, l_i, scores, v_cache_ptr, kv_offs, dims, kv_mask, scal
 def _attend_kv_tile(acc, m_i, l_i, kv_tile, q, kv_end, q_pos, table_row, k_cache_ptr, v_cache_ptr, kv_head, dims,
                     dim_valid, scale_log2, block_size, stride_cb, stride_co, stride_ch,
                     BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr,
-                    SCALE_IN_EXP2: tl.constexpr, LAZY_RESCALE: tl.constexpr, PAGE: tl.constexpr):
+                    SCALE_IN_EXP2: tl.constexpr, LAZY_RESCALE: tl.constexpr, PAGE: tl.constexpr,
+                    PAGE_GATHER: tl.constexpr = False):
     """One KV tile of the online softmax. MASKED=False: every key is visible to every row (the caller's
     promise), so the key mask is left out; tl.where(all true) is the identity, so the results are the same:
     bitwise under the interpreter; compiled for sm_90, the select no longer stands between the scaling and
     exp2's subtraction, so they fuse into one FMA (one rounding fewer: last-bit differences in exp2's argument)."""
     k_pos, k_valid, kv_offs = _kv_offsets(kv_tile, kv_end, table_row, kv_head, block_size, stride_cb, stride_co,
-                                          stride_ch, BLOCK_N, MASKED, PAGE)
+                                          stride_ch, BLOCK_N, MASKED, PAGE, PAGE_GATHER)
     if MASKED:
         kv_mask = k_valid[:, None] & dim_valid[None, :]
     else:

@@ -12,6 +12,7 @@ VARIANTS = {
     "page": dict(prefill_const_page=True),  # 8-key blocks in 16-key tiles here
     "all": dict(prefill_scale_in_exp2=True, prefill_lazy_rescale=8.0, prefill_const_page=True),  # the bench's lazy8
     "lazy-half": dict(prefill_lazy_rescale=0.5),  # without exp2; a threshold low enough that both branches run
+    "gather": dict(prefill_const_page=True, prefill_page_gather=True),  # a tile's 2 entries at once (session 31)
 }
 
 
@@ -30,7 +31,7 @@ def _run(fn, batch, scale, **kwargs):
 )
 # q_scale 8: scores spread over ~2^12, so that the maxima grow past the lazy threshold
 @pytest.mark.parametrize("variant,q_scale", [("exp2", 1.0), ("page", 1.0), ("all", 1.0), ("all", 8.0),
-                                             ("lazy-half", 1.0), ("lazy-half", 8.0)])
+                                             ("lazy-half", 1.0), ("lazy-half", 8.0), ("gather", 1.0)])
 def test_prefill_variants_match_the_reference(q_lens, seq_lens, heads, variant, q_scale):
     batch = make_paged_batch(q_lens, seq_lens, *heads, head_dim=32, block_size=8, pad_seqs=1, pad_tokens=2)
     batch.q.mul_(q_scale)
@@ -41,7 +42,7 @@ def test_prefill_variants_match_the_reference(q_lens, seq_lens, heads, variant, 
     torch.testing.assert_close(out[:n], expected[:n], atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("variant", ["exp2", "all"])
+@pytest.mark.parametrize("variant", ["exp2", "all", "gather"])
 def test_prefill_variants_with_kv_splits(variant):
     """Split partials keep their maxima in the log2 domain, so the merge is unchanged (the lazy maxima are stale
     but consistent with their sums)."""
@@ -50,6 +51,23 @@ def test_prefill_variants_with_kv_splits(variant):
     expected = _run(paged_attention_ref, batch, 0.2)
     out = _run(paged_attention_triton, batch, 0.2, num_splits=2, tuning=tuning)
     torch.testing.assert_close(out[:46], expected[:46], atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("block_size,block_n", [(8, 16), (4, 16), (16, 64)])
+def test_a_tiles_entries_gathered_at_once_read_the_same_keys(block_size, block_n):
+    """PAGE_GATHER: a tile's entries as one vector spread to its keys by tl.gather; bit-equal to one entry a key (the
+    same keys, the same arithmetic), through tiles past kv_end, a cached prefix and a ragged batch; chunk tiles only."""
+    batch = make_paged_batch([1, 45, 70], [60, 120, 70], 8, 2, head_dim=32, block_size=block_size, pad_seqs=1,
+                             pad_tokens=2)
+    page = dict(prefill_block_m=32, prefill_block_n=block_n, prefill_min_tokens=0, prefill_const_page=True)
+    gathered = AttentionTuning(**page, prefill_page_gather=True)
+    assert launch_plan(116, 3, 8, 2, 32, 128, gathered).page_gather
+    assert not launch_plan(8, 8, 8, 2, 32, 128, gathered).page_gather  # decode tiles keep their loads
+    out = _run(paged_attention_triton, batch, 0.2, tuning=gathered)
+    n = batch.num_real_tokens
+    torch.testing.assert_close(out[:n], _run(paged_attention_triton, batch, 0.2, tuning=AttentionTuning(**page))[:n],
+                               atol=0, rtol=0)
+    torch.testing.assert_close(out[:n], _run(paged_attention_ref, batch, 0.2)[:n], atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("block_size", [32, 64, 12])
@@ -117,3 +135,10 @@ def test_decode_variants_match_the_reference(knobs, num_splits):
     expected = _run(paged_attention_ref, batch, 0.2)
     out = _run(paged_attention_triton, batch, 0.2, tuning=tuning, num_splits=num_splits)
     torch.testing.assert_close(out[:5], expected[:5], atol=2e-5, rtol=2e-5)
+
+
+def test_the_gathered_page_is_off_unless_asked(monkeypatch):
+    monkeypatch.delenv("BLINK_PAGE_GATHER", raising=False)
+    assert not AttentionTuning().prefill_page_gather  # untimed (session 31)
+    monkeypatch.setenv("BLINK_PAGE_GATHER", "1")
+    assert AttentionTuning().prefill_page_gather

@@ -20,3 +20,16 @@ def test_decode_rows_show_the_register_cap():
     smem, regs, _ = rows["maxnreg 96"]
     assert regs <= 96 and smem == rows["default"][0]
     assert rows["default"][1] > 96  # uncapped, batch 32's grid takes more: the cap changed the compile
+
+
+def test_the_gathered_page_reaches_the_compile():
+    """prefill_page_gather (session 31): at 16-token blocks a 128-key chunk tile loads its 8 table entries at once,
+    so its loops issue the cp.async count of a 128-token block's tile (one entry), not today's (one a key's 16)."""
+    out = run_uninterpreted(["-m", "tools.attn_sass", "--variants", "today;today-gather;today-b128"], timeout=300)
+    ldgsts = {}
+    for line in out.splitlines():
+        if m := ROW.match(line):
+            loops = line.split()[4:]  # per loop: ins/MUFU.EX2/FMUL/FFMA/FADD/BAR.SYNC/LDGSTS/...
+            ldgsts[m.group(1)] = [int(loop.split("/")[6]) for loop in loops]
+    assert ldgsts["today-gather"] == ldgsts["today-b128"], out
+    assert all(a > b for a, b in zip(ldgsts["today"], ldgsts["today-gather"], strict=True)), out

@@ -44,6 +44,16 @@ stages_kernels() {
           --prefill-tokens "${PREFILL_WS_TOKENS:-2048,8192,32768,2048@30720}" \
           --result-json "$OUT/prefill_ws_step_b${bs}_ws${ws}.json" 2>&1 | tee "$OUT/prefill_ws_step_b${bs}_ws${ws}.log"
       done;;
+    page-gather)  # issue 17, session 31: a chunk tile's table entries at once (BLINK_PAGE_GATHER) against one a key, at
+      # 16-token blocks, beside 128-token blocks: prefill attention alone, then the step's prefill rows (llama3-8b)
+      python3 -m bench.kernels.prefill_attention --variants today,today-gather,today-b128 2>&1 \
+        | tee "$OUT/page_gather_kernel.log" | tail -12
+      for run in 16:0 16:1 128:0; do
+        IFS=: read -r bs gather <<< "$run"
+        BLINK_PAGE_GATHER=$gather python3 -m blink.bench.step step --presets llama3-8b --block-size "$bs" --no-decode \
+          --prefill-tokens "${PREFILL_WS_TOKENS:-2048,8192,32768,2048@30720}" \
+          --result-json "$OUT/page_gather_b${bs}_g${gather}.json" 2>&1 | tee "$OUT/page_gather_b${bs}_g${gather}.log"
+      done;;
     ws-diag)  # session 28: attention_ws.py's specialised kernel hung on the H200; each case in its own process under a
       # limit (tools/diag_ws.py: with and without specialisation; session 29's variants: q's descriptor made in the
       # kernel (the suspected fix), 64-row q tiles (a control), today's host descriptor; WS_DIAG_ARGS="--modes
