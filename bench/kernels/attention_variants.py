@@ -15,6 +15,8 @@ ATTENTION_VARIANTS = {  # sessions 13 and 16 set decode's stages, split rule and
     "merge kernel (before session 19)": AttentionTuning(merge_in_kernel=False),
     "batch 1 without the block size compiled in (before session 19)": AttentionTuning(small_grid_const_page=False),
     "block size compiled in (session 18)": AttentionTuning(decode_const_page=True),
+    "gather": AttentionTuning(decode_const_page=True, decode_page_gather=True),
+    "gather, maxnreg 128": AttentionTuning(decode_const_page=True, decode_page_gather=True, decode_maxnreg=128),
     "block size compiled in + exp2 scale (session 18)": AttentionTuning(decode_const_page=True,
                                                                         decode_scale_in_exp2=True),
     PREVIOUS_ATTENTION: BEFORE_SESSION_13,

@@ -124,6 +124,8 @@ class AttentionTuning:
     # reads 8 x 1k keys at batch 8 at 2.4 TB/s (13.7 us a layer for 33.5 MB), where chunk tiles lost a third of
     # their loop to the runtime block size's divide and remainder.
     decode_const_page: bool = False
+    # Decode tiles' own PAGE_GATHER (with decode_const_page): a bench variant, untimed (perf.md, session 31)
+    decode_page_gather: bool = False
     decode_scale_in_exp2: bool = False
     # The block size compiled in for the batch-1 grid only (small_grid_programs): session 19 timed decode_const_page
     # alone at 6.85 -> 6.26 us a layer at batch 1 but slower at 8 / 32 (17.79 -> 19.16, 42.78 -> 48.75); for the
@@ -184,7 +186,7 @@ class LaunchPlan:
     early_table: bool = False  # the kernel's EARLY_TABLE (decode tiles' early_table)
     # attention_ws.py's kernel instead (prefill_ws on, big chunk tiles, unsplit), where ws_chunk_runs takes the tensors
     ws_chunk: bool = False
-    page_gather: bool = False  # the kernel's PAGE_GATHER (chunk tiles' prefill_page_gather)
+    page_gather: bool = False  # the kernel's PAGE_GATHER (prefill_page_gather or decode_page_gather)
 
     def page(self, block_size: int) -> int:
         """The kernel's PAGE: the KV block size where it is compiled in (a power of two dividing the KV tile or a
@@ -258,4 +260,5 @@ def launch_plan(num_tokens: int, num_seqs: int, num_q_heads: int, num_kv_heads: 
                       tuning.prefill_const_page if chunk else (tuning.decode_const_page
                                                                 or (small_grid and tuning.small_grid_const_page)),
                       None if chunk else tuning.decode_maxnreg, tuning.early_table and not chunk,
-                      tuning.prefill_ws and big and num_splits == 1, page_gather=chunk and tuning.prefill_page_gather)
+                      tuning.prefill_ws and big and num_splits == 1,
+                      page_gather=tuning.prefill_page_gather if chunk else tuning.decode_page_gather)

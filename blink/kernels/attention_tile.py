@@ -11,10 +11,11 @@ code is unchanged:
 - PAGE > 0 (_kv_offsets): the KV block size as a constexpr. With a runtime block size the paged gather's
   address math (a signed division and remainder per key, 64-bit products) was about a third of the loop's SASS.
   A block of whole tiles (64 or 128 tokens, 32-key decode tiles) takes one table entry a tile.
-- PAGE_GATHER (chunk tiles, PAGE below the tile): a tile's BLOCK_N // PAGE table entries loaded as one short vector
-  and spread to the keys by tl.gather, instead of one gathered entry per key. Compiled for sm_90 (session 31,
-  tools/attn_sass.py) a 128-key tile at 16-token blocks then issues 594 instructions and 17 cp.async (today's 621
-  and 24; 128-token blocks 590 and 17), at the price of 4 spills in the masked loop. Not timed.
+- PAGE_GATHER (PAGE below the tile; chunk tiles with prefill_page_gather, decode tiles with decode_page_gather): a
+  tile's BLOCK_N // PAGE table entries loaded as one short vector and spread to the keys by tl.gather, instead of one
+  gathered entry per key. Compiled for sm_90 (session 31, tools/attn_sass.py) a 128-key chunk tile at 16-token
+  blocks then issues 592 instructions and 17 cp.async, as at 128-token blocks (590, 17; today 621, 24); a batch-8
+  decode tile 413 (today 598, with the runtime block size). Not timed.
 - EARLY_TABLE (_warm_kv_tile, decode tiles): before the PDL wait, the first KV tile's block-table entries for the
   cached positions (below `context`: what earlier steps wrote), and, compiled (PREFETCH_KV), an L2 prefetch of those
   positions' K and V lines, so that the loop's prologue finds both on chip. Loads only, results unchanged.

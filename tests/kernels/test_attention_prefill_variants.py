@@ -142,3 +142,17 @@ def test_the_gathered_page_is_off_unless_asked(monkeypatch):
     assert not AttentionTuning().prefill_page_gather  # untimed (session 31)
     monkeypatch.setenv("BLINK_PAGE_GATHER", "1")
     assert AttentionTuning().prefill_page_gather
+
+
+@pytest.mark.parametrize("block_n,num_splits", [(32, None), (64, 2)])
+def test_decode_tiles_gather_their_entries_too_when_asked(block_n, num_splits):
+    """decode_page_gather (a bench variant, untimed): decode tiles over 16-token blocks, bit-equal to one entry a key
+    with the page compiled in, through a split past the keys and a masked last tile."""
+    batch = make_paged_batch([1, 1, 1], [300, 17, 90], 8, 2, head_dim=32, block_size=16, pad_seqs=1)
+    page = dict(block_n=block_n, decode_const_page=True)
+    gathered = AttentionTuning(**page, decode_page_gather=True)
+    assert launch_plan(3, 3, 8, 2, 32, 320, gathered, num_splits).page_gather
+    out = _run(paged_attention_triton, batch, 0.2, tuning=gathered, num_splits=num_splits)
+    expected = _run(paged_attention_triton, batch, 0.2, tuning=AttentionTuning(**page), num_splits=num_splits)
+    torch.testing.assert_close(out[:3], expected[:3], atol=0, rtol=0)
+    torch.testing.assert_close(out[:3], _run(paged_attention_ref, batch, 0.2)[:3], atol=2e-5, rtol=2e-5)
