@@ -124,7 +124,7 @@ def _paged_attention_kernel(
     SCALE_IN_EXP2: tl.constexpr, LAZY_RESCALE: tl.constexpr, PAGE: tl.constexpr,  # chunk tiles' (attention_tile.py)
     MERGE_CHUNK: tl.constexpr,  # > 0: the last split merges, this many splits a load (attention_merge.py)
     EARLY_TABLE: tl.constexpr, PREFETCH_KV: tl.constexpr,  # first KV tile warmed before the wait (attention_tile.py)
-    PAGE_GATHER: tl.constexpr = False,  # chunk tiles' table entries a tile at once (attention_tile.py)
+    PAGE_GATHER: tl.constexpr = False,  # a tile's table entries at once (attention_tile.py; off by default)
 ):
     BLOCK_M: tl.constexpr = BLOCK_Q * GROUP_PAD  # rows: (query token, head of the group), group padded
     tile, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
