@@ -5,7 +5,8 @@
 #   bash tools/frontend_foothold.sh flag    # blink serve with and without --frontend-nice -10
 #   STEP_MS=10 RATE=24 bash tools/frontend_foothold.sh lab   # perf.md, session 30: the engine paced like decode
 #       steps; per rep isolated then spin x each of SPINS ("2 8"); prints the front end's CPU a request and
-#       each of its busy threads' CPU ticks and wake-ups (the egress reader: the one with the most wake-ups)
+#       each of its busy threads' CPU ticks and wake-ups (the egress reader: the one with the most wake-ups);
+#       RENICE=-10 adds the spin points with the front end reniced (root, or a raised RLIMIT_NICE)
 # Every point: N requests (300) at RATE req/s (20), 1-token prompts, OUT_LEN (128) streamed tokens, ignore EOS.
 set -u
 mode=${1:-flag}; PY=${PY:-.venv/bin/python}; OUTD=${OUTD:-/tmp/frontend_foothold}; mkdir -p "$OUTD"
@@ -57,6 +58,11 @@ elif [ "$mode" = lab ]; then
   for rep in $(seq "${REPS:-2}"); do
     point "isolated r$rep" none
     for procs in ${SPINS:-2 8}; do point "spin$procs r$rep" --procs "$procs" --nice 0; done
+    if [ -n "${RENICE:-}" ]; then  # the same spin points with the front end at niceness RENICE (e.g. -10)
+      renice_frontend "$RENICE"
+      for procs in ${SPINS:-2 8}; do point "spin$procs nice$RENICE r$rep" --procs "$procs" --nice 0; done
+      renice_frontend 0
+    fi
   done
   kill -INT $srv; wait $srv
 else

@@ -37,6 +37,8 @@ def compile_sm90(fn, pointers: dict, constexprs: dict, aligned=lambda name: Fals
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    # a constexpr the caller leaves out takes its default (else it would compile as a runtime scalar)
+    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default}, **constexprs}
     signature = {name: "constexpr" if name in constexprs else pointers.get(name, scalar(name)) for name in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(fn.arg_names)
              if aligned(name) and name not in constexprs}

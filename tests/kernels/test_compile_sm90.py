@@ -48,7 +48,8 @@ def _compile_all() -> None:
                       "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "ticket_ptr": "*i32"}
     # chunk tiles' loop variants (attention_tile.py); the split merge by a second kernel; no early table (its own
     # test: test_attention_early_table.py)
-    off = dict(SCALE_IN_EXP2=False, LAZY_RESCALE=0.0, PAGE=0, MERGE_CHUNK=0, EARLY_TABLE=False, PREFETCH_KV=False)
+    off = dict(SCALE_IN_EXP2=False, LAZY_RESCALE=0.0, PAGE=0, MERGE_CHUNK=0, EARLY_TABLE=False, PREFETCH_KV=False,
+               PAGE_GATHER=False)
 
     def merges_in_kernel(kernel):  # attention_merge.py: a CTA barrier, then the acq_rel ticket at GPU scope
         ptx = kernel.asm["ptx"]
@@ -79,7 +80,8 @@ def _compile_all() -> None:
     # Session 18's opt-in decode variants: the KV block size compiled in, and with it the scale in exp2; a block of
     # whole tiles (64 / 128 tokens: one table entry a tile) at batch 1's 32-key tiles
     for block_n, loop in ((64, dict(off, PAGE=16)), (64, dict(off, PAGE=16, SCALE_IN_EXP2=True)),
-                          (32, dict(off, PAGE=128)), (64, dict(off, PAGE=64))):
+                          (32, dict(off, PAGE=128)), (64, dict(off, PAGE=64)),
+                          (64, dict(off, PAGE=16, PAGE_GATHER=True))):  # session 31: a tile's entries at once
         check(attention._paged_attention_kernel, attention_ptrs,
               dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=4, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=8, NUM_SPLITS=4,
                    PRECISION="tf32", CAUSAL_SPLIT=False, SPLIT_MIN_TILES=0, **loop),
@@ -92,7 +94,8 @@ def _compile_all() -> None:
             (16, 1, 64, 4, 3, off), (32, 1, 64, 8, 3, off), (32, 1, 128, 8, 2, off), (32, 4, 64, 8, 2, off),
             (16, 1, 128, 4, 2, off), (32, 1, 128, 8, 5, off), (32, 1, 64, 8, 7, off), (32, 1, 128, 8, 2, exp2),
             (32, 2, 128, 8, 2, lazy), (32, 1, 128, 8, 5, lazy), (16, 1, 64, 4, 3, dict(off, LAZY_RESCALE=0.5)),
-            (64, 1, 64, 16, 3, off), (32, 1, 64, 8, 7, exp2), (16, 1, 64, 4, 3, dict(off, PAGE=64))]:
+            (64, 1, 64, 16, 3, off), (32, 1, 64, 8, 7, exp2), (16, 1, 64, 4, 3, dict(off, PAGE=64)),
+            (32, 1, 128, 8, 5, dict(exp2, PAGE_GATHER=True))]:
         check(attention._paged_attention_kernel, attention_ptrs,
               dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=64, NUM_SPLITS=splits,
                    PRECISION="tf32", CAUSAL_SPLIT=True, SPLIT_MIN_TILES=0, **loop), num_warps=num_warps,

@@ -46,7 +46,9 @@ while time.perf_counter() - t < 1: time.sleep(100e-6); n += 1
 r1 = resource.getrusage(resource.RUSAGE_SELF)
 print("sleep(100 us): %d a second, %.2f us of CPU each" % (n, (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / n * 1e6))' \
         | tee "$OUT/frontend_lab.log"
+      # RENICE: session 31 saw spin x8 starve the front end at nice 0 there (TTFT p50 87-245 ms); -10 by default
       PY=python3 FE_CPU=2 ENGINE_CPU=0 CLIENT_CPU=1 STEP_MS=10 RATE=24 REPS=${FRONTEND_LAB_REPS:-2} OUTD=/tmp/frontend_lab \
+        RENICE=${FRONTEND_LAB_RENICE--10} \
         bash tools/frontend_foothold.sh lab 2>&1 | tee -a "$OUT/frontend_lab.log";;
     long-prompt)  # issue 17: the served TTFT of 30k-token prompts (llama3-8b, 16 out, one at a time) per LONG_CONFIGS entry
       # MODE:BLOCK:WS (WS: BLINK_PREFILL_WS, session 27's warp-specialised prefill); LONG_ARGS adds serve flags
