@@ -78,18 +78,66 @@ def _abort_unstarted(loop: asyncio.AbstractEventLoop, client: EngineClient, req_
         loop.call_soon_threadsafe(client.abort, req_id)
 
 
+class _Records:
+    """One request's records turned into output: its text (detokenized, stop strings cut), token count, cached
+    prompt tokens, logprobs, prompt logprobs and the stop token or string that ended it."""
+
+    def __init__(self, tokenizer: ModelTokenizer, prompt_ids: list[int], params: SamplingParams,
+                 skip_special_tokens: bool, include_stop: bool, timer: RequestTimer):
+        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_ids, skip_special_tokens)
+        self.stops = StopStringMatcher(params.stop, include_stop)
+        self.params, self.include_stop, self.timer = params, include_stop, timer
+        self.num_tokens = self.cached = 0
+        self.stop_reason: str | int | None = None
+        self.logprobs: list[TokenLogprob] = []
+        self.prompt: dict[int, PromptLogprobEntry] | None = {} if params.prompt_logprobs is not None else None
+
+    def prompt_record(self, event: TokenEvent) -> None:
+        """A prompt token's logprobs: before the first token; a recomputed prefill may send one again."""
+        if self.prompt is not None:
+            tops = list(zip(event.top_ids, event.top_logprobs, strict=True))
+            self.prompt[-event.position] = PromptLogprobEntry(event.token_id, event.logprob, event.rank, tops)
+
+    def token_record(self, event: TokenEvent) -> tuple[str, FinishReason, bool]:
+        """(its final text, its finish reason, whether a stop string matched in it)."""
+        reason = event.finish_reason
+        self.cached = max(self.cached, event.cached_tokens)
+        piece = ""
+        if event.token_id >= 0:
+            self.num_tokens += 1
+            self.timer.token(event.queue_us)
+            if self.params.logprobs is not None:
+                tops = [(t, lp) for t, lp in zip(event.top_ids, event.top_logprobs, strict=True) if t >= 0]
+                self.logprobs.append(TokenLogprob(event.token_id, event.logprob, tops))
+            if reason == FinishReason.STOP and event.token_id in self.params.stop_token_ids:
+                self.stop_reason = event.token_id  # (EOS leaves stop_reason None, as vLLM)
+            if reason != FinishReason.STOP or self.include_stop:  # a stop token is not output text by default
+                piece = self.detokenizer.add(event.token_id)
+        if event.finished:
+            piece += self.detokenizer.flush()
+        text, stopped = self.stops.feed(piece, check=self.num_tokens >= self.params.min_tokens)
+        if stopped:
+            reason, self.stop_reason = FinishReason.STOP, self.stops.matched
+        elif event.finished:
+            text += self.stops.flush()
+        return text, reason, stopped
+
+    def delta(self, text: str, reason: FinishReason, done: bool) -> Delta:
+        """The output since the last delta; the prompt's logprobs ride on the first."""
+        delta = Delta(text, self.logprobs, reason.openai if done else None, self.num_tokens, self.cached,
+                      reason == FinishReason.ERROR, self.stop_reason if done else None)
+        if self.prompt is not None:
+            delta.prompt_logprobs, self.prompt = [self.prompt[i] for i in sorted(self.prompt)], None
+        self.logprobs = []
+        return delta
+
+
 async def _deltas(ctx: GenerationContext, req_id: int, queue: asyncio.Queue, timer: RequestTimer,
                   prompt_ids: list[int], params: SamplingParams, skip_special_tokens: bool,
                   include_stop: bool, started: list[bool]) -> AsyncIterator[Delta]:
     started[0] = True
-    detokenizer = IncrementalDetokenizer(ctx.tokenizer, prompt_ids, skip_special_tokens)
-    stops = StopStringMatcher(params.stop, include_stop)
-    stop_reason = None
-    num_tokens = 0
-    logprobs: list[TokenLogprob] = []
+    records = _Records(ctx.tokenizer, prompt_ids, params, skip_special_tokens, include_stop, timer)
     done = False
-    cached = 0
-    prompt: dict[int, PromptLogprobEntry] | None = {} if params.prompt_logprobs is not None else None
     try:
         while not done:
             # All records already queued make one delta: a consumer that fell behind (a starved front end)
@@ -99,49 +147,23 @@ async def _deltas(ctx: GenerationContext, req_id: int, queue: asyncio.Queue, tim
                 events.append(queue.get_nowait())
             text, reason = "", FinishReason.NONE
             for event in events:
-                if event.is_prompt:  # before the first token; a recomputed prefill may send one again
-                    if prompt is not None:
-                        tops = list(zip(event.top_ids, event.top_logprobs, strict=True))
-                        prompt[-event.position] = PromptLogprobEntry(event.token_id, event.logprob, event.rank,
-                                                                     tops)
+                if event.is_prompt:
+                    records.prompt_record(event)
                     continue
-                reason = event.finish_reason
-                cached = max(cached, event.cached_tokens)
-                piece = ""
-                if event.token_id >= 0:
-                    num_tokens += 1
-                    timer.token(event.queue_us)
-                    if params.logprobs is not None:
-                        tops = [(t, lp) for t, lp in zip(event.top_ids, event.top_logprobs, strict=True) if t >= 0]
-                        logprobs.append(TokenLogprob(event.token_id, event.logprob, tops))
-                    if reason == FinishReason.STOP and event.token_id in params.stop_token_ids:
-                        stop_reason = event.token_id  # (EOS leaves stop_reason None, as vLLM)
-                    if reason != FinishReason.STOP or include_stop:  # a stop token is not output text by default
-                        piece = detokenizer.add(event.token_id)
-                if event.finished:
-                    piece += detokenizer.flush()
-                out, stopped = stops.feed(piece, check=num_tokens >= params.min_tokens)
-                text += out
+                piece, reason, stopped = records.token_record(event)
+                text += piece
                 if stopped:
                     ctx.client.abort(req_id)
-                    reason, stop_reason = FinishReason.STOP, stops.matched
-                elif event.finished:
-                    text += stops.flush()
                 done = stopped or event.finished
                 if reason == FinishReason.ERROR and ctx.client.cut_by_shutdown:
                     raise APIError(503, "server shutting down: the request was cut before it finished")
                 if done:
                     break  # the rest of the batch: the records of a request we aborted
             if text or done:
-                finish = reason.openai if done else None
-                delta = Delta(text, logprobs, finish, num_tokens, cached, reason == FinishReason.ERROR,
-                              stop_reason if done else None)
-                if prompt is not None:
-                    delta.prompt_logprobs, prompt = [prompt[i] for i in sorted(prompt)], None
+                delta = records.delta(text, reason, done)
                 yield delta
-                logprobs = []
-            if done:
-                timer.finish(finish)
+                if done:
+                    timer.finish(delta.finish_reason)
     finally:
         if not done:
             ctx.client.abort(req_id)
