@@ -57,15 +57,15 @@ def _kv_offsets(kv_tile, kv_end, table_row, kv_head, block_size, stride_cb, stri
         else:
             blocks = tl.load(table_row + entries)
         block = tl.gather(blocks, tl.arange(0, BLOCK_N) // PAGE, 0).to(tl.int64)
-        return k_pos, k_valid, block * stride_cb + (tl.arange(0, BLOCK_N) % PAGE) * stride_co + kv_head * stride_ch
-    if PAGE > 0:
-        entry = kv_tile * (BLOCK_N // PAGE) + tl.arange(0, BLOCK_N) // PAGE
     else:
-        entry = k_pos // block_size
-    if MASKED:
-        block = tl.load(table_row + entry, mask=k_valid, other=0).to(tl.int64)
-    else:
-        block = tl.load(table_row + entry).to(tl.int64)
+        if PAGE > 0:
+            entry = kv_tile * (BLOCK_N // PAGE) + tl.arange(0, BLOCK_N) // PAGE
+        else:
+            entry = k_pos // block_size
+        if MASKED:
+            block = tl.load(table_row + entry, mask=k_valid, other=0).to(tl.int64)
+        else:
+            block = tl.load(table_row + entry).to(tl.int64)
     if PAGE > 0:
         return k_pos, k_valid, block * stride_cb + (tl.arange(0, BLOCK_N) % PAGE) * stride_co + kv_head * stride_ch
     return k_pos, k_valid, block * stride_cb + (k_pos % block_size) * stride_co + kv_head * stride_ch

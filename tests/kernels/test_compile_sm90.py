@@ -48,8 +48,7 @@ def _compile_all() -> None:
                       "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32", "ticket_ptr": "*i32"}
     # chunk tiles' loop variants (attention_tile.py); the split merge by a second kernel; no early table (its own
     # test: test_attention_early_table.py)
-    off = dict(SCALE_IN_EXP2=False, LAZY_RESCALE=0.0, PAGE=0, MERGE_CHUNK=0, EARLY_TABLE=False, PREFETCH_KV=False,
-               PAGE_GATHER=False)
+    off = dict(SCALE_IN_EXP2=False, LAZY_RESCALE=0.0, PAGE=0, MERGE_CHUNK=0, EARLY_TABLE=False, PREFETCH_KV=False)
 
     def merges_in_kernel(kernel):  # attention_merge.py: a CTA barrier, then the acq_rel ticket at GPU scope
         ptx = kernel.asm["ptx"]
