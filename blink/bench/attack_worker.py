@@ -9,14 +9,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
 
 from blink.bench.sched_knobs import POLICIES, apply_in_worker
-from blink.util.processes import die_with_parent
+from blink.util.processes import StopSignals, die_with_parent
 
 # What one short-lived "compile" process does: die with its driver, then compress half a MiB with bz2
 # (the paper's pbzip2 job in miniature; ~0.1 s of CPU, plus the interpreter's start-up, like a cc1 run).
@@ -28,9 +26,9 @@ COMPILE_JOB = (
 
 
 def spin(_args):
-    def work(stop: threading.Event, deadline: float) -> dict:
+    def work(stop: StopSignals, deadline: float) -> dict:
         iterations, x = 0, 1.0
-        while not stop.is_set() and time.monotonic() < deadline:
+        while not stop.requested and time.monotonic() < deadline:
             for _ in range(20_000):
                 x = x * 1.0000001 + 1e-9
             iterations += 1
@@ -46,9 +44,9 @@ def memory(args):
     elements = max(1, args.buffer_mib * (1 << 20) // 2 // 8)
     buffers = [np.ones(elements, dtype=np.float64), np.ones(elements, dtype=np.float64)]  # touched now
 
-    def work(stop: threading.Event, deadline: float) -> dict:
+    def work(stop: StopSignals, deadline: float) -> dict:
         passes = 0
-        while not stop.is_set() and time.monotonic() < deadline:
+        while not stop.requested and time.monotonic() < deadline:
             np.copyto(buffers[passes % 2], buffers[(passes + 1) % 2])
             passes += 1
         return {"iterations": passes, "bytes_streamed": passes * 2 * buffers[0].nbytes}
@@ -58,12 +56,12 @@ def memory(args):
 
 def compile_like(_args):
     """One short-lived CPU-bound child after another, as one `make -j` slot does."""
-    def work(stop: threading.Event, deadline: float) -> dict:
+    def work(stop: StopSignals, deadline: float) -> dict:
         jobs = 0
-        while not stop.is_set() and time.monotonic() < deadline:
+        while not stop.requested and time.monotonic() < deadline:
             child = subprocess.Popen([sys.executable, "-S", "-c", COMPILE_JOB], stdin=subprocess.DEVNULL)
             while child.poll() is None:
-                if stop.is_set() or time.monotonic() >= deadline:
+                if stop.requested or time.monotonic() >= deadline:
                     child.kill()
                     child.wait()
                     return {"iterations": jobs}
@@ -96,9 +94,9 @@ def tokenize(args):
     tokenizer = load_tokenizer(args.tokenizer)
     prompt = synthetic_text(seed=2, num_words=args.prompt_words)
 
-    def work(stop: threading.Event, deadline: float) -> dict:
+    def work(stop: StopSignals, deadline: float) -> dict:
         encodes, tokens = 0, 0
-        while not stop.is_set() and time.monotonic() < deadline:
+        while not stop.requested and time.monotonic() < deadline:
             tokens += len(tokenizer.encode(prompt).ids)
             encodes += 1
         return {"iterations": encodes, "tokens": tokens}
@@ -124,9 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cgroup", default=None, help="a cgroup directory to join (its weight is set there)")
     args = p.parse_args(argv)
     die_with_parent(args.parent_pid, exit_code=0)
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    stop = StopSignals()
+    stop.install()
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     knobs = apply_in_worker(args.nice, args.sched, args.cgroup)  # before set-up, so children inherit it
@@ -135,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     report = work(stop, started + args.seconds)
     report.update(knobs, kind=args.kind, cpu=args.cpu, pid=os.getpid(), seconds=time.monotonic() - started,
-                  stopped_by_signal=stop.is_set())
+                  stopped_by_signal=stop.requested)
     print(json.dumps(report), flush=True)
     return 0
 

@@ -13,7 +13,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass
 
@@ -21,9 +20,9 @@ from rich.console import Console
 from rich.table import Table
 
 from blink.util.cpus import format_cpu_list, parse_cpu_list
+from blink.util.processes import StopSignals
 
 KINDS = ("spin", "memory", "compile", "tokenize")
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 def optional_cpu_list(text: str | None) -> list[int] | None:
@@ -128,7 +127,7 @@ class Attackers:
         for index in range(self.spec.procs):
             self._procs.append(subprocess.Popen(
                 self.worker_command(index), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, env=env, bufsize=0))
+                stderr=subprocess.PIPE, env=env, bufsize=0, process_group=0))  # its jobs join its group
         deadline = time.monotonic() + ready_timeout_s
         for proc in self._procs:
             self._early_output[proc.pid] = read_line(proc, deadline)
@@ -157,8 +156,7 @@ class Attackers:
             try:
                 out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
+                out, err = self._kill(proc)
             out = (self._early_output.pop(proc.pid, b"") + out).decode(errors="replace")
             report = {"pid": proc.pid, "returncode": proc.returncode}
             lines = [line for line in out.splitlines() if line.startswith("{")]
@@ -166,6 +164,22 @@ class Attackers:
             self.reports.append(report)
             self._procs.pop(0)
         return self.reports
+
+    @staticmethod
+    def _kill(proc: subprocess.Popen) -> tuple[bytes, bytes]:
+        """SIGKILL a worker and its process group: a job it started holds its pipes open, so reading them
+        to the end would wait on the job too. Bounded even if something outside the group holds them."""
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        try:
+            return proc.communicate(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            for pipe in (proc.stdout, proc.stderr):
+                pipe.close()
+            proc.wait()
+            return b"", b"pipes held open after SIGKILL"
 
     @property
     def pids(self) -> list[int]:
@@ -212,12 +226,10 @@ def run(args: argparse.Namespace) -> int:
                       cpus=tuple(cpus) if cpus else None, tokenizer=args.tokenizer,
                       buffer_mib=args.buffer_mib, nice=args.nice, policy=args.sched)
     attackers = Attackers(spec)
-    # SIGTERM/SIGINT only set a flag: an exception raised from a handler can land inside Popen's own
-    # bookkeeping (its waitpid lock) and leave the stop below waiting forever (CI, 2026-12-04). The handlers
-    # stay for the rest of the process (this is the CLI command's), so a repeated signal cannot cut it short
-    stopping = threading.Event()
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, lambda *_: stopping.set())
+    # SIGTERM/SIGINT only count (StopSignals says why). The handlers stay for the rest of the process (this
+    # is the CLI command's), so a repeated signal cannot cut the stop short
+    stopping = StopSignals(poll_s=0.1)
+    stopping.install()
     try:
         attackers.start()
     except RuntimeError as exc:
@@ -227,6 +239,6 @@ def run(args: argparse.Namespace) -> int:
           f"{format_cpu_list(cpus) or 'any'} for {spec.duration_s:g} s", flush=True)
     while attackers.running and not stopping.wait(0.1):
         pass
-    reports = attackers.stop() if stopping.is_set() else attackers.wait()
+    reports = attackers.stop() if stopping.requested else attackers.wait()
     print_reports(reports)
     return 0 if all(r["returncode"] == 0 for r in reports) else 1

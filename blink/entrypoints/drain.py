@@ -14,31 +14,19 @@ from __future__ import annotations
 import sys
 import time
 
+from blink.util.processes import StopSignals
+
 POLL_S = 0.05
 CUT_WAIT_S = 8.0  # after stop_flag, for the engine's step to end (the parent escalates after that)
 
 
-class StopRequest:
-    """Set by the signal handler. A plain counter on purpose: threading.Event.set() inside a handler can
-    deadlock when the signal lands while the main thread holds the Event's own lock (in Event.wait)."""
+class StopRequest(StopSignals):
+    """Set by the SIGTERM/SIGINT handler; `live` once the server was ready (a stop then drains instead of
+    cutting)."""
 
     def __init__(self):
-        self.signals = 0
-        self.live = False  # the server was ready: a stop drains instead of cutting
-
-    @property
-    def requested(self) -> bool:
-        return self.signals > 0
-
-    def handler(self, *_) -> None:
-        self.signals += 1
-
-    def wait(self, seconds: float) -> bool:
-        """Sleep up to `seconds` in short naps; True once a stop was requested."""
-        deadline = time.monotonic() + seconds
-        while not self.requested and time.monotonic() < deadline:
-            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
-        return self.requested
+        super().__init__(poll_s=POLL_S)
+        self.live = False
 
 
 def _say(message: str) -> None:

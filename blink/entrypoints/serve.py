@@ -83,7 +83,7 @@ def serve_main(args: argparse.Namespace) -> int:
     segment = Segment.create(name, SegmentLayout(INGRESS_CAPACITY, arena, EGRESS_CAPACITY,  # + device-mode grammars
                                                  *grammar_staging(engine_args.grammar_arena_mb << 20)))
     stop = StopRequest()
-    previous = {sig: signal.signal(sig, stop.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = stop.install()
     children: list[Child] = []
     try:
         code = _run(args, engine_args, segment, children, stop)

@@ -31,6 +31,24 @@ def wait_gone(pids, timeout_s: float = 10.0) -> bool:
     return False
 
 
+def process_tree(pid: int) -> str:
+    """Each process under `pid` (itself included): its state, what it waits in, its command line."""
+    lines, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            state = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0]
+            wchan = open(f"/proc/{p}/wchan").read()
+            cmd = open(f"/proc/{p}/cmdline").read().replace("\0", " ")[:160]
+            for task in os.listdir(f"/proc/{p}/task"):
+                todo += [int(c) for c in open(f"/proc/{p}/task/{task}/children").read().split()]
+        except OSError as exc:
+            lines.append(f"{p}: {exc}")
+            continue
+        lines.append(f"{p} {state} {wchan}: {cmd}")
+    return "\n".join(lines)
+
+
 def test_cpu_lists():
     assert optional_cpu_list("0-3,8,10-11") == [0, 1, 2, 3, 8, 10, 11]
     assert optional_cpu_list("") is None and optional_cpu_list(None) is None
@@ -80,12 +98,28 @@ def test_attack_command_exits_cleanly_on_a_stop_signal(signum):
     try:
         assert proc.stdout.readline().startswith("attacking: 2 compile processes")
         proc.send_signal(signum)
-        out, _ = proc.communicate(timeout=60)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # CI saw this twice: say where everything was
+            pytest.fail(f"the command ignored the signal for 60 s:\n{process_tree(proc.pid)}")
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0
     assert out.count("compile") >= 2  # one row per worker in the report table
+
+
+def test_killing_a_worker_also_ends_the_jobs_that_hold_its_pipes():
+    # a worker whose job (here a sleep in the background) inherited its stdout: reading the worker's pipes
+    # to the end after SIGKILL waited on the job as well (the compile kind's jobs, before process groups)
+    worker = subprocess.Popen(["sh", "-c", "sleep 600 & echo $!; exec sleep 600"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, process_group=0)
+    job = int(worker.stdout.readline())
+    started = time.monotonic()
+    out, err = Attackers._kill(worker)
+    assert time.monotonic() - started < 4.0  # the old kill-then-read waited 600 s
+    assert worker.returncode == -signal.SIGKILL and err == b""
+    assert wait_gone([job])
 
 
 def test_attack_command_ends_by_itself_at_its_duration():
