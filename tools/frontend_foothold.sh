@@ -7,6 +7,7 @@
 #       steps; per rep isolated then spin x each of SPINS ("2 8"); prints the front end's CPU a request and
 #       each of its busy threads' CPU ticks and wake-ups (the egress reader: the one with the most wake-ups);
 #       RENICE=-10 adds the spin points with the front end reniced (root, or a raised RLIMIT_NICE)
+#   SERVE_FLAGS="--stream-interval 4": more flags for blink serve (every mode)
 # Every point: N requests (300) at RATE req/s (20), 1-token prompts, OUT_LEN (128) streamed tokens, ignore EOS.
 set -u
 mode=${1:-flag}; PY=${PY:-.venv/bin/python}; OUTD=${OUTD:-/tmp/frontend_foothold}; mkdir -p "$OUTD"
@@ -14,7 +15,8 @@ FE_CPU=${FE_CPU:-1}; ENGINE_CPU=${ENGINE_CPU:-0}; CLIENT_CPU=${CLIENT_CPU:-0}; P
 [ -n "${STEP_MS:-}" ] && export BLINK_NULL_STEP_MS=$STEP_MS
 start() {  # EXTRA_FLAGS...
   $PY -m blink serve --model llama3.2-1b --engine-module blink.bench.null_engine --port "$PORT" \
-    --frontend-cpus "$FE_CPU" --engine-cpus "$ENGINE_CPU" --disable-log-requests "$@" > "$OUTD/serve.log" 2>&1 &
+    --frontend-cpus "$FE_CPU" --engine-cpus "$ENGINE_CPU" --disable-log-requests ${SERVE_FLAGS:-} "$@" \
+    > "$OUTD/serve.log" 2>&1 &
   srv=$!
   for _ in $(seq 90); do curl -sf "localhost:$PORT/health" > /dev/null && break; sleep 1; done
   # a server left from another run would answer in our place: refuse to measure it

@@ -58,6 +58,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="larger request bodies get a 413" + D)
     parser.add_argument("--disable-log-requests", action="store_true",
                         help="turn the access log (one line per request) off (default: on)")
+    parser.add_argument("--stream-interval", type=int, default=1,
+                        help="a streamed choice sends its first text at once, then one chunk per this many "
+                             "tokens, and its last at the finish; above 1 the front end does less work per "
+                             "token (vLLM's and SGLang's flag)" + D)
     parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for readiness" + D)
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="on SIGTERM/SIGINT, seconds in-flight requests get to finish (a second signal "
@@ -75,6 +79,8 @@ def serve_main(args: argparse.Namespace) -> int:
         for cpus in (args.frontend_cpus, args.engine_cpus):
             if cpus:
                 parse_cpu_list(cpus)
+        if args.stream_interval < 1:
+            raise ValueError(f"--stream-interval must be at least 1, got {args.stream_interval}")
         engine_args = _resolve_model(EngineArgs.from_cli(args))
     except Exception as e:  # bad flags or no demo model: one line
         return _fail(str(e))
@@ -120,6 +126,8 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
                     "--max-request-body-bytes", str(args.max_request_body_bytes)]
     if args.disable_log_requests:
         frontend_cmd.append("--disable-log-requests")
+    if args.stream_interval != 1:
+        frontend_cmd += ["--stream-interval", str(args.stream_interval)]
     if not engine_args.gc_freeze:
         frontend_cmd.append("--no-gc-freeze")
     if engine_args.tokenizer:

@@ -41,6 +41,8 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
                         help="the engine's --grammar-arena-mb (structured outputs: 400/503 decided here)" + D)
     parser.add_argument("--disable-log-requests", action="store_true",
                         help="turn the access log off (default: on)")
+    parser.add_argument("--stream-interval", type=int, default=1,
+                        help="blink serve's --stream-interval" + D)
     parser.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
                         help="freeze the startup heap out of the garbage collector once serving (default: on)")
 
@@ -67,13 +69,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="blink front end (normally started by `blink serve`)")
     add_frontend_args(parser)
     args = parser.parse_args(argv)
+    if args.stream_interval < 1:
+        parser.error(f"--stream-interval must be at least 1, got {args.stream_interval}")
     config = AppConfig(
         shm_name=args.shm, model=args.model, served_model_name=args.served_model_name or args.model,
         tokenizer=args.tokenizer, api_key=args.api_key,
         engine_pid=args.engine_pid, max_body_bytes=args.max_request_body_bytes,
         heartbeat_timeout_s=args.heartbeat_timeout, log_requests=not args.disable_log_requests,
         tensor_parallel_size=args.tensor_parallel_size, grammar_arena_mb=args.grammar_arena_mb,
-        gc_freeze=args.gc_freeze,
+        gc_freeze=args.gc_freeze, stream_interval=args.stream_interval,
     )
     setup_logging(config.log_requests)
     try:

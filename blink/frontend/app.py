@@ -55,6 +55,7 @@ class AppConfig:
     tensor_parallel_size: int = 1
     grammar_arena_mb: int = 64  # the engine's --grammar-arena-mb (the front end mirrors its partitions)
     gc_freeze: bool = True  # freeze the startup heap out of the collector once serving (util/gc_pauses.py)
+    stream_interval: int = 1  # a stream's deltas after its first: one per this many tokens (generation.py)
 
 
 def blink_version() -> str:
@@ -76,7 +77,7 @@ def build_app(config: AppConfig) -> FastAPI:
         text = TextWorkers(tokenizer, config.tokenizer_workers, config.max_pending_tokenizations)
         structured = StructuredOutputs(tokenizer, config.model, config.grammar_arena_mb << 20, config.tokenizer)
         holder["state"] = FrontendState(tokenizer, client, metrics, config.served_model_name, text, config.model,
-                                        structured)
+                                        structured, config.stream_interval)
         banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name))
         if config.gc_freeze:  # last: everything above lives until shutdown
             metrics.gc_frozen.set(freeze_heap())

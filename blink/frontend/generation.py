@@ -46,6 +46,7 @@ class GenerationContext:
     client: EngineClient
     tokenizer: ModelTokenizer
     metrics: FrontendMetrics
+    stream_interval: int = 1  # --stream-interval: after the first delta, one per this many tokens (and the last)
 
 
 def generate(ctx: GenerationContext, prompt_ids: list[int], params: SamplingParams,
@@ -137,7 +138,8 @@ async def _deltas(ctx: GenerationContext, req_id: int, queue: asyncio.Queue, tim
                   include_stop: bool, started: list[bool]) -> AsyncIterator[Delta]:
     started[0] = True
     records = _Records(ctx.tokenizer, prompt_ids, params, skip_special_tokens, include_stop, timer)
-    done = False
+    done, sent_at = False, None  # sent_at: the token count at the last delta (None: none sent yet)
+    text, reason = "", FinishReason.NONE
     try:
         while not done:
             # All records already queued make one delta: a consumer that fell behind (a starved front end)
@@ -145,7 +147,6 @@ async def _deltas(ctx: GenerationContext, req_id: int, queue: asyncio.Queue, tim
             events: list[TokenEvent] = [await queue.get()]
             while not queue.empty():
                 events.append(queue.get_nowait())
-            text, reason = "", FinishReason.NONE
             for event in events:
                 if event.is_prompt:
                     records.prompt_record(event)
@@ -159,8 +160,11 @@ async def _deltas(ctx: GenerationContext, req_id: int, queue: asyncio.Queue, tim
                     raise APIError(503, "server shutting down: the request was cut before it finished")
                 if done:
                     break  # the rest of the batch: the records of a request we aborted
-            if text or done:
+            # --stream-interval: the first text goes at once (TTFT), then one delta per that many tokens
+            due = sent_at is None or records.num_tokens - sent_at >= ctx.stream_interval
+            if done or (text and due):
                 delta = records.delta(text, reason, done)
+                text, sent_at = "", records.num_tokens
                 yield delta
                 if done:
                     timer.finish(delta.finish_reason)

@@ -32,6 +32,7 @@ class FrontendState:
     text: TextWorkers
     model_root: str = ""
     structured: StructuredOutputs | None = None  # response_format, structured_outputs, guided_*
+    stream_interval: int = 1  # --stream-interval (generation.py)
 
     @property
     def max_model_len(self) -> int:
@@ -43,7 +44,7 @@ class FrontendState:
 
     @property
     def generation(self) -> GenerationContext:
-        return GenerationContext(self.client, self.tokenizer, self.metrics)
+        return GenerationContext(self.client, self.tokenizer, self.metrics, self.stream_interval)
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name:

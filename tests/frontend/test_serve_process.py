@@ -170,6 +170,34 @@ def test_failed_start_is_one_line_and_exit_2(tmp_path, engine):
     assert proc.children() == [] and proc.segments() == []
 
 
+def test_a_stream_interval_below_one_is_one_line_and_exit_2(model_dir):
+    proc = ServerProcess(["--model", str(model_dir), *FAKE, "--stream-interval", "0"])
+    assert proc.wait_exit(60) == 2
+    time.sleep(0.2)
+    lines = [line for line in proc.stderr if line.strip()]
+    assert lines == ["blink serve: error: --stream-interval must be at least 1, got 0\n"], lines
+
+
+def test_the_stream_interval_reaches_the_front_end(model_dir):
+    # one token a 20 ms step: the front end keeps up, so each chunk is the interval's doing, not a catch-up
+    proc = ServerProcess(["--model", str(model_dir), *FAKE, "--stream-interval", "4"],
+                         env={"FAKE_ENGINE_STEP_S": "0.02"})
+    try:
+        proc.wait_ready()
+        body = {"prompt": "one two three", "max_tokens": 10, "ignore_eos": True}
+        whole = httpx.post(proc.base_url + "/v1/completions", json=body, timeout=30).json()["choices"][0]["text"]
+        with httpx.stream("POST", proc.base_url + "/v1/completions", json={**body, "stream": True},
+                          timeout=30) as response:
+            events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
+        chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
+    finally:
+        proc.stop()
+    assert events[-1] == "[DONE]"
+    # tokens 1 | 2-5 | 6-9 | 10 (the finish)
+    assert len(chunks) == 4 and [c["finish_reason"] for c in chunks] == [None, None, None, "length"]
+    assert "".join(c["text"] for c in chunks) == whole and whole
+
+
 def test_a_start_stopped_by_a_signal_shows_how_far_it_got(model_dir):
     """A benchmark that gives up on a slow start (SIGINT, as the interference lab's BlinkServer sends) gets
     the held start-up lines, so the log says which phase the time went to."""
