@@ -101,8 +101,9 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
     template = state.tokenizer.chat_template
     tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, template and template.source)
     constraint = await constrain(state, body, params, tools.constraint if tools else None)
-    streams = [hold(state, constraint, generate(state.generation, prompt_ids, p, body.skip_special_tokens,
-                                                body.keep_stop, arrival(request)))
+    generation = state.generation_for(body)
+    streams = [hold(state, constraint, generate(generation, prompt_ids, p, body.skip_special_tokens, body.keep_stop,
+                                                arrival(request)))
                for p in params]
     head = {"id": f"chatcmpl-{request_id(request)}", "created": now(), "model": state.served_model_name}
     if body.stream:

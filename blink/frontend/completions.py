@@ -87,8 +87,9 @@ async def create_completion(state: FrontendState, body: CompletionRequest, reque
     state.check_engine()
     echo = [await state.text.decode(ids) if body.echo else "" for ids in prompts]
     constraint = await constrain(state, body, [p for choice_params in params for p in choice_params])
-    streams = [hold(state, constraint, generate(state.generation, ids, p, body.skip_special_tokens, body.keep_stop,
-                                                      arrival(request)))
+    generation = state.generation_for(body)
+    streams = [hold(state, constraint, generate(generation, ids, p, body.skip_special_tokens, body.keep_stop,
+                                                arrival(request)))
                for ids, choice_params in zip(prompts, params, strict=True) for p in choice_params]
     num_prompt_tokens = sum(len(ids) for ids in prompts)
     head = {"id": f"cmpl-{request_id(request)}", "object": "text_completion", "created": now(),

@@ -50,6 +50,7 @@ class SamplingFields(Strict, StructuredFields):
     include_stop_str_in_output: bool = False
     return_tokens_as_token_ids: bool = False
     prompt_logprobs: int | None = None  # vLLM's: logprob, rank and top-N of every prompt token (not streamed)
+    stream_interval: int | None = Field(None, ge=1)  # vLLM's: this request's --stream-interval
     # SGLang's, which vllm-router forwards on every request: no_stop_trim keeps the stop string or token
     # (as include_stop_str_in_output); return_hidden_states is accepted only false.
     no_stop_trim: bool = False

@@ -46,6 +46,11 @@ class FrontendState:
     def generation(self) -> GenerationContext:
         return GenerationContext(self.client, self.tokenizer, self.metrics, self.stream_interval)
 
+    def generation_for(self, body: SamplingFields) -> GenerationContext:
+        """The context for this request: its own `stream_interval` (vLLM's field) over the server's."""
+        return GenerationContext(self.client, self.tokenizer, self.metrics,
+                                 body.stream_interval or self.stream_interval)
+
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name:
             raise APIError(404, f"The model `{model}` does not exist.", "model")

@@ -190,12 +190,19 @@ def test_the_stream_interval_reaches_the_front_end(model_dir):
                           timeout=30) as response:
             events = [line[len("data: "):] for line in response.iter_lines() if line.startswith("data: ")]
         chunks = [json.loads(e)["choices"][0] for e in events[:-1]]
+        # vLLM's request field overrides the server's interval for one request
+        with httpx.stream("POST", proc.base_url + "/v1/completions",
+                          json={**body, "stream": True, "stream_interval": 1}, timeout=30) as response:
+            per_token = [line for line in response.iter_lines() if line.startswith("data: {")]
+        refused = httpx.post(proc.base_url + "/v1/completions", json={**body, "stream_interval": 0}, timeout=30)
     finally:
         proc.stop()
     assert events[-1] == "[DONE]"
     # tokens 1 | 2-5 | 6-9 | 10 (the finish)
     assert len(chunks) == 4 and [c["finish_reason"] for c in chunks] == [None, None, None, "length"]
     assert "".join(c["text"] for c in chunks) == whole and whole
+    assert len(per_token) == 10
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "stream_interval", refused.text
 
 
 def test_a_start_stopped_by_a_signal_shows_how_far_it_got(model_dir):
