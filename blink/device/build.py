@@ -86,9 +86,11 @@ def build_device_library(arch: str | None = None) -> Path:
 
 
 def build_host_library() -> Path:
+    """BLINK_HOST_CXXFLAGS adds flags, e.g. "-fsanitize=address,undefined" (tools/sanitize_scheduler.sh)."""
     cxx = os.environ.get("CXX", "g++")
+    extra = os.environ.get("BLINK_HOST_CXXFLAGS", "").split()
     return _compile("libblink_sched_host.so", [
-        cxx, "-O2", "-std=c++17", "-Wall", "-shared", "-fPIC", "-pthread", "-o", "{out}",
+        cxx, "-O2", "-std=c++17", "-Wall", "-shared", "-fPIC", "-pthread", *extra, "-o", "{out}",
         str(CSRC / "host_api.cpp")])
 
 

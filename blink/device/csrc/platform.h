@@ -124,7 +124,15 @@ BLINK_HD inline void fence_system() {
 // Memory another agent writes (stop flag, forward outputs): never served from a stale cache line.
 template <typename T>
 BLINK_HD inline T load_volatile(const T* p) {
+#if defined(__CUDA_ARCH__)
   return *reinterpret_cast<const volatile T*>(p);
+#else
+  // On the host the other agent is a thread: a relaxed atomic load, which C++ defines where a volatile read
+  // racing with a write is a data race (ThreadSanitizer runs the host build: tools/sanitize_scheduler.sh).
+  T value;
+  __atomic_load(p, &value, __ATOMIC_RELAXED);
+  return value;
+#endif
 }
 // Four consecutive words of such memory in one load (p 16-byte aligned): over PCIe a load costs a round
 // trip whatever its width, so copies from host memory move 16 bytes per load.

@@ -70,7 +70,10 @@ BLINK_HD inline void update_from_output(const Team& t, SchedState* s, const Sche
     if (s->num_register > 0)  // before the frees: a finished row's blocks go to the LRU cached
       for (int row = 0; row < s->plan_rows; ++row)
         if (s->row_register[row]) prefix_register(s, c, s->row_entry[row]);
-    s->num_filled = s->num_register = 0;
+    // Written only when set: on a step without filled rows the team reads num_filled, unsynchronised, as the
+    // leader gets here (prefix_hash_filled returns without a barrier then); a store of the same 0 is a race.
+    if (s->num_filled) s->num_filled = 0;
+    if (s->num_register) s->num_register = 0;
     for (int row = 0; row < s->plan_rows; ++row)
       if (s->row_reason[row] != (int32_t)kFinishNone) finish_entry(s, c, s->row_entry[row]);
     s->t_frees = now_ns();

@@ -75,7 +75,7 @@ BLINK_HD inline void write_pending_records(const Team& t, SchedState* s, const R
                  (int)(pr.reason_top >> 16), b.top_ids + (int64_t)pr.row * kMaxTopLogprobs,
                  b.top_logprobs + (int64_t)pr.row * kMaxTopLogprobs, pr.queue_us);
   });
-  if (t.leader()) s->pending_count = 0;
+  if (t.leader() && s->pending_count) s->pending_count = 0;  // none: the team reads it unsynchronised
   t.sync();
 }
 
