@@ -1,4 +1,4 @@
-// The scheduler logic built for the host (g++) and driven through ctypes by tests/control: the test
+// The scheduler logic built for the host (g++) and driven through ctypes by tests/device: the test
 // plays the forward pass (it reads the step inputs and writes sampled ids) between prepare and complete.
 #include <thread>
 #include <vector>
