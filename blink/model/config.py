@@ -83,14 +83,7 @@ class ModelConfig:
 
     @classmethod
     def from_dir(cls, path: str | Path) -> ModelConfig:
-        path = Path(path)
-        config_file = path / "config.json"
-        if not config_file.is_file():
-            raise ModelConfigError(f"{path} has no config.json")
-        hf = json.loads(config_file.read_text())
-        generation_file = path / "generation_config.json"
-        generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
-        return cls.from_hf_dict(hf, generation)
+        return cls.from_hf_dict(*_read_dir(Path(path)))
 
     @classmethod
     def from_hf_dict(cls, hf: dict, generation: dict | None = None) -> ModelConfig:
@@ -104,7 +97,7 @@ class ModelConfig:
         # Phi-3, Mixtral and Qwen2-MoE build their attention without consulting attention_bias.
         attention_bias = bool(hf.get("attention_bias", False)) and architecture not in _NO_ATTENTION_BIAS
         theta, scaling = _rope(hf)
-        eos = (generation or {}).get("eos_token_id", hf.get("eos_token_id"))
+        eos = _eos(hf, generation)
         return cls(
             architecture=architecture,
             vocab_size=_required(hf, "vocab_size"),
@@ -266,6 +259,26 @@ def _dtype(hf: dict) -> torch.dtype:
     if name not in DTYPES:
         raise ModelConfigError(f"unsupported checkpoint dtype {name!r} (supported: {', '.join(DTYPES)})")
     return DTYPES[name]
+
+
+def _read_dir(path: Path) -> tuple[dict, dict]:
+    """A model dir's config.json and generation_config.json (empty when absent)."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ModelConfigError(f"{path} has no config.json")
+    generation_file = path / "generation_config.json"
+    generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
+    return json.loads(config_file.read_text()), generation
+
+
+def _eos(hf: dict, generation: dict | None) -> object:
+    return (generation or {}).get("eos_token_id", hf.get("eos_token_id"))
+
+
+def eos_token_ids_of_dir(path: str | Path) -> tuple[int, ...]:
+    """The EOS ids alone, as ModelConfig reads them, without the rest of the config: the front end needs only
+    these (structured outputs' grammars end on them), and a tokenizer-only dir names no architecture."""
+    return _token_ids(_eos(*_read_dir(Path(path))))
 
 
 def _token_ids(value) -> tuple[int, ...]:

@@ -11,10 +11,10 @@ def model_eos_ids(model_or_preset: str) -> tuple[int, ...]:
     from pathlib import Path
 
     from blink.model import presets
-    from blink.model.config import ModelConfig
+    from blink.model.config import eos_token_ids_of_dir
 
     if Path(model_or_preset).is_dir():
-        return tuple(ModelConfig.from_dir(model_or_preset).eos_token_ids)
+        return eos_token_ids_of_dir(model_or_preset)
     return tuple(presets.get(model_or_preset).eos_token_ids)
 
 
