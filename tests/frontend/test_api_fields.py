@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from blink.config import EngineArgs
 from blink.text.tokenizer import load_tokenizer
 from tests.frontend.server_process import ServerProcess, make_tokenizer_only_model
 
@@ -181,7 +182,8 @@ def test_banner_and_access_log(server, http):
     line = next(line for line in server.stderr if "id=logged-1" in line)
     assert '"POST /v1/completions" 200' in line and "user='alice'" in line
     text = "".join(server.stderr)
-    assert "engine mode host" in text and "KV cache 100 blocks x 16 tokens = 1600 tokens" in text
+    bs = EngineArgs().block_size  # the fake engine publishes the default
+    assert "engine mode host" in text and f"KV cache 100 blocks x {bs} tokens = {100 * bs} tokens" in text
     assert "max_model_len 256" in text and "forward graphs: none (eager" in text
 
 
