@@ -60,7 +60,7 @@ async def _create(state: FrontendState, body: MessagesRequest, request: Request)
                             stop=body.stop_sequences)
     params = state.sampling_params(fields, prompt_ids, body.max_tokens, None, 0)
     state.check_engine()
-    stream = generate(state.generation, prompt_ids, params, arrival=arrival(request))
+    stream = generate(state.generation_for(fields), prompt_ids, params, arrival=arrival(request))
     message = {"id": f"msg_{request_id(request)}", "type": "message", "role": "assistant",
                "model": state.served_model_name}
     if body.stream:

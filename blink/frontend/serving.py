@@ -42,10 +42,6 @@ class FrontendState:
         except EngineUnavailable as e:
             raise APIError(503, str(e)) from None
 
-    @property
-    def generation(self) -> GenerationContext:
-        return GenerationContext(self.client, self.tokenizer, self.metrics, self.stream_interval)
-
     def generation_for(self, body: SamplingFields) -> GenerationContext:
         """The context for this request: its own `stream_interval` (vLLM's field) over the server's."""
         return GenerationContext(self.client, self.tokenizer, self.metrics,
