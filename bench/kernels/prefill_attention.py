@@ -80,7 +80,8 @@ VARIANTS = {
     "ws-b64-s2": AttentionTuning(prefill_ws=True, prefill_min_tokens=0, prefill_ws_stages=2),
     "ws-b128-maskv": AttentionTuning(prefill_ws=True, prefill_min_tokens=0, prefill_ws_mask_v=True),  # attention.py's V
     "today-b128": AttentionTuning(prefill_ws=False, prefill_min_tokens=0),
-    "today-gather": AttentionTuning(prefill_page_gather=True),  # 16-token blocks, a tile's entries at once
+    "today-gather": AttentionTuning(prefill_page_gather=True),  # 16-token blocks, a tile's entries at once (default)
+    "one-entry": AttentionTuning(prefill_page_gather=False),  # 16-token blocks, an entry a key (before session 33)
     "today-b64": AttentionTuning(prefill_ws=False, prefill_min_tokens=0),
 }
 # the variants on other block sizes than BLOCK_SIZE

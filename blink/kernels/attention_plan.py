@@ -117,9 +117,9 @@ class AttentionTuning:
     prefill_lazy_rescale: float = 0.0
     prefill_const_page: bool = True
     # With the page compiled in below the tile (16-token blocks): a tile's table entries loaded at once and spread to
-    # its keys (attention_tile.py's PAGE_GATHER; session 31: 128-token blocks made prefill attention 7-14% faster on an
-    # H100, and this gives 16-token tiles their loop's instruction count back; untimed: off unless BLINK_PAGE_GATHER=1)
-    prefill_page_gather: bool = field(default_factory=lambda: os.environ.get("BLINK_PAGE_GATHER", "0") == "1")
+    # its keys (attention_tile.py's PAGE_GATHER: the 128-token block's loop; session 33, H100: prefill attention -2.3
+    # to -7.2% at 2k-32k, the step -0.1 to -3.3%, bit-equal outputs; on unless BLINK_PAGE_GATHER=0)
+    prefill_page_gather: bool = field(default_factory=lambda: os.environ.get("BLINK_PAGE_GATHER", "1") == "1")
     # The same two for decode tiles (session 18, not yet timed: `kernels` times them alone at batch 1-32). Decode
     # reads 8 x 1k keys at batch 8 at 2.4 TB/s (13.7 us a layer for 33.5 MB), where chunk tiles lost a third of
     # their loop to the runtime block size's divide and remainder.

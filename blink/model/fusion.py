@@ -15,10 +15,13 @@ up to 16 rows (DEFAULT_MAX_M). On the H200 with llama3-8b: at one row it cut the
 the GEMV on two GPUs. MoE blocks keep their own kernels. RoPE and the KV write run in qkv's GEMV (one row: gemv.py's
 loop; more: gemv_rows'; models without a per-head q/k norm) unless BLINK_QKV_ROPE=0: on the H200 (perf.md, session 28)
 llama3-8b's step went 4.148 -> 4.082 ms at batch 1 and 4.736 -> 4.697 at batch 8 (medians of 3 interleaved rounds).
-BLINK_MOE_GEMV=N runs a MoE block's experts as two weight streams (kernels/moe_gemv.py) in steps of up to N (token,
-expert) pairs (N <= 64; 8 is batch 1 at top-8), instead of the sort and the grouped GEMMs; off (0) until timed. At one
-row it folds the post-attention norm into the block too (kernels/moe.py's normed_block_triton) unless
-BLINK_MOE_NORMED=0 (for the A/B of the two).
+A MoE block's experts run as two weight streams (kernels/moe_gemv.py) instead of the sort and the grouped GEMMs in
+steps of one row (its top_k pairs; BLINK_MOE_GEMV unset or "row"; a sharded model defaults to 0, as for the GEMV), in
+steps of up to N (token, expert) pairs with BLINK_MOE_GEMV=N (N <= 64), or never (0). At one row it folds the
+post-attention norm into the block too (kernels/moe.py's normed_block_triton) unless BLINK_MOE_NORMED=0. On an
+H100 (perf.md, session 33) qwen3-30b-a3b's step went 4.610 -> 3.854 ms at batch 1 with both; at 8 rows (64 pairs)
+it lost (12.101 -> 12.501), and the block alone tied at 2 rows (1.03x) and lost at 8 (0.97x), so the default stops
+at one row.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from torch import nn
 
 from blink.kernels.gemv import MAX_M, GemvPlan
 from blink.kernels.moe_gemv import MAX_PAIRS
-from blink.model.moe import FusedExperts
+from blink.model.moe import SparseMoeBlock
 
 PROJECTIONS = ("qkv", "o", "gate_up", "down", "lm_head")
 DEFAULT_MAX_M = "16"
@@ -42,7 +45,8 @@ class FusionPolicy:
     max_m: int = MAX_M  # rows a call may have to take it
     role_max_m: tuple[tuple[str, int], ...] = ()  # (projection, rows) exceptions to max_m
     rope_in_qkv: bool = False  # qkv's GEMV runs RoPE and the KV write in its epilogue (gemv_rope.py)
-    moe_gemv_pairs: int = 0  # MoE experts as weight streams in steps of up to this many pairs (moe_gemv.py)
+    moe_gemv_pairs: int | None = 0  # MoE experts as weight streams in steps of up to this many pairs
+    # (moe_gemv.py); None: steps of one row (the block's top_k, policy_from_env's default); 0: never
     moe_normed: bool = True  # with them, at one row, the post-attention norm folded into the block (moe.py)
 
     def rows_for(self, role: str) -> int:
@@ -71,20 +75,22 @@ class FusionPolicy:
 
 
 def policy_from_env(tp_size: int = 1) -> FusionPolicy:
-    """BLINK_GEMV, BLINK_GEMV_MAX_M, BLINK_QKV_ROPE (on unless 0) and BLINK_MOE_GEMV=N (off by default)."""
+    """BLINK_GEMV, BLINK_GEMV_MAX_M, BLINK_QKV_ROPE (on unless 0), BLINK_MOE_GEMV ("row" unless N) and
+    BLINK_MOE_NORMED (on unless 0)."""
     default = ("all", DEFAULT_MAX_M) if tp_size == 1 else ("", MAX_M)
     policy = FusionPolicy.parse(os.environ.get("BLINK_GEMV", default[0]),
                                 os.environ.get("BLINK_GEMV_MAX_M", default[1]))
     rope = os.environ.get("BLINK_QKV_ROPE", "1")
     if rope not in ("0", "1"):
         raise ValueError(f"BLINK_QKV_ROPE must be 0 or 1, got {rope!r}")
-    pairs = os.environ.get("BLINK_MOE_GEMV", "0")
-    if not pairs.isdigit() or int(pairs) > MAX_PAIRS:
-        raise ValueError(f"BLINK_MOE_GEMV must be a pair count in [0, {MAX_PAIRS}], got {pairs!r}")
+    pairs = os.environ.get("BLINK_MOE_GEMV", "row" if tp_size == 1 else "0")  # sharded: as the GEMV, untried
+    if pairs != "row" and (not pairs.isdigit() or int(pairs) > MAX_PAIRS):
+        raise ValueError(f"BLINK_MOE_GEMV must be 'row' or a pair count in [0, {MAX_PAIRS}], got {pairs!r}")
     normed = os.environ.get("BLINK_MOE_NORMED", "1")
     if normed not in ("0", "1"):
         raise ValueError(f"BLINK_MOE_NORMED must be 0 or 1, got {normed!r}")
-    return dataclasses.replace(policy, rope_in_qkv=rope == "1", moe_gemv_pairs=int(pairs), moe_normed=normed == "1")
+    return dataclasses.replace(policy, rope_in_qkv=rope == "1", moe_gemv_pairs=None if pairs == "row" else int(pairs),
+                               moe_normed=normed == "1")
 
 
 def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int]:
@@ -98,6 +104,7 @@ def apply_fusion_policy(model: nn.Module, policy: FusionPolicy) -> dict[str, int
         module.gemv = GemvPlan(None, policy.rows_for(role), rope) if ok else None  # tiles: default_config per call
         taken[role] += ok
     for module in model.modules():
-        if isinstance(module, FusedExperts):
-            module.gemv_pairs, module.normed_block = policy.moe_gemv_pairs, policy.moe_normed
+        if isinstance(module, SparseMoeBlock):
+            pairs = module.top_k if policy.moe_gemv_pairs is None else policy.moe_gemv_pairs
+            module.experts.gemv_pairs, module.experts.normed_block = pairs, policy.moe_normed
     return taken

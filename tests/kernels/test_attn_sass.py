@@ -23,13 +23,15 @@ def test_decode_rows_show_the_register_cap():
 
 
 def test_the_gathered_page_reaches_the_compile():
-    """prefill_page_gather (session 31): at 16-token blocks a 128-key chunk tile loads its 8 table entries at once,
-    so its loops issue the cp.async count of a 128-token block's tile (one entry), not today's (one a key's 16)."""
-    out = run_uninterpreted(["-m", "tools.attn_sass", "--variants", "today;today-gather;today-b128"], timeout=300)
+    """prefill_page_gather (session 31, the default since session 33): at 16-token blocks a 128-key chunk tile loads
+    its 8 table entries at once, so its loops issue the cp.async count of a 128-token block's tile (one entry), not
+    one entry a key's (one a key's 16); the default ("today") compiles the gathered loop."""
+    out = run_uninterpreted(["-m", "tools.attn_sass", "--variants", "one-entry;today-gather;today;today-b128"],
+                            timeout=300)
     ldgsts = {}
     for line in out.splitlines():
         if m := ROW.match(line):
             loops = line.split()[4:]  # per loop: ins/MUFU.EX2/FMUL/FFMA/FADD/BAR.SYNC/LDGSTS/...
             ldgsts[m.group(1)] = [int(loop.split("/")[6]) for loop in loops]
-    assert ldgsts["today-gather"] == ldgsts["today-b128"], out
-    assert all(a > b for a, b in zip(ldgsts["today"], ldgsts["today-gather"], strict=True)), out
+    assert ldgsts["today-gather"] == ldgsts["today-b128"] == ldgsts["today"], out
+    assert all(a > b for a, b in zip(ldgsts["one-entry"], ldgsts["today-gather"], strict=True)), out

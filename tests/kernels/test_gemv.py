@@ -249,13 +249,14 @@ def test_default_policy_is_the_gemv_up_to_16_rows_on_one_rank_only(monkeypatch):
     monkeypatch.delenv("BLINK_GEMV", raising=False)
     monkeypatch.delenv("BLINK_GEMV_MAX_M", raising=False)
     monkeypatch.delenv("BLINK_QKV_ROPE", raising=False)
-    assert policy_from_env() == FusionPolicy(frozenset(PROJECTIONS), 16, rope_in_qkv=True)
+    monkeypatch.delenv("BLINK_MOE_GEMV", raising=False)
+    assert policy_from_env() == FusionPolicy(frozenset(PROJECTIONS), 16, rope_in_qkv=True, moe_gemv_pairs=None)
     assert policy_from_env(tp_size=2).gemv == frozenset()
     monkeypatch.setenv("BLINK_GEMV", "")
     assert policy_from_env().gemv == frozenset()
     monkeypatch.setenv("BLINK_GEMV", "qkv,o")
     monkeypatch.setenv("BLINK_GEMV_MAX_M", "4")
-    assert policy_from_env() == FusionPolicy(frozenset({"qkv", "o"}), 4, rope_in_qkv=True)
+    assert policy_from_env() == FusionPolicy(frozenset({"qkv", "o"}), 4, rope_in_qkv=True, moe_gemv_pairs=None)
 
 
 def test_pdl_is_on_by_default_the_samplers_for_one_row_and_both_switch_back(monkeypatch):

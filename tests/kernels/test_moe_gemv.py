@@ -11,6 +11,7 @@ import torch
 from blink.kernels import gemv, moe, moe_gemv
 from blink.kernels.moe_gemv import MAX_PAIRS, MoeGemvConfig, default_config, experts_gemv_triton
 from blink.model import fusion
+from blink.model.moe import FusedExperts, SparseMoeBlock
 from blink.model.weights import load_model
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -139,18 +140,25 @@ def test_the_environment_sets_the_model_switch(monkeypatch):
     monkeypatch.setenv("BLINK_MOE_GEMV", "8")
     assert fusion.policy_from_env().moe_gemv_pairs == 8
     model, _ = load_model("tiny-qwen3-moe", "cpu", dtype=torch.float32, seed=0)
-    experts = [m for m in model.modules() if isinstance(m, fusion.FusedExperts)]
+    experts = [m for m in model.modules() if isinstance(m, FusedExperts)]
     assert experts and all(m.gemv_pairs == 8 for m in experts)
     monkeypatch.setenv("BLINK_MOE_NORMED", "0")
     model, _ = load_model("tiny-qwen3-moe", "cpu", dtype=torch.float32, seed=0)
-    assert all(not m.normed_block for m in model.modules() if isinstance(m, fusion.FusedExperts))
+    assert all(not m.normed_block for m in model.modules() if isinstance(m, FusedExperts))
     monkeypatch.setenv("BLINK_MOE_NORMED", "2")
     with pytest.raises(ValueError, match="BLINK_MOE_NORMED"):
         fusion.policy_from_env()
     monkeypatch.delenv("BLINK_MOE_NORMED")
-    monkeypatch.delenv("BLINK_MOE_GEMV")
+    monkeypatch.delenv("BLINK_MOE_GEMV")  # unset: steps of one row on one rank (measured, session 33), none sharded
+    assert fusion.policy_from_env().moe_gemv_pairs is None and fusion.policy_from_env(tp_size=2).moe_gemv_pairs == 0
+    model, _ = load_model("tiny-qwen3-moe", "cpu", dtype=torch.float32, seed=0)
+    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
+    assert blocks and all(b.experts.gemv_pairs == b.top_k > 1 and b.experts.normed_block for b in blocks)
+    monkeypatch.setenv("BLINK_MOE_GEMV", "row")
+    assert fusion.policy_from_env().moe_gemv_pairs is None
+    monkeypatch.setenv("BLINK_MOE_GEMV", "0")
     assert fusion.policy_from_env().moe_gemv_pairs == 0
-    for bad in ("65", "-1", "yes"):
+    for bad in ("65", "-1", "yes", "rows"):
         monkeypatch.setenv("BLINK_MOE_GEMV", bad)
         with pytest.raises(ValueError, match="BLINK_MOE_GEMV"):
             fusion.policy_from_env()

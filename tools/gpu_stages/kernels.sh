@@ -44,11 +44,11 @@ stages_kernels() {
           --prefill-tokens "${PREFILL_WS_TOKENS:-2048,8192,32768,2048@30720}" \
           --result-json "$OUT/prefill_ws_step_b${bs}_ws${ws}.json" 2>&1 | tee "$OUT/prefill_ws_step_b${bs}_ws${ws}.log"
       done;;
-    page-gather)  # issue 17, session 31: a chunk tile's table entries at once (BLINK_PAGE_GATHER) against one a key, at
-      # 16-token blocks, beside 128-token blocks: prefill attention alone, then the step's prefill rows (llama3-8b)
-      python3 -m bench.kernels.prefill_attention --variants today,today-gather,today-b128 2>&1 \
+    page-gather)  # issue 17, session 31: a chunk tile's table entries at once (BLINK_PAGE_GATHER, the default since
+      # session 33) against one a key ("one-entry", BLINK_PAGE_GATHER=0), at 16-token blocks, beside 128-token blocks: prefill attention alone, then the step's prefill rows (llama3-8b)
+      python3 -m bench.kernels.prefill_attention --variants one-entry,today,today-b128 2>&1 \
         | tee "$OUT/page_gather_kernel.log" | tail -12
-      for run in 16:0 16:1 128:0; do
+      for run in 16:0 16:1 128:1; do
         IFS=: read -r bs gather <<< "$run"
         BLINK_PAGE_GATHER=$gather python3 -m blink.bench.step step --presets llama3-8b --block-size "$bs" --no-decode \
           --prefill-tokens "${PREFILL_WS_TOKENS:-2048,8192,32768,2048@30720}" \

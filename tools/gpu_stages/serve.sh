@@ -45,7 +45,7 @@ r0 = resource.getrusage(resource.RUSAGE_SELF); t = time.perf_counter(); n = 0
 while time.perf_counter() - t < 1: time.sleep(100e-6); n += 1
 r1 = resource.getrusage(resource.RUSAGE_SELF)
 print("sleep(100 us): %d a second, %.2f us of CPU each" % (n, (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / n * 1e6))' \
-        | tee "$OUT/frontend_lab.log"
+        | sed "1s/^/SERVE_FLAGS=${SERVE_FLAGS:-} /" | tee -a "$OUT/frontend_lab.log"  # -a: a chain's second lab keeps the first's
       # RENICE: session 31 saw spin x8 starve the front end at nice 0 there (TTFT p50 87-245 ms); -10 by default
       PY=python3 FE_CPU=2 ENGINE_CPU=0 CLIENT_CPU=1 STEP_MS=10 RATE=24 REPS=${FRONTEND_LAB_REPS:-2} OUTD=/tmp/frontend_lab \
         RENICE=${FRONTEND_LAB_RENICE--10} \
