@@ -1,12 +1,14 @@
 """GPU diagnostics (not a test): where a server-shaped step's time goes, and the sampler's per kernel.
 
-    python tools/diag_chunk.py chunk [sampler]
+    python tools/diag_chunk.py chunk [sampler] [prefill]
 
 chunk: llama3-8b with the server's buckets (max_num_seqs 64, 2,048 batched tokens): graph replay of a
 100-token chunk after 2,000 cached tokens alone, with 3 decodes beside it (the cached-prefix probe's step),
 and the 3 decodes alone; the same chunk in a max_num_seqs=1 runner (the step bench's prefill row); then a
 kernel profile of the mixed step's graph. sampler: per-kernel time of sample() at V = 128256 for the
-micro-bench's top_p / top_k rows (bench/kernels/sampler.py) at S = 1 and 32.
+micro-bench's top_p / top_k rows (bench/kernels/sampler.py) at S = 1 and 32. prefill: the step bench's
+graph-replayed 2,048-token chunk after 30,720 cached tokens at 16- and 128-token blocks, kernel by kernel (session
+33, H100: the step differed by 190 us a layer, the attention kernel alone by 52).
 """
 import sys
 
@@ -55,6 +57,32 @@ def chunk(name="llama3-8b"):
         torch.cuda.empty_cache()
 
 
+def prefill(name="llama3-8b", tokens=2048, context=30720):
+    from torch.profiler import ProfilerActivity, profile
+
+    from blink.core.loaded_model import LoadedModel
+    from blink.core.runner import ModelRunner
+
+    for block_size in (16, 128):  # EngineArgs as blink.bench.step's time_prefill builds them for a cached chunk
+        longest = tokens + context
+        args = EngineArgs(model=name, dtype="bfloat16", device="cuda", block_size=block_size,
+                          num_kv_blocks=-(-(longest + 16) // block_size) + 1, max_model_len=longest + 16)
+        m = LoadedModel.load(args)
+        runner = ModelRunner.for_model(m, use_graphs=True)
+        bucket = runner.bucket_for(tokens, 1)
+        runner.prepare(chunks_plan([(tokens, context)], block_size), runner.buffers, bucket)
+        ms = graph_replay_ms(runner.graphs[bucket], 20)
+        print(f"{name} {tokens} tokens after {context} cached, {block_size}-token blocks, bucket {bucket}: "
+              f"{ms:.3f} ms", flush=True)
+        with profile(activities=[ProfilerActivity.CUDA]) as p:
+            for _ in range(3):
+                runner.graphs[bucket].replay()
+            torch.cuda.synchronize()
+        _top_kernels(p, 3, n=16)
+        del runner, m
+        torch.cuda.empty_cache()
+
+
 def sampler():
     from torch.profiler import ProfilerActivity, profile
 
@@ -80,4 +108,4 @@ def sampler():
 
 if __name__ == "__main__":
     for what in sys.argv[1:]:
-        {"chunk": chunk, "sampler": sampler}[what]()
+        {"chunk": chunk, "sampler": sampler, "prefill": prefill}[what]()

@@ -96,9 +96,15 @@ def causal_flops(tokens: int, cached: int, num_q_heads: int, head_dim: int) -> i
     return 4 * head_dim * num_q_heads * visible
 
 
-def prefill_batch(tokens: int, cached: int, heads: tuple[int, int], head_dim: int):
-    """One sequence of `tokens` queries after `cached` keys over a shuffled paged cache: (q, (K, V) caches cycled
-    beyond the L2, query starts, seq lens, block table, scale, KV bytes)."""
+def _block_order(blocks: int, ordered: bool, device) -> torch.Tensor:
+    """Which cache blocks hold the sequence's: shuffled (a fragmented pool, the default) or ascending (a fresh pool's
+    LIFO stack hands a prompt consecutive blocks, as the step bench's plans do)."""
+    return torch.arange(blocks, device=device) if ordered else torch.randperm(blocks + 1, device=device)[:blocks]
+
+
+def prefill_batch(tokens: int, cached: int, heads: tuple[int, int], head_dim: int, ordered: bool = False):
+    """One sequence of `tokens` queries after `cached` keys over a shuffled (or ordered) paged cache: (q, (K, V)
+    caches cycled beyond the L2, query starts, seq lens, block table, scale, KV bytes)."""
     hq, hkv = heads
     dev, dt = sk.DEVICE, sk.DTYPE
     seq_len = tokens + cached
@@ -106,17 +112,18 @@ def prefill_batch(tokens: int, cached: int, heads: tuple[int, int], head_dim: in
     kv_bytes = 2 * seq_len * hkv * head_dim * torch.finfo(dt).bits // 8
     caches = [tuple(torch.randn(blocks + 1, BLOCK_SIZE, hkv, head_dim, device=dev, dtype=dt) for _ in range(2))
               for _ in range(sk.copies_for(kv_bytes))]
-    tables = torch.randperm(blocks + 1, device=dev)[:blocks].int().view(1, blocks)  # a shuffled block table
+    tables = _block_order(blocks, ordered, dev).int().view(1, blocks)
     q = torch.randn(tokens, hq, head_dim, device=dev, dtype=dt)
     starts = torch.tensor([0, tokens], dtype=torch.int32, device=dev)
     lens = torch.tensor([seq_len], dtype=torch.int32, device=dev)
     return q, caches, starts, lens, tables, head_dim**-0.5, kv_bytes
 
 
-def reblocked(caches: list, table: torch.Tensor, seq_len: int, block_size: int):
-    """The same keys and values paged in `block_size`-token blocks through a shuffled table: (caches, table)."""
+def reblocked(caches: list, table: torch.Tensor, seq_len: int, block_size: int, ordered: bool = False):
+    """The same keys and values paged in `block_size`-token blocks through a shuffled (or ordered) table: (caches,
+    table)."""
     blocks = triton.cdiv(seq_len, block_size)
-    order = torch.randperm(blocks + 1, device=table.device)[:blocks]
+    order = _block_order(blocks, ordered, table.device)
     out = []
     for pair in caches:
         new = []
@@ -130,22 +137,24 @@ def reblocked(caches: list, table: torch.Tensor, seq_len: int, block_size: int):
     return out, order.int().view(1, blocks)
 
 
-def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int, variants: dict, ref_max: int):
+def bench_shape(tokens: int, cached: int, heads: tuple[int, int], head_dim: int, variants: dict, ref_max: int,
+                ordered: bool = False):
     """us per variant for one chunk; prints a row per variant."""
     hq, hkv = heads
     seq_len = tokens + cached
-    q, caches16, starts, lens, tables16, scale, _ = prefill_batch(tokens, cached, heads, head_dim)
+    q, caches16, starts, lens, tables16, scale, _ = prefill_batch(tokens, cached, heads, head_dim, ordered)
     paged = {BLOCK_SIZE: (caches16, tables16)}
     for name in variants:
         size = BLOCK_SIZES.get(name, BLOCK_SIZE)
         if size not in paged:
-            paged[size] = reblocked(caches16, tables16, seq_len, size)
+            paged[size] = reblocked(caches16, tables16, seq_len, size, ordered)
     caches, tables = caches16, tables16
     flops = causal_flops(tokens, cached, hq, head_dim)
     ref = paged_attention_ref(q, *caches[0], starts, lens, tables, scale) if tokens * seq_len <= ref_max else None
     print(f"prefill attention: {tokens} tokens after {cached} cached, {hq}/{hkv} heads x {head_dim}, "
           f"{flops / 1e12:.2f} TFLOP (floor {flops / PEAK_TFLOPS / 1e6:.1f} us at {PEAK_TFLOPS:.0f} TFLOP/s), "
-          f"{len(caches)} caches cycled{'' if ref is not None else ', no torch reference (too large)'}", flush=True)
+          f"{len(caches)} caches cycled, {'ordered' if ordered else 'shuffled'} blocks"
+          f"{'' if ref is not None else ', no torch reference (too large)'}", flush=True)
     results, baseline = {}, None
     for name, tuning in variants.items():
         block_size = BLOCK_SIZES.get(name, BLOCK_SIZE)
@@ -185,6 +194,8 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--ref-max", type=int, default=2048 * 32768,
                         help="T * (T + C) up to which to run the torch reference")
+    parser.add_argument("--table", choices=("shuffled", "ordered"), default="shuffled",
+                        help="the sequence's blocks: a shuffled pool, or consecutive ones (a fresh server's prompt)")
     args = parser.parse_args()
     shapes = [(int(t), 0) for t in args.tokens.split(",") if t]
     shapes += [(int(t), int(c)) for t, c in (chunk.split("@") for chunk in args.chunks.split(",") if chunk)]
@@ -193,7 +204,8 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}  triton {triton.__version__}\n")
     summary = []
     for tokens, cached in shapes:
-        flops, res = bench_shape(tokens, cached, heads, args.head_dim, variants, args.ref_max)
+        flops, res = bench_shape(tokens, cached, heads, args.head_dim, variants, args.ref_max,
+                                 args.table == "ordered")
         first, best = next(iter(res)), min(res, key=res.get)
         summary.append((f"{tokens}@{cached}", flops / PEAK_TFLOPS / 1e6, res[first], res[best], best))
     print(f"\nSUMMARY: us per layer; the floor at {PEAK_TFLOPS:.0f} TFLOP/s; baseline: the first variant")

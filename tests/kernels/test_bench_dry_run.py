@@ -101,6 +101,20 @@ def test_prefill_attention_bench_runs_on_tiny_shapes(monkeypatch, capsys):
     assert out.count(" unsplit") == sum(not t.prefill_causal_split for t in prefill_attention.VARIANTS.values()) * 2
 
 
+def test_prefill_attention_bench_takes_ordered_blocks(monkeypatch, capsys):
+    """--table ordered: the same keys through consecutive blocks at every block size (a fresh server's prompt)."""
+    from bench.kernels import prefill_attention
+
+    assert prefill_attention._block_order(5, True, "cpu").tolist() == [0, 1, 2, 3, 4]
+    shuffled = prefill_attention._block_order(5, False, "cpu").tolist()
+    assert len(set(shuffled)) == 5 and max(shuffled) <= 5  # 5 distinct blocks of the pool's 6
+    out = _prefill_bench_output(monkeypatch, capsys, "--tokens", "40", "--chunks", "24@50", "--heads", "4/2",
+                                "--head-dim", "32", "--variants", "today,one-entry,today-b128", "--table", "ordered")
+    words = out.split()
+    errors = [float(word) for prev, word in zip(words, words[1:], strict=False) if prev in ("err", "ref")]
+    assert out.count("ordered blocks") == 2 and len(errors) == 2 * 3 * 2 and max(errors) < 5e-3
+
+
 def test_prefill_attention_bench_weighs_the_ws_kernel_and_block_sizes(monkeypatch, capsys):
     """The warp-specialised kernel's rows run it (" WS") on the same keys re-paged in 64 / 128-token blocks."""
     out = _prefill_bench_output(monkeypatch, capsys, "--tokens", "150", "--chunks", "70@130", "--heads", "4/2",

@@ -116,6 +116,12 @@ stages_kernels() {
     step8b) python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 2>&1 | tee "$OUT/step8b.log";;
     precision) python3 tools/diag.py precision 2>&1 | grep -v Warn | tee "$OUT/precision.log";;
     profile) python3 tools/diag.py profile 2>&1 | grep -v Warn | tee "$OUT/profile.log";;
+    prefill-profile)  # issue 17, session 33: the step's 2k-after-30k prefill kernel by kernel at 16- and 128-token blocks
+      # (190 us a layer apart in the step, 52 in the attention kernel alone), then prefill attention alone over
+      # consecutive blocks (a fresh server's prompt) beside the shuffled table the kernel bench uses
+      python3 tools/diag_chunk.py prefill 2>&1 | grep -v Warn | tee "$OUT/prefill_profile.log"
+      python3 -m bench.kernels.prefill_attention --variants one-entry,today,today-b128 --table ordered 2>&1 \
+        | tee "$OUT/prefill_ordered_kernel.log" | tail -8;;
     timeline)  # issue 17: one replayed decode graph kernel by kernel (llama3-8b, TIMELINE_BATCHES, default 1): time by
       # name and a mid-step window; with PDL kernels overlap, so read a kernel's cost as completion to completion
       python3 tools/diag.py timeline 2>&1 | grep -v Warn | tee "$OUT/timeline_$(date +%H%M%S).log";;
