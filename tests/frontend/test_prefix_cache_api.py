@@ -13,7 +13,7 @@ from tests.hf_models import make_tiny_model
 
 pytestmark = pytest.mark.slow  # spawns processes
 
-BLOCK = 16  # --block-size's default
+BLOCK = 16  # the servers below are started with it, whatever --block-size's default is
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def model_dir(tmp_path_factory):
 
 def serve(model_dir, *extra):
     proc = ServerProcess(["--model", str(model_dir), "--served-model-name", "tiny", "--engine", "host",
-                          "--device", "cpu", *extra])
+                          "--device", "cpu", "--block-size", str(BLOCK), *extra])
     proc.wait_ready()
     return proc
 
