@@ -60,15 +60,10 @@ def chunk(name="llama3-8b"):
 def prefill(name="llama3-8b", tokens=2048, context=30720):
     from torch.profiler import ProfilerActivity, profile
 
-    from blink.core.loaded_model import LoadedModel
-    from blink.core.runner import ModelRunner
+    from blink.bench.step import prefill_runner
 
-    for block_size in (16, 128):  # EngineArgs as blink.bench.step's time_prefill builds them for a cached chunk
-        longest = tokens + context
-        args = EngineArgs(model=name, dtype="bfloat16", device="cuda", block_size=block_size,
-                          num_kv_blocks=-(-(longest + 16) // block_size) + 1, max_model_len=longest + 16)
-        m = LoadedModel.load(args)
-        runner = ModelRunner.for_model(m, use_graphs=True)
+    for block_size in (16, 128):  # the step bench's runner for this row (graphs: the chunk follows a context)
+        m, runner, _ = prefill_runner(name, [(tokens, context)], block_size=block_size)
         bucket = runner.bucket_for(tokens, 1)
         runner.prepare(chunks_plan([(tokens, context)], block_size), runner.buffers, bucket)
         ms = graph_replay_ms(runner.graphs[bucket], 20)

@@ -147,11 +147,10 @@ def chunks_plan(chunks: list[tuple[int, int]], block_size: int):
     return SchedulerOutput(scheduled, [])
 
 
-def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers: int | None,
-                 block_size: int = EngineArgs.block_size) -> list[dict]:
-    """Median ms of one forward + sampling over a prefill chunk, per (tokens, context), vs its compute floor:
-    eager from an empty cache (the whole-prompt rows), by graph replay after a cached context (a prefix hit's
-    step, as a server runs it)."""
+def prefill_runner(preset: str, chunks: list[tuple[int, int]], layers: int | None = None,
+                   block_size: int = EngineArgs.block_size):
+    """The model and runner the prefill rows time: (LoadedModel, ModelRunner, graphs). Graphs when every chunk
+    follows a cached context (a prefix hit's step, as a server runs it); eager from an empty cache otherwise."""
     from blink.core.loaded_model import LoadedModel
     from blink.core.runner import ModelRunner
 
@@ -165,7 +164,15 @@ def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers:
                       num_kv_blocks=-(-(longest + 16) // block_size) + 1, max_model_len=longest + 16,
                       block_size=block_size)
     m = LoadedModel.load(args, num_layers=layers)
-    runner = ModelRunner.for_model(m, use_graphs=graphs)
+    return m, ModelRunner.for_model(m, use_graphs=graphs), graphs
+
+
+def time_prefill(preset: str, chunks: list[tuple[int, int]], iters: int, layers: int | None,
+                 block_size: int = EngineArgs.block_size) -> list[dict]:
+    """Median ms of one forward + sampling over a prefill chunk, per (tokens, context), vs its compute floor:
+    eager from an empty cache (the whole-prompt rows), by graph replay after a cached context (a prefix hit's
+    step, as a server runs it)."""
+    m, runner, graphs = prefill_runner(preset, chunks, layers, block_size)
     shape = ModelShape.of(m.cfg)
     print(f"prefill floors: GEMM + causal attention FLOPs at {GEMM_RATE / 1e12:.0f} TFLOP/s (dense bf16), or the "
           f"weight read at {COPY_BW / 1e12:.2f} TB/s if longer", flush=True)
