@@ -49,7 +49,9 @@ def _kv_offsets(kv_tile, kv_end, table_row, kv_head, block_size, stride_cb, stri
             block = tl.load(table_row + first // PAGE).to(tl.int64)
         return k_pos, k_valid, block * stride_cb + (first % PAGE + tl.arange(0, BLOCK_N)) * stride_co \
             + kv_head * stride_ch
-    if PAGE > 0 and PAGE_GATHER:  # the tile's entries once, then each key's by its place (the module's docstring)
+    # PAGE < BLOCK_N stated again: in Triton 3.6 the return above does not end a compiled function, so what
+    # follows is compiled too, and the gather's arange would get 0 entries (a block over the tile, session 34)
+    if PAGE > 0 and PAGE < BLOCK_N and PAGE_GATHER:  # the tile's entries once, then each key's by its place
         ENTRIES: tl.constexpr = BLOCK_N // PAGE
         entries = kv_tile * ENTRIES + tl.arange(0, ENTRIES)
         if MASKED:  # an entry whose first key is past kv_end: its keys are all invalid

@@ -80,7 +80,8 @@ def _compile_all() -> None:
     # whole tiles (64 / 128 tokens: one table entry a tile) at batch 1's 32-key tiles
     for block_n, loop in ((64, dict(off, PAGE=16)), (64, dict(off, PAGE=16, SCALE_IN_EXP2=True)),
                           (32, dict(off, PAGE=128)), (64, dict(off, PAGE=64)),
-                          (64, dict(off, PAGE=16, PAGE_GATHER=True))):  # session 31: a tile's entries at once
+                          (64, dict(off, PAGE=16, PAGE_GATHER=True)),  # session 31: a tile's entries at once
+                          (32, dict(off, PAGE=128, PAGE_GATHER=True))):  # a block over the tile: its one entry
         check(attention._paged_attention_kernel, attention_ptrs,
               dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=4, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=8, NUM_SPLITS=4,
                    PRECISION="tf32", CAUSAL_SPLIT=False, SPLIT_MIN_TILES=0, **loop),
@@ -94,7 +95,11 @@ def _compile_all() -> None:
             (16, 1, 128, 4, 2, off), (32, 1, 128, 8, 5, off), (32, 1, 64, 8, 7, off), (32, 1, 128, 8, 2, exp2),
             (32, 2, 128, 8, 2, lazy), (32, 1, 128, 8, 5, lazy), (16, 1, 64, 4, 3, dict(off, LAZY_RESCALE=0.5)),
             (64, 1, 64, 16, 3, off), (32, 1, 64, 8, 7, exp2), (16, 1, 64, 4, 3, dict(off, PAGE=64)),
-            (32, 1, 128, 8, 5, dict(exp2, PAGE_GATHER=True))]:
+            (32, 1, 128, 8, 5, dict(exp2, PAGE_GATHER=True)),
+            # the gather on by default (session 33) with a block over the tile (--block-size 128, 64-key chunk tiles):
+            # the block's one-entry path; session 34's GPU failed to compile it (a constexpr branch's early return
+            # does not end the function in Triton 3.6, so the gather below it was compiled with 0 entries)
+            (16, 1, 64, 4, 3, dict(off, PAGE=128, PAGE_GATHER=True))]:
         check(attention._paged_attention_kernel, attention_ptrs,
               dict(GROUP=4, GROUP_PAD=4, BLOCK_Q=block_q, BLOCK_N=block_n, BLOCK_D=128, BLOCK_S=64, NUM_SPLITS=splits,
                    PRECISION="tf32", CAUSAL_SPLIT=True, SPLIT_MIN_TILES=0, **loop), num_warps=num_warps,
