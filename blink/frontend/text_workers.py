@@ -22,7 +22,10 @@ from blink.text.tokenizer import ModelTokenizer
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 DEFAULT_WORKERS = 2
-DEFAULT_MAX_PENDING = 64  # running + queued jobs; the 65th concurrent one gets a 503
+# Running + queued jobs; one more gets a 503. A guard against a runaway client, not a load limit: vLLM and SGLang
+# queue every request, and at 64 a burst of 200 requests at once saw 9 refused on an H100 host (2026-12-05).
+DEFAULT_MAX_PENDING = 1024
+LEARN_BELOW_PENDING = 32  # prefix learning is an optimisation: skipped while this many jobs wait
 INLINE_DECODE_TOKENS = 256  # shorter decodes run on the loop: a thread hop would cost more than them
 # Shorter texts are tokenized (and short chats templated) on the loop: ~0.1 ms of work at most, where the
 # hop to a worker and back cost 0.1-0.2 ms of TTFT on the 2-core CPU machine (docs/perf.md, 2026-12-01).
@@ -74,7 +77,7 @@ class TextWorkers:
     def _learn_later(self, text: str, add_special_tokens: bool, ids: list[int], hit) -> None:
         """After the request has its ids: a worker learns the text's boundaries, unless the pool is busy
         with requests (learning is an optimisation; a skipped text is learned from a later resend)."""
-        if not self.prefixes.enabled or len(text) < self.prefixes.min_chars or self.pending >= self.max_pending // 2:
+        if not self.prefixes.enabled or len(text) < self.prefixes.min_chars or self.pending >= LEARN_BELOW_PENDING:
             return
         self._pool.submit(_learn_quietly, self.prefixes, text, add_special_tokens, ids, hit)
 

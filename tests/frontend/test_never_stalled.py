@@ -56,6 +56,22 @@ def test_pool_caps_concurrent_jobs_with_a_503(model_dir):
         workers.close()
 
 
+def test_a_burst_of_200_at_once_is_queued_not_refused(model_dir):
+    """The cap is a runaway guard: `blink bench serve --request-rate inf` sends 200 prompts at once, and at the
+    old cap of 64 an H100 host answered 9 of them 503 (2026-12-05)."""
+    tok = load_tokenizer(str(model_dir))
+    workers = TextWorkers(tok)
+    texts = [f"{i} " + LONG for i in range(200)]
+
+    async def main():
+        return await asyncio.gather(*(workers.encode(t) for t in texts))
+
+    try:
+        assert asyncio.run(main()) == [tok.encode(t) for t in texts]
+    finally:
+        workers.close()
+
+
 @pytest.mark.slow
 def test_large_prompt_delays_neither_health_nor_streams(model_dir):
     server = ServerProcess(["--model", str(model_dir), "--engine-module", "tests.frontend.fake_engine"],
