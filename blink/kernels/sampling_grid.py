@@ -47,9 +47,12 @@ def race_capacity(vocab_size: int, race: int | None = None) -> int:
 # BLINK_SAMPLER_REJECT = the rejection before the threshold search (sampling_reject), read once at import like the
 # two above (sample_triton's `reject` overrides it): "R" rounds for rows with top_p or min_p and no top_k, "Rk" for
 # top_k-only rows too (a top_k row accepts a candidate with the top_k set's share of the mass: few rounds decide it
-# on a real model's rows, many on flat ones, and a row left pending costs the whole search), "0" none. Off until the
-# H200 has timed it.
+# on a real model's rows, many on flat ones, and a row left pending costs the whole search), "0" none. Unset: one
+# round for a one-row plan, none above (ONE_ROW_REJECT).
 REJECT_ROUNDS_MAX = 8
+# Session 34 (H100, one run, V = 128k): one round at one row took top_p 41.7 -> 31.9 us for greedy +2.0, min_p +0.8,
+# top_k +1.5; at 8 / 32 rows it cost min_p 41.1 -> 54.8 / 77.1 -> 101.4 and top_p at 32 109.6 -> 129.2 (perf.md).
+ONE_ROW_REJECT = (1, False)
 
 
 def reject_setting(value: int | str) -> tuple[int, bool]:
@@ -62,12 +65,19 @@ def reject_setting(value: int | str) -> tuple[int, bool]:
     return int(rounds), top_k and int(rounds) > 0
 
 
-_REJECT_DEFAULT = reject_setting(os.environ.get("BLINK_SAMPLER_REJECT", "0"))
+_REJECT_ENV = os.environ.get("BLINK_SAMPLER_REJECT")
+_REJECT_DEFAULT = None if _REJECT_ENV is None else reject_setting(_REJECT_ENV)  # None: by the plan's rows
 
 
-def reject_plan(race: int, value: int | str | None = None) -> tuple[int, bool]:
-    """(rounds, top_k rows taken) of the rejection (0 rounds: none); it needs the list race (race > 0)."""
-    rounds, top_k = _REJECT_DEFAULT if value is None else reject_setting(value)
+def reject_plan(race: int, value: int | str | None = None, rows: int = 1) -> tuple[int, bool]:
+    """(rounds, top_k rows taken) of the rejection (0 rounds: none) for a plan of `rows` rows; it needs the list
+    race (race > 0)."""
+    if value is not None:
+        rounds, top_k = reject_setting(value)
+    elif _REJECT_DEFAULT is not None:
+        rounds, top_k = _REJECT_DEFAULT
+    else:
+        rounds, top_k = ONE_ROW_REJECT if rows == 1 else (0, False)
     return (rounds, top_k) if race > 0 else (0, False)
 
 
@@ -129,7 +139,7 @@ class _Plan:
         self.race_block = race_block(self.race, self.num_chunks)
         self.race_ids = torch.empty(num_rows, max(self.race, 1), dtype=torch.int32, device=device)  # the lists
         self.race_count = torch.empty(num_rows, dtype=torch.int32, device=device)  # the resolve's marks
-        self.reject, self.reject_top_k = reject_plan(self.race, reject)
+        self.reject, self.reject_top_k = reject_plan(self.race, reject, num_rows)
         self.reject_state = torch.empty(num_rows, REJECT_WORDS.value, dtype=torch.int64, device=device)
         # per chunk: the penalties kernel's first race, then a round's race, count and weights (above, total)
         self.reject_first_best, self.reject_best = torch.empty(2, num_rows, self.num_chunks, dtype=torch.float32,
