@@ -9,12 +9,14 @@ Percentiles interpolate linearly (numpy's default); an empty sample reports 0, a
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
 PERCENTILES = (90, 99)  # plus the median, always reported
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
+FAILURE_REASONS = 3  # the commonest errors kept in a summary, with their counts
 
 
 @dataclass
@@ -83,6 +85,8 @@ def summarize(results: list[RequestResult], duration_s: float) -> dict:
         "request_throughput": len(done) / duration,
         "output_throughput": total_output / duration,
         "total_token_throughput": (total_input + total_output) / duration,
+        # why requests failed, the commonest first: a failed count alone sent a GPU session to guess (2026-12-05)
+        "failure_reasons": Counter(r.error for r in results if not r.success).most_common(FAILURE_REASONS),
     }
     for name in LATENCY_METRICS:
         summary.update(percentile_stats(name, samples[name]))

@@ -144,6 +144,8 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         for stat in ["mean", "median"] + [f"p{p}" for p in PERCENTILES]:
             table.add_row(f"{stat.capitalize()} {name.upper()} (ms)", f"{result[f'{stat}_{name}_ms']:.2f}")
     (console or Console()).print(table)
+    for reason, count in result.get("failure_reasons") or []:
+        (console or Console()).print(f"failed x{count}: {reason}")
 
 
 async def bench_serve(args: argparse.Namespace) -> dict:

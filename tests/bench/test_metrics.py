@@ -32,6 +32,7 @@ def test_summarize_follows_vllm_definitions():
     ]
     s = summarize(results, duration_s=2.0)
     assert (s["completed"], s["failed"]) == (2, 1)
+    assert s["failure_reasons"] == [("HTTP 500", 1)]
     assert (s["total_input_tokens"], s["total_output_tokens"]) == (30, 4)
     assert s["request_throughput"] == pytest.approx(1.0)
     assert s["output_throughput"] == pytest.approx(2.0)
@@ -80,3 +81,10 @@ def test_a_bench_command_without_its_packages_says_so_in_one_line(monkeypatch, c
     assert args.handler(args) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'rich'" in err and "blink[bench]" in err
+
+
+def test_failure_reasons_are_the_commonest_errors_counted():
+    results = [RequestResult(error="HTTP 503: busy")] * 9 + [RequestResult(error="timeout")] * 2 + \
+        [RequestResult(error=e) for e in ("a", "b")] + [RequestResult(success=True, output_tokens=1)]
+    reasons = summarize(results, duration_s=1.0)["failure_reasons"]
+    assert reasons[:2] == [("HTTP 503: busy", 9), ("timeout", 2)] and len(reasons) == 3

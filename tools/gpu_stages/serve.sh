@@ -182,14 +182,14 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
       wait $srv0; echo "replica 0 exit $? after $(( $(date +%s) - t0 )) s"; grep -E "drain" "$OUT/replica0.log"
       wait $load
       kill -TERM $rtr; wait $rtr; stop_server $srv1;;
-    moe-serve)  # one serving point per mode for qwen3-30b-a3b (all requests at once)
-      for engine in device host; do
+    moe-serve)  # one serving point per mode for qwen3-30b-a3b (all requests at once); MOE_SERVE_MODES: "device host"
+      for engine in ${MOE_SERVE_MODES:-device host}; do
         python3 -m blink serve --model qwen3-30b-a3b --engine $engine --max-model-len 1024 --port 8015 \
           > "/tmp/moe_serve_$engine.log" 2>&1 & srv=$!
         wait_healthy 8015 600
         timeout 300 python3 -m blink bench serve --base-url http://127.0.0.1:8015 --num-prompts 200 --request-rate inf \
           --random-input-len 512 --random-output-len 128 --ignore-eos --disable-tqdm \
-          --result-json "$OUT/moe_serve_$engine.json" | grep -E "Successful|Failed|Output token|TTFT|TPOT"
+          --result-json "$OUT/moe_serve_$engine.json" | grep -E "Successful|Failed|failed x|Output token|TTFT|TPOT"
         stop_server $srv
       done;;
     *) return 99;;
