@@ -3,7 +3,8 @@
 Each request's constraint is parsed here (400 naming the field for anything unknown or unsupported),
 compiled once (a worker process, cached: the same compiler the engine uses, so a 400 here means the
 engine would refuse too), and counted against the engine's grammar arena: the arena has a fixed
-number of partitions (blink/grammar/arena.py) and the front end answers 503 when every one is taken.
+number of partitions (blink/grammar/arena.py); while every one is taken by other constraints a request
+waits for one (as vLLM queues it), and gets a 503 only after ARENA_WAIT_S.
 - Host mode: the front end mirrors which constraints are in flight; the engine compiles again and loads
   its arena itself, acquiring after and releasing before the front end does (ring order).
 - Device mode: the front end is the allocator. Its compile returns the tables, which it writes into the
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import weakref
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,6 +32,17 @@ from blink.transport.grammar_staging import GrammarStaging, StagingFull
 from blink.transport.layout import ENGINE_MODE_DEVICE
 
 _JSON_SCHEMA_KEYS = {"name", "schema", "strict", "description"}
+# A 17th distinct constraint in flight waits for a partition instead of a 503 at once: a burst of requests with
+# different schemas is served, later. Polled, because partitions free from the stream's finalizer or from egress.
+ARENA_WAIT_S = 60.0
+ARENA_POLL_S = 0.02
+
+
+class ArenaFull(APIError):
+    """Every grammar arena partition is held by other constraints (a 503 once the wait is over)."""
+
+    def __init__(self, message: str):
+        super().__init__(503, message)
 _STRUCTURED_KEYS = {"json", "regex", "choice", "json_object"}
 
 
@@ -199,14 +212,26 @@ class StructuredOutputs:
             try:
                 staging.reserve(c, tables.token_class, tables.next_state)
             except StagingFull as e:
-                raise APIError(503, str(e)) from None
+                raise ArenaFull(str(e)) from None
             except ValueError as e:  # tables the engine's staging cannot carry (another vocabulary)
                 raise APIError(400, str(e)) from None
             return
         if c not in self._in_flight and len(self._in_flight) >= GRAMMAR_SLOTS:
-            raise APIError(503, f"all {GRAMMAR_SLOTS} grammar arena partitions are in use by other "
-                                "constrained requests; retry shortly")
+            raise ArenaFull(f"all {GRAMMAR_SLOTS} grammar arena partitions are in use by other constrained "
+                            "requests; retry shortly")
         self._in_flight[c] = self._in_flight.get(c, 0) + 1
+
+    async def reserve_waiting(self, c: Constraint, staging: GrammarStaging | None = None, tables=None,
+                              wait_s: float | None = None) -> None:
+        """reserve, waiting while the arena is full (up to wait_s, ARENA_WAIT_S by default; then the 503)."""
+        deadline = time.monotonic() + (ARENA_WAIT_S if wait_s is None else wait_s)
+        while True:
+            try:
+                return self.reserve(c, staging, tables)
+            except ArenaFull:
+                if time.monotonic() >= deadline:
+                    raise
+            await asyncio.sleep(ARENA_POLL_S)
 
     def release(self, c: Constraint) -> None:
         if self._staging is not None:  # a submitted request keeps holding the slot until its last record
@@ -268,7 +293,8 @@ async def constrain(state, body: StructuredFields, params: list[SamplingParams],
             p.validate()
         except ValueError as e:
             raise APIError(400, str(e), param) from None
-    for k in range(len(params)):
+    await structured.reserve_waiting(c, staging, tables)  # the first choice may wait; the others share its slot
+    for k in range(1, len(params)):
         try:
             structured.reserve(c, staging, tables)
         except APIError:

@@ -1,4 +1,4 @@
-"""The front end's side without a server: the arena mirror (503), releases, device mode's staging."""
+"""The front end's side without a server: the arena mirror (a wait, then 503), releases, device mode's staging."""
 import asyncio
 import gc
 import json
@@ -49,7 +49,38 @@ def test_streams_give_their_reservation_back():
     assert not so._in_flight  # a stream dropped before it ran releases too
 
 
-def test_device_mode_stages_the_tables_for_the_gpu(tmp_path):
+def test_a_full_arena_makes_a_request_wait_for_a_partition(monkeypatch):
+    """A 17th distinct constraint waits (as vLLM queues it) and runs once a stream gives a partition back; past
+    the wait it is the 503."""
+    from blink.frontend import structured as module
+
+    so = mirror()
+    for i in range(GRAMMAR_SLOTS):
+        so.reserve(Constraint("regex", f"a{i}"))
+
+    async def check(c, param, want_tables=False):
+        return None
+
+    so.check = check
+    state = SimpleNamespace(structured=so, client=SimpleNamespace(control=SimpleNamespace(engine_mode=0)))
+    params = [SamplingParams(), SamplingParams()]
+
+    async def main():
+        waiting = asyncio.ensure_future(constrain(state, CompletionRequest(prompt="x", guided_regex="b+"), params))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()  # the arena is full: it waits, no 503
+        so.release(Constraint("regex", "a3"))
+        return await asyncio.wait_for(waiting, 2.0)
+
+    c = asyncio.run(main())
+    assert so._in_flight[c] == 2  # both choices hold the partition it got
+    monkeypatch.setattr(module, "ARENA_WAIT_S", 0.05)
+    with pytest.raises(APIError) as e:
+        asyncio.run(constrain(state, CompletionRequest(prompt="x", guided_regex="c+"), [SamplingParams()]))
+    assert e.value.status == 503 and "grammar arena partitions" in e.value.message
+
+
+def test_device_mode_stages_the_tables_for_the_gpu(monkeypatch):
     """Device mode: the front end compiles with tables, writes them into a staging slot (once for n choices)
     and holds it per choice until the stream ends; a submitted request holds it until its last record."""
     import os
@@ -84,8 +115,10 @@ def test_device_mode_stages_the_tables_for_the_gpu(tmp_path):
         so.release(c)
         so.release(c)  # both choices' streams ended (never submitted): nothing holds the slot
         assert staging.held_keys() == set()
-        for i in range(GRAMMAR_SLOTS):  # every slot held by others: a 503
+        for i in range(GRAMMAR_SLOTS):  # every slot held by others: a 503 after the wait
             staging.reserve(Constraint("regex", f"o{i}"), t.token_class, t.next_state)
+        from blink.frontend import structured as module
+        monkeypatch.setattr(module, "ARENA_WAIT_S", 0.05)
         with pytest.raises(APIError) as e:
             asyncio.run(constrain(state, CompletionRequest(prompt="x", guided_regex="b+"), [SamplingParams()]))
         assert e.value.status == 503
