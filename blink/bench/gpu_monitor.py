@@ -52,6 +52,17 @@ class GpuMonitor:
     def available(self) -> bool:
         return self._nvml is not None
 
+    @property
+    def name(self) -> str | None:
+        """The card's name as NVML gives it ("NVIDIA H200", ...); None without NVML."""
+        if not self.available:
+            return None
+        try:
+            name = self._nvml.nvmlDeviceGetName(self._handle)
+        except Exception:
+            return None
+        return name.decode() if isinstance(name, bytes) else str(name)
+
     def _energy(self) -> float | None:
         try:
             return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))

@@ -97,6 +97,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--client-cpus", default=None,
                    help="cores of this load generator in split and exposed (default: the cores left over)")
     p.add_argument("--gpu-index", type=int, default=None, help="NVML index (default: first visible GPU)")
+    p.add_argument("--require-gpu", default=None, metavar="NAME",
+                   help="measure only on a card whose NVML name holds NAME (e.g. H200): a folder's repeats must "
+                        "come from one kind of card, and the lender may hand out another")
     knobs = p.add_argument_group("attacker scheduling (recorded in every point)")
     knobs.add_argument("--attacker-nice", type=int, default=None, help="niceness added to each attacker")
     knobs.add_argument("--attacker-sched", choices=sorted(POLICIES), default=None, help="SCHED_BATCH/IDLE")
@@ -209,6 +212,10 @@ def run_sweeps(args: argparse.Namespace, console: Console, term: TermSignal) -> 
                     f"{p.attack_kind} x{p.attack_level:g} @ {p.rate:g}" for p in g.points))
         return 0
     gpu = GpuMonitor(args.gpu_index)
+    if args.require_gpu and args.require_gpu.lower() not in (gpu.name or "").lower():
+        gpu.close()
+        raise SystemExit(f"blink bench interference: --require-gpu {args.require_gpu}: this card is "
+                         f"{gpu.name or 'unknown (no NVML)'}; nothing measured")
     run_id = new_run_id()
     metadata = {"run_id": run_id, "args": {k: v for k, v in vars(args).items() if k != "handler"},
                 "estimate_s": estimate, "knobs": knobs.as_dict(), "cgroup_support": cgroup_how,
@@ -216,7 +223,7 @@ def run_sweeps(args: argparse.Namespace, console: Console, term: TermSignal) -> 
                     [p.attack_kind, p.attack_level, p.rate] for p in g.points]} for g in r.groups]}
                          for r in repeats],
                 "placements": {k: v.as_dict() for k, v in placements.items()},
-                "gpu_idle_power_before_sweep": gpu.idle_power(args.idle_power_seconds)}
+                "gpu": gpu.name, "gpu_idle_power_before_sweep": gpu.idle_power(args.idle_power_seconds)}
     save_run(args.result_dir, run_id, metadata)
     num_requests = max(requests_for_window(max(rates), args.point_seconds), args.warmup_requests)
     try:

@@ -75,7 +75,7 @@ def measure_group(args: argparse.Namespace, console: Console, repeat: Repeat, gr
             if clock() + args.point_cost_s > deadline:
                 break
             point = measure_point(sweep, requests, spec.rate, spec.attack_kind, spec.attack_level)
-            point.update(run_id=run_id, repeat=repeat.index, server_idle_power_w=idle["mean_w"])
+            point.update(run_id=run_id, repeat=repeat.index, server_idle_power_w=idle["mean_w"], gpu=gpu.name)
             save_repeat(args.result_dir, point)
             write_report(args.result_dir, plots=False)  # the plots: once, when the run ends (interference.py)
             b = point["bench"]

@@ -4,6 +4,8 @@ import itertools
 import json
 import os
 
+import pytest
+
 from blink.bench import interference, sweep_runner
 from blink.bench.result_folder import load_points, load_runs, request_samples
 from tests.bench.fake_openai_server import MODEL
@@ -29,6 +31,7 @@ def test_repeated_sweep_keeps_every_repeat_and_summarises(fake_server, tmp_path)
     ncpus = len(os.sched_getaffinity(0))
     for p in points:
         assert p["mode"] == "fake" and p["layout"] == "shared" and p["model"] == MODEL
+        assert "gpu" in p  # the card's NVML name (None on this CPU machine): repeats of one folder share it
         assert p["bench"]["completed"] > 0 and p["bench"]["failed"] == 0
         assert p["engine_pid"] == os.getpid()  # read from the fake's blink:engine_pid gauge
         assert p["frontend_gc"] is None and p["frontend_stalls"] is None and p["engine_steps"] is None  # no series
@@ -191,3 +194,11 @@ def live_children() -> list[int]:
             if int(fields[1]) == os.getpid() and fields[0] != "Z":
                 out.append(int(name))
     return out
+
+
+def test_a_required_gpu_that_is_not_this_one_measures_nothing(fake_server, tmp_path):
+    """The matrix's points are one card's (H200): a session lent another card must not add its points."""
+    args = lab_args(tmp_path, fake_server.base_url, "--request-rates", "5", "--require-gpu", "H200")
+    with pytest.raises(SystemExit, match="--require-gpu H200: this card is .*nothing measured"):
+        interference.run(args)
+    assert load_points(str(tmp_path)) == []

@@ -38,7 +38,9 @@ stages_lab() {
         echo "restored $(find "$dir/points" -name '*.json' 2> /dev/null | wc -l) points from docs/results"
       fi
       touch /tmp/intf-stamp; sleep 1
+      # INTF_GPU: the card the folder's points come from (all H200 so far); another card measures nothing
       python3 -m blink bench interference --model llama3-8b --matrix "priority${m#p}" --frontend-cpus 0-1 \
+        --require-gpu "${INTF_GPU:-H200}" \
         --engine-cpus 2-13 --client-cpus 14-15 --point-seconds "${INTF_POINT_SECONDS:-15}" \
         --drain-seconds "${INTF_DRAIN_SECONDS:-8}" --server-start-s "${INTF_START_S:-90}" \
         --time-budget-s "${INTF_BUDGET:-500}" --resume --disable-tqdm --result-dir "$dir" ${INTF_ARGS:-} 2>&1 \
