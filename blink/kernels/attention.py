@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from blink.kernels.attention_merge import NO_TILES, _merge_tile_if_last, merge_chunk, merge_splits
-from blink.kernels.attention_plan import AttentionTuning, first_tile, launch_plan, tile_sequence
+from blink.kernels.attention_plan import AttentionTuning, LaunchPlan, first_tile, launch_plan, tile_sequence
 from blink.kernels.attention_tile import _attend_kv_tile, _warm_kv_tile
 from blink.kernels.attention_ws import ws_chunk_attention, ws_chunk_runs
 from blink.kernels.pdl import pdl_for, pdl_wait
@@ -215,6 +215,25 @@ def _paged_attention_kernel(
                                 BLOCK_D, MERGE_CHUNK)
 
 
+def kernel_meta(plan: LaunchPlan, group: int, head_dim: int, num_seqs: int, block_size: int, fp32: bool,
+                use_pdl: bool, merge_in_kernel: bool) -> tuple[dict, dict]:
+    """(constexprs, compile options) of _paged_attention_kernel for `plan`: the launch's, and what the sm_90
+    compile test builds for every plan the planner gives (tests/kernels/test_attention_plans_sm90.py)."""
+    block_d = triton.next_power_of_2(head_dim)
+    splits = plan.num_splits
+    constexprs = dict(
+        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=plan.block_q, BLOCK_N=plan.block_n,
+        BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=splits,
+        PRECISION="ieee" if fp32 else "tf32",  # fp32 exact: Triton's default is TF32
+        USE_PDL=use_pdl, CAUSAL_SPLIT=plan.causal_split, SPLIT_MIN_TILES=plan.split_min_tiles,
+        SCALE_IN_EXP2=plan.scale_in_exp2, LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(block_size),
+        MERGE_CHUNK=merge_chunk(splits, group, block_d) if merge_in_kernel else 0,
+        EARLY_TABLE=plan.early_table, PREFETCH_KV=plan.early_table and CAN_PREFETCH, PAGE_GATHER=plan.page_gather)
+    options = dict(num_warps=plan.num_warps, num_stages=plan.num_stages,
+                   **({"maxnreg": plan.maxnreg} if plan.maxnreg else {}))
+    return constexprs, options
+
+
 def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            query_start_loc: torch.Tensor, seq_lens: torch.Tensor, block_tables: torch.Tensor,
                            scale: float, num_splits: int | None = None,
@@ -247,22 +266,14 @@ def paged_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     merge_in_kernel = (num_splits > 1 and tuning.merge_in_kernel and split_tickets is not None
                        and split_tickets.numel() >= plan.num_tiles * num_kv_heads)
     use_pdl = pdl_for(q)
+    constexprs, options = kernel_meta(plan, group, head_dim, num_seqs, block_size, q.dtype == torch.float32,
+                                      use_pdl, merge_in_kernel)
     _paged_attention_kernel[(plan.num_tiles, num_kv_heads, num_splits)](
         q, k_cache, v_cache, out, partial, maxes, sums, split_tickets if merge_in_kernel else out,
         query_start_loc, seq_lens, block_tables, scale * 1.4426950408889634,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        num_seqs, num_q_heads, block_size, head_dim,
-        GROUP=group, GROUP_PAD=triton.next_power_of_2(group), BLOCK_Q=plan.block_q, BLOCK_N=plan.block_n,
-        BLOCK_D=block_d, BLOCK_S=triton.next_power_of_2(num_seqs), NUM_SPLITS=num_splits,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 exact: Triton's default is TF32
-        USE_PDL=use_pdl, CAUSAL_SPLIT=plan.causal_split, SPLIT_MIN_TILES=plan.split_min_tiles,
-        SCALE_IN_EXP2=plan.scale_in_exp2, LAZY_RESCALE=plan.lazy_rescale, PAGE=plan.page(block_size),
-        MERGE_CHUNK=merge_chunk(num_splits, group, block_d) if merge_in_kernel else 0,
-        EARLY_TABLE=plan.early_table, PREFETCH_KV=plan.early_table and CAN_PREFETCH, PAGE_GATHER=plan.page_gather,
-        num_warps=plan.num_warps, num_stages=plan.num_stages, **({"maxnreg": plan.maxnreg} if plan.maxnreg else {}),
-        launch_pdl=use_pdl,
-    )
+        num_seqs, num_q_heads, block_size, head_dim, **constexprs, **options, launch_pdl=use_pdl)
     if num_splits > 1 and not merge_in_kernel:
         merge_splits(partial, maxes, sums, out, query_start_loc, num_seqs, use_pdl)
     return out
