@@ -44,3 +44,19 @@ def test_a_group_runs_its_own_stage(tmp_path):
     done = _call("kernels", "env", tmp_path)
     assert done.returncode == 0 and "stub nvidia-smi --query-gpu" in done.stdout
     assert _call("device", "env", tmp_path).returncode == 99
+
+
+def test_the_runner_exits_with_its_stages_status(tmp_path):
+    """gpu_chain.sh prints each stage's rc: 0 when the stages passed, 2 for an unknown one (until session 34 every
+    run exited 1, whatever its stages did). Run from a bare copy of tools/: no .whl, no caches to restore."""
+    import shutil
+
+    shutil.copytree(ROOT / "tools" / "gpu_stages", tmp_path / "tools" / "gpu_stages")
+    shutil.copy(ROOT / "tools" / "gpu_run.sh", tmp_path / "tools" / "gpu_run.sh")
+    _call("kernels", "env", tmp_path)  # writes the stubs into tmp_path/bin
+    env = {"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "OUT": str(tmp_path / "out")}
+    run = lambda *stages: subprocess.run(["bash", "tools/gpu_run.sh", *stages], cwd=tmp_path, capture_output=True,
+                                         text=True, timeout=30, env=env)
+    assert run("env").returncode == 0
+    unknown = run("env", "no-such-stage")
+    assert unknown.returncode == 2 and "unknown stage no-such-stage" in unknown.stdout
