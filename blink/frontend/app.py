@@ -76,6 +76,7 @@ def build_app(config: AppConfig) -> FastAPI:
         client.start()
         text = TextWorkers(tokenizer, config.tokenizer_workers, config.max_pending_tokenizations)
         structured = StructuredOutputs(tokenizer, config.model, config.grammar_arena_mb << 20, config.tokenizer)
+        metrics.watch(text, structured)
         holder["state"] = FrontendState(tokenizer, client, metrics, config.served_model_name, text, config.model,
                                         structured, config.stream_interval)
         banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name))

@@ -134,8 +134,21 @@ class FrontendMetrics:
                                     "While requests are in flight, the time between consecutive egress reads that "
                                     "returned records: the engine's silence as the front end sees it",
                                     STALL_BUCKETS)
+        # Requests the front end holds before the engine sees them (not in num_requests_waiting): queued for the
+        # tokenization pool, and waiting for a grammar arena partition. Read at scrape time (watch()).
+        self.tokenization_jobs = Gauge("blink:frontend_tokenization_jobs", "Tokenization and detokenization jobs "
+                                       "running or queued on the front end's worker pool", m,
+                                       registry=r).labels(model_name)
+        self.grammar_waiting = Gauge("blink:grammar_arena_waiting", "Requests waiting for a grammar arena partition "
+                                     "(every one held by other constraints)", m, registry=r).labels(model_name)
         self.engine = EngineCollector(model_name)
         r.register(self.engine)
+
+    def watch(self, text_workers, structured) -> None:
+        """The gauges above read these objects' own counts whenever /metrics is scraped."""
+        self.tokenization_jobs.set_function(lambda: text_workers.pending)
+        if structured is not None:
+            self.grammar_waiting.set_function(lambda: structured.waiting)
 
     def gc_collected(self, generation: int, seconds: float) -> None:
         self.gc_pause.labels(self.model_name, str(generation)).observe(seconds)

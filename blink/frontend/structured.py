@@ -174,6 +174,7 @@ class StructuredOutputs:
         self._pool = None  # blink/text/grammar_worker.py: compiles off this process's GIL
         self._in_flight: dict[Constraint, int] = {}  # host mode's mirror
         self._staging: GrammarStaging | None = None  # device mode's allocator (the engine's segment)
+        self.waiting = 0  # requests in reserve_waiting's wait (the blink:grammar_arena_waiting gauge)
 
     async def check(self, c: Constraint, param: str, want_tables: bool = False):
         """Compile `c` (400 naming `param` if it cannot be); the tables when want_tables (device mode)."""
@@ -225,13 +226,21 @@ class StructuredOutputs:
                               wait_s: float | None = None) -> None:
         """reserve, waiting while the arena is full (up to wait_s, ARENA_WAIT_S by default; then the 503)."""
         deadline = time.monotonic() + (ARENA_WAIT_S if wait_s is None else wait_s)
-        while True:
-            try:
-                return self.reserve(c, staging, tables)
-            except ArenaFull:
-                if time.monotonic() >= deadline:
-                    raise
-            await asyncio.sleep(ARENA_POLL_S)
+        try:
+            return self.reserve(c, staging, tables)
+        except ArenaFull:
+            pass
+        self.waiting += 1
+        try:
+            while True:
+                await asyncio.sleep(ARENA_POLL_S)
+                try:
+                    return self.reserve(c, staging, tables)
+                except ArenaFull:
+                    if time.monotonic() >= deadline:
+                        raise
+        finally:
+            self.waiting -= 1
 
     def release(self, c: Constraint) -> None:
         if self._staging is not None:  # a submitted request keeps holding the slot until its last record

@@ -248,6 +248,8 @@ def test_health_and_metrics(http, server):
     assert metric(http, "blink:frontend_loop_lag_seconds_count") >= 1  # the loop's timer ticks
     assert metric(http, "blink:frontend_egress_gap_seconds_count") >= 1  # 3 tokens, one engine step apart
     assert metric(http, "blink:engine_pid") in [float(p) for p in server.children()]
+    # held before the engine: none now (the gauges read the pool's and the arena's own counts at scrape time)
+    assert metric(http, "blink:frontend_tokenization_jobs") == 0 and metric(http, "blink:grammar_arena_waiting") == 0
 
 
 def test_client_disconnect_aborts(server, client, http):

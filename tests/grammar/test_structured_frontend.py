@@ -68,11 +68,12 @@ def test_a_full_arena_makes_a_request_wait_for_a_partition(monkeypatch):
     async def main():
         waiting = asyncio.ensure_future(constrain(state, CompletionRequest(prompt="x", guided_regex="b+"), params))
         await asyncio.sleep(0.1)
-        assert not waiting.done()  # the arena is full: it waits, no 503
+        assert not waiting.done() and so.waiting == 1  # the arena is full: it waits (the gauge says so), no 503
         so.release(Constraint("regex", "a3"))
         return await asyncio.wait_for(waiting, 2.0)
 
     c = asyncio.run(main())
+    assert so.waiting == 0
     assert so._in_flight[c] == 2  # both choices hold the partition it got
     monkeypatch.setattr(module, "ARENA_WAIT_S", 0.05)
     with pytest.raises(APIError) as e:
