@@ -3,7 +3,7 @@
 Every field is decided: declared fields are implemented (or refused with a 400 where a value is not
 supported); any other field is a 400 that names it (pydantic's extra="forbid"), so nothing a client sends
 is silently ignored. docs/api.md lists them. The structured-output and tool fields are declared by
-StructuredFields (blink/frontend/structured.py) and ToolFields (tools.py).
+StructuredFields (blink/frontend/constraint_fields.py) and ToolFields (tools.py).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from blink.frontend.structured import StructuredFields
+from blink.frontend.constraint_fields import StructuredFields
 from blink.frontend.tools import ToolFields
 from blink.request import SamplingParams
 

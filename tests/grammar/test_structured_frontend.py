@@ -6,9 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from blink.frontend.constraint_fields import constraint_of
 from blink.frontend.errors import APIError
 from blink.frontend.protocol import CompletionRequest
-from blink.frontend.structured import StructuredOutputs, constrain, constraint_of
+from blink.frontend.structured import StructuredOutputs, constrain
 from blink.grammar.arena import GRAMMAR_SLOTS
 from blink.request import Constraint, SamplingParams
 from blink.transport.layout import ENGINE_MODE_DEVICE
