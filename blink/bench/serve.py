@@ -124,6 +124,7 @@ def run_config(args: argparse.Namespace, base_url: str, model: str, request_rate
 
 
 def print_summary(result: dict, console: Console | None = None) -> None:
+    console = console or Console()
     table = Table(title="Serving benchmark result", show_header=False)
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -143,9 +144,9 @@ def print_summary(result: dict, console: Console | None = None) -> None:
         table.add_row(f"[bold]{LATENCY_TITLES[name]}[/bold]", "")
         for stat in ["mean", "median"] + [f"p{p}" for p in PERCENTILES]:
             table.add_row(f"{stat.capitalize()} {name.upper()} (ms)", f"{result[f'{stat}_{name}_ms']:.2f}")
-    (console or Console()).print(table)
+    console.print(table)
     for reason, count in result.get("failure_reasons") or []:
-        (console or Console()).print(f"failed x{count}: {reason}")
+        console.print(f"failed x{count}: {reason}")
 
 
 async def bench_serve(args: argparse.Namespace) -> dict:

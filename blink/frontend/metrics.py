@@ -147,8 +147,7 @@ class FrontendMetrics:
     def watch(self, text_workers, structured) -> None:
         """The gauges above read these objects' own counts whenever /metrics is scraped."""
         self.tokenization_jobs.set_function(lambda: text_workers.pending)
-        if structured is not None:
-            self.grammar_waiting.set_function(lambda: structured.waiting)
+        self.grammar_waiting.set_function(lambda: structured.waiting)
 
     def gc_collected(self, generation: int, seconds: float) -> None:
         self.gc_pause.labels(self.model_name, str(generation)).observe(seconds)
