@@ -11,4 +11,4 @@ for spec in "$@"; do
   env "${vars[@]}" timeout -k 5 "$secs" bash tools/gpu_run.sh "$stage" 2>&1 | tail -80
   echo "##### rc ${PIPESTATUS[0]}"
 done
-cd "$OUT" && tar czf "$OUT/logs_$(date +%H%M%S).tgz" --exclude='*.tgz' --exclude='gpu_cache_*' . 2> /dev/null; ls -la "$OUT"
+cd "$OUT" && tar czf "$OUT/logs_$(date +%H%M%S).tgz" --exclude='*.tgz' --exclude='gpu_cache*' . 2> /dev/null; ls -la "$OUT"

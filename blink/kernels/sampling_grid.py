@@ -48,11 +48,13 @@ def race_capacity(vocab_size: int, race: int | None = None) -> int:
 # two above (sample_triton's `reject` overrides it): "R" rounds for rows with top_p or min_p and no top_k, "Rk" for
 # top_k-only rows too (a top_k row accepts a candidate with the top_k set's share of the mass: few rounds decide it
 # on a real model's rows, many on flat ones, and a row left pending costs the whole search), "0" none. Unset: one
-# round for a one-row plan, none above (ONE_ROW_REJECT).
+# round for a one-row plan, top_k rows taken, none above (ONE_ROW_REJECT).
 REJECT_ROUNDS_MAX = 8
 # Session 34 (H100, one run, V = 128k): one round at one row took top_p 41.7 -> 31.9 us for greedy +2.0, min_p +0.8,
 # top_k +1.5; at 8 / 32 rows it cost min_p 41.1 -> 54.8 / 77.1 -> 101.4 and top_p at 32 109.6 -> 129.2 (perf.md).
-ONE_ROW_REJECT = (1, False)
+# Session 35 (H200, one run): taking top_k rows too ("1k") at one row: top_k 40.2 -> 31.3 us, top_p 30.6 -> 32.0,
+# greedy 20.0 -> 19.9 (off: 40.8 / 41.4 / 18.0).
+ONE_ROW_REJECT = (1, True)
 
 
 def reject_setting(value: int | str) -> tuple[int, bool]:

@@ -172,8 +172,8 @@ def test_the_setting(monkeypatch):
         with pytest.raises(ValueError, match="BLINK_SAMPLER_REJECT"):
             reject_setting(bad)
     assert reject_plan(1024, "2k") == (2, True) and reject_plan(0, "2k") == (0, False)  # needs the list race
-    # unset: one round at one row (session 34's H100 timing), none at more
-    assert reject_plan(1024, rows=1) == (1, False) and reject_plan(1024, rows=2) == (0, False)
+    # unset: one round at one row, top_k rows taken (sessions 34-35), none at more
+    assert reject_plan(1024, rows=1) == (1, True) and reject_plan(1024, rows=2) == (0, False)
     assert _Plan(torch.zeros(1, 1000), race=1024).reject == 1 and _Plan(torch.zeros(8, 1000), race=1024).reject == 0
     monkeypatch.setattr(sampling_grid, "_REJECT_DEFAULT", (3, True))
     plan = _Plan(torch.zeros(2, 1000), race=1024)
