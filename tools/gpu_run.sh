@@ -19,12 +19,21 @@ if [ -d "$cache_dir" ] && [ ! -e /tmp/.gpu_cache_restored ]; then
     "$cache_dir/gpu_cache.tar.xz" && touch /tmp/.gpu_cache_restored \
     && echo "restored caches from $cache_dir: triton $(du -sh /tmp/triton-cache | cut -f1), $(ls /tmp/triton-cache | wc -l) kernels"
 fi
-if [ -d .whl ]; then
+if [ -e .whl_site/site.tar.xz ] || [ -d .whl ]; then
+  # .whl_site/site.tar.xz (tools/pack_site.sh: the installed tree, xz'd, 1.8 MB smaller) or .whl/'s wheels.
   # vllm-router (24 MB, the replicas stage only) lives in .whl_router/ so that the other calls' carry stays small;
   # installed once per machine (each later gpu_run.sh of a call chain reuses /tmp/site)
   if [ ! -e /tmp/site/.blink_installed ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-      .whl/*.whl $(ls .whl_router/*.whl 2> /dev/null) && touch /tmp/site/.blink_installed || exit 1
+    if [ -e .whl_site/site.tar.xz ]; then
+      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall("/tmp", filter="tar")' \
+        .whl_site/site.tar.xz || exit 1
+    fi
+    wheels=$(ls .whl/*.whl .whl_router/*.whl 2> /dev/null)
+    if [ -n "$wheels" ]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        $wheels || exit 1
+    fi
+    touch /tmp/site/.blink_installed
   fi
   export PYTHONPATH=/tmp/site:$PWD
 else
