@@ -20,7 +20,8 @@ token as its race list, so the choose kernel's list race returns it. Rows still 
 this does not take (no filter, greedy, top_k with top_p: top_p's total is over the top_k set; top_k alone unless
 asked for, sampling_grid.reject_setting; no finite maximum), run the search as before. A top_p = p row accepts
 each candidate drawn from min_p's set with probability >= p; the first candidate comes from a larger set, so a
-min_p row may spend its first round on a token below the cutoff. A top_k row accepts with the top_k set's share of
+min_p row may spend its first round on a token below the cutoff (a min_p-alone row is decided in that round anyway:
+the race above such a candidate is the race over min_p's whole set). A top_k row accepts with the top_k set's share of
 the mass, which is small on flat rows. A pending row costs the whole search: its programs stream their chunks as at
 full batch. Needs the list race (RACE > 0): the penalties kernel writes the rows' log-sum-exp.
 Scratch: state [S, REJECT_WORDS] i64 (sampling_plan); per chunk: the first race's best f32 and token i32, a
@@ -182,7 +183,14 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
                 tl.store(state, tl.full([], DECIDED, tl.int64))
             elif following < vocab_size:
                 tl.store(state + 1, following.to(tl.int64))
-                tl.store(state, tl.full([], PENDING, tl.int64))
+                # min_p alone: the kept set is min_p's, all of it above the candidate, and `following` won the race
+                # over it, so it is the row's token now (the first candidate, raced over a chunk's cutoff, is often
+                # below the row's: session 35 saw 3 of 8 min_p rows pending after one round)
+                if (top_k <= 0) & (top_p >= 1.0):
+                    tl.store(race_ids_ptr + row * RACE, following)
+                    tl.store(state, tl.full([], DECIDED, tl.int64))
+                else:
+                    tl.store(state, tl.full([], PENDING, tl.int64))
             else:  # a kept candidate has nothing kept above it only if top_p is 0
                 tl.store(state, tl.full([], SEARCH, tl.int64))
 
