@@ -6,10 +6,12 @@ chunk: llama3-8b with the server's buckets (max_num_seqs 64, 2,048 batched token
 100-token chunk after 2,000 cached tokens alone, with 3 decodes beside it (the cached-prefix probe's step),
 and the 3 decodes alone; the same chunk in a max_num_seqs=1 runner (the step bench's prefill row); then a
 kernel profile of the mixed step's graph. sampler: per-kernel time of sample() at V = 128256 for the
-micro-bench's top_p / top_k rows (bench/kernels/sampler.py) at S = 1 and 32. prefill: the step bench's
+micro-bench's rows (bench/kernels/sampler.py; DIAG_SAMPLER_SCENARIOS, default top_p,top_k,top_p_flat,temperature;
+DIAG_SAMPLER_ROWS, default 1,32). prefill: the step bench's
 graph-replayed 2,048-token chunk after 30,720 cached tokens at 16- and 128-token blocks, kernel by kernel (session
 33, H100: the step differed by 190 us a layer, the attention kernel alone by 52).
 """
+import os
 import sys
 
 import torch
@@ -85,8 +87,9 @@ def sampler():
     from blink.kernels import sampling
     from blink.request import MAX_TOP_LOGPROBS
 
-    for scenario in ("top_p", "top_k", "top_p_flat", "temperature"):
-        for rows in (1, 32):
+    scenarios = os.environ.get("DIAG_SAMPLER_SCENARIOS", "top_p,top_k,top_p_flat,temperature").split(",")
+    for scenario in scenarios:
+        for rows in [int(r) for r in os.environ.get("DIAG_SAMPLER_ROWS", "1,32").split(",")]:
             logits, slots, positions, cpu_state = make_batch(rows, SCENARIOS[scenario], scenario.endswith("_flat"))
             state = to_cuda(cpu_state)
             gpu = (logits.cuda(), slots.cuda(), positions.cuda())

@@ -100,14 +100,13 @@ stages_kernels() {
       python3 -m pytest -q -m gpu tests/kernels/test_sampling_select.py tests/kernels/test_sampling.py \
         tests/kernels/test_sampling_reject.py 2>&1 \
         | tee "$OUT/sampling_tests.log" | tail -10;;
-    sampling-profile)  # issue 17: the sampler's per-kernel times at S = 1 and 32 (top_p, top_k), the old ways of
-      # session 17's levers, then the new (BLINK_SAMPLER_RACE=list, BLINK_SAMPLER_COMPACT=once), then the rejection
-      BLINK_SAMPLER_RACE=row BLINK_SAMPLER_COMPACT=twice python3 tools/diag_chunk.py sampler 2>&1 \
-        | tee "$OUT/sampling_profile_old.log" | tail -40
-      BLINK_SAMPLER_RACE=list BLINK_SAMPLER_COMPACT=once python3 tools/diag_chunk.py sampler 2>&1 \
-        | tee "$OUT/sampling_profile_new.log" | tail -40
-      # session 26: with three rounds of the rejection before the search (sampling_reject)
-      BLINK_SAMPLER_REJECT=3k python3 tools/diag_chunk.py sampler 2>&1 | tee "$OUT/sampling_profile_reject.log" | tail -40;;
+    sampling-profile)  # issue 17: the sampler's per-kernel times (tools/diag_chunk.py sampler; DIAG_SAMPLER_ROWS,
+      # DIAG_SAMPLER_SCENARIOS) at each rejection setting of SAMPLER_PROFILE_REJECT (BLINK_SAMPLER_REJECT's values):
+      # where one round's ~20 us at 32 rows goes (session 35), and what the search costs two pending rows
+      for r in ${SAMPLER_PROFILE_REJECT:-0 1 2}; do
+        BLINK_SAMPLER_REJECT=$r python3 tools/diag_chunk.py sampler 2>&1 | tee "$OUT/sampling_profile_reject$r.log" \
+          | tail -40
+      done;;
     step-sampling)  # issue 17: llama3-8b decode rows greedy vs top_p / top_k, and prefill rows with their floors
       python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 --sampling "${STEP_SAMPLING:-greedy,top_p,top_k}" \
         --prefill-tokens "${STEP_PREFILL:-2048,8192,32768,100@2000}" --result-json "$OUT/step_sampling.json" 2>&1 | tee "$OUT/step_sampling.log";;
