@@ -5,7 +5,9 @@
 #                                                  41 MB; the three modules below include neither: ninja -t deps)
 #   .fi/apache_tvm_ffi-*-cp312-*.whl               its runtime, for the GPU image's Python 3.12
 #   .fi/aot.tar.xz                                 the sampling, decode and fa2 prefill modules (bf16, head dim 128)
-#                                                  for sm_90, which flashinfer loads from flashinfer/data/aot/
+#                                                  for sm_90, which flashinfer loads from flashinfer/data/aot/;
+#                                                  with FI_FA3=1 also Hopper's fa3 prefill (sm_90a; built with the
+#                                                  full wheel's CUTLASS headers, which only the build needs)
 # The image has the rest (ninja, einops, tabulate, click, nvidia-ml-py, nvidia-curand; KINDS.md's list). Building
 # here needs nvcc 13 (/usr/local/cuda-13.0), curand's headers (from the nvidia-curand wheel) and a stub libcuda
 # (only to link; the GPU's own is loaded there). Needs .venv (the README's test command) for torch.
@@ -31,21 +33,27 @@ pip_get .fi 3.12 "apache-tvm-ffi==$TVM_FFI"
 host_py=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
 pip_get "$work/host" "$host_py" "apache-tvm-ffi==$TVM_FFI"
 .venv/bin/python -m pip install -q --no-index --no-deps --target "$work/site" "$work"/host/*.whl \
-  ".fi/flashinfer_python-$FI_VERSION-py3-none-any.whl"
+  "$work/flashinfer_python-$FI_VERSION-py3-none-any.whl"  # the full wheel: fa3 includes CUTLASS
 pip_get "$work" 3.12 nvidia-curand
 (cd "$work/inc" && unzip -q "$work"/nvidia_curand-*.whl 'nvidia/cu13/include/*')
 echo "" > "$work/stubs/e.c" && gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o "$work/stubs/libcuda.so" "$work/stubs/e.c"
-FLASHINFER_CUDA_ARCH_LIST=9.0 FLASHINFER_WORKSPACE_BASE="$work/ws" MAX_JOBS=$(nproc) \
+FI_FA3=${FI_FA3:-0} FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE="$work/ws" MAX_JOBS=$(nproc) \
 CPATH="$work/inc/nvidia/cu13/include" LIBRARY_PATH="/usr/local/cuda-13.0/lib:$work/stubs" \
 PATH="$work/site/bin:$PATH" PYTHONPATH="$work/site" .venv/bin/python - <<'EOF'
+import os
+
 import torch
 from flashinfer.jit.attention import gen_batch_decode_module, gen_batch_prefill_module
+from flashinfer.jit.page import gen_page_module
 from flashinfer.jit.sampling import gen_sampling_module
 
 bf16, head_dim = torch.bfloat16, 128  # llama3-8b's; the anchor's wrappers ask for exactly these
+backends = ("fa2", "fa3") if os.environ["FI_FA3"] == "1" else ("fa2",)
 for spec in (gen_sampling_module(),
              gen_batch_decode_module(bf16, bf16, bf16, torch.int32, head_dim, head_dim, 0, False, False),
-             gen_batch_prefill_module("fa2", bf16, bf16, bf16, torch.int32, head_dim, head_dim, 0, False, False, False)):
+             *(gen_batch_prefill_module(b, bf16, bf16, bf16, torch.int32, head_dim, head_dim, 0, False, False, False)
+               for b in backends),
+             *((gen_page_module(),) if "fa3" in backends else ())):  # fa3 turns 16-token pages into token offsets
     spec.build(verbose=False)
     print("built", spec.name)
 EOF

@@ -2,7 +2,7 @@
 and top-p / top-k sampling over the same logits, on the GPU.
 
     python -m bench.kernels.flashinfer_anchor [--sections attention,prefill,sampling] [--batches 1,8,32]
-                                              [--contexts 1024,8192] [--prefill-tokens 8192,32768]
+                                              [--contexts 1024,8192] [--prefill-tokens 8192,32768,2048@30720]
                                               [--rows 1,8,32] [--scenarios top_p,top_k]
 
 Attention: our default tuning against FlashInfer's BatchDecodeWithPagedKVCacheWrapper, CUDA cores and tensor cores,
@@ -110,24 +110,27 @@ def bench_attention(flashinfer, cfg, context: int, batch: int) -> dict[str, floa
     return results
 
 
-def bench_prefill(flashinfer, cfg, tokens: int) -> dict[str, float]:
-    """One causal prompt of `tokens` tokens over a shuffled paged cache (prefill_attention.py's shape): ours (default
-    tuning) against FlashInfer's paged prefill (fa2: the module built for it; Hopper's fa3 needs CUTLASS's headers,
-    left out of the carry). err: FlashInfer's output against ours."""
+def bench_prefill(flashinfer, cfg, case: str) -> dict[str, float]:
+    """One causal chunk of T tokens after C cached ("T" or "T@C") over a shuffled paged cache (prefill_attention.py's
+    shape): ours (default tuning) against FlashInfer's paged prefill, fa2 and Hopper's fa3 (each where
+    tools/fetch_flashinfer.sh built its module; fa3 with FI_FA3=1). err: FlashInfer's output against ours."""
+    tokens, _, cached = case.partition("@")
+    tokens, cached = int(tokens), int(cached or 0)
     hq, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q, caches, starts, lens, tables, scale, _ = prefill_batch(tokens, 0, (hq, hkv), d)
-    flops = causal_flops(tokens, 0, hq, d)
-    print(f"attention prefill: {tokens} tokens, causal, {flops / 1e12:.2f} TFLOP", flush=True)
+    q, caches, starts, lens, tables, scale, _ = prefill_batch(tokens, cached, (hq, hkv), d)
+    flops = causal_flops(tokens, cached, hq, d)
+    print(f"attention prefill: {tokens} tokens after {cached} cached, causal, {flops / 1e12:.2f} TFLOP", flush=True)
     indptr, indices, last = paged_kv_indices(tables, lens, sk.BLOCK_SIZE)
     runs = {"blink (default tuning)": lambda kv: paged_attention_triton(q, *kv, starts, lens, tables, scale)}
-    try:
-        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda"), "NHD", backend="fa2")
-        wrapper.plan(starts, indptr, indices, last, hq, hkv, d, sk.BLOCK_SIZE, causal=True, sm_scale=scale,
-                     q_data_type=q.dtype, kv_data_type=q.dtype)
-        runs["flashinfer prefill (fa2)"] = lambda kv: wrapper.run(q, kv)
-    except Exception as e:  # noqa: BLE001
-        print(f"  flashinfer prefill (fa2) FAILED to plan: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    for backend in ("fa2", "fa3"):
+        try:
+            wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device="cuda"), "NHD", backend=backend)
+            wrapper.plan(starts, indptr, indices, last, hq, hkv, d, sk.BLOCK_SIZE, causal=True, sm_scale=scale,
+                         q_data_type=q.dtype, kv_data_type=q.dtype)
+            runs[f"flashinfer prefill ({backend})"] = lambda kv, wrapper=wrapper: wrapper.run(q, kv)
+        except Exception as e:  # noqa: BLE001
+            print(f"  flashinfer prefill ({backend}) FAILED to plan: {type(e).__name__}: {str(e)[:200]}", flush=True)
     results, ours = {}, None
     for label, run in runs.items():
         try:
@@ -187,7 +190,7 @@ def main() -> None:
     parser.add_argument("--model", default="llama3-8b")
     parser.add_argument("--batches", default="1,8,32")
     parser.add_argument("--contexts", default="1024,8192")
-    parser.add_argument("--prefill-tokens", default="8192,32768")
+    parser.add_argument("--prefill-tokens", default="8192,32768,2048@30720", help="T or T@C (T after C cached)")
     parser.add_argument("--rows", default="1,8,32")
     parser.add_argument("--scenarios", default="top_p,top_k")
     args = parser.parse_args()
@@ -208,9 +211,9 @@ def main() -> None:
                 for label, us in bench_attention(flashinfer, cfg, context, batch).items():
                     summary.append((f"attention b{batch} ctx {context}", label, us))
     if "prefill" in sections:
-        for tokens in map(int, args.prefill_tokens.split(",")):
-            for label, us in bench_prefill(flashinfer, cfg, tokens).items():
-                summary.append((f"prefill {tokens}", label, us))
+        for case in args.prefill_tokens.split(","):
+            for label, us in bench_prefill(flashinfer, cfg, case).items():
+                summary.append((f"prefill {case}", label, us))
     if "sampling" in sections:
         for scenario in args.scenarios.split(","):
             for rows in map(int, args.rows.split(",")):

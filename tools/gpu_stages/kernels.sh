@@ -73,7 +73,8 @@ stages_kernels() {
         --batches 1,8,32 2>&1 | tee "$OUT/fusion_step_on.log";;
     flashinfer)  # issue 17's anchor: FlashInfer 0.5.3's decode attention and sampling beside ours
       # (bench/kernels/flashinfer_anchor.py). Needs .fi (bash tools/fetch_flashinfer.sh here; carry [".fi"], not .whl:
-      # the tree and both pass 64 MiB). Its modules come prebuilt for sm_90 (flashinfer/data/aot/); FI_ARGS adds flags.
+      # the tree and both pass 64 MiB). Its modules come prebuilt for sm_90a (flashinfer/data/aot/; fa3 with FI_FA3=1);
+      # FI_ARGS adds flags.
       [ -d .fi ] || { echo "FATAL: no .fi: bash tools/fetch_flashinfer.sh, then carry .fi"; exit 1; }
       if [ ! -e /tmp/fi-site/.installed ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fi-site .fi/*.whl \
@@ -84,7 +85,7 @@ stages_kernels() {
         done
         touch /tmp/fi-site/.installed
       fi
-      PYTHONPATH=/tmp/fi-site:$PYTHONPATH FLASHINFER_CUDA_ARCH_LIST=9.0 python3 -m bench.kernels.flashinfer_anchor \
+      PYTHONPATH=/tmp/fi-site:$PYTHONPATH FLASHINFER_CUDA_ARCH_LIST=9.0a python3 -m bench.kernels.flashinfer_anchor \
         ${FI_ARGS:-} 2>&1 | tee "$OUT/flashinfer_anchor_$(date +%H%M%S).log" | tail -60;;
     sampling)  # issue 17: the selection rows at S = 1/8/32/128, 128 buckets per level (sampling_bucket.NUM_BUCKETS),
       # at the engine's programs per kernel (sampling_grid.programs_for), PDL as the engine takes it (one row only;
