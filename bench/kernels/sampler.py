@@ -21,6 +21,9 @@ as the engine's default, with PDL at one row only (+pdl1).
 filter may keep (sampling_race; BLINK_SAMPLER_RACE in the engine, sampling_grid.RACE_CAPACITY ids a row).
 --compact twice,once: each column also with the compaction reading its chunk twice or once (sampling_compact;
 BLINK_SAMPLER_COMPACT in the engine).
+--draws K: each cell timed over K position vectors (K graphs), the mean printed and a line of min-max under the row:
+a graph replays the same draw, and the rejection's rounds leave rows pending (each costing the whole search) or not
+by the draw (session 35: one round left 2 of 32 top_p rows pending on the first draw).
 --reject 0,3,3k: each column also with that many rounds of the rejection before the threshold search
 (sampling_reject; k: top_k-only rows too; BLINK_SAMPLER_REJECT in the engine; it needs the list race: with the row
 race it runs none). The mismatch column's thresholds are the search's (no rejection), its tokens the column's.
@@ -73,6 +76,13 @@ def make_batch(num_rows: int, params: SamplingParams, flat: bool = False):
     slots = torch.arange(num_rows, dtype=torch.int32)
     positions = torch.randint(0, 4096, (num_rows,), generator=gen)
     return logits, slots, positions, state
+
+
+def other_positions(positions: torch.Tensor, count: int) -> list[torch.Tensor]:
+    """`count` more position vectors for the same rows: each keys the race's noise anew (sampling_rng), so the
+    rejection's rounds decide other rows. A graph replays one draw; the mean over draws is the expected cost."""
+    return [torch.randint(0, 4096, positions.shape, generator=torch.Generator().manual_seed(1000 + k))
+            for k in range(count)]
 
 
 def to_cuda(cpu_state: SamplingState) -> SamplingState:
@@ -132,6 +142,9 @@ def main() -> None:
     parser.add_argument("--compact", default="twice", help="twice, once or twice,once: the compaction's reads")
     parser.add_argument("--reject", default="0", help="rejection settings to time, comma-separated: 0 (none), R "
                                                        "rounds, Rk (top_k rows too)")
+    parser.add_argument("--draws", type=int, default=1,
+                        help="time each cell over this many position vectors (the race's noise; each its own "
+                             "graph): the mean, and a line of min-max; the rejection's cost depends on the draw")
     parser.add_argument("--no-old", action="store_true", help="skip the old sampler's column")
     parser.add_argument("--no-check", action="store_true", help="skip the CPU-reference comparison")
     args = parser.parse_args()
@@ -152,18 +165,23 @@ def main() -> None:
             logits, slots, positions, cpu_state = make_batch(num_rows, SCENARIOS[name], name.endswith("_flat"))
             state = to_cuda(cpu_state)
             gpu = (logits.cuda(), slots.cuda(), positions.cuda())
-            cells, first_us = "", None
+            draws = [gpu] + [(gpu[0], gpu[1], p.cuda()) for p in other_positions(positions, args.draws - 1)]
+            cells, spreads, first_us = "", "", None
             for nb, p, pdl, race, once, rounds in columns:
                 with pdl_switched(pdl, "sampler"):  # read at each launch, so at the capture
-                    us = time_graph(lambda: sampling.sample_triton(*gpu, state, MAX_TOP_LOGPROBS, nb, p,  # noqa: B023
-                                                                   race=race, compact_once=once,  # noqa: B023
-                                                                   reject=rounds))  # noqa: B023
+                    times = [time_graph(lambda d=d: sampling.sample_triton(  # noqa: B023
+                        *d, state, MAX_TOP_LOGPROBS, nb, p, race=race, compact_once=once, reject=rounds))  # noqa: B023
+                        for d in draws]
                     bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb, p, race, once, rounds)
+                us = sum(times) / len(times)
                 first_us = first_us or us
                 cells += f"{us:>32.1f}{bad:>7}"
+                spreads += f"{f'[{min(times):.1f}-{max(times):.1f}]':>32}{'':>7}"
             old_us = (float("nan") if args.no_old else
                       time_graph(lambda: sampling_old.sample(*gpu, state, MAX_TOP_LOGPROBS)))  # noqa: B023
             print(f"{name:<13}{num_rows:>5}{cells}{old_us:>10.1f}{old_us / first_us:>9.2f}", flush=True)
+            if len(draws) > 1:
+                print(f"{'  draws':<13}{len(draws):>5}{spreads}", flush=True)
 
 
 if __name__ == "__main__":

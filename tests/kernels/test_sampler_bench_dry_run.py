@@ -1,0 +1,34 @@
+"""bench/kernels/sampler.py end to end on the CPU (interpreter, a 512-token vocabulary, timing stubbed), so the GPU
+run does not die on a typo: each cell over several draws of the race's noise, with the draws' spread printed."""
+import sys
+
+import torch
+
+from bench.kernels import sampler as bench
+
+
+def test_bench_times_each_cell_over_draws(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "VOCAB", 512)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(bench, "to_cuda", lambda state: state)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
+    seen = []  # each timed call's positions: the draws must differ
+    times = iter(float(t) for t in range(10, 100))
+
+    def time_graph(fn):
+        out = fn()
+        seen.append(out.token_ids.clone())
+        return next(times)
+
+    monkeypatch.setattr(bench, "time_graph", time_graph)
+    monkeypatch.setattr(sys, "argv", ["bench", "--sizes", "4", "--scenarios", "top_p", "--race", "list",
+                                      "--compact", "once", "--reject", "0,1", "--draws", "3", "--no-old"])
+    bench.main()
+    out = capsys.readouterr().out.splitlines()
+    row = next(line for line in out if line.startswith("top_p"))
+    spread = next(line for line in out if line.startswith("  draws"))
+    assert row.split()[2:5:2] == ["11.0", "14.0"]  # the means of 10, 11, 12 and of 13, 14, 15
+    assert "0/0" in row  # the first draw checked against the CPU reference: no mismatch
+    assert spread.split()[1:] == ["3", "[10.0-12.0]", "[13.0-15.0]"]
+    assert len(seen) == 6 and not torch.equal(seen[0], seen[1])  # another draw, other tokens
+    assert all(p.shape == (4,) for p in bench.other_positions(torch.zeros(4, dtype=torch.long), 2))
