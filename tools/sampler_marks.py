@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.kernels.sampler import SCENARIOS, make_batch  # noqa: E402
+from bench.kernels.sampler import SCENARIOS, make_batch, other_positions  # noqa: E402
 from blink.kernels.sampling_grid import RACE_CAPACITY, _Plan  # noqa: E402
 from blink.kernels.sampling_penalties import prologue  # noqa: E402
 from blink.kernels.sampling_plan import DECIDED, PENDING, SEARCH  # noqa: E402
@@ -24,9 +24,12 @@ from blink.kernels.sampling_reject import reject  # noqa: E402
 MARK = {int(DECIDED.value): "D", int(PENDING.value): "P", int(SEARCH.value): "S"}
 
 
-def marks(rows: int, scenario: str, setting: str) -> str:
-    """One letter a row: D decided, P pending (the search runs it), S not taken (the search runs it)."""
+def marks(rows: int, scenario: str, setting: str, draw: int = 0) -> str:
+    """One letter a row: D decided, P pending (the search runs it), S not taken (the search runs it). draw > 0: the
+    bench's other position vectors (sampler.other_positions, --draws), other race noise."""
     logits, slots, positions, state = make_batch(rows, SCENARIOS[scenario], scenario.endswith("_flat"))
+    if draw:
+        positions = other_positions(positions, draw)[-1]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda":
         from bench.kernels.sampler import to_cuda
@@ -44,13 +47,15 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[32])
     parser.add_argument("--scenario", nargs="+", default=["top_p"], choices=sorted(SCENARIOS))
     parser.add_argument("--reject", nargs="+", default=["1", "2"], help="settings as BLINK_SAMPLER_REJECT's: 2, 1k")
+    parser.add_argument("--draws", type=int, default=1, help="the bench's first K position vectors (--draws there)")
     args = parser.parse_args()
     for rows in args.rows:
         for scenario in args.scenario:
             for setting in args.reject:
-                mark = marks(rows, scenario, setting)
-                print(f"{scenario:<12} S={rows:<4} reject={setting:<3} decided {mark.count('D'):>3}  pending "
-                      f"{mark.count('P'):>3}  not taken {mark.count('S'):>3}  {mark}", flush=True)
+                for draw in range(args.draws):
+                    mark = marks(rows, scenario, setting, draw)
+                    print(f"{scenario:<12} S={rows:<4} reject={setting:<3} draw {draw}  decided {mark.count('D'):>3}  "
+                          f"pending {mark.count('P'):>3}  not taken {mark.count('S'):>3}  {mark}", flush=True)
 
 
 if __name__ == "__main__":

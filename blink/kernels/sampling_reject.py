@@ -20,8 +20,10 @@ token as its race list, so the choose kernel's list race returns it. Rows still 
 this does not take (no filter, greedy, top_k with top_p: top_p's total is over the top_k set; top_k alone unless
 asked for, sampling_grid.reject_setting; no finite maximum), run the search as before. A top_p = p row accepts
 each candidate drawn from min_p's set with probability >= p; the first candidate comes from a larger set, so a
-min_p row may spend its first round on a token below the cutoff (a min_p-alone row is decided in that round anyway:
-the race above such a candidate is the race over min_p's whole set). A top_k row accepts with the top_k set's share of
+min_p row may spend its first round on a token below the cutoff. A round that rejects its candidate w also bounds the
+next one, w' (the winner above w): fewer tokens lie above w' than above w, and they weigh at most w's mass above less
+w' itself, so when those bounds pass w' is decided in the same round (a min_p-alone row always; a top_p row when w'
+carries enough of the mass, as a real model's few likely tokens do). A top_k row accepts with the top_k set's share of
 the mass, which is small on flat rows. A pending row costs the whole search: its programs stream their chunks as at
 full batch. Needs the list race (RACE > 0): the penalties kernel writes the rows' log-sum-exp.
 Scratch: state [S, REJECT_WORDS] i64 (sampling_plan); per chunk: the first race's best f32 and token i32, a
@@ -183,10 +185,14 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
                 tl.store(state, tl.full([], DECIDED, tl.int64))
             elif following < vocab_size:
                 tl.store(state + 1, following.to(tl.int64))
-                # min_p alone: the kept set is min_p's, all of it above the candidate, and `following` won the race
-                # over it, so it is the row's token now (the first candidate, raced over a chunk's cutoff, is often
-                # below the row's: session 35 saw 3 of 8 min_p rows pending after one round)
-                if (top_k <= 0) & (top_p >= 1.0):
+                # The next candidate w' lies above the candidate, and so does every token above w': its count and
+                # weight above are at most the candidate's less w' itself. When those bounds pass, w' is kept and,
+                # as the race's winner over a superset of the kept set, is the row's token now (always for min_p
+                # alone; for top_p when w' is heavy). Else the next round tests it exactly.
+                w_next = top_p_weight(canonical(tl.load(src + following)), inv_temperature, s_max)
+                surely = (((top_k <= 0) | (above - 1 < top_k))
+                          & ((top_p >= 1.0) | ((mass_above - w_next).to(tl.float64) < budget)))
+                if surely:
                     tl.store(race_ids_ptr + row * RACE, following)
                     tl.store(state, tl.full([], DECIDED, tl.int64))
                 else:
