@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Download the wheels the GPU image lacks (the server stack, with httptools: the image has uvloop; accelerate
 # for `transformers serve`; its launcher's imports for the replicas stage) into .whl/, for `run` with carry
-# [".whl"]; vllm-router itself (24 MB, the replicas stage only) into .whl_router/ (carry ".whl_router" there).
+# [".whl"] (or pack them with tools/pack_site.sh and carry [".whl_site"], 2 MB smaller); vllm-router itself (24 MB,
+# the replicas stage only) into .whl_router/ (carry ".whl_router" there).
 # Pinned to versions that install against the image's own anyio/httpx/typing-extensions (seen 2026-11-29).
 # openai: transformers 5.17's serving imports ResponseReasoningText{Delta,Done}Event, which openai has from
 # 1.99.0 on (1.97.0 and 1.98.0, its declared floor, lack them: checked 2026-12-01 against both wheels).
