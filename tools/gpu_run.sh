@@ -12,11 +12,12 @@ export BLINK_CACHE=/tmp/blink-cache TRITON_CACHE_DIR=/tmp/triton-cache  # fixed 
 # machine spent 150 s of a timeline and 290 s of tests/model compiling with nothing printed (session 20).
 cache_dir=.gpu_cache
 [ -d "$cache_dir" ] || cache_dir=$(ls -d docs/results/*/gpu_cache 2> /dev/null | sort | tail -1)
-# One xz'd tar (cubins compress 15x under xz's large window, 4x under gzip: session 35); Python unpacks it, so the
-# image needs no xz binary.
+untar_tmp() {  # FILE: unpack an xz'd tar into /tmp with Python's tarfile, so the image needs no xz binary
+  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall("/tmp", filter="tar")' "$1"
+}
+# One xz'd tar (cubins compress 15x under xz's large window, 4x under gzip: session 35).
 if [ -d "$cache_dir" ] && [ ! -e /tmp/.gpu_cache_restored ]; then
-  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall("/tmp", filter="tar")' \
-    "$cache_dir/gpu_cache.tar.xz" && touch /tmp/.gpu_cache_restored \
+  untar_tmp "$cache_dir/gpu_cache.tar.xz" && touch /tmp/.gpu_cache_restored \
     && echo "restored caches from $cache_dir: triton $(du -sh /tmp/triton-cache | cut -f1), $(ls /tmp/triton-cache | wc -l) kernels"
 fi
 if [ -e .whl_site/site.tar.xz ] || [ -d .whl ]; then
@@ -25,8 +26,7 @@ if [ -e .whl_site/site.tar.xz ] || [ -d .whl ]; then
   # installed once per machine (each later gpu_run.sh of a call chain reuses /tmp/site)
   if [ ! -e /tmp/site/.blink_installed ]; then
     if [ -e .whl_site/site.tar.xz ]; then
-      python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall("/tmp", filter="tar")' \
-        .whl_site/site.tar.xz || exit 1
+      untar_tmp .whl_site/site.tar.xz || exit 1
     fi
     wheels=$(ls .whl/*.whl .whl_router/*.whl 2> /dev/null)
     if [ -n "$wheels" ]; then

@@ -12,7 +12,7 @@ def test_bench_times_each_cell_over_draws(monkeypatch, capsys):
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
     monkeypatch.setattr(bench, "to_cuda", lambda state: state)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
-    seen = []  # each timed call's positions: the draws must differ
+    seen = []  # each timed call's tokens: the draws must differ
     times = iter(float(t) for t in range(10, 100))
 
     def time_graph(fn):
