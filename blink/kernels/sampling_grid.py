@@ -48,13 +48,18 @@ def race_capacity(vocab_size: int, race: int | None = None) -> int:
 # two above (sample_triton's `reject` overrides it): "R" rounds for rows with top_p or min_p and no top_k, "Rk" for
 # top_k-only rows too (a top_k row accepts a candidate with the top_k set's share of the mass: few rounds decide it
 # on a real model's rows, many on flat ones, and a row left pending costs the whole search), "0" none. Unset: one
-# round for a one-row plan, top_k rows taken, none above (ONE_ROW_REJECT).
+# round for a one-row plan, top_k rows taken (ONE_ROW_REJECT); one round without them up to 8 rows
+# (FEW_ROWS_REJECT); none above.
 REJECT_ROUNDS_MAX = 8
 # Session 34 (H100, one run, V = 128k): one round at one row took top_p 41.7 -> 31.9 us for greedy +2.0, min_p +0.8,
 # top_k +1.5; at 8 / 32 rows it cost min_p 41.1 -> 54.8 / 77.1 -> 101.4 and top_p at 32 109.6 -> 129.2 (perf.md).
 # Session 35 (H200, one run): taking top_k rows too ("1k") at one row: top_k 40.2 -> 31.3 us, top_p 30.6 -> 32.0,
 # greedy 20.0 -> 19.9 (off: 40.8 / 41.4 / 18.0).
 ONE_ROW_REJECT = (1, True)
+# Session 36 (H100, mean of 4 draws, us at 8 / 16 rows; none -> one round): top_p 57.1 -> 51.5 / 80.9 -> 86.4,
+# min_p 41.0 -> 40.4 / 56.3 -> 52.5, top_k +2.6 / +2.2, greedy +2.7 / +2.0. The rule set before the run (greedy and
+# top_k pay <= 3 us, top_p and min_p gain) held at 8 rows and failed at 16 (top_p), so plans of 2-8 rows take one.
+FEW_ROWS_REJECT, FEW_ROWS_MAX = (1, False), 8
 
 
 def reject_setting(value: int | str) -> tuple[int, bool]:
@@ -79,7 +84,8 @@ def reject_plan(race: int, value: int | str | None = None, rows: int = 1) -> tup
     elif _REJECT_DEFAULT is not None:
         rounds, top_k = _REJECT_DEFAULT
     else:
-        rounds, top_k = ONE_ROW_REJECT if rows == 1 else (0, False)
+        rounds, top_k = (ONE_ROW_REJECT if rows == 1 else FEW_ROWS_REJECT if rows <= FEW_ROWS_MAX
+                         else (0, False))
     return (rounds, top_k) if race > 0 else (0, False)
 
 
@@ -143,9 +149,10 @@ class _Plan:
         self.race_count = torch.empty(num_rows, dtype=torch.int32, device=device)  # the resolve's marks
         self.reject, self.reject_top_k = reject_plan(self.race, reject, num_rows)
         self.reject_state = torch.empty(num_rows, REJECT_WORDS.value, dtype=torch.int64, device=device)
-        # per chunk: the penalties kernel's first race, then a round's race, count and weights (above, total)
-        self.reject_first_best, self.reject_best = torch.empty(2, num_rows, self.num_chunks, dtype=torch.float32,
-                                                               device=device)
+        # per chunk: the penalties kernel's first race and float mass, then a round's race, count and weights
+        # (above, total)
+        self.reject_first_best, self.reject_first_mass, self.reject_best = torch.empty(
+            3, num_rows, self.num_chunks, dtype=torch.float32, device=device)
         self.reject_first_token, self.reject_token, self.reject_count = torch.empty(
             3, num_rows, self.num_chunks, dtype=torch.int32, device=device)
         self.reject_weight = torch.empty(2, num_rows, self.num_chunks, dtype=torch.int64, device=device)

@@ -33,10 +33,10 @@ def _penalize(x, count, in_prompt, repetition, inv_repetition, frequency, presen
 @triton.jit
 def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr, frequency_ptr, presence_ptr,
                       counts_ptr, prompt_mask_ptr, bias_ids_ptr, bias_vals_ptr, gstate_ptr, gid_ptr, classes_ptr,
-                      row_base_ptr, cells_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr,
-                      hist_ptr, sums_ptr, counter_ptr, num_logprobs_ptr, top_keys_ptr, part_smallest_ptr,
-                      part_max_ptr, part_sum_ptr, part_largest_ptr, seed_ptr, positions_ptr, first_best_ptr,
-                      first_token_ptr, vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr, BIAS_BLOCK: tl.constexpr,
+                      row_base_ptr, cells_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, hist_ptr,
+                      sums_ptr, counter_ptr, num_logprobs_ptr, top_keys_ptr, part_smallest_ptr, part_max_ptr,
+                      part_sum_ptr, part_largest_ptr, seed_ptr, positions_ptr, first_best_ptr, first_token_ptr,
+                      first_mass_ptr, vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr, BIAS_BLOCK: tl.constexpr,
                       PENALIZE: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, ZERO: tl.constexpr, K: tl.constexpr,
                       CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr = 0, REJECT: tl.constexpr = False,
                       TOP_K: tl.constexpr = False, KEY_BYTES: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
@@ -127,9 +127,9 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
         if REJECT:
             if taken(True, top_k, top_p, TOP_K):  # the chunk is in the L1 / L2 now: the race reads it again
                 part = row * P + tl.program_id(1)
-                first_race(src, tl.program_id(1), tl.max(largest, 0), temperature, min_p, tl.load(seed_ptr + safe_slot),
-                           tl.load(positions_ptr + row), first_best_ptr + part, first_token_ptr + part, vocab_size,
-                           KEY_BYTES, CHUNK, BLOCK)
+                first_race(src, tl.program_id(1), tl.max(largest, 0), temperature, top_p, min_p,
+                           tl.load(seed_ptr + safe_slot), tl.load(positions_ptr + row), first_best_ptr + part,
+                           first_token_ptr + part, first_mass_ptr + part, vocab_size, KEY_BYTES, CHUNK, BLOCK)
         if RACE > 0:
             store_lse(part_max_ptr, part_sum_ptr, part_largest_ptr, row * P + tl.program_id(1), run_max, run_sum,
                       raw_largest)
@@ -163,7 +163,7 @@ def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: 
         state.temperature, state.top_k, state.top_p, state.min_p, plan.row_max, plan.hist, plan.sums, plan.counters,
         state.num_logprobs, plan.top_keys, plan.part_i32[1], plan.part_f32[0], plan.part_f32[1], plan.part_i32[2],
         state.seed, slots if positions is None else positions, plan.reject_first_best, plan.reject_first_token,
-        vocab_size, NUM_BIAS=num_bias,
+        plan.reject_first_mass, vocab_size, NUM_BIAS=num_bias,
         BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=2 * plan.num_buckets,
         P=plan.num_chunks,
         ZERO=triton.next_power_of_2(triton.cdiv(2 * plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,

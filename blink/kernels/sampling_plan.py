@@ -136,8 +136,9 @@ PLAN_WORDS = tl.constexpr(16)
 # (REJECT_TICKET), three spare; the penalties kernel zeroes them
 COUNTERS = tl.constexpr(8)
 REJECT_TICKET = tl.constexpr(4)
-# int64 words per row of the rejection's state (sampling_reject): its status, the candidate token, the row's
-# top_p weight total. PENDING rows still test a candidate, DECIDED rows chose it (the search skips them), SEARCH
+# int64 words per row of the rejection's state (sampling_reject): its status, the candidate token, and bounds
+# lo <= hi on the row's top_p weight total (equal when the first round weighed it). PENDING rows still test a
+# candidate, DECIDED rows chose it (the search skips them), SEARCH
 # rows take the threshold search as without the rejection.
 REJECT_WORDS = tl.constexpr(4)
 PENDING, DECIDED, SEARCH = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)

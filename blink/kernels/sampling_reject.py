@@ -12,9 +12,12 @@ unlike them it keeps the seeded race, so a request draws the same token as with 
      maximum is no smaller), so no launch of its own and no pass of its own (session 28 measured the separate
      first pass at 4 us on greedy rows, which launched it for nothing).
   1. _reject_round_kernel, launched R times: a pending row's programs count and weigh the tokens above the
-     candidate and race them (the first round also weighs the row's whole min_p set: top_p's total needs the row's
-     maximum, which only the penalties kernel's end knows); the row's last program (a ticket) accepts the
-     candidate (DECIDED) or takes the next one.
+     candidate and race them; the row's last program (a ticket) accepts the candidate (DECIDED) or takes the next
+     one. top_p's total needs the row's maximum, which only the penalties kernel's end knows: for a row without
+     min_p (whose set is every token) the first race also sums each chunk's float mass relative to the chunk's
+     maximum, and the first round rescales those into integer bounds lo <= total <= hi (row_total_bounds); a
+     candidate whose mass above lies between top_p * lo and top_p * hi (rare: the bounds are ~2^-12 apart) goes to
+     the search. Under min_p the first round weighs the row's min_p set exactly (lo = hi).
 A decided row skips the bucket search (row_params), the resolve gives it its token's value as threshold and the
 token as its race list, so the choose kernel's list race returns it. Rows still pending after R rounds, and the rows
 this does not take (no filter, greedy, top_k with top_p: top_p's total is over the top_k set; top_k alone unless
@@ -26,8 +29,8 @@ w' itself, so when those bounds pass w' is decided in the same round (a min_p-al
 carries enough of the mass, as a real model's few likely tokens do). A top_k row accepts with the top_k set's share of
 the mass, which is small on flat rows. A pending row costs the whole search: its programs stream their chunks as at
 full batch. Needs the list race (RACE > 0): the penalties kernel writes the rows' log-sum-exp.
-Scratch: state [S, REJECT_WORDS] i64 (sampling_plan); per chunk: the first race's best f32 and token i32, a
-round's best f32, token i32, count i32, weight above and total weight i64.
+Scratch: state [S, REJECT_WORDS] i64 (sampling_plan); per chunk: the first race's best f32, token i32 and mass
+f32, a round's best f32, token i32, count i32, weight above and total weight i64.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, scale_cutoff, top_p_weight
 from blink.kernels.sampling_plan import COUNTERS, DECIDED, PENDING, REJECT_TICKET, REJECT_WORDS, SEARCH
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, row_hash
-from blink.kernels.sampling_select import canonical
+from blink.kernels.sampling_select import canonical, key_value
 
 _NO_FUSION = {"enable_fp_fusion": False}
 
@@ -46,21 +49,37 @@ _NO_FUSION = {"enable_fp_fusion": False}
 # The race's noise -log(-log u) is below 16.64 for every 23-bit u (sampling_rng: u <= 1 - 2^-24): a token whose
 # scaled logit is more than this below a lane's best cannot take that lane
 _NOISE_BOUND = tl.constexpr(17.0)
+# Relative slack of the row total's bounds (row_total_bounds): ~10x the errors it covers; a candidate whose mass
+# above falls inside the band (about 1e-4 of top_p's share, so rarely) takes the exact search
+TOTAL_SLACK = 2.0**-12
 
 
 @triton.jit
-def _race_above(src, chunk, floor, inv_temperature, s_max, cutoff, hash_of_row, weigh, vocab_size: tl.constexpr,
-                KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, TOTAL: tl.constexpr = False):
+def _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES: tl.constexpr):
+    """One block's tokens `inside` into the lanes' race (a lane keeps its first maximum: the lowest id)."""
+    u = race_uniform(hash_of_row, offs, KEY_BYTES)
+    score = tl.where(inside, scaled - tl.log(-tl.log(u)), float("-inf"))
+    take = score > best
+    return tl.where(take, score, best), tl.where(take, offs, best_token)
+
+
+@triton.jit
+def _race_above(src, chunk, floor, inv_temperature, s_max, cutoff, hash_of_row, weigh, total_weight, approx,
+                vocab_size: tl.constexpr, KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                SPARSE: tl.constexpr):
     """This chunk's tokens above `floor` that min_p keeps: the race's best score and its lowest id (vocab_size if
-    none is finite), their count and (weigh) their top_p weight; TOTAL: also the weight of every token min_p keeps.
-    A block without such a token skips the weights and the race (a round's floor leaves few tokens above it), and
-    one whose tokens all lie more than the noise's bound below their lanes' best skips the race's hash and logs (a
-    real model's row: most of its vocabulary)."""
-    best = tl.full([BLOCK], float("-inf"), tl.float32)  # a lane keeps its first maximum: the lowest id
+    none is finite), their count and (weigh) their top_p weight; total_weight: also the weight of every token min_p
+    keeps; approx: also the float sum of exp(s - s_max) over them (s_max: here the chunk's largest scaled logit).
+    A block whose tokens all lie more than the noise's bound below their lanes' best skips the race's hash and logs
+    (a real model's row: most of its vocabulary). SPARSE (a round: its floor leaves few tokens above it): a block
+    without such a token skips the weights and the race on one test (block-wide reductions cost about as much as
+    the block's read)."""
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_token = tl.full([BLOCK], vocab_size, tl.int32)
     count = tl.zeros([BLOCK], tl.int32)
     weight = tl.zeros([BLOCK], tl.int64)
     total = tl.zeros([BLOCK], tl.int64)
+    mass = tl.zeros([BLOCK], tl.float32)
     for start in range(0, CHUNK, BLOCK):
         offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
         valid = offs < vocab_size
@@ -69,23 +88,25 @@ def _race_above(src, chunk, floor, inv_temperature, s_max, cutoff, hash_of_row, 
         kept = valid & (scaled >= cutoff)
         inside = kept & (x > floor)
         count += inside.to(tl.int32)
-        if weigh:  # block-uniform branches
-            if TOTAL:  # inside is part of kept: one exp for both sums
-                if tl.max(kept.to(tl.int32), 0) > 0:
-                    w = tl.where(kept, top_p_weight(x, inv_temperature, s_max), 0)
-                    total += w
-                    weight += tl.where(inside, w, 0)
-            elif tl.max(inside.to(tl.int32), 0) > 0:
-                weight += tl.where(inside, top_p_weight(x, inv_temperature, s_max), 0)
-        if tl.max((inside & (scaled + _NOISE_BOUND >= best)).to(tl.int32), 0) > 0:
-            u = race_uniform(hash_of_row, offs, KEY_BYTES)
-            score = tl.where(inside, scaled - tl.log(-tl.log(u)), float("-inf"))
-            take = score > best
-            best = tl.where(take, score, best)
-            best_token = tl.where(take, offs, best_token)
+        if approx:  # the first race's: an exp a token, no float-to-int64 conversion nor int64 adds
+            mass += tl.where(inside & (scaled > float("-inf")), tl.exp(scaled - s_max), 0.0)
+        if weigh & total_weight:  # block-uniform branches; inside is part of kept: one exp for both sums
+            if tl.max(kept.to(tl.int32), 0) > 0:
+                w = tl.where(kept, top_p_weight(x, inv_temperature, s_max), 0)
+                total += w
+                weight += tl.where(inside, w, 0)
+        near = inside & (scaled + _NOISE_BOUND >= best)
+        if SPARSE:
+            if tl.max(inside.to(tl.int32), 0) > 0:
+                if weigh & ~total_weight:
+                    weight += tl.where(inside, top_p_weight(x, inv_temperature, s_max), 0)
+                if tl.max(near.to(tl.int32), 0) > 0:
+                    best, best_token = _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES)
+        elif tl.max(near.to(tl.int32), 0) > 0:
+            best, best_token = _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES)
     top = tl.max(best, 0)
     return (top, tl.min(tl.where(best == top, best_token, vocab_size), 0), tl.sum(count, 0), tl.sum(weight, 0),
-            tl.sum(total, 0))
+            tl.sum(total, 0), tl.sum(mass, 0))
 
 
 @triton.jit
@@ -95,15 +116,38 @@ def taken(filtered, top_k, top_p, TOP_K: tl.constexpr):
 
 
 @triton.jit
-def first_race(src, chunk, chunk_key_max, temperature, min_p, seed, position, best_ptr, token_ptr,
+def first_race(src, chunk, chunk_key_max, temperature, top_p, min_p, seed, position, best_ptr, token_ptr, mass_ptr,
                vocab_size: tl.constexpr, KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Step 0 for one program of a taken row (the penalties kernel calls it after its chunk maximum): the race over
-    this chunk's tokens at or above min_p's cutoff from the chunk's own maximum, into best_ptr / token_ptr."""
-    inv_temperature, _, cutoff = scale_cutoff(temperature, min_p, chunk_key_max)
-    best, token, _, _, _ = _race_above(src, chunk, float("-inf"), inv_temperature, 0.0, cutoff,
-                                       row_hash(seed, position), False, vocab_size, KEY_BYTES, CHUNK, BLOCK)
+    this chunk's tokens at or above min_p's cutoff from the chunk's own maximum, into best_ptr / token_ptr; for a
+    top_p row without min_p (whose set is then every token), the chunk's float mass relative to its own largest
+    scaled logit, into mass_ptr (row_total_bounds)."""
+    inv_temperature, s_chunk, cutoff = scale_cutoff(temperature, min_p, chunk_key_max)
+    best, token, _, _, _, mass = _race_above(src, chunk, float("-inf"), inv_temperature, s_chunk, cutoff,
+                                             row_hash(seed, position), False, False, (top_p < 1.0) & (min_p <= 0.0),
+                                             vocab_size, KEY_BYTES, CHUNK, BLOCK, False)
     tl.store(best_ptr, best)
     tl.store(token_ptr, token)
+    tl.store(mass_ptr, mass)
+
+
+@triton.jit
+def row_total_bounds(mass_ptr, key_max_ptr, row, inv_temperature, s_max, vocab_size: tl.constexpr, P: tl.constexpr,
+                     P_PAD: tl.constexpr, SLACK: tl.constexpr):
+    """Integer bounds lo <= total <= hi on the row's exact top_p total (sampling_ref: the sum over its tokens of
+    floor(exp(s - s_max) * 2^32)) from the first race's chunk masses, so that the first round need not weigh every
+    token (session 36's profile: that weighing, an exp, a float-to-int64 conversion and an int64 add a token, was
+    about half of the round at 32 rows). A chunk's mass and the exact weights differ by the rounding of exp's
+    argument (|s - s_max| <= ~60, so a few 1e-6 relative), exp's own error, the float sums (<= ~70 terms a lane,
+    then a tree) and the floors (under 1 a token): well inside SLACK (2^-12) relative plus one unit a token."""
+    c = tl.arange(0, P_PAD)
+    mass = tl.load(mass_ptr + row * P + c, mask=c < P, other=0.0)
+    s_chunk = key_value(tl.load(key_max_ptr + row * P + c, mask=c < P, other=0)) * inv_temperature
+    scaled = tl.where(mass > 0.0, mass * tl.exp(s_chunk - s_max), 0.0).to(tl.float64)
+    approx = tl.sum(scaled, 0) * 4294967296.0
+    lo = tl.maximum(approx * (1.0 - SLACK) - vocab_size, 0.0).to(tl.int64)  # truncation: a floor of positives
+    hi = (approx * (1.0 + SLACK)).to(tl.int64) + 1
+    return lo, hi
 
 
 @triton.jit
@@ -126,10 +170,11 @@ def _merge(part_best_ptr, part_token_ptr, row, vocab_size: tl.constexpr, P: tl.c
 @triton.jit
 def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                          min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr,
-                         first_token_ptr, part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr,
-                         part_count_ptr, reject_ptr, race_ids_ptr, launch, vocab_size: tl.constexpr, P: tl.constexpr,
-                         P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr, CHUNK: tl.constexpr,
-                         BLOCK: tl.constexpr, FIRST: tl.constexpr, TOP_K: tl.constexpr, USE_PDL: tl.constexpr = False):
+                         first_token_ptr, first_mass_ptr, part_best_ptr, part_token_ptr, part_weight_ptr,
+                         part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr, launch, vocab_size: tl.constexpr,
+                         P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr,
+                         CHUNK: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr, TOP_K: tl.constexpr,
+                         SLACK: tl.constexpr, USE_PDL: tl.constexpr = False):
     """launch: 1 for the first round (FIRST: it takes the rows and the penalties kernel's candidate), 2, ..."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
@@ -156,9 +201,11 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
         hash_of_row = row_hash(tl.load(seed_ptr + tl.maximum(tl.load(slots_ptr + row), 0)),
                                tl.load(positions_ptr + row))
         value = canonical(tl.load(src + candidate))
-        best, token, count, weight, total = _race_above(src, chunk, value, inv_temperature, s_max, cutoff,
-                                                        hash_of_row, top_p < 1.0, vocab_size, KEY_BYTES, CHUNK,
-                                                        BLOCK, FIRST)
+        # the first round weighs the row's whole set only under min_p (else the first race's masses bound it)
+        exact_total = FIRST & (top_p < 1.0) & (min_p > 0.0)
+        best, token, count, weight, total, _ = _race_above(src, chunk, value, inv_temperature, s_max, cutoff,
+                                                           hash_of_row, top_p < 1.0, exact_total, False, vocab_size,
+                                                           KEY_BYTES, CHUNK, BLOCK, True)
         part = row * P + chunk
         tl.store(part_best_ptr + part, best)
         tl.store(part_token_ptr + part, token)
@@ -171,15 +218,27 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
             above = tl.sum(tl.load(part_count_ptr + row * P + c, mask=c < P, other=0), 0)
             mass_above = tl.sum(tl.load(part_weight_ptr + row * P + c, mask=c < P, other=0), 0)
             if FIRST:
-                row_total = tl.sum(tl.load(part_total_ptr + row * P + c, mask=c < P, other=0), 0)
-                tl.store(state + 2, row_total)
+                if exact_total:
+                    total_lo = tl.sum(tl.load(part_total_ptr + row * P + c, mask=c < P, other=0), 0)
+                    total_hi = total_lo
+                else:
+                    total_lo, total_hi = row_total_bounds(first_mass_ptr, key_max_ptr, row, inv_temperature, s_max,
+                                                          vocab_size, P, P_PAD, SLACK)
+                tl.store(state + 2, total_lo)
+                tl.store(state + 3, total_hi)
             else:
-                row_total = tl.load(state + 2)
-            budget = top_p.to(tl.float64) * row_total.to(tl.float64)  # sampling_ref's, in float64
-            kept = ((value * inv_temperature >= cutoff) & ((top_k <= 0) | (above < top_k))
-                    & ((top_p >= 1.0) | (mass_above.to(tl.float64) < budget)))
+                total_lo = tl.load(state + 2)
+                total_hi = tl.load(state + 3)
+            # sampling_ref's budget, top_p * total in float64, lies between these two (rounding is monotone)
+            budget = top_p.to(tl.float64) * total_lo.to(tl.float64)
+            budget_hi = top_p.to(tl.float64) * total_hi.to(tl.float64)
+            counts_keep = (value * inv_temperature >= cutoff) & ((top_k <= 0) | (above < top_k))
+            kept = counts_keep & ((top_p >= 1.0) | (mass_above.to(tl.float64) < budget))
+            refused = ~counts_keep | ((top_p < 1.0) & (mass_above.to(tl.float64) >= budget_hi))
             following = _merge(part_best_ptr, part_token_ptr, row, vocab_size, P, P_PAD)
-            if kept:
+            if ~kept & ~refused:  # the total's bounds straddle the budget (never when exact): the search decides
+                tl.store(state, tl.full([], SEARCH, tl.int64))
+            elif kept:
                 tl.store(race_ids_ptr + row * RACE, candidate)
                 tl.store(state + 1, candidate.to(tl.int64))  # the resolve's threshold
                 tl.store(state, tl.full([], DECIDED, tl.int64))
@@ -208,9 +267,9 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
     assert plan.reject > 0 and plan.race > 0, "the rejection needs rounds and the list race"
     args = (logits, processed, slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p,
             state.seed, positions, plan.row_max, plan.counters, plan.reject_first_best, plan.reject_first_token,
-            plan.reject_best, plan.reject_token, plan.reject_weight[0], plan.reject_weight[1], plan.reject_count,
-            plan.reject_state, plan.race_ids)
+            plan.reject_first_mass, plan.reject_best, plan.reject_token, plan.reject_weight[0], plan.reject_weight[1],
+            plan.reject_count, plan.reject_state, plan.race_ids)
     sizes = dict(P=plan.num_chunks, P_PAD=plan.chunks_pad, KEY_BYTES=KEY_BYTES, RACE=plan.race, CHUNK=plan.chunk,
-                 BLOCK=plan.block, TOP_K=plan.reject_top_k, num_warps=4, **plan.pdl, **_NO_FUSION)
+                 BLOCK=plan.block, TOP_K=plan.reject_top_k, SLACK=TOTAL_SLACK, num_warps=4, **plan.pdl, **_NO_FUSION)
     for launch in range(1, plan.reject + 1):
         _reject_round_kernel[plan.grid](*args, launch, vocab_size, FIRST=launch == 1, **sizes)

@@ -10,6 +10,7 @@ from blink.kernels import sampling_grid, sampling_reject
 from blink.kernels.sampling import keep_thresholds, race_uniform_ref, sample_ref, sample_triton
 from blink.kernels.sampling_grid import _Plan, reject_plan, reject_setting
 from blink.kernels.sampling_plan import DECIDED, PENDING, SEARCH
+from blink.kernels.sampling_ref import WEIGHT_SCALE, apply_penalties_ref, canonical
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
 from tests.kernels.test_sampling_race import assert_same, filtered_rows, sample_with_plan
@@ -44,6 +45,19 @@ def batch(vocab: int, num_rows: int, seed: int, ties: bool = False):
 
 def marks(plan) -> list[str]:
     return [MARK[int(m)] for m in plan.reject_state[:, 0].tolist()]
+
+
+def bounded_rows(logits, slots, state, reject_state) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows whose first round bounded the top_p total from the first race's masses (taken, top_p, no min_p)
+    and the sampling_ref total of each row: the sum of every processed token's fixed-point weight."""
+    slot = slots.clamp(min=0).long()
+    x = canonical(apply_penalties_ref(logits, slots, state))
+    scaled = x * (1.0 / torch.where(state.temperature[slot] > 0, state.temperature[slot], 1.0))[:, None]
+    s_max = scaled.max(dim=1, keepdim=True).values
+    exact = (torch.exp(scaled - s_max) * WEIGHT_SCALE).to(torch.int64).sum(dim=1)
+    rows = ((slots >= 0) & (state.temperature[slot] > 0) & (state.top_p[slot] < 1) & (state.min_p[slot] <= 0)
+            & (state.top_k[slot] <= 0) & (reject_state[:, 0] != SEARCH.value))
+    return rows, exact
 
 
 @pytest.mark.parametrize(("setting", "ties"), [("1k", False), ("3", True)])
@@ -158,6 +172,48 @@ def test_a_first_candidate_below_the_rows_min_p_cutoff_is_rejected():
     assert marks(plan) == ["decided"] * rows  # the second round's candidate is token 7
 
 
+def test_the_first_round_bounds_the_top_p_total_without_weighing_it():
+    """top_p rows without min_p: the first round reads the total's bounds off the first race's float masses
+    (row_total_bounds) instead of weighing every token. The sampling_ref total lies between them, they are within
+    about 2^-12 of it, and the tokens are the reference's."""
+    vocab, rows = 4096, 12
+    state = SamplingState(3, vocab, "cpu")
+    for slot, params in enumerate([SamplingParams(temperature=0.8, top_p=0.9),
+                                   SamplingParams(temperature=1.3, top_p=0.5),
+                                   SamplingParams(temperature=0.5, top_p=0.99, presence_penalty=0.7)]):
+        state.set_slot(slot, params, seed=11 + slot, prompt_ids=[1], output_ids=[2, 3, 900])
+    gen = torch.Generator().manual_seed(21)
+    logits = torch.randn(rows, vocab, generator=gen) * torch.linspace(0.3, 6.0, rows)[:, None]
+    logits[::4, 1000:1200] = float("-inf")  # a masked run: its chunk's mass is smaller, not NaN
+    slots, positions = torch.arange(rows, dtype=torch.int32) % 3, torch.arange(rows) * 5
+    got, plan = sample_with_plan(logits, slots, positions, state, 0, 1024, programs=4 * rows, reject="1")
+    assert plan.num_chunks == 4
+    assert got.token_ids.tolist() == sample_ref(logits, slots, positions, state, 0).token_ids.tolist()
+    bounded, exact = bounded_rows(logits, slots, state, plan.reject_state)
+    assert bounded.all(), marks(plan)
+    lo, hi = plan.reject_state[:, 2], plan.reject_state[:, 3]
+    assert ((lo <= exact) & (exact <= hi)).all(), (lo, exact, hi)
+    assert ((hi - lo).double() <= 2.0**-10 * exact.double() + 2 * vocab + 2).all()  # not a vacuous bound
+
+
+def test_a_budget_inside_the_totals_bounds_takes_the_search(monkeypatch):
+    """With bounds of +-50% (TOTAL_SLACK 0.5) a top_p 0.9 row accepts a candidate only under 0.45 of the mass and
+    refuses none by mass: the rest cannot be told and go to the search, which gives the reference's tokens."""
+    monkeypatch.setattr(sampling_reject, "TOTAL_SLACK", 0.5)
+    vocab, rows = 2048, 16
+    logits, slots, positions, state = batch(vocab, rows, seed=4)
+    slots[:] = 0  # PARAMS[0]: top_p 0.9
+    got, plan = sample_with_plan(logits, slots, positions, state, 2, 1024, reject="2")
+    ref = sample_ref(logits, slots, positions, state, 2)
+    assert got.token_ids.tolist() == ref.token_ids.tolist()
+    mark = marks(plan)
+    assert "search" in mark and "pending" not in mark, mark  # nothing is refused by mass, so no second round
+    exact = bounded_rows(logits, slots, state, plan.reject_state)[1]
+    lo, hi = plan.reject_state[:, 2], plan.reject_state[:, 3]
+    taken = torch.tensor([m == "decided" for m in mark])
+    assert ((lo[taken] <= exact[taken]) & (exact[taken] <= hi[taken])).all()
+
+
 _ROW = st.fixed_dictionaries({"temperature": st.sampled_from([0.0, 0.5, 1.0, 1.7]),
                                "top_p": st.sampled_from([1.0, 0.9, 0.5, 0.1]), "top_k": st.sampled_from([0, 1, 5, 40]),
                                "min_p": st.sampled_from([0.0, 0.05, 0.3])})
@@ -202,9 +258,12 @@ def test_the_setting(monkeypatch):
         with pytest.raises(ValueError, match="BLINK_SAMPLER_REJECT"):
             reject_setting(bad)
     assert reject_plan(1024, "2k") == (2, True) and reject_plan(0, "2k") == (0, False)  # needs the list race
-    # unset: one round at one row, top_k rows taken (sessions 34-35), none at more
-    assert reject_plan(1024, rows=1) == (1, True) and reject_plan(1024, rows=2) == (0, False)
-    assert _Plan(torch.zeros(1, 1000), race=1024).reject == 1 and _Plan(torch.zeros(8, 1000), race=1024).reject == 0
+    # unset: one round at one row, top_k rows taken (sessions 34-35); one round, top_p / min_p rows only, up to 8
+    # rows (session 36); none at more
+    assert reject_plan(1024, rows=1) == (1, True) and reject_plan(1024, rows=2) == (1, False)
+    assert reject_plan(1024, rows=8) == (1, False) and reject_plan(1024, rows=9) == (0, False)
+    assert _Plan(torch.zeros(1, 1000), race=1024).reject == 1 and _Plan(torch.zeros(8, 1000), race=1024).reject == 1
+    assert _Plan(torch.zeros(16, 1000), race=1024).reject == 0
     monkeypatch.setattr(sampling_grid, "_REJECT_DEFAULT", (3, True))
     plan = _Plan(torch.zeros(2, 1000), race=1024)
     assert (plan.reject, plan.reject_top_k) == (3, True) and _Plan(torch.zeros(2, 1000), race=0).reject == 0
@@ -245,3 +304,8 @@ def test_gpu_real_vocab(setting):
     torch.testing.assert_close(got.logprobs.cpu(), ref.logprobs, rtol=1e-5, atol=1e-5)
     assert torch.equal(got.top_ids.cpu(), ref.top_ids)
     assert marks(plan).count("decided") >= 10, marks(plan)  # ~13 expected at one round (top_p rows: >= top_p)
+    # the first round's bounds on the top_p total, from float masses and the GPU's exp, hold the reference's
+    reject_state = plan.reject_state.cpu()
+    bounded, exact = bounded_rows(logits, slots, cpu_state, reject_state)
+    lo, hi = reject_state[:, 2], reject_state[:, 3]
+    assert bounded.any() and ((lo <= exact) | ~bounded).all() and ((exact <= hi) | ~bounded).all()

@@ -40,7 +40,7 @@ kernels = [
                                    SMALL=256, BLOCK=4096), 16),
     (sampling_grammar._advance_kernel, dict(vocab_size=V, ROWS=64, BLOCK=64), 1),
     (sampling_reject._reject_round_kernel, dict(vocab_size=V, P=63, P_PAD=64, KEY_BYTES=12, RACE=16384, CHUNK=2048,
-                                                BLOCK=1024), 4),
+                                                BLOCK=1024, SLACK=sampling_reject.TOTAL_SLACK), 4),
 ]
 # the old and new ways of issue 17's levers: the row or list race (RACE, sampling_race), the compaction's two reads
 # or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads), the rejection before the search (REJECT; TOP_K:
