@@ -4,6 +4,7 @@ they share, and the launch options (PDL) of its seven kernels."""
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -47,46 +48,56 @@ def race_capacity(vocab_size: int, race: int | None = None) -> int:
 # BLINK_SAMPLER_REJECT = the rejection before the threshold search (sampling_reject), read once at import like the
 # two above (sample_triton's `reject` overrides it): "R" rounds for rows with top_p or min_p and no top_k, "Rk" for
 # top_k-only rows too (a top_k row accepts a candidate with the top_k set's share of the mass: few rounds decide it
-# on a real model's rows, many on flat ones, and a row left pending costs the whole search), "0" none. Unset: one
-# round for a one-row plan, top_k rows taken (ONE_ROW_REJECT); one round without them up to 8 rows
-# (FEW_ROWS_REJECT); none above.
+# on a real model's rows, many on flat ones, and a row left pending costs the whole search), "0" none; a "t" after
+# either: the first round only tests the first candidate (float sums, no race: a refused one waits for the second
+# round's race). Unset: one round for a one-row plan, top_k rows taken (ONE_ROW_REJECT); one round without them up
+# to 8 rows (FEW_ROWS_REJECT); none above.
 REJECT_ROUNDS_MAX = 8
+
+
+class RejectSetting(NamedTuple):
+    rounds: int = 0  # 0: no rejection
+    top_k: bool = False  # top_k-only rows taken too
+    test_first: bool = False  # the first round tests its candidate only
+
+
 # Session 34 (H100, one run, V = 128k): one round at one row took top_p 41.7 -> 31.9 us for greedy +2.0, min_p +0.8,
 # top_k +1.5; at 8 / 32 rows it cost min_p 41.1 -> 54.8 / 77.1 -> 101.4 and top_p at 32 109.6 -> 129.2 (perf.md).
 # Session 35 (H200, one run): taking top_k rows too ("1k") at one row: top_k 40.2 -> 31.3 us, top_p 30.6 -> 32.0,
 # greedy 20.0 -> 19.9 (off: 40.8 / 41.4 / 18.0).
-ONE_ROW_REJECT = (1, True)
-# Session 36 (H100, mean of 4 draws, us at 8 / 16 rows; none -> one round): top_p 57.1 -> 51.5 / 80.9 -> 86.4,
-# min_p 41.0 -> 40.4 / 56.3 -> 52.5, top_k +2.6 / +2.2, greedy +2.7 / +2.0. The rule set before the run (greedy and
-# top_k pay <= 3 us, top_p and min_p gain) held at 8 rows and failed at 16 (top_p), so plans of 2-8 rows take one.
-FEW_ROWS_REJECT, FEW_ROWS_MAX = (1, False), 8
+ONE_ROW_REJECT = RejectSetting(1, True)
+# Session 36 (mean of 4 draws, us at 8 / 16 rows; none -> one round, H100): top_p 57.1 -> 51.5 / 80.9 -> 86.4, min_p
+# 41.0 -> 40.4 / 56.3 -> 52.5, top_k +2.6 / +2.2, greedy +2.7 / +2.0. The rule set before the run (greedy and top_k
+# pay <= 3 us, top_p and min_p gain) held at 8 rows and failed at 16 (top_p), so plans of 2-8 rows take one. The H200
+# at 8 rows, with the first round's bounded total: top_p 56.4 -> 52.3, min_p 40.3 -> 41.5, top_k +2.5, greedy +2.8.
+FEW_ROWS_REJECT, FEW_ROWS_MAX = RejectSetting(1), 8
 
 
-def reject_setting(value: int | str) -> tuple[int, bool]:
-    """(rounds, whether top_k rows are taken) from 3, "3" or "3k"; ValueError if it is none of them."""
+def reject_setting(value: int | str) -> RejectSetting:
+    """The setting of 3, "3", "3k", "3t" or "3kt"; ValueError if it is none of them."""
     text = str(value)
+    test_first = text.endswith("t")
+    text = text[:-1] if test_first else text
     rounds, top_k = (text[:-1], True) if text.endswith("k") else (text, False)
     if not rounds.isdigit() or int(rounds) > REJECT_ROUNDS_MAX:
         raise ValueError(f"BLINK_SAMPLER_REJECT must be rounds from 0 to {REJECT_ROUNDS_MAX}, optionally followed "
-                         f"by k (top_k rows too), got {text!r}")
-    return int(rounds), top_k and int(rounds) > 0
+                         f"by k (top_k rows too) and t (the first round tests only), got {value!r}")
+    return RejectSetting(int(rounds), top_k and int(rounds) > 0, test_first and int(rounds) > 0)
 
 
 _REJECT_ENV = os.environ.get("BLINK_SAMPLER_REJECT")
 _REJECT_DEFAULT = None if _REJECT_ENV is None else reject_setting(_REJECT_ENV)  # None: by the plan's rows
 
 
-def reject_plan(race: int, value: int | str | None = None, rows: int = 1) -> tuple[int, bool]:
-    """(rounds, top_k rows taken) of the rejection (0 rounds: none) for a plan of `rows` rows; it needs the list
-    race (race > 0)."""
+def reject_plan(race: int, value: int | str | None = None, rows: int = 1) -> RejectSetting:
+    """The rejection of a plan of `rows` rows (0 rounds: none); it needs the list race (race > 0)."""
     if value is not None:
-        rounds, top_k = reject_setting(value)
+        setting = reject_setting(value)
     elif _REJECT_DEFAULT is not None:
-        rounds, top_k = _REJECT_DEFAULT
+        setting = _REJECT_DEFAULT
     else:
-        rounds, top_k = (ONE_ROW_REJECT if rows == 1 else FEW_ROWS_REJECT if rows <= FEW_ROWS_MAX
-                         else (0, False))
-    return (rounds, top_k) if race > 0 else (0, False)
+        setting = ONE_ROW_REJECT if rows == 1 else FEW_ROWS_REJECT if rows <= FEW_ROWS_MAX else RejectSetting()
+    return setting if race > 0 else RejectSetting()
 
 
 CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
@@ -147,7 +158,7 @@ class _Plan:
         self.race_block = race_block(self.race, self.num_chunks)
         self.race_ids = torch.empty(num_rows, max(self.race, 1), dtype=torch.int32, device=device)  # the lists
         self.race_count = torch.empty(num_rows, dtype=torch.int32, device=device)  # the resolve's marks
-        self.reject, self.reject_top_k = reject_plan(self.race, reject, num_rows)
+        self.reject, self.reject_top_k, self.reject_test_first = reject_plan(self.race, reject, num_rows)
         self.reject_state = torch.empty(num_rows, REJECT_WORDS.value, dtype=torch.int64, device=device)
         # per chunk: the penalties kernel's first race and float mass, then a round's race, count and weights
         # (above, total)

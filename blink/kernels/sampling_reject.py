@@ -40,8 +40,9 @@ import triton.language as tl
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, scale_cutoff, top_p_weight
 from blink.kernels.sampling_plan import COUNTERS, DECIDED, PENDING, REJECT_TICKET, REJECT_WORDS, SEARCH
+from blink.kernels.sampling_reject_bounds import BOUND_SLACK, mass_above, mass_bounds, row_total_bounds
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, row_hash
-from blink.kernels.sampling_select import canonical, key_value
+from blink.kernels.sampling_select import canonical
 
 _NO_FUSION = {"enable_fp_fusion": False}
 
@@ -49,9 +50,7 @@ _NO_FUSION = {"enable_fp_fusion": False}
 # The race's noise -log(-log u) is below 16.64 for every 23-bit u (sampling_rng: u <= 1 - 2^-24): a token whose
 # scaled logit is more than this below a lane's best cannot take that lane
 _NOISE_BOUND = tl.constexpr(17.0)
-# Relative slack of the row total's bounds (row_total_bounds): ~10x the errors it covers; a candidate whose mass
-# above falls inside the band (about 1e-4 of top_p's share, so rarely) takes the exact search
-TOTAL_SLACK = 2.0**-12
+
 
 
 @triton.jit
@@ -132,25 +131,6 @@ def first_race(src, chunk, chunk_key_max, temperature, top_p, min_p, seed, posit
 
 
 @triton.jit
-def row_total_bounds(mass_ptr, key_max_ptr, row, inv_temperature, s_max, vocab_size: tl.constexpr, P: tl.constexpr,
-                     P_PAD: tl.constexpr, SLACK: tl.constexpr):
-    """Integer bounds lo <= total <= hi on the row's exact top_p total (sampling_ref: the sum over its tokens of
-    floor(exp(s - s_max) * 2^32)) from the first race's chunk masses, so that the first round need not weigh every
-    token (session 36's profile: that weighing, an exp, a float-to-int64 conversion and an int64 add a token, was
-    about half of the round at 32 rows). A chunk's mass and the exact weights differ by the rounding of exp's
-    argument (|s - s_max| <= ~60, so a few 1e-6 relative), exp's own error, the float sums (<= ~70 terms a lane,
-    then a tree) and the floors (under 1 a token): well inside SLACK (2^-12) relative plus one unit a token."""
-    c = tl.arange(0, P_PAD)
-    mass = tl.load(mass_ptr + row * P + c, mask=c < P, other=0.0)
-    s_chunk = key_value(tl.load(key_max_ptr + row * P + c, mask=c < P, other=0)) * inv_temperature
-    scaled = tl.where(mass > 0.0, mass * tl.exp(s_chunk - s_max), 0.0).to(tl.float64)
-    approx = tl.sum(scaled, 0) * 4294967296.0
-    lo = tl.maximum(approx * (1.0 - SLACK) - vocab_size, 0.0).to(tl.int64)  # truncation: a floor of positives
-    hi = (approx * (1.0 + SLACK)).to(tl.int64) + 1
-    return lo, hi
-
-
-@triton.jit
 def _last_of_row(counter_ptr, row, launches):
     """After this program's partial stores: whether it is the row's last program in this launch. The ticket counts
     on across launches (the penalties kernel zeroes it), so the last one of round n sees n * P - 1."""
@@ -174,8 +154,11 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
                          part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr, launch, vocab_size: tl.constexpr,
                          P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr,
                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr, TOP_K: tl.constexpr,
-                         SLACK: tl.constexpr, USE_PDL: tl.constexpr = False):
-    """launch: 1 for the first round (FIRST: it takes the rows and the penalties kernel's candidate), 2, ..."""
+                         SLACK: tl.constexpr, TEST_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+    """launch: 1 for the first round (FIRST: it takes the rows and the penalties kernel's candidate), 2, ...
+    TEST_FIRST: the first round only tests its candidate, in float (sampling_reject_bounds.mass_above): a refused
+    or undecided candidate stays pending, and the next round tests it exactly and races above it."""
+    TESTS_ONLY: tl.constexpr = FIRST and TEST_FIRST
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -203,20 +186,33 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
         value = canonical(tl.load(src + candidate))
         # the first round weighs the row's whole set only under min_p (else the first race's masses bound it)
         exact_total = FIRST & (top_p < 1.0) & (min_p > 0.0)
-        best, token, count, weight, total, _ = _race_above(src, chunk, value, inv_temperature, s_max, cutoff,
-                                                           hash_of_row, top_p < 1.0, exact_total, False, vocab_size,
-                                                           KEY_BYTES, CHUNK, BLOCK, True)
         part = row * P + chunk
-        tl.store(part_best_ptr + part, best)
-        tl.store(part_token_ptr + part, token)
-        tl.store(part_weight_ptr + part, weight)
+        if TESTS_ONLY:  # the float mass above, into the race's partials (this round races nothing)
+            count, mass = mass_above(src, chunk, value, inv_temperature, s_max, cutoff, vocab_size, CHUNK, BLOCK)
+            tl.store(part_best_ptr + part, mass)
+            total = tl.zeros([], tl.int64)
+            if exact_total:  # min_p's set and top_p: weigh it exactly (a second read of the chunk; floor +inf: no race)
+                _, _, _, _, total, _ = _race_above(src, chunk, float("inf"), inv_temperature, s_max, cutoff,
+                                                   hash_of_row, True, True, False, vocab_size, KEY_BYTES, CHUNK,
+                                                   BLOCK, True)
+        else:
+            best, token, count, weight, total, _ = _race_above(src, chunk, value, inv_temperature, s_max, cutoff,
+                                                               hash_of_row, top_p < 1.0, exact_total, False,
+                                                               vocab_size, KEY_BYTES, CHUNK, BLOCK, True)
+            tl.store(part_best_ptr + part, best)
+            tl.store(part_token_ptr + part, token)
+            tl.store(part_weight_ptr + part, weight)
         tl.store(part_count_ptr + part, count)
         if FIRST:
             tl.store(part_total_ptr + part, total)
         if _last_of_row(counter_ptr, row, launch * P):
             c = tl.arange(0, P_PAD)
             above = tl.sum(tl.load(part_count_ptr + row * P + c, mask=c < P, other=0), 0)
-            mass_above = tl.sum(tl.load(part_weight_ptr + row * P + c, mask=c < P, other=0), 0)
+            if TESTS_ONLY:
+                mass_lo, mass_hi = mass_bounds(part_best_ptr, row, above, P, P_PAD, SLACK)
+            else:
+                mass_lo = tl.sum(tl.load(part_weight_ptr + row * P + c, mask=c < P, other=0), 0).to(tl.float64)
+                mass_hi = mass_lo
             if FIRST:
                 if exact_total:
                     total_lo = tl.sum(tl.load(part_total_ptr + row * P + c, mask=c < P, other=0), 0)
@@ -233,31 +229,39 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
             budget = top_p.to(tl.float64) * total_lo.to(tl.float64)
             budget_hi = top_p.to(tl.float64) * total_hi.to(tl.float64)
             counts_keep = (value * inv_temperature >= cutoff) & ((top_k <= 0) | (above < top_k))
-            kept = counts_keep & ((top_p >= 1.0) | (mass_above.to(tl.float64) < budget))
-            refused = ~counts_keep | ((top_p < 1.0) & (mass_above.to(tl.float64) >= budget_hi))
-            following = _merge(part_best_ptr, part_token_ptr, row, vocab_size, P, P_PAD)
-            if ~kept & ~refused:  # the total's bounds straddle the budget (never when exact): the search decides
-                tl.store(state, tl.full([], SEARCH, tl.int64))
-            elif kept:
-                tl.store(race_ids_ptr + row * RACE, candidate)
-                tl.store(state + 1, candidate.to(tl.int64))  # the resolve's threshold
-                tl.store(state, tl.full([], DECIDED, tl.int64))
-            elif following < vocab_size:
-                tl.store(state + 1, following.to(tl.int64))
-                # The next candidate w' lies above the candidate, and so does every token above w': its count and
-                # weight above are at most the candidate's less w' itself. When those bounds pass, w' is kept and,
-                # as the race's winner over a superset of the kept set, is the row's token now (always for min_p
-                # alone; for top_p when w' is heavy). Else the next round tests it exactly.
-                w_next = top_p_weight(canonical(tl.load(src + following)), inv_temperature, s_max)
-                surely = (((top_k <= 0) | (above - 1 < top_k))
-                          & ((top_p >= 1.0) | ((mass_above - w_next).to(tl.float64) < budget)))
-                if surely:
-                    tl.store(race_ids_ptr + row * RACE, following)
+            kept = counts_keep & ((top_p >= 1.0) | (mass_hi < budget))
+            refused = ~counts_keep | ((top_p < 1.0) & (mass_lo >= budget_hi))
+            if TESTS_ONLY:
+                if kept:
+                    tl.store(race_ids_ptr + row * RACE, candidate)
                     tl.store(state, tl.full([], DECIDED, tl.int64))
-                else:
+                else:  # refused or undecided: the next round tests it exactly, and races above it
                     tl.store(state, tl.full([], PENDING, tl.int64))
-            else:  # a kept candidate has nothing kept above it only if top_p is 0
-                tl.store(state, tl.full([], SEARCH, tl.int64))
+                tl.store(state + 1, candidate.to(tl.int64))
+            else:
+                following = _merge(part_best_ptr, part_token_ptr, row, vocab_size, P, P_PAD)
+                if ~kept & ~refused:  # the total's bounds straddle the budget (never when exact): the search decides
+                    tl.store(state, tl.full([], SEARCH, tl.int64))
+                elif kept:
+                    tl.store(race_ids_ptr + row * RACE, candidate)
+                    tl.store(state + 1, candidate.to(tl.int64))  # the resolve's threshold
+                    tl.store(state, tl.full([], DECIDED, tl.int64))
+                elif following < vocab_size:
+                    tl.store(state + 1, following.to(tl.int64))
+                    # The next candidate w' lies above the candidate, and so does every token above w': its count and
+                    # weight above are at most the candidate's less w' itself. When those bounds pass, w' is kept and,
+                    # as the race's winner over a superset of the kept set, is the row's token now (always for min_p
+                    # alone; for top_p when w' is heavy). Else the next round tests it exactly.
+                    w_next = top_p_weight(canonical(tl.load(src + following)), inv_temperature, s_max)
+                    surely = (((top_k <= 0) | (above - 1 < top_k))
+                              & ((top_p >= 1.0) | (mass_hi - w_next.to(tl.float64) < budget)))
+                    if surely:
+                        tl.store(race_ids_ptr + row * RACE, following)
+                        tl.store(state, tl.full([], DECIDED, tl.int64))
+                    else:
+                        tl.store(state, tl.full([], PENDING, tl.int64))
+                else:  # a kept candidate has nothing kept above it only if top_p is 0
+                    tl.store(state, tl.full([], SEARCH, tl.int64))
 
 
 def reject(logits, processed, slots, positions, state, plan) -> None:
@@ -270,6 +274,7 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
             plan.reject_first_mass, plan.reject_best, plan.reject_token, plan.reject_weight[0], plan.reject_weight[1],
             plan.reject_count, plan.reject_state, plan.race_ids)
     sizes = dict(P=plan.num_chunks, P_PAD=plan.chunks_pad, KEY_BYTES=KEY_BYTES, RACE=plan.race, CHUNK=plan.chunk,
-                 BLOCK=plan.block, TOP_K=plan.reject_top_k, SLACK=TOTAL_SLACK, num_warps=4, **plan.pdl, **_NO_FUSION)
+                 BLOCK=plan.block, TOP_K=plan.reject_top_k, SLACK=BOUND_SLACK, TEST_FIRST=plan.reject_test_first,
+                 num_warps=4, **plan.pdl, **_NO_FUSION)
     for launch in range(1, plan.reject + 1):
         _reject_round_kernel[plan.grid](*args, launch, vocab_size, FIRST=launch == 1, **sizes)

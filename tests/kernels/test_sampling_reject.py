@@ -99,13 +99,9 @@ def test_rows_left_pending_take_the_search():
     assert pending[1] >= 3 and pending[8] < pending[1], pending
 
 
-def test_the_next_candidate_is_decided_when_its_bounds_pass():
-    """A peak in one chunk that min_p 0.5 keeps alone: the first race runs over each chunk's own cutoff, so its
-    winner mostly lies in a peak-less chunk below the row's cutoff, and the round rejects it. The winner above it is
-    the peak, and the round's counts bound the peak's: nothing above it, and the candidate's mass above less the
-    peak's own weight (the rest of the row) under top_p's share. So min_p alone and top_p 0.99 rows are decided in
-    that round (session 35: 3 of 8 min_p rows were left pending); on flat rows top_p 0.5's bound fails and the next
-    round or the search decides, the reference's token either way."""
+def peak_rows():
+    """Twelve rows over four 1,024-token chunks: 8 min_p 0.5 rows (half with top_p 0.99) with one peak in chunk 0,
+    then 4 flat top_p 0.5 rows; logits, slots, positions, state and the peaks' ids."""
     vocab, rows = 4096, 12
     state = SamplingState(3, vocab, "cpu")
     state.set_slot(0, SamplingParams(temperature=1.0, min_p=0.5), seed=5, prompt_ids=[1])
@@ -116,8 +112,18 @@ def test_the_next_candidate_is_decided_when_its_bounds_pass():
     peaks = torch.randint(0, 1024, (rows,), generator=gen)
     logits[torch.arange(rows), peaks] = 6.0  # min_p keeps it alone: the rest lie more than ln 2 below
     logits[8:] *= 0.02  # flat rows for top_p 0.5
-    slots = torch.tensor([0, 1] * 4 + [2] * 4, dtype=torch.int32)
-    positions = torch.arange(rows) * 7
+    return logits, torch.tensor([0, 1] * 4 + [2] * 4, dtype=torch.int32), torch.arange(rows) * 7, state, peaks
+
+
+def test_the_next_candidate_is_decided_when_its_bounds_pass():
+    """A peak in one chunk that min_p 0.5 keeps alone: the first race runs over each chunk's own cutoff, so its
+    winner mostly lies in a peak-less chunk below the row's cutoff, and the round rejects it. The winner above it is
+    the peak, and the round's counts bound the peak's: nothing above it, and the candidate's mass above less the
+    peak's own weight (the rest of the row) under top_p's share. So min_p alone and top_p 0.99 rows are decided in
+    that round (session 35: 3 of 8 min_p rows were left pending); on flat rows top_p 0.5's bound fails and the next
+    round or the search decides, the reference's token either way."""
+    logits, slots, positions, state, peaks = peak_rows()
+    rows = len(slots)
     got, plan = sample_with_plan(logits, slots, positions, state, 0, 1024, programs=4 * rows, reject="1")
     assert plan.num_chunks == 4
     assert got.token_ids.tolist() == sample_ref(logits, slots, positions, state, 0).token_ids.tolist()
@@ -127,6 +133,36 @@ def test_the_next_candidate_is_decided_when_its_bounds_pass():
     mark = marks(plan)
     assert mark[:8] == ["decided"] * 8, mark
     assert "pending" in mark[8:], mark
+
+
+@pytest.mark.parametrize("rounds", [1, 2, 3])
+def test_a_first_round_that_only_tests(rounds):
+    """"Rt": the first round tests the first candidate in float and races nothing. A min_p row whose first
+    candidate lies in a peak-less chunk (below the row's cutoff) stays pending after it, where "R" would have raced
+    above it and decided the peak; the second round does that. Every row gets the reference's token."""
+    logits, slots, positions, state, peaks = peak_rows()
+    ref = sample_ref(logits, slots, positions, state, 0).token_ids.tolist()
+    got, plan = sample_with_plan(logits, slots, positions, state, 0, 1024, programs=48, reject=f"{rounds}t")
+    assert plan.reject_test_first and got.token_ids.tolist() == ref
+    first = plan.reject_first_token.gather(1, plan.reject_first_best.argmax(dim=1, keepdim=True)).squeeze(1)
+    refused = (first[:8] != peaks[:8]).tolist()
+    mark = marks(plan)
+    if rounds == 1:
+        assert any(refused) and [m == "pending" for m in mark[:8]] == refused, (mark, refused)
+    else:
+        assert mark[:8] == ["decided"] * 8, mark
+
+
+def test_a_first_round_that_only_tests_leaves_what_its_bounds_cannot_tell(monkeypatch):
+    """With bounds of +-50% the float test keeps a top_p 0.9 candidate only under ~0.3 of the mass and refuses none
+    by mass, so most rows stay pending after it; the second round's exact test then still meets the total's bounds
+    and sends them to the search. The reference's tokens either way."""
+    monkeypatch.setattr(sampling_reject, "BOUND_SLACK", 0.5)
+    logits, slots, positions, state = batch(2048, 16, seed=7)
+    slots[:] = 0
+    got, plan = sample_with_plan(logits, slots, positions, state, 2, 1024, reject="2t")
+    assert got.token_ids.tolist() == sample_ref(logits, slots, positions, state, 2).token_ids.tolist()
+    assert "search" in marks(plan), marks(plan)
 
 
 def test_blocks_far_below_the_best_skip_the_race():
@@ -197,9 +233,9 @@ def test_the_first_round_bounds_the_top_p_total_without_weighing_it():
 
 
 def test_a_budget_inside_the_totals_bounds_takes_the_search(monkeypatch):
-    """With bounds of +-50% (TOTAL_SLACK 0.5) a top_p 0.9 row accepts a candidate only under 0.45 of the mass and
+    """With bounds of +-50% (BOUND_SLACK 0.5) a top_p 0.9 row accepts a candidate only under 0.45 of the mass and
     refuses none by mass: the rest cannot be told and go to the search, which gives the reference's tokens."""
-    monkeypatch.setattr(sampling_reject, "TOTAL_SLACK", 0.5)
+    monkeypatch.setattr(sampling_reject, "BOUND_SLACK", 0.5)
     vocab, rows = 2048, 16
     logits, slots, positions, state = batch(vocab, rows, seed=4)
     slots[:] = 0  # PARAMS[0]: top_p 0.9
@@ -221,7 +257,7 @@ _ROW = st.fixed_dictionaries({"temperature": st.sampled_from([0.0, 0.5, 1.0, 1.7
 
 @settings(max_examples=30, deadline=None)
 @given(rows=st.lists(_ROW, min_size=1, max_size=5), scale=st.sampled_from([0.2, 1.0, 4.0]), ties=st.booleans(),
-       setting=st.sampled_from(["1", "2k", "4k"]), seed=st.integers(0, 2**16))
+       setting=st.sampled_from(["1", "2k", "4k", "2t", "3kt"]), seed=st.integers(0, 2**16))
 def test_any_rows_any_rounds_the_reference(rows, scale, ties, setting, seed):
     """Drawn rows (every mix of temperature, top_p, top_k and min_p, flat or peaked, with or without runs of ties)
     and settings: the reference's tokens, whatever the rejection decides or leaves to the search."""
@@ -247,30 +283,43 @@ def test_any_rows_any_rounds_the_reference(rows, scale, ties, setting, seed):
                          + torch.log(min_p)[:, None], float("-inf"))
     noise = -torch.log(-torch.log(race_uniform_ref(state.seed, positions, vocab)))
     first = torch.where(scaled >= cutoff, scaled + noise, float("-inf")).argmax(dim=1)
-    kept = logits.gather(1, first[:, None]).squeeze(1) >= keep_thresholds(logits, slots, state)
-    taken = filtered_rows(slots, state) & ((top_k <= 0) | (setting.endswith("k") & (top_p >= 1)))
-    assert all(m == "decided" for m, must in zip(marks(plan), (taken & kept).tolist(), strict=True) if must)
+    value = logits.gather(1, first[:, None])
+    kept = value.squeeze(1) >= keep_thresholds(logits, slots, state)
+    taken = filtered_rows(slots, state) & ((top_k <= 0) | (reject_setting(setting).top_k & (top_p >= 1)))
+    # except a top_p row whose mass above the candidate lies within the float bounds' band of its budget
+    # (sampling_reject_bounds): an exact pass decides it, a later round or the search
+    s_max = scaled.max(dim=1, keepdim=True).values
+    in_set = (min_p[:, None] <= 0) | (scaled >= s_max + torch.log(min_p)[:, None])
+    weights = torch.where(in_set, (torch.exp(scaled - s_max) * 2.0**32).to(torch.int64), 0).double()
+    total, above = weights.sum(dim=1), torch.where(logits > value, weights, 0).sum(dim=1)
+    near_budget = (top_p < 1) & ((above - top_p.double() * total).abs() <= 2.0**-10 * total + vocab)
+    must = taken & kept & ~near_budget
+    assert all(m == "decided" for m, need in zip(marks(plan), must.tolist(), strict=True) if need)
 
 
 def test_the_setting(monkeypatch):
-    assert reject_setting(3) == (3, False) and reject_setting("3k") == (3, True) and reject_setting("0k") == (0, False)
-    for bad in ("-1", "x", "9", "k", "3kk", ""):
+    assert reject_setting(3) == (3, False, False) and reject_setting("3k") == (3, True, False)
+    assert reject_setting("0k") == (0, False, False) and reject_setting("0t") == (0, False, False)
+    assert reject_setting("2t") == (2, False, True) and reject_setting("2kt") == (2, True, True)
+    for bad in ("-1", "x", "9", "k", "3kk", "", "t", "3tk", "3tt"):
         with pytest.raises(ValueError, match="BLINK_SAMPLER_REJECT"):
             reject_setting(bad)
-    assert reject_plan(1024, "2k") == (2, True) and reject_plan(0, "2k") == (0, False)  # needs the list race
+    assert reject_plan(1024, "2k") == (2, True, False) and reject_plan(0, "2kt") == (0, False, False)  # the list race
     # unset: one round at one row, top_k rows taken (sessions 34-35); one round, top_p / min_p rows only, up to 8
     # rows (session 36); none at more
-    assert reject_plan(1024, rows=1) == (1, True) and reject_plan(1024, rows=2) == (1, False)
-    assert reject_plan(1024, rows=8) == (1, False) and reject_plan(1024, rows=9) == (0, False)
+    assert reject_plan(1024, rows=1) == (1, True, False) and reject_plan(1024, rows=2) == (1, False, False)
+    assert reject_plan(1024, rows=8) == (1, False, False) and reject_plan(1024, rows=9) == (0, False, False)
     assert _Plan(torch.zeros(1, 1000), race=1024).reject == 1 and _Plan(torch.zeros(8, 1000), race=1024).reject == 1
     assert _Plan(torch.zeros(16, 1000), race=1024).reject == 0
-    monkeypatch.setattr(sampling_grid, "_REJECT_DEFAULT", (3, True))
+    monkeypatch.setattr(sampling_grid, "_REJECT_DEFAULT", reject_setting("3kt"))
     plan = _Plan(torch.zeros(2, 1000), race=1024)
-    assert (plan.reject, plan.reject_top_k) == (3, True) and _Plan(torch.zeros(2, 1000), race=0).reject == 0
+    assert (plan.reject, plan.reject_top_k, plan.reject_test_first) == (3, True, True)
+    assert _Plan(torch.zeros(2, 1000), race=0).reject == 0
 
 
+@pytest.mark.parametrize("setting", ["3", "3t"])
 @pytest.mark.parametrize(("top_p", "kept_ids"), [(0.69, {9, 30}), (0.71, {9, 30, 41})])
-def test_top_p_at_its_boundary(top_p, kept_ids):
+def test_top_p_at_its_boundary(top_p, kept_ids, setting):
     """Four tokens of mass 0.4, 0.3, 0.2, 0.1: the third has 0.7 of the mass above it, just past a 0.69 nucleus and
     just inside a 0.71 one, and a fifth of the first candidates are it. Over 24 draws every token is in the nucleus,
     the reference's, and three rounds decide every row (a candidate each of the 0.1, 0.2 and a kept token)."""
@@ -280,14 +329,14 @@ def test_top_p_at_its_boundary(top_p, kept_ids):
     row = torch.full((vocab,), -30.0)
     row[[9, 30, 41, 50]] = torch.log(torch.tensor([0.4, 0.3, 0.2, 0.1]))
     logits, slots, positions = row.repeat(24, 1), torch.zeros(24, dtype=torch.int32), torch.arange(24)
-    got, plan = sample_with_plan(logits, slots, positions, state, 0, 64, reject=3)
+    got, plan = sample_with_plan(logits, slots, positions, state, 0, 64, reject=setting)
     ref = sample_ref(logits, slots, positions, state, 0)
     assert got.token_ids.tolist() == ref.token_ids.tolist() and set(ref.token_ids.tolist()) == kept_ids
     assert marks(plan).count("decided") == 24
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("setting", ["1k", "3"])
+@pytest.mark.parametrize("setting", ["1k", "3", "2t"])
 def test_gpu_real_vocab(setting):
     """V = 128,256, bf16-rounded rows (ties go by token id), 40 rows of this file's mix: the reference's tokens and
     logprobs; most taken rows decided."""

@@ -40,14 +40,16 @@ kernels = [
                                    SMALL=256, BLOCK=4096), 16),
     (sampling_grammar._advance_kernel, dict(vocab_size=V, ROWS=64, BLOCK=64), 1),
     (sampling_reject._reject_round_kernel, dict(vocab_size=V, P=63, P_PAD=64, KEY_BYTES=12, RACE=16384, CHUNK=2048,
-                                                BLOCK=1024, SLACK=sampling_reject.TOTAL_SLACK), 4),
+                                                BLOCK=1024, SLACK=sampling_reject.BOUND_SLACK), 4),
 ]
 # the old and new ways of issue 17's levers: the row or list race (RACE, sampling_race), the compaction's two reads
 # or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads), the rejection before the search (REJECT; TOP_K:
-# its top_k rows; FIRST: its first round, which takes the penalties kernel's race; RECORD / GRAMMAR: the finish
+# its top_k rows; FIRST: its first round, which takes the penalties kernel's race; TEST_FIRST: a first round that
+# only tests; RECORD / GRAMMAR: the finish
 # kernel's updates after the choice)
 levers = {"RACE": (0, 16384), "ONCE": (False, True), "CHUNK_HIST": (False, True), "REJECT": (False, True),
-          "TOP_K": (False, True), "FIRST": (False, True), "RECORD": (False, True), "GRAMMAR": (False, True)}
+          "TOP_K": (False, True), "FIRST": (False, True), "TEST_FIRST": (False, True), "RECORD": (False, True),
+          "GRAMMAR": (False, True)}
 for kernel, constants, warps in list(kernels):
     names = inspect.signature(kernel.fn).parameters
     old, new = ({n: v[i] for n, v in levers.items() if n in names} for i in (0, 1))
