@@ -40,7 +40,7 @@ import triton.language as tl
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, scale_cutoff, top_p_weight
 from blink.kernels.sampling_plan import COUNTERS, DECIDED, PENDING, REJECT_TICKET, REJECT_WORDS, SEARCH
-from blink.kernels.sampling_reject_bounds import BOUND_SLACK, mass_above, mass_bounds, row_total_bounds
+from blink.kernels.sampling_reject_bounds import BOUND_SLACK, mass_bounds, row_total_bounds
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, row_hash
 from blink.kernels.sampling_select import canonical
 
@@ -65,14 +65,15 @@ def _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES: 
 @triton.jit
 def _race_above(src, chunk, floor, inv_temperature, s_max, cutoff, hash_of_row, weigh, total_weight, approx,
                 vocab_size: tl.constexpr, KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                SPARSE: tl.constexpr):
+                SPARSE: tl.constexpr, RACE: tl.constexpr = True):
     """This chunk's tokens above `floor` that min_p keeps: the race's best score and its lowest id (vocab_size if
     none is finite), their count and (weigh) their top_p weight; total_weight: also the weight of every token min_p
     keeps; approx: also the float sum of exp(s - s_max) over them (s_max: here the chunk's largest scaled logit).
     A block whose tokens all lie more than the noise's bound below their lanes' best skips the race's hash and logs
     (a real model's row: most of its vocabulary). SPARSE (a round: its floor leaves few tokens above it): a block
     without such a token skips the weights and the race on one test (block-wide reductions cost about as much as
-    the block's read)."""
+    the block's read). RACE=False (a round that only tests): no race and no weights above; the count, the float
+    mass and (total_weight) the total alone."""
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_token = tl.full([BLOCK], vocab_size, tl.int32)
     count = tl.zeros([BLOCK], tl.int32)
@@ -94,15 +95,16 @@ def _race_above(src, chunk, floor, inv_temperature, s_max, cutoff, hash_of_row, 
                 w = tl.where(kept, top_p_weight(x, inv_temperature, s_max), 0)
                 total += w
                 weight += tl.where(inside, w, 0)
-        near = inside & (scaled + _NOISE_BOUND >= best)
-        if SPARSE:
-            if tl.max(inside.to(tl.int32), 0) > 0:
-                if weigh & ~total_weight:
-                    weight += tl.where(inside, top_p_weight(x, inv_temperature, s_max), 0)
-                if tl.max(near.to(tl.int32), 0) > 0:
-                    best, best_token = _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES)
-        elif tl.max(near.to(tl.int32), 0) > 0:
-            best, best_token = _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES)
+        if RACE:
+            near = inside & (scaled + _NOISE_BOUND >= best)
+            if SPARSE:
+                if tl.max(inside.to(tl.int32), 0) > 0:
+                    if weigh & ~total_weight:
+                        weight += tl.where(inside, top_p_weight(x, inv_temperature, s_max), 0)
+                    if tl.max(near.to(tl.int32), 0) > 0:
+                        best, best_token = _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES)
+            elif tl.max(near.to(tl.int32), 0) > 0:
+                best, best_token = _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES)
     top = tl.max(best, 0)
     return (top, tl.min(tl.where(best == top, best_token, vocab_size), 0), tl.sum(count, 0), tl.sum(weight, 0),
             tl.sum(total, 0), tl.sum(mass, 0))
@@ -187,14 +189,12 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
         # the first round weighs the row's whole set only under min_p (else the first race's masses bound it)
         exact_total = FIRST & (top_p < 1.0) & (min_p > 0.0)
         part = row * P + chunk
-        if TESTS_ONLY:  # the float mass above, into the race's partials (this round races nothing)
-            count, mass = mass_above(src, chunk, value, inv_temperature, s_max, cutoff, vocab_size, CHUNK, BLOCK)
+        if TESTS_ONLY:  # the count and float mass above (under min_p also the exact total), no race: the float
+            # sums of the same f32 exps top_p_weight floors (sampling_reject_bounds), into the race's partials
+            _, _, count, _, total, mass = _race_above(src, chunk, value, inv_temperature, s_max, cutoff, hash_of_row,
+                                                      exact_total, exact_total, True, vocab_size, KEY_BYTES, CHUNK,
+                                                      BLOCK, False, RACE=False)
             tl.store(part_best_ptr + part, mass)
-            total = tl.zeros([], tl.int64)
-            if exact_total:  # min_p's set and top_p: weigh it exactly (a second read of the chunk; floor +inf: no race)
-                _, _, _, _, total, _ = _race_above(src, chunk, float("inf"), inv_temperature, s_max, cutoff,
-                                                   hash_of_row, True, True, False, vocab_size, KEY_BYTES, CHUNK,
-                                                   BLOCK, True)
         else:
             best, token, count, weight, total, _ = _race_above(src, chunk, value, inv_temperature, s_max, cutoff,
                                                                hash_of_row, top_p < 1.0, exact_total, False,

@@ -8,15 +8,16 @@ floor loses under one unit. SLACK (2^-12) covers that ~25x over, and a compariso
 budget within ~2^-12 of the mass, so rarely) is left to an exact pass: the next round, or the search.
   - row_total_bounds: the total from the first race's chunk sums, each relative to the chunk's own maximum (the
     row's is not known while the penalties kernel runs), so that no round weighs every token.
-  - mass_above: the mass above a candidate in float, for a first round that only tests its candidate (no race, no
-    float-to-int64 conversion nor int64 adds a token): one read of the row at about the cost of a streaming pass.
+  - mass_bounds: the mass above a candidate from float sums (sampling_reject._race_above without its race), for a
+    first round that only tests its candidate (no race, no float-to-int64 conversion nor int64 adds a token): one
+    read of the row at about the cost of a streaming pass.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from blink.kernels.sampling_select import canonical, key_value
+from blink.kernels.sampling_select import key_value
 
 BOUND_SLACK = 2.0**-12
 _SCALE = tl.constexpr(4294967296.0)  # sampling_ref.WEIGHT_SCALE
@@ -38,25 +39,9 @@ def row_total_bounds(mass_ptr, key_max_ptr, row, inv_temperature, s_max, vocab_s
 
 
 @triton.jit
-def mass_above(src, chunk, floor, inv_temperature, s_max, cutoff, vocab_size: tl.constexpr, CHUNK: tl.constexpr,
-               BLOCK: tl.constexpr):
-    """This chunk's count of the tokens above `floor` that min_p keeps, and the float sum of their
-    exp(s - s_max): the same f32 exps sampling_reject.top_p_weight floors."""
-    count = tl.zeros([BLOCK], tl.int32)
-    mass = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, CHUNK, BLOCK):
-        offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-        valid = offs < vocab_size
-        x = canonical(tl.load(src + offs, mask=valid, other=float("-inf")))
-        inside = valid & (x * inv_temperature >= cutoff) & (x > floor)
-        count += inside.to(tl.int32)
-        mass += tl.where(inside, tl.exp(x * inv_temperature - s_max), 0.0)
-    return tl.sum(count, 0), tl.sum(mass, 0)
-
-
-@triton.jit
 def mass_bounds(part_mass_ptr, row, above, P: tl.constexpr, P_PAD: tl.constexpr, SLACK: tl.constexpr):
-    """Float64 bounds lo <= mass <= hi on the exact integer mass of the `above` tokens mass_above summed."""
+    """Float64 bounds lo <= mass <= hi on the exact integer mass of the `above` tokens whose float exps the
+    chunks summed."""
     c = tl.arange(0, P_PAD)
     approx = tl.sum(tl.load(part_mass_ptr + row * P + c, mask=c < P, other=0.0).to(tl.float64), 0) * _SCALE
     return tl.maximum(approx * (1.0 - SLACK) - above.to(tl.float64), 0.0), approx * (1.0 + SLACK)
