@@ -25,9 +25,9 @@ BLINK_SAMPLER_COMPACT in the engine).
 a graph replays the same draw, and the rejection's rounds leave rows pending (each costing the whole search) or not
 by the draw (session 35: one round left 2 of 32 top_p rows pending on the first draw).
 --reject 0,3,3k: each column also with that many rounds of the rejection before the threshold search
-(sampling_reject; k: top_k-only rows too; t: the first round only tests; BLINK_SAMPLER_REJECT in the engine; it needs
-the list race: with the row race it runs none). The mismatch column's thresholds are the search's (no rejection), its
-tokens the column's.
+(sampling_reject; k: top_k-only rows too; t: the first round only tests; s: a launch a round; BLINK_SAMPLER_REJECT
+in the engine; it needs the list race: with the row race it runs none). The mismatch column's thresholds are the
+search's (no rejection), its tokens the column's.
 """
 from __future__ import annotations
 
@@ -143,7 +143,8 @@ def main() -> None:
     parser.add_argument("--compact", default="twice", help="twice, once or twice,once: the compaction's reads")
     parser.add_argument("--reject", default="0", help="rejection settings to time, comma-separated: 0 (none), R "
                                                        "rounds, Rk (top_k rows too), Rt / Rkt (the first round "
-                                                       "only tests)")
+                                                       "only tests), any with s after (a launch a round, not one "
+                                                       "launch for all)")
     parser.add_argument("--draws", type=int, default=1,
                         help="time each cell over this many position vectors (the race's noise; each its own "
                              "graph): the mean, and a line of min-max; the rejection's cost depends on the draw")

@@ -34,17 +34,21 @@ f32, a round's best f32, token i32, count i32, weight above and total weight i64
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, scale_cutoff, top_p_weight
-from blink.kernels.sampling_plan import COUNTERS, DECIDED, PENDING, REJECT_TICKET, REJECT_WORDS, SEARCH
+from blink.kernels.sampling_plan import DECIDED, PENDING, REJECT_WORDS, SEARCH
 from blink.kernels.sampling_reject_bounds import BOUND_SLACK, mass_bounds, row_total_bounds
+from blink.kernels.sampling_reject_sync import last_of_row, program_cell, release_round, wait_round
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, row_hash
 from blink.kernels.sampling_select import canonical
 
 _NO_FUSION = {"enable_fp_fusion": False}
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # its programs run one after another: no waits
 
 
 # The race's noise -log(-log u) is below 16.64 for every 23-bit u (sampling_rng: u <= 1 - 2^-24): a token whose
@@ -133,37 +137,32 @@ def first_race(src, chunk, chunk_key_max, temperature, top_p, min_p, seed, posit
 
 
 @triton.jit
-def _last_of_row(counter_ptr, row, launches):
-    """After this program's partial stores: whether it is the row's last program in this launch. The ticket counts
-    on across launches (the penalties kernel zeroes it), so the last one of round n sees n * P - 1."""
-    tl.debug_barrier()  # every thread's stores come before the release below
-    return tl.atomic_add(counter_ptr + row * COUNTERS + REJECT_TICKET, 1, sem="acq_rel", scope="gpu") == launches - 1
-
-
-@triton.jit
 def _merge(part_best_ptr, part_token_ptr, row, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr):
     """The row's race winner over its chunks' partials (vocab_size if none)."""
     c = tl.arange(0, P_PAD)
-    best = tl.load(part_best_ptr + row * P + c, mask=c < P, other=float("-inf"))
-    token = tl.load(part_token_ptr + row * P + c, mask=c < P, other=vocab_size)
+    best = tl.load(part_best_ptr + row * P + c, mask=c < P, other=float("-inf"), cache_modifier=".cg")
+    token = tl.load(part_token_ptr + row * P + c, mask=c < P, other=vocab_size, cache_modifier=".cg")
     return tl.min(tl.where(best == tl.max(best, 0), token, vocab_size), 0)
 
 
 @triton.jit
-def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
-                         min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr,
-                         first_token_ptr, first_mass_ptr, part_best_ptr, part_token_ptr, part_weight_ptr,
-                         part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr, launch, vocab_size: tl.constexpr,
-                         P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr,
-                         CHUNK: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr, TOP_K: tl.constexpr,
-                         SLACK: tl.constexpr, TEST_FIRST: tl.constexpr = False, USE_PDL: tl.constexpr = False):
-    """launch: 1 for the first round (FIRST: it takes the rows and the penalties kernel's candidate), 2, ...
-    TEST_FIRST: the first round only tests its candidate, in float (sampling_reject_bounds.mass_above): a refused
-    or undecided candidate stays pending, and the next round tests it exactly and races above it."""
+def _sum_parts(ptr, row, P: tl.constexpr, P_PAD: tl.constexpr):
+    c = tl.arange(0, P_PAD)
+    return tl.sum(tl.load(ptr + row * P + c, mask=c < P, other=0, cache_modifier=".cg"), 0)
+
+
+@triton.jit
+def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+           seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr, first_token_ptr, first_mass_ptr,
+           part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr,
+           row, chunk, launch, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
+           KEY_BYTES: tl.constexpr, RACE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+           FIRST: tl.constexpr, TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr):
+    """Round `launch` (1, 2, ...; FIRST: it takes the rows and the penalties kernel's candidate) for one program of
+    a row; whether the row took part (pending at its start). TEST_FIRST: the first round only tests its candidate,
+    in float (sampling_reject_bounds.mass_bounds): a refused or undecided candidate stays pending, and the next
+    round tests it exactly and races above it. The last program of the row decides and releases the round."""
     TESTS_ONLY: tl.constexpr = FIRST and TEST_FIRST
-    pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
-    row = tl.program_id(0)
-    chunk = tl.program_id(1)
     state = reject_ptr + row * REJECT_WORDS
     if FIRST:
         filtered, processed, temperature, top_k, top_p, min_p = row_params(
@@ -174,8 +173,8 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
         if ~pending & (chunk == 0):
             tl.store(state, tl.full([], SEARCH, tl.int64))
     else:
-        pending = tl.load(state) == PENDING
-        candidate = tl.load(state + 1).to(tl.int32)
+        pending = tl.load(state, cache_modifier=".cg") == PENDING
+        candidate = tl.load(state + 1, cache_modifier=".cg").to(tl.int32)
     if pending:
         if not FIRST:  # a row no round takes (greedy, say) reads its state word alone
             _, processed, temperature, top_k, top_p, min_p = row_params(
@@ -205,17 +204,16 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
         tl.store(part_count_ptr + part, count)
         if FIRST:
             tl.store(part_total_ptr + part, total)
-        if _last_of_row(counter_ptr, row, launch * P):
-            c = tl.arange(0, P_PAD)
-            above = tl.sum(tl.load(part_count_ptr + row * P + c, mask=c < P, other=0), 0)
+        if last_of_row(counter_ptr, row, launch * P):
+            above = _sum_parts(part_count_ptr, row, P, P_PAD)
             if TESTS_ONLY:
                 mass_lo, mass_hi = mass_bounds(part_best_ptr, row, above, P, P_PAD, SLACK)
             else:
-                mass_lo = tl.sum(tl.load(part_weight_ptr + row * P + c, mask=c < P, other=0), 0).to(tl.float64)
+                mass_lo = _sum_parts(part_weight_ptr, row, P, P_PAD).to(tl.float64)
                 mass_hi = mass_lo
             if FIRST:
                 if exact_total:
-                    total_lo = tl.sum(tl.load(part_total_ptr + row * P + c, mask=c < P, other=0), 0)
+                    total_lo = _sum_parts(part_total_ptr, row, P, P_PAD)
                     total_hi = total_lo
                 else:
                     total_lo, total_hi = row_total_bounds(first_mass_ptr, key_max_ptr, row, inv_temperature, s_max,
@@ -223,8 +221,8 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
                 tl.store(state + 2, total_lo)
                 tl.store(state + 3, total_hi)
             else:
-                total_lo = tl.load(state + 2)
-                total_hi = tl.load(state + 3)
+                total_lo = tl.load(state + 2, cache_modifier=".cg")
+                total_hi = tl.load(state + 3, cache_modifier=".cg")
             # sampling_ref's budget, top_p * total in float64, lies between these two (rounding is monotone)
             budget = top_p.to(tl.float64) * total_lo.to(tl.float64)
             budget_hi = top_p.to(tl.float64) * total_hi.to(tl.float64)
@@ -262,6 +260,34 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
                         tl.store(state, tl.full([], PENDING, tl.int64))
                 else:  # a kept candidate has nothing kept above it only if top_p is 0
                     tl.store(state, tl.full([], SEARCH, tl.int64))
+            release_round(counter_ptr, row)
+    return pending
+
+
+@triton.jit
+def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
+                         min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr,
+                         first_token_ptr, first_mass_ptr, part_best_ptr, part_token_ptr, part_weight_ptr,
+                         part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr, launch, vocab_size: tl.constexpr,
+                         P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr,
+                         CHUNK: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr, TOP_K: tl.constexpr,
+                         SLACK: tl.constexpr, TEST_FIRST: tl.constexpr = False, ROUNDS: tl.constexpr = 1,
+                         USE_PDL: tl.constexpr = False):
+    """Rounds launch .. launch + ROUNDS - 1 (ROUNDS > 1: the rounds in one launch over a one-dimensional grid,
+    sampling_reject_sync; FIRST: launch is 1)."""
+    pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
+    row, chunk = program_cell(counter_ptr, P, ROUNDS > 1)
+    args = (logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+            seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr, first_token_ptr, first_mass_ptr,
+            part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr,
+            race_ids_ptr, row, chunk)
+    active = _round(*args, launch, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, FIRST, TOP_K, SLACK,
+                    TEST_FIRST)
+    for n in range(launch + 1, launch + ROUNDS):  # a row every round took part in waits for the last one's word
+        if active:
+            wait_round(counter_ptr, row, n - 1)
+            active = _round(*args, n, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, False, TOP_K, SLACK,
+                            False)
 
 
 def reject(logits, processed, slots, positions, state, plan) -> None:
@@ -276,5 +302,12 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
     sizes = dict(P=plan.num_chunks, P_PAD=plan.chunks_pad, KEY_BYTES=KEY_BYTES, RACE=plan.race, CHUNK=plan.chunk,
                  BLOCK=plan.block, TOP_K=plan.reject_top_k, SLACK=BOUND_SLACK, TEST_FIRST=plan.reject_test_first,
                  num_warps=4, **plan.pdl, **_NO_FUSION)
+    if plan.reject > 1 and not plan.reject_separate and logits.is_cuda and not _INTERPRETED:
+        # one launch: program_cell hands the cells out in a one-dimensional grid. The later rounds' pointers stay
+        # live through the first (156 registers at sm_90, 3 programs an SM); 128 spill 20 bytes and fit 4 an SM,
+        # so the 512 programs of 32 rows are resident at once
+        _reject_round_kernel[(num_rows * plan.num_chunks,)](*args, 1, vocab_size, FIRST=True, ROUNDS=plan.reject,
+                                                             maxnreg=128, **sizes)
+        return
     for launch in range(1, plan.reject + 1):
         _reject_round_kernel[plan.grid](*args, launch, vocab_size, FIRST=launch == 1, **sizes)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from blink.kernels import sampling_grid, sampling_reject
 from blink.kernels.sampling import keep_thresholds, race_uniform_ref, sample_ref, sample_triton
-from blink.kernels.sampling_grid import _Plan, reject_plan, reject_setting
+from blink.kernels.sampling_grid import RejectSetting, _Plan, reject_plan, reject_setting
 from blink.kernels.sampling_plan import DECIDED, PENDING, SEARCH
 from blink.kernels.sampling_ref import WEIGHT_SCALE, apply_penalties_ref, canonical
 from blink.kernels.sampling_state import SamplingState
@@ -226,22 +226,24 @@ def test_any_rows_any_rounds_the_reference(rows, scale, ties, setting, seed):
 
 
 def test_the_setting(monkeypatch):
-    assert reject_setting(3) == (3, False, False) and reject_setting("3k") == (3, True, False)
-    assert reject_setting("0k") == (0, False, False) and reject_setting("0t") == (0, False, False)
-    assert reject_setting("2t") == (2, False, True) and reject_setting("2kt") == (2, True, True)
-    for bad in ("-1", "x", "9", "k", "3kk", "", "t", "3tk", "3tt"):
+    R = RejectSetting
+    assert reject_setting(3) == R(3) and reject_setting("3k") == R(3, top_k=True)
+    assert reject_setting("0k") == R() and reject_setting("0t") == R() and reject_setting("0s") == R()
+    assert reject_setting("2t") == R(2, test_first=True) and reject_setting("2kt") == R(2, True, True)
+    assert reject_setting("3kts") == R(3, True, True, True) and reject_setting("2s") == R(2, separate=True)
+    for bad in ("-1", "x", "9", "k", "3kk", "", "t", "3tk", "3tt", "3st", "3sk", "s"):
         with pytest.raises(ValueError, match="BLINK_SAMPLER_REJECT"):
             reject_setting(bad)
-    assert reject_plan(1024, "2k") == (2, True, False) and reject_plan(0, "2kt") == (0, False, False)  # the list race
+    assert reject_plan(1024, "2k") == R(2, True) and reject_plan(0, "2kt") == R()  # the list race
     # unset: one round at one row, top_k rows taken (sessions 34-35); one round, top_p / min_p rows only, up to 8
     # rows (session 36); none at more
-    assert reject_plan(1024, rows=1) == (1, True, False) and reject_plan(1024, rows=2) == (1, False, False)
-    assert reject_plan(1024, rows=8) == (1, False, False) and reject_plan(1024, rows=9) == (0, False, False)
+    assert reject_plan(1024, rows=1) == R(1, True) and reject_plan(1024, rows=2) == R(1)
+    assert reject_plan(1024, rows=8) == R(1) and reject_plan(1024, rows=9) == R()
     assert _Plan(torch.zeros(1, 1000), race=1024).reject == 1 and _Plan(torch.zeros(8, 1000), race=1024).reject == 1
     assert _Plan(torch.zeros(16, 1000), race=1024).reject == 0
     monkeypatch.setattr(sampling_grid, "_REJECT_DEFAULT", reject_setting("3kt"))
     plan = _Plan(torch.zeros(2, 1000), race=1024)
-    assert (plan.reject, plan.reject_top_k, plan.reject_test_first) == (3, True, True)
+    assert (plan.reject, plan.reject_top_k, plan.reject_test_first, plan.reject_separate) == (3, True, True, False)
     assert _Plan(torch.zeros(2, 1000), race=0).reject == 0
 
 
@@ -286,3 +288,25 @@ def test_gpu_real_vocab(setting):
     bounded, exact = bounded_rows(logits, slots, cpu_state, reject_state)
     lo, hi = reject_state[:, 2], reject_state[:, 3]
     assert bounded.any() and ((lo <= exact) | ~bounded).all() and ((exact <= hi) | ~bounded).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("setting", ["3", "3t"])
+def test_gpu_rounds_in_one_launch(setting):
+    """The rounds in one launch (sampling_reject_sync) against a launch a round: the same tokens, marks and lists, at
+    32 rows (512 programs, all resident at once) and 48 (768: the later cells start as earlier rows finish)."""
+    vocab = 128256
+    for rows in (32, 48):
+        logits, slots, positions, cpu_state = batch(vocab, rows, seed=rows)
+        state = SamplingState(cpu_state.max_slots, vocab, "cuda")
+        for name, tensor in vars(cpu_state).items():
+            if isinstance(tensor, torch.Tensor):
+                getattr(state, name).copy_(tensor)
+        on_gpu = (logits.bfloat16().float().cuda(), slots.cuda(), positions.cuda())
+        one, plan = sample_with_plan(*on_gpu, state, 2, 16384, reject=setting)
+        each, each_plan = sample_with_plan(*on_gpu, state, 2, 16384, reject=setting + "s")
+        assert not plan.reject_separate and each_plan.reject_separate
+        assert one.token_ids.tolist() == each.token_ids.tolist()
+        assert marks(plan) == marks(each_plan) and marks(plan).count("decided") >= rows // 4, marks(plan)
+        assert torch.equal(plan.reject_state[:, :2], each_plan.reject_state[:, :2])
+        assert plan.counters[0, 6].item() == rows * plan.num_chunks  # every cell handed out once

@@ -45,10 +45,11 @@ kernels = [
 # the old and new ways of issue 17's levers: the row or list race (RACE, sampling_race), the compaction's two reads
 # or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads), the rejection before the search (REJECT; TOP_K:
 # its top_k rows; FIRST: its first round, which takes the penalties kernel's race; TEST_FIRST: a first round that
-# only tests; RECORD / GRAMMAR: the finish
+# only tests; ROUNDS: the rounds in one launch, sampling_reject_sync; RECORD / GRAMMAR: the finish
 # kernel's updates after the choice)
 levers = {"RACE": (0, 16384), "ONCE": (False, True), "CHUNK_HIST": (False, True), "REJECT": (False, True),
-          "TOP_K": (False, True), "FIRST": (False, True), "TEST_FIRST": (False, True), "RECORD": (False, True),
+          "TOP_K": (False, True), "FIRST": (False, True), "TEST_FIRST": (False, True), "ROUNDS": (1, 3),
+          "RECORD": (False, True),
           "GRAMMAR": (False, True)}
 for kernel, constants, warps in list(kernels):
     names = inspect.signature(kernel.fn).parameters
@@ -69,6 +70,8 @@ for kernel, constants, warps in kernels:
         options = {"enable_fp_fusion": False, "num_warps": warps, **({} if pdl is None else {"launch_pdl": pdl})}
         if kernel is sampling_compact._compact_kernel and (given["RACE"] or given["ONCE"]):
             options["maxnreg"] = 64  # as sampling.py launches the compaction's new ways
+        if given.get("ROUNDS", 1) > 1:
+            options["maxnreg"] = 128  # as sampling_reject launches the rounds in one launch
         built = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
                                target=GPUTarget("cuda", 90, 32), options=options)
         if pdl is not None:
