@@ -11,9 +11,9 @@ unlike them it keeps the seeded race, so a request draws the same token as with 
      its chunk over the tokens min_p would keep if the chunk's maximum were the row's (a superset: the row's
      maximum is no smaller), so no launch of its own and no pass of its own (session 28 measured the separate
      first pass at 4 us on greedy rows, which launched it for nothing).
-  1. _reject_round_kernel, launched R times: a pending row's programs count and weigh the tokens above the
-     candidate and race them; the row's last program (a ticket) accepts the candidate (DECIDED) or takes the next
-     one. top_p's total needs the row's maximum, which only the penalties kernel's end knows: for a row without
+  1. R rounds of _reject_round_kernel (on the GPU in one launch, sampling_reject_sync; "Rs" and the interpreter:
+     a launch a round): a pending row's programs count and weigh the tokens above the candidate and race them; the
+     row's last program (a ticket) accepts the candidate (DECIDED) or takes the next one. top_p's total needs the row's maximum, which only the penalties kernel's end knows: for a row without
      min_p (whose set is every token) the first race also sums each chunk's float mass relative to the chunk's
      maximum, and the first round rescales those into integer bounds lo <= total <= hi (row_total_bounds); a
      candidate whose mass above lies between top_p * lo and top_p * hi (rare: the bounds are ~2^-12 apart) goes to
