@@ -190,22 +190,26 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
     compact_regs = {"maxnreg": 64} if (plan.race > 0 or once) and num_rows > 1 else {}
     _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
                               plan.chunk_hist, vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block,
-                              CHUNK_HIST=once and plan.race > 0, num_warps=4, **pdl, **_NO_FUSION)
+                              CHUNK_HIST=once and plan.race > 0, FLOOR=plan.topk_floor, num_warps=4, **pdl,
+                              **_NO_FUSION)
     _refine_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
                               plan.counters, plan.row_plans, plan.chunk_hist, vocab_size, **levels, CHUNK=plan.chunk,
-                              BLOCK=plan.block, CHUNK_HIST=once, num_warps=4, **pdl, **_NO_FUSION)
+                              BLOCK=plan.block, CHUNK_HIST=once, FLOOR=plan.topk_floor, num_warps=4, **pdl,
+                              **_NO_FUSION)
     _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.row_plans, plan.sums, plan.counters,
                                plan.cand_i32[0], state.num_logprobs, plan.top_keys, plan.part_i32[1],
-                               plan.cand_i32[1], plan.cand_i32[2], plan.race_ids, plan.chunk_hist, vocab_size, **sizes,
-                               CAND=plan.cand, K=max_top_logprobs, CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race,
-                               ONCE=once, num_warps=8, **compact_regs, **pdl,
+                               plan.cand_i32[1], plan.cand_i32[2], plan.race_ids, plan.chunk_hist, plan.floor_keys,
+                               vocab_size, **sizes, CAND=plan.cand, K=max_top_logprobs, CHUNK=plan.chunk,
+                               BLOCK=plan.block, RACE=plan.race, ONCE=once, FLOOR=plan.topk_floor, num_warps=8,
+                               **compact_regs, **pdl,
                                **_NO_FUSION)  # 8 warps: chosen when it also ran the plans' NB-wide scans
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
     _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, plan.fell_back, *params, plan.row_max,
                                  plan.kept_min, plan.row_plans, plan.sums, plan.cand_i32[0], plan.race_count,
-                                 vocab_size, P=plan.num_chunks, P_PAD=plan.chunks_pad, CAND=plan.cand,
+                                 plan.counters, vocab_size, P=plan.num_chunks, P_PAD=plan.chunks_pad, CAND=plan.cand,
                                  SMALL=plan.small, BLOCK=_row_block(vocab_size), RACE=plan.race,
-                                 REJECT=plan.reject > 0, num_warps=_ROW_WARPS, **pdl, **_NO_FUSION)
+                                 REJECT=plan.reject > 0, FLOOR=plan.topk_floor, num_warps=_ROW_WARPS, **pdl,
+                                 **_NO_FUSION)
     return out
 
 
@@ -272,14 +276,16 @@ def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: t
 def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
                   max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
                   out: SampleOutput | None = None, race: int | None = None,
-                  compact_once: bool | None = None, reject: int | None = None, record: bool = False) -> SampleOutput:
+                  compact_once: bool | None = None, reject: int | None = None, record: bool = False,
+                  topk_floor: bool | None = None) -> SampleOutput:
     """race: the list race's capacity per row (sampling_grid.race_capacity; None: BLINK_SAMPLER_RACE's);
     compact_once: the compaction's one read (sampling_compact; None: BLINK_SAMPLER_COMPACT's); reject: the
     rejection's rounds before the search (sampling_reject; None: BLINK_SAMPLER_REJECT's); record: the state's
-    updates after the choice too (sample's)."""
+    updates after the choice too (sample's); topk_floor: top_k rows by the lane floor (sampling_floor; None:
+    BLINK_SAMPLER_TOPK's)."""
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
-    plan = _Plan(logits, num_buckets, programs, race, compact_once, reject)
+    plan = _Plan(logits, num_buckets, programs, race, compact_once, reject, topk_floor)
     processed = torch.empty_like(logits)
     prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs,
              positions=positions)

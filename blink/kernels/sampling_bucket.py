@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
+from blink.kernels.sampling_floor import floor_row
 from blink.kernels.sampling_plan import (
     COUNTERS,
     PLAN_WORDS,
@@ -134,13 +135,16 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
                    reject_ptr, key_max_ptr, kept_min_ptr, part_total_ptr, hist_ptr, chunk_hist_ptr,
                    vocab_size: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
                    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                   CHUNK_HIST: tl.constexpr = False, REJECT: tl.constexpr = False, USE_PDL: tl.constexpr = False):
-    """CHUNK_HIST: also keep this chunk's coarse histogram, cumulative (sampling_compact's one-read compaction)."""
+                   CHUNK_HIST: tl.constexpr = False, REJECT: tl.constexpr = False, FLOOR: tl.constexpr = False,
+                   USE_PDL: tl.constexpr = False):
+    """CHUNK_HIST: also keep this chunk's coarse histogram, cumulative (sampling_compact's one-read compaction).
+    FLOOR: the rows that take the lane floor (sampling_floor) skip it."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, REJECT)
+    filtered = filtered & ~(FLOOR & floor_row(top_k, min_p, vocab_size, P))
     if filtered:
         src, inv_temperature, s_max, cutoff = _row_scale(logits_ptr, processed_ptr, row, processed, temperature,
                                                          min_p, row_max(key_max_ptr, row, P, P_PAD), vocab_size)
@@ -167,15 +171,16 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
                    reject_ptr, key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, plan_ptr, chunk_hist_ptr,
                    vocab_size: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr, P: tl.constexpr,
                    P_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNK_HIST: tl.constexpr = False,
-                   REJECT: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                   REJECT: tl.constexpr = False, FLOOR: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     """The fine histogram of the coarse range, and the exact weight of the kept tokens before it; the row's last
     program to finish plans the fine level for the kernels after (store_row_plan). CHUNK_HIST: also keep this
-    chunk's fine histogram, cumulative (sampling_compact's one-read compaction)."""
+    chunk's fine histogram, cumulative (sampling_compact's one-read compaction). FLOOR: as the bucket kernel's."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, REJECT)
+    filtered = filtered & ~(FLOOR & floor_row(top_k, min_p, vocab_size, P))
     top, finite = _row_top(key_max_ptr, row, P, P_PAD)
     if filtered & finite:
         hist_row = hist_ptr + row * (2 * NB)

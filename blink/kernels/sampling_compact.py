@@ -18,7 +18,8 @@ import triton
 import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
-from blink.kernels.sampling_bucket import _classify, _row_scale, _row_top, row_params, top_p_weight
+from blink.kernels.sampling_bucket import _classify, _row_scale, _row_source, _row_top, row_params, top_p_weight
+from blink.kernels.sampling_floor import compact_floor_chunk, floor_row, lane_floor
 from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, load_row_plan
 from blink.kernels.sampling_race import LIST_COUNTER, list_fits, scan_slots
 from blink.kernels.sampling_select import sortable_key
@@ -80,19 +81,25 @@ def _chunk_offsets(chunk_hist_ptr, row, chunk, j_lo, j_hi, f_lo, f_hi, NB: tl.co
 def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                     min_p_ptr, reject_ptr, key_max_ptr, plan_ptr, sums_ptr, counter_ptr, cand_ptr, num_logprobs_ptr,
                     top_keys_ptr, part_smallest_ptr, cand_key_ptr, cand_id_ptr, race_ids_ptr, chunk_hist_ptr,
-                    vocab_size: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
+                    floor_keys_ptr, vocab_size: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
                     CAND: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                     RACE: tl.constexpr = 0, ONCE: tl.constexpr = False, REJECT: tl.constexpr = False,
-                    USE_PDL: tl.constexpr = False):
+                    FLOOR: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     """The threshold's candidates (filtered rows), with RACE > 0 the race's list and, with K > 0, the top-K
-    logprobs' candidates (rows that ask)."""
+    logprobs' candidates (rows that ask). FLOOR: the rows that take the lane floor copy the tokens at or above it
+    (sampling_floor)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
         row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, REJECT)
     top, finite = _row_top(key_max_ptr, row, P, P_PAD)
-    if filtered & finite:
+    by_floor = filtered & FLOOR & floor_row(top_k, min_p, vocab_size, P)
+    if by_floor & finite:
+        compact_floor_chunk(_row_source(logits_ptr, processed_ptr, row, processed, vocab_size), row, chunk,
+                            lane_floor(floor_keys_ptr, row, top_k, P, P_PAD), counter_ptr, cand_ptr + row * CAND,
+                            race_ids_ptr + row * RACE, vocab_size, CAND, CHUNK, BLOCK, RACE)
+    elif filtered & finite:
         _, j_lo, j_hi, r, f_lo, f_hi, num_above, num_candidates, _ = load_row_plan(plan_ptr + row * PLAN_WORDS)
         gather = (j_lo <= j_hi) & (num_candidates <= CAND)  # else the resolve kernel searches the whole row
         listing = list_fits(j_lo, j_hi, num_above, num_candidates, CAND, RACE)

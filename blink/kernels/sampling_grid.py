@@ -11,6 +11,7 @@ import triton
 
 from blink.kernels.pdl import sampler_pdl_for
 from blink.kernels.sampling_bucket import NUM_BUCKETS
+from blink.kernels.sampling_floor import TOP_LANES as FLOOR_LANES
 from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, REJECT_WORDS, log2_buckets
 from blink.kernels.sampling_race import race_block
 from blink.kernels.sampling_topk import TOP_WIDTH
@@ -30,10 +31,14 @@ def _setting(name: str, choices: dict[str, bool], default: str) -> bool:
 # are the defaults since the H200 timed them (perf.md, session 17: top_p at 32 rows 128.7 -> 107.6 us, top_k
 # 119.3 -> 97.8, top_p at one row 42.4 -> 40.6; greedy +0.6 us, a flat top_p row at one row +3.4 us).
 RACE_CAPACITY = 16384
+# BLINK_SAMPLER_TOPK = "search" | "floor": top_k rows without min_p take the lane floor (sampling_floor) instead of
+# the bucket search; off until timed.
 KNOBS = {"BLINK_SAMPLER_RACE": ({"row": False, "list": True}, "list"),
-         "BLINK_SAMPLER_COMPACT": ({"twice": False, "once": True}, "once")}  # (choices, default)
+         "BLINK_SAMPLER_COMPACT": ({"twice": False, "once": True}, "once"),
+         "BLINK_SAMPLER_TOPK": ({"search": False, "floor": True}, "search")}  # (choices, default)
 _RACE_DEFAULT = _setting("BLINK_SAMPLER_RACE", *KNOBS["BLINK_SAMPLER_RACE"])
 _ONCE_DEFAULT = _setting("BLINK_SAMPLER_COMPACT", *KNOBS["BLINK_SAMPLER_COMPACT"])
+_FLOOR_DEFAULT = _setting("BLINK_SAMPLER_TOPK", *KNOBS["BLINK_SAMPLER_TOPK"])
 
 
 def race_capacity(vocab_size: int, race: int | None = None) -> int:
@@ -137,7 +142,8 @@ class _Plan:
     """The grid and one call's scratch (allocated per call: inside a CUDA graph, once at capture)."""
 
     def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
-                 race: int | None = None, compact_once: bool | None = None, reject: int | str | None = None):
+                 race: int | None = None, compact_once: bool | None = None, reject: int | str | None = None,
+                 topk_floor: bool | None = None):
         num_rows, vocab_size = logits.shape
         self.num_buckets, self.log2_buckets = num_buckets, log2_buckets(num_buckets)
         device = logits.device
@@ -174,6 +180,8 @@ class _Plan:
             3, num_rows, self.num_chunks, dtype=torch.int32, device=device)
         self.reject_weight = torch.empty(2, num_rows, self.num_chunks, dtype=torch.int64, device=device)
         self.compact_once = _ONCE_DEFAULT if compact_once is None else compact_once
+        self.topk_floor = _FLOOR_DEFAULT if topk_floor is None else topk_floor
+        self.floor_keys = torch.empty(num_rows, self.num_chunks * FLOOR_LANES, dtype=torch.int32, device=device)
         self.chunk_hist = torch.empty(num_rows, self.num_chunks, 2 * num_buckets, dtype=torch.int32, device=device) \
             if self.compact_once else torch.empty(1, dtype=torch.int32, device=device)  # coarse, fine per chunk
         # the seven launches' PDL options, decided once per call: each kernel then waits first thing in every

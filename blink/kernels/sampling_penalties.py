@@ -10,6 +10,7 @@ import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import is_filtered
+from blink.kernels.sampling_floor import floor_row, store_floor_lanes
 from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
 from blink.kernels.sampling_plan import COUNTERS
 from blink.kernels.sampling_race import lse_step, store_lse
@@ -36,13 +37,16 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                       row_base_ptr, cells_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, hist_ptr,
                       sums_ptr, counter_ptr, num_logprobs_ptr, top_keys_ptr, part_smallest_ptr, part_max_ptr,
                       part_sum_ptr, part_largest_ptr, seed_ptr, positions_ptr, first_best_ptr, first_token_ptr,
-                      first_mass_ptr, vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr, BIAS_BLOCK: tl.constexpr,
+                      first_mass_ptr, floor_keys_ptr, vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr,
+                      BIAS_BLOCK: tl.constexpr,
                       PENALIZE: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, ZERO: tl.constexpr, K: tl.constexpr,
                       CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr = 0, REJECT: tl.constexpr = False,
-                      TOP_K: tl.constexpr = False, KEY_BYTES: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
+                      TOP_K: tl.constexpr = False, KEY_BYTES: tl.constexpr = 0, FLOOR: tl.constexpr = False,
+                      USE_PDL: tl.constexpr = False):
     """PENALIZE=0: the logits are already processed; only the chunk maxima and the zeroing. RACE > 0: rows with
     a filter also get the choose kernel's log-sum-exp partials here (sampling_race: their race may skip the row).
-    REJECT: the rows the rejection takes (TOP_K: top_k-only rows too) get its first race (sampling_reject)."""
+    REJECT: the rows the rejection takes (TOP_K: top_k-only rows too) get its first race (sampling_reject).
+    FLOOR: top_k rows that take the lane floor (sampling_floor) also get their chunk's largest lane maxima."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk_start = tl.program_id(1) * CHUNK
@@ -124,6 +128,9 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                     raw = tl.load(raw_row + offs, mask=offs < vocab_size, other=float("-inf"))
                 run_max, run_sum, raw_largest = lse_step(run_max, run_sum, raw_largest, raw, offs < vocab_size)
         tl.store(key_max_ptr + row * P + tl.program_id(1), tl.max(largest, 0))
+        if FLOOR:
+            if floor_row(top_k, min_p, vocab_size, P):
+                store_floor_lanes(floor_keys_ptr, row, tl.program_id(1), largest, P, BLOCK)
         if REJECT:
             if taken(True, top_k, top_p, TOP_K):  # the chunk is in the L1 / L2 now: the race reads it again
                 part = row * P + tl.program_id(1)
@@ -163,10 +170,10 @@ def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: 
         state.temperature, state.top_k, state.top_p, state.min_p, plan.row_max, plan.hist, plan.sums, plan.counters,
         state.num_logprobs, plan.top_keys, plan.part_i32[1], plan.part_f32[0], plan.part_f32[1], plan.part_i32[2],
         state.seed, slots if positions is None else positions, plan.reject_first_best, plan.reject_first_token,
-        plan.reject_first_mass, vocab_size, NUM_BIAS=num_bias,
+        plan.reject_first_mass, plan.floor_keys, vocab_size, NUM_BIAS=num_bias,
         BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=2 * plan.num_buckets,
         P=plan.num_chunks,
         ZERO=triton.next_power_of_2(triton.cdiv(2 * plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,
         CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race, REJECT=plan.reject > 0, TOP_K=plan.reject_top_k,
-        KEY_BYTES=KEY_BYTES, num_warps=4, **plan.pdl, **_NO_FUSION,
+        KEY_BYTES=KEY_BYTES, FLOOR=plan.topk_floor, num_warps=4, **plan.pdl, **_NO_FUSION,
     )

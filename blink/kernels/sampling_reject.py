@@ -13,11 +13,12 @@ unlike them it keeps the seeded race, so a request draws the same token as with 
      first pass at 4 us on greedy rows, which launched it for nothing).
   1. R rounds of _reject_round_kernel (on the GPU in one launch, sampling_reject_sync; "Rs" and the interpreter:
      a launch a round): a pending row's programs count and weigh the tokens above the candidate and race them; the
-     row's last program (a ticket) accepts the candidate (DECIDED) or takes the next one. top_p's total needs the row's maximum, which only the penalties kernel's end knows: for a row without
-     min_p (whose set is every token) the first race also sums each chunk's float mass relative to the chunk's
-     maximum, and the first round rescales those into integer bounds lo <= total <= hi (row_total_bounds); a
-     candidate whose mass above lies between top_p * lo and top_p * hi (rare: the bounds are ~2^-12 apart) goes to
-     the search. Under min_p the first round weighs the row's min_p set exactly (lo = hi).
+     row's last program (a ticket) accepts the candidate (DECIDED) or takes the next one. top_p's total needs the
+     row's maximum, which only the penalties kernel's end knows: for a row without min_p (whose set is every token)
+     the first race also sums each chunk's float mass relative to the chunk's maximum, and the first round rescales
+     those into integer bounds lo <= total <= hi (row_total_bounds); a candidate whose mass above lies between
+     top_p * lo and top_p * hi (rare: the bounds are ~2^-12 apart) goes to the search. Under min_p the first
+     round weighs the row's min_p set exactly (lo = hi).
 A decided row skips the bucket search (row_params), the resolve gives it its token's value as threshold and the
 token as its race list, so the choose kernel's list race returns it. Rows still pending after R rounds, and the rows
 this does not take (no filter, greedy, top_k with top_p: top_p's total is over the top_k set; top_k alone unless

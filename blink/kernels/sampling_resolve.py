@@ -10,7 +10,8 @@ import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _INT32_MAX, _INT32_MIN, _row_source, _row_top, row_params, top_p_weight
-from blink.kernels.sampling_plan import PLAN_WORDS, REJECT_WORDS, decided, load_row_plan
+from blink.kernels.sampling_floor import floor_row
+from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, REJECT_WORDS, decided, load_row_plan
 from blink.kernels.sampling_race import list_fits
 from blink.kernels.sampling_select import key_value, search_threshold
 
@@ -41,13 +42,15 @@ def _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor, 
 @triton.jit
 def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_ptr, slots_ptr, flags_ptr,
                     temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, key_max_ptr, kept_min_ptr, plan_ptr,
-                    sums_ptr, cand_ptr, race_count_ptr, vocab_size: tl.constexpr, P: tl.constexpr,
+                    sums_ptr, cand_ptr, race_count_ptr, counter_ptr, vocab_size: tl.constexpr, P: tl.constexpr,
                     P_PAD: tl.constexpr, CAND: tl.constexpr, SMALL: tl.constexpr, BLOCK: tl.constexpr,
-                    RACE: tl.constexpr = 0, REJECT: tl.constexpr = False, USE_PDL: tl.constexpr = False):
+                    RACE: tl.constexpr = 0, REJECT: tl.constexpr = False, FLOOR: tl.constexpr = False,
+                    USE_PDL: tl.constexpr = False):
     """out[row] = sampling_ref.keep_thresholds; rows with no filter write -inf. fell_back[row]: 1 where the
     row took the one-program search (the plan's candidates did not fit), else 0. RACE > 0: race_count[row] is
     the length of the row's race list where it holds every kept token (the threshold came from the plan), else
-    -1 (sampling_race)."""
+    -1 (sampling_race). FLOOR: the rows that took the lane floor (sampling_floor) resolve the compaction's copy of
+    the tokens at or above it, with no plan."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     filtered, processed, temperature, top_k, top_p, min_p = row_params(
@@ -55,7 +58,28 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_p
     threshold = tl.full([], float("-inf"), tl.float32)
     fell_back = tl.zeros([], tl.int32)
     listed = tl.full([], -1, tl.int32)
-    if filtered:
+    if filtered & FLOOR & floor_row(top_k, min_p, vocab_size, P):
+        top, finite = _row_top(key_max_ptr, row, P, P_PAD)
+        count = tl.load(counter_ptr + row * COUNTERS)  # at least top_k (sampling_floor)
+        floor = tl.full([], _INT32_MIN, tl.int32)
+        searched = (finite & (count <= CAND)).to(tl.int32)
+        if searched:
+            inv_temperature = tl.math.div_rn(1.0, temperature)
+            none_above = tl.zeros([], tl.int32)
+            args = (cand_ptr + row * CAND, count, none_above, none_above.to(tl.int64), floor,
+                    tl.zeros([], tl.float64), True, top_k, top_p, inv_temperature, key_value(top) * inv_temperature)
+            if count <= SMALL:
+                floor, searched = _resolve_candidates(*args, SMALL)
+            else:
+                floor, searched = _resolve_candidates(*args, CAND)
+        threshold = key_value(floor)
+        listed = tl.where((searched != 0) & (RACE > 0) & (count <= RACE), count, -1)
+        if searched == 0:
+            fell_back = tl.full([], 1, tl.int32)
+            threshold = search_threshold(_row_source(logits_ptr, processed_ptr, row, processed, vocab_size),
+                                         scratch_ptr + row.to(tl.int64) * vocab_size, temperature, top_k, top_p,
+                                         min_p, vocab_size, BLOCK)
+    elif filtered:
         top, finite = _row_top(key_max_ptr, row, P, P_PAD)
         c = tl.arange(0, P_PAD)
         floor = tl.min(tl.load(kept_min_ptr + row * P + c, mask=c < P, other=_INT32_MAX), 0)  # smallest kept

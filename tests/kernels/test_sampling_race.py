@@ -16,10 +16,12 @@ from blink.request import SamplingParams
 from tests.kernels.test_sampling import mixed_rows, mixed_state
 
 
-def sample_with_plan(logits, slots, positions, state, k, race, cand=None, once=False, programs=None, reject=0):
+def sample_with_plan(logits, slots, positions, state, k, race, cand=None, once=False, programs=None, reject=0,
+                     floor=False):
     """sample_triton's steps, with the plan kept to read its marks (cand: a smaller candidate capacity, so that
-    wide rows fall back to the one-program search; reject: the rejection's rounds, sampling_reject)."""
-    plan = _Plan(logits, programs=programs, race=race, compact_once=once, reject=reject)
+    wide rows fall back to the one-program search; reject: the rejection's rounds, sampling_reject; floor: top_k rows
+    by the lane floor, sampling_floor)."""
+    plan = _Plan(logits, programs=programs, race=race, compact_once=once, reject=reject, topk_floor=floor)
     if cand is not None:
         plan.cand = plan.small = cand
     processed = torch.empty_like(logits)

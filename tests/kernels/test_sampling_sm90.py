@@ -22,7 +22,8 @@ ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_p
         "fell_back_ptr": "*i32", "plan_ptr": "*i64", "race_count_ptr": "*i32", "race_ids_ptr": "*i32",
         "chunk_hist_ptr": "*i32",
         "top_keys_ptr": "*i32", "cand_key_ptr": "*i32", "cand_id_ptr": "*i32", "reject_ptr": "*i64",
-        "part_weight_ptr": "*i64", "part_count_ptr": "*i32", "launch": "i32", "first_token_ptr": "*i32"}
+        "part_weight_ptr": "*i64", "part_count_ptr": "*i32", "launch": "i32", "first_token_ptr": "*i32",
+        "floor_keys_ptr": "*i32"}
 NB = sampling_bucket.NUM_BUCKETS
 rows = dict(vocab_size=V, NB=NB, P=63, P_PAD=64)
 levels = dict(rows, LOG2_NB=NB.bit_length() - 1)
@@ -45,11 +46,12 @@ kernels = [
 # the old and new ways of issue 17's levers: the row or list race (RACE, sampling_race), the compaction's two reads
 # or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads), the rejection before the search (REJECT; TOP_K:
 # its top_k rows; FIRST: its first round, which takes the penalties kernel's race; TEST_FIRST: a first round that
-# only tests; ROUNDS: the rounds in one launch, sampling_reject_sync; RECORD / GRAMMAR: the finish
+# only tests; ROUNDS: the rounds in one launch, sampling_reject_sync; FLOOR: top_k rows by the lane floor,
+# sampling_floor; RECORD / GRAMMAR: the finish
 # kernel's updates after the choice)
 levers = {"RACE": (0, 16384), "ONCE": (False, True), "CHUNK_HIST": (False, True), "REJECT": (False, True),
           "TOP_K": (False, True), "FIRST": (False, True), "TEST_FIRST": (False, True), "ROUNDS": (1, 3),
-          "RECORD": (False, True),
+          "FLOOR": (False, True), "RECORD": (False, True),
           "GRAMMAR": (False, True)}
 for kernel, constants, warps in list(kernels):
     names = inspect.signature(kernel.fn).parameters

@@ -97,9 +97,10 @@ stages_kernels() {
       # rows too).
       python3 -m bench.kernels.sampler ${SAMPLER_ARGS:---buckets 128 --programs engine --pdl engine --race list --compact once --reject 0,3,3k --no-old --sizes 1 8 32 128 \
         --scenarios top_p,top_k,top_k+top_p,min_p,top_p_flat,top_k_flat,logprobs20,greedy} 2>&1 \
-        | tee "$OUT/sampling.log" | tail -40
-      python3 -m pytest -q -m gpu tests/kernels/test_sampling_select.py tests/kernels/test_sampling.py \
-        tests/kernels/test_sampling_reject.py 2>&1 \
+        | tee "$OUT/sampling${SAMPLER_TAG:+_$SAMPLER_TAG}.log" | tail -40
+      # SAMPLER_TAG names the log (two tables in one call); SAMPLER_TESTS=0 skips the GPU tests after the table
+      [ "${SAMPLER_TESTS:-1}" = 0 ] || python3 -m pytest -q -m gpu tests/kernels/test_sampling_select.py \
+        tests/kernels/test_sampling.py tests/kernels/test_sampling_reject.py tests/kernels/test_sampling_floor.py 2>&1 \
         | tee "$OUT/sampling_tests.log" | tail -10;;
     sampling-profile)  # issue 17: the sampler's per-kernel times (tools/diag_chunk.py sampler; DIAG_SAMPLER_ROWS,
       # DIAG_SAMPLER_SCENARIOS) at each rejection setting of SAMPLER_PROFILE_REJECT (BLINK_SAMPLER_REJECT's values):

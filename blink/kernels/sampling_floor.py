@@ -1,0 +1,71 @@
+"""top_k rows without the bucket search (issue 17; BLINK_SAMPLER_TOPK=floor, sampling_grid.topk_floor).
+
+A row's k-th largest token is at least the k-th largest of any k distinct tokens' values. The penalties kernel,
+which keeps each lane's largest key over its chunk anyway (the chunk maxima), stores each chunk's TOP_LANES largest
+lane maxima: distinct tokens. The k-th largest of all chunks' together (the pool) is then a floor under the row's
+k-th largest, close to it when the row's top k spread over the chunks (at most TOP_LANES of them a chunk in distinct
+lanes: then it is exact). The compaction copies every token at or above the floor (its key, and its id into the
+list race's list, sampling_race) and the resolve sorts those few (sampling_resolve._resolve_candidates: the k-th
+largest, then top_p over the top_k set, as sampling_ref), so a top_k row skips the bucket and refine kernels and
+the compaction's bucket arithmetic. Like the top-K logprobs' floor (sampling_topk), for the processed row.
+
+Rows taken: a filter with top_k, no min_p, top_k below the vocabulary and within the pool (P * TOP_LANES). Their
+candidates are at least k; more than CAND (a row of ties) send it to the one-program search, as an unsound plan
+does. Scratch: floor_keys [S, P * TOP_LANES] i32; the candidates take the plan's candidate list and its counter.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from blink.kernels.sampling_plan import COUNTERS
+from blink.kernels.sampling_select import canonical, sortable_key
+
+TOP_LANES = 4  # lane maxima a chunk gives the pool
+_TOP_LANES = tl.constexpr(TOP_LANES)
+_INT32_MIN = tl.constexpr(-0x7FFFFFFF - 1)
+
+
+@triton.jit
+def floor_row(top_k, min_p, vocab_size: tl.constexpr, P: tl.constexpr):
+    """Whether a filtered row takes the floor (with min_p the kept set is min_p's first: the search keeps it)."""
+    return (top_k > 0) & (top_k < vocab_size) & (top_k <= P * _TOP_LANES) & (min_p <= 0.0)
+
+
+@triton.jit
+def store_floor_lanes(floor_keys_ptr, row, chunk, lanes, P: tl.constexpr, BLOCK: tl.constexpr):
+    """This chunk's TOP_LANES largest lane maxima (lanes: one key a lane, _INT32_MIN past the vocabulary), each
+    taken once even when lanes tie."""
+    i = tl.arange(0, BLOCK)
+    for n in tl.static_range(_TOP_LANES):
+        top = tl.max(lanes, 0)
+        first = tl.min(tl.where(lanes == top, i, BLOCK), 0)
+        tl.store(floor_keys_ptr + (row * P + chunk) * _TOP_LANES + n, top)
+        lanes = tl.where(i == first, _INT32_MIN, lanes)
+
+
+@triton.jit
+def lane_floor(floor_keys_ptr, row, top_k, P: tl.constexpr, P_PAD: tl.constexpr):
+    """The pool's k-th largest key (_INT32_MIN when the pool holds fewer than k tokens: every token is above)."""
+    i = tl.arange(0, P_PAD * _TOP_LANES)
+    pooled = tl.load(floor_keys_ptr + row * P * _TOP_LANES + i, mask=i < P * _TOP_LANES, other=_INT32_MIN)
+    ordered = tl.sort(pooled, 0, descending=True)
+    return tl.max(tl.where(i == top_k - 1, ordered, _INT32_MIN), 0)
+
+
+@triton.jit
+def compact_floor_chunk(src, row, chunk, floor, counter_ptr, cand_row, list_row, vocab_size: tl.constexpr,
+                        CAND: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr):
+    """Copy this chunk's tokens at or above the floor: keys into the candidate list, ids into the race's list, at
+    the same slots (the row's candidate counter; a block without any skips the atomic)."""
+    for start in range(0, CHUNK, BLOCK):
+        offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
+        key = sortable_key(canonical(tl.load(src + offs, mask=offs < vocab_size, other=float("-inf"))))
+        taken = (offs < vocab_size) & (key >= floor)
+        num_taken = tl.sum(taken.to(tl.int32), 0)
+        if num_taken > 0:
+            base = tl.atomic_add(counter_ptr + row * COUNTERS, num_taken)
+            slot = base + tl.cumsum(taken.to(tl.int32), 0) - 1
+            tl.store(cand_row + slot, key, mask=taken & (slot < CAND))
+            if RACE > 0:
+                tl.store(list_row + slot, offs, mask=taken & (slot < RACE))
