@@ -32,10 +32,11 @@ def _setting(name: str, choices: dict[str, bool], default: str) -> bool:
 # 119.3 -> 97.8, top_p at one row 42.4 -> 40.6; greedy +0.6 us, a flat top_p row at one row +3.4 us).
 RACE_CAPACITY = 16384
 # BLINK_SAMPLER_TOPK = "search" | "floor": top_k rows without min_p take the lane floor (sampling_floor) instead of
-# the bucket search; off until timed.
+# the bucket search. Session 37 (H200, mean of 2 draws, reject 0, us at 1 / 8 / 32 rows): top_k 39.8 / 51.6 / 98.3
+# -> 26.8 / 36.5 / 54.4, top_k + top_p 54.9 / 107.2 -> 37.1 / 55.0 at 8 / 32, greedy +1.0; 0 mismatches.
 KNOBS = {"BLINK_SAMPLER_RACE": ({"row": False, "list": True}, "list"),
          "BLINK_SAMPLER_COMPACT": ({"twice": False, "once": True}, "once"),
-         "BLINK_SAMPLER_TOPK": ({"search": False, "floor": True}, "search")}  # (choices, default)
+         "BLINK_SAMPLER_TOPK": ({"search": False, "floor": True}, "floor")}  # (choices, default)
 _RACE_DEFAULT = _setting("BLINK_SAMPLER_RACE", *KNOBS["BLINK_SAMPLER_RACE"])
 _ONCE_DEFAULT = _setting("BLINK_SAMPLER_COMPACT", *KNOBS["BLINK_SAMPLER_COMPACT"])
 _FLOOR_DEFAULT = _setting("BLINK_SAMPLER_TOPK", *KNOBS["BLINK_SAMPLER_TOPK"])
@@ -57,7 +58,8 @@ def race_capacity(vocab_size: int, race: int | None = None) -> int:
 # either: the first round only tests the first candidate (float sums, no race: a refused one waits for the second
 # round's race); an "s" last: a launch a round on the GPU too (else the rounds share one launch there,
 # sampling_reject_sync; the interpreter always launches each round). Unset: one round for a one-row plan, top_k
-# rows taken (ONE_ROW_REJECT); one round without them up to 8 rows (FEW_ROWS_REJECT); none above.
+# rows taken (ONE_ROW_REJECT); one round without them up to 8 rows (FEW_ROWS_REJECT); two at 17-32 rows
+# (MANY_ROWS_REJECT); none else.
 REJECT_ROUNDS_MAX = 8
 
 
@@ -78,6 +80,11 @@ ONE_ROW_REJECT = RejectSetting(1, True)
 # pay <= 3 us, top_p and min_p gain) held at 8 rows and failed at 16 (top_p), so plans of 2-8 rows take one. The H200
 # at 8 rows, with the first round's bounded total: top_p 56.4 -> 52.3, min_p 40.3 -> 41.5, top_k +2.5, greedy +2.8.
 FEW_ROWS_REJECT, FEW_ROWS_MAX = RejectSetting(1), 8
+# Session 37 (H200, mean of 3 draws, 32 rows, rounds in one launch): two rounds took top_p 107.9 -> 94.3 us, min_p
+# 75.6 -> 71.6, for greedy +2.9 (a launch a round: +3.8); the rule written for a first round that only tests ("3t":
+# top_p 99.5, min_p 78.0, so it failed) holds for "2": top_p and min_p gain, greedy pays <= 3.5 us. Plans of 17-32
+# rows share 32 rows' grid (512 programs, all resident at once); 9-16 and above 32 were not timed with one launch.
+MANY_ROWS_REJECT, MANY_ROWS = RejectSetting(2), range(17, 33)
 
 
 def reject_setting(value: int | str) -> RejectSetting:
@@ -106,7 +113,8 @@ def reject_plan(race: int, value: int | str | None = None, rows: int = 1) -> Rej
     elif _REJECT_DEFAULT is not None:
         setting = _REJECT_DEFAULT
     else:
-        setting = ONE_ROW_REJECT if rows == 1 else FEW_ROWS_REJECT if rows <= FEW_ROWS_MAX else RejectSetting()
+        setting = (ONE_ROW_REJECT if rows == 1 else FEW_ROWS_REJECT if rows <= FEW_ROWS_MAX
+                   else MANY_ROWS_REJECT if rows in MANY_ROWS else RejectSetting())
     return setting if race > 0 else RejectSetting()
 
 

@@ -236,9 +236,10 @@ def test_the_setting(monkeypatch):
             reject_setting(bad)
     assert reject_plan(1024, "2k") == R(2, True) and reject_plan(0, "2kt") == R()  # the list race
     # unset: one round at one row, top_k rows taken (sessions 34-35); one round, top_p / min_p rows only, up to 8
-    # rows (session 36); none at more
+    # rows (session 36); two at 17-32 rows (session 37); none else
     assert reject_plan(1024, rows=1) == R(1, True) and reject_plan(1024, rows=2) == R(1)
-    assert reject_plan(1024, rows=8) == R(1) and reject_plan(1024, rows=9) == R()
+    assert reject_plan(1024, rows=8) == R(1) and reject_plan(1024, rows=9) == R() == reject_plan(1024, rows=16)
+    assert reject_plan(1024, rows=17) == R(2) == reject_plan(1024, rows=32) and reject_plan(1024, rows=33) == R()
     assert _Plan(torch.zeros(1, 1000), race=1024).reject == 1 and _Plan(torch.zeros(8, 1000), race=1024).reject == 1
     assert _Plan(torch.zeros(16, 1000), race=1024).reject == 0
     monkeypatch.setattr(sampling_grid, "_REJECT_DEFAULT", reject_setting("3kt"))
@@ -308,5 +309,6 @@ def test_gpu_rounds_in_one_launch(setting):
         assert not plan.reject_separate and each_plan.reject_separate
         assert one.token_ids.tolist() == each.token_ids.tolist()
         assert marks(plan) == marks(each_plan) and marks(plan).count("decided") >= rows // 4, marks(plan)
-        assert torch.equal(plan.reject_state[:, :2], each_plan.reject_state[:, :2])
+        chosen = plan.reject_state[:, 0] == DECIDED.value  # the token word is written for decided rows alone
+        assert torch.equal(plan.reject_state[chosen, 1], each_plan.reject_state[chosen, 1])
         assert plan.counters[0, 6].item() == rows * plan.num_chunks  # every cell handed out once
