@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from blink.kernels.sampling_plan import COUNTERS
-from blink.kernels.sampling_select import canonical, sortable_key
+from blink.kernels.sampling_topk import copy_at_or_above
 
 TOP_LANES = 4  # lane maxima a chunk gives the pool
 _TOP_LANES = tl.constexpr(TOP_LANES)
@@ -57,15 +57,6 @@ def lane_floor(floor_keys_ptr, row, top_k, P: tl.constexpr, P_PAD: tl.constexpr)
 def compact_floor_chunk(src, row, chunk, floor, counter_ptr, cand_row, list_row, vocab_size: tl.constexpr,
                         CAND: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr):
     """Copy this chunk's tokens at or above the floor: keys into the candidate list, ids into the race's list, at
-    the same slots (the row's candidate counter; a block without any skips the atomic)."""
-    for start in range(0, CHUNK, BLOCK):
-        offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-        key = sortable_key(canonical(tl.load(src + offs, mask=offs < vocab_size, other=float("-inf"))))
-        taken = (offs < vocab_size) & (key >= floor)
-        num_taken = tl.sum(taken.to(tl.int32), 0)
-        if num_taken > 0:
-            base = tl.atomic_add(counter_ptr + row * COUNTERS, num_taken)
-            slot = base + tl.cumsum(taken.to(tl.int32), 0) - 1
-            tl.store(cand_row + slot, key, mask=taken & (slot < CAND))
-            if RACE > 0:
-                tl.store(list_row + slot, offs, mask=taken & (slot < RACE))
+    the same slots (the row's candidate counter)."""
+    copy_at_or_above(src, chunk, floor, counter_ptr + row * COUNTERS, cand_row, list_row, vocab_size, CAND, RACE,
+                     CHUNK, BLOCK)

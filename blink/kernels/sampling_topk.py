@@ -64,22 +64,31 @@ def top_floor(top_keys_ptr, part_smallest_ptr, row, K: tl.constexpr, P: tl.const
 
 
 @triton.jit
+def copy_at_or_above(src, chunk, floor, counter, key_row, id_row, vocab_size: tl.constexpr, KEYS: tl.constexpr,
+                     IDS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Copy this chunk's tokens whose key is at or above `floor`: keys into key_row (the first KEYS slots), ids into
+    id_row (the first IDS; 0: none), at slots taken from the int32 at `counter` (a block without any skips the
+    atomic)."""
+    for start in range(0, CHUNK, BLOCK):
+        offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
+        key = sortable_key(canonical(tl.load(src + offs, mask=offs < vocab_size, other=float("-inf"))))
+        taken = (offs < vocab_size) & (key >= floor)
+        num_taken = tl.sum(taken.to(tl.int32), 0)
+        if num_taken > 0:
+            slot = tl.atomic_add(counter, num_taken) + tl.cumsum(taken.to(tl.int32), 0) - 1
+            tl.store(key_row + slot, key, mask=taken & (slot < KEYS))
+            if IDS > 0:
+                tl.store(id_row + slot, offs, mask=taken & (slot < IDS))
+
+
+@triton.jit
 def compact_top_chunk(logits_ptr, row, chunk, top_keys_ptr, part_smallest_ptr, counter_ptr, cand_key_ptr, cand_id_ptr,
                       vocab_size: tl.constexpr, K: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
                       CAND: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Copy this chunk's tokens at or above the row's floor (key and id) into the row's candidate list."""
-    floor = top_floor(top_keys_ptr, part_smallest_ptr, row, K, P, P_PAD)
-    raw_row = logits_ptr + row.to(tl.int64) * vocab_size
-    for start in range(0, CHUNK, BLOCK):
-        offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-        key = sortable_key(canonical(tl.load(raw_row + offs, mask=offs < vocab_size, other=float("-inf"))))
-        taken = (offs < vocab_size) & (key >= floor)
-        num_taken = tl.sum(taken.to(tl.int32), 0)
-        if num_taken > 0:
-            base = tl.atomic_add(counter_ptr + row * COUNTERS + 1, num_taken)
-            slot = base + tl.cumsum(taken.to(tl.int32), 0) - 1
-            tl.store(cand_key_ptr + row * CAND + slot, key, mask=taken & (slot < CAND))
-            tl.store(cand_id_ptr + row * CAND + slot, offs, mask=taken & (slot < CAND))
+    copy_at_or_above(logits_ptr + row.to(tl.int64) * vocab_size, chunk,
+                     top_floor(top_keys_ptr, part_smallest_ptr, row, K, P, P_PAD), counter_ptr + row * COUNTERS + 1,
+                     cand_key_ptr + row * CAND, cand_id_ptr + row * CAND, vocab_size, CAND, CAND, CHUNK, BLOCK)
 
 
 @triton.jit

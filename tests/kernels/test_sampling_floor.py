@@ -12,7 +12,7 @@ from blink.kernels.sampling_floor import TOP_LANES
 from blink.kernels.sampling_ref import apply_penalties_ref, canonical
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
-from tests.kernels.test_sampling_race import sample_with_plan
+from tests.kernels.test_sampling_race import on_cuda, sample_with_plan
 
 PARAMS = [
     SamplingParams(temperature=0.8, top_k=5),
@@ -121,13 +121,8 @@ def test_gpu_real_vocab(num_rows):
     vocab = 128256
     logits, slots, positions, cpu_state = batch(vocab, num_rows + 1, seed=num_rows)
     logits = logits.bfloat16().float()
-    state = SamplingState(cpu_state.max_slots, vocab, "cuda")
-    for name, tensor in vars(cpu_state).items():
-        if isinstance(tensor, torch.Tensor):
-            getattr(state, name).copy_(tensor)
+    state = on_cuda(cpu_state)
     ref = sample_ref(logits, slots, positions, cpu_state, 20)
     got, plan = sample_with_plan(logits.cuda(), slots.cuda(), positions.cuda(), state, 20, 16384, floor=True)
-    assert got.token_ids.cpu().tolist() == ref.token_ids.tolist()
-    torch.testing.assert_close(got.logprobs.cpu(), ref.logprobs, rtol=1e-5, atol=1e-5)
-    assert torch.equal(got.top_ids.cpu(), ref.top_ids)
+    assert_reference(type(got)(*(t.cpu() for t in got)), ref)
     assert int(plan.fell_back.sum()) == 0

@@ -32,6 +32,15 @@ def sample_with_plan(logits, slots, positions, state, k, race, cand=None, once=F
     return _choose_and_score(logits, processed, threshold, slots, positions, state, k, plan), plan
 
 
+def on_cuda(cpu_state: SamplingState) -> SamplingState:
+    """A CUDA copy of a CPU sampling state (the GPU tests' batches are built on the CPU for the reference)."""
+    state = SamplingState(cpu_state.max_slots, cpu_state.vocab_size, "cuda")
+    for name, tensor in vars(cpu_state).items():
+        if isinstance(tensor, torch.Tensor):
+            getattr(state, name).copy_(tensor)
+    return state
+
+
 def assert_same(got, ref, row_race):
     assert got.token_ids.tolist() == ref.token_ids.tolist()
     assert torch.equal(got.top_ids, ref.top_ids)

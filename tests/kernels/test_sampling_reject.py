@@ -13,7 +13,7 @@ from blink.kernels.sampling_plan import DECIDED, PENDING, SEARCH
 from blink.kernels.sampling_ref import WEIGHT_SCALE, apply_penalties_ref, canonical
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
-from tests.kernels.test_sampling_race import assert_same, filtered_rows, sample_with_plan
+from tests.kernels.test_sampling_race import assert_same, filtered_rows, on_cuda, sample_with_plan
 
 PARAMS = [
     SamplingParams(temperature=0.8, top_p=0.9, logprobs=2),
@@ -274,10 +274,7 @@ def test_gpu_real_vocab(setting):
     vocab = 128256
     logits, slots, positions, cpu_state = batch(vocab, 40, seed=len(setting))
     logits = logits.bfloat16().float()
-    state = SamplingState(cpu_state.max_slots, vocab, "cuda")
-    for name, tensor in vars(cpu_state).items():
-        if isinstance(tensor, torch.Tensor):
-            getattr(state, name).copy_(tensor)
+    state = on_cuda(cpu_state)
     ref = sample_ref(logits, slots, positions, cpu_state, 20)
     got, plan = sample_with_plan(logits.cuda(), slots.cuda(), positions.cuda(), state, 20, 16384, reject=setting)
     assert got.token_ids.cpu().tolist() == ref.token_ids.tolist()
@@ -299,10 +296,7 @@ def test_gpu_rounds_in_one_launch(setting):
     vocab = 128256
     for rows in (32, 48):
         logits, slots, positions, cpu_state = batch(vocab, rows, seed=rows)
-        state = SamplingState(cpu_state.max_slots, vocab, "cuda")
-        for name, tensor in vars(cpu_state).items():
-            if isinstance(tensor, torch.Tensor):
-                getattr(state, name).copy_(tensor)
+        state = on_cuda(cpu_state)
         on_gpu = (logits.bfloat16().float().cuda(), slots.cuda(), positions.cuda())
         one, plan = sample_with_plan(*on_gpu, state, 2, 16384, reject=setting)
         each, each_plan = sample_with_plan(*on_gpu, state, 2, 16384, reject=setting + "s")
