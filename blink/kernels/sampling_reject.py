@@ -44,7 +44,14 @@ from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, scale_cutoff, top_p_weight
 from blink.kernels.sampling_plan import DECIDED, PENDING, REJECT_WORDS, SEARCH
 from blink.kernels.sampling_reject_bounds import BOUND_SLACK, mass_bounds, row_total_bounds
-from blink.kernels.sampling_reject_sync import last_of_row, program_cell, release_round, wait_round
+from blink.kernels.sampling_reject_sync import (
+    last_of_row,
+    merge_race,
+    program_cell,
+    release_round,
+    sum_parts,
+    wait_round,
+)
 from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, row_hash
 from blink.kernels.sampling_select import canonical
 
@@ -138,21 +145,6 @@ def first_race(src, chunk, chunk_key_max, temperature, top_p, min_p, seed, posit
 
 
 @triton.jit
-def _merge(part_best_ptr, part_token_ptr, row, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr):
-    """The row's race winner over its chunks' partials (vocab_size if none)."""
-    c = tl.arange(0, P_PAD)
-    best = tl.load(part_best_ptr + row * P + c, mask=c < P, other=float("-inf"), cache_modifier=".cg")
-    token = tl.load(part_token_ptr + row * P + c, mask=c < P, other=vocab_size, cache_modifier=".cg")
-    return tl.min(tl.where(best == tl.max(best, 0), token, vocab_size), 0)
-
-
-@triton.jit
-def _sum_parts(ptr, row, P: tl.constexpr, P_PAD: tl.constexpr):
-    c = tl.arange(0, P_PAD)
-    return tl.sum(tl.load(ptr + row * P + c, mask=c < P, other=0, cache_modifier=".cg"), 0)
-
-
-@triton.jit
 def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
            seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr, first_token_ptr, first_mass_ptr,
            part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr,
@@ -169,7 +161,7 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
         filtered, processed, temperature, top_k, top_p, min_p = row_params(
             row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, False)
         top, finite = _row_top(key_max_ptr, row, P, P_PAD)
-        candidate = _merge(first_best_ptr, first_token_ptr, row, vocab_size, P, P_PAD)
+        candidate = merge_race(first_best_ptr, first_token_ptr, row, vocab_size, P, P_PAD)
         pending = taken(filtered, top_k, top_p, TOP_K) & finite & (candidate < vocab_size)
         if ~pending & (chunk == 0):
             tl.store(state, tl.full([], SEARCH, tl.int64))
@@ -206,15 +198,15 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
         if FIRST:
             tl.store(part_total_ptr + part, total)
         if last_of_row(counter_ptr, row, launch * P):
-            above = _sum_parts(part_count_ptr, row, P, P_PAD)
+            above = sum_parts(part_count_ptr, row, P, P_PAD)
             if TESTS_ONLY:
                 mass_lo, mass_hi = mass_bounds(part_best_ptr, row, above, P, P_PAD, SLACK)
             else:
-                mass_lo = _sum_parts(part_weight_ptr, row, P, P_PAD).to(tl.float64)
+                mass_lo = sum_parts(part_weight_ptr, row, P, P_PAD).to(tl.float64)
                 mass_hi = mass_lo
             if FIRST:
                 if exact_total:
-                    total_lo = _sum_parts(part_total_ptr, row, P, P_PAD)
+                    total_lo = sum_parts(part_total_ptr, row, P, P_PAD)
                     total_hi = total_lo
                 else:
                     total_lo, total_hi = row_total_bounds(first_mass_ptr, key_max_ptr, row, inv_temperature, s_max,
@@ -238,7 +230,7 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
                     tl.store(state, tl.full([], PENDING, tl.int64))
                 tl.store(state + 1, candidate.to(tl.int64))
             else:
-                following = _merge(part_best_ptr, part_token_ptr, row, vocab_size, P, P_PAD)
+                following = merge_race(part_best_ptr, part_token_ptr, row, vocab_size, P, P_PAD)
                 if ~kept & ~refused:  # the total's bounds straddle the budget (never when exact): the search decides
                     tl.store(state, tl.full([], SEARCH, tl.int64))
                 elif kept:

@@ -43,5 +43,7 @@ def mass_bounds(part_mass_ptr, row, above, P: tl.constexpr, P_PAD: tl.constexpr,
     """Float64 bounds lo <= mass <= hi on the exact integer mass of the `above` tokens whose float exps the
     chunks summed."""
     c = tl.arange(0, P_PAD)
-    approx = tl.sum(tl.load(part_mass_ptr + row * P + c, mask=c < P, other=0.0).to(tl.float64), 0) * _SCALE
+    # written by the row's other programs, in the same launch when the rounds share one (sampling_reject_sync: ".cg")
+    mass = tl.load(part_mass_ptr + row * P + c, mask=c < P, other=0.0, cache_modifier=".cg")
+    approx = tl.sum(mass.to(tl.float64), 0) * _SCALE
     return tl.maximum(approx * (1.0 - SLACK) - above.to(tl.float64), 0.0), approx * (1.0 + SLACK)

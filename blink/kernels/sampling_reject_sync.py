@@ -55,3 +55,19 @@ def wait_round(counter_ptr, row, rounds):
     released = tl.atomic_add(counter_ptr + row * COUNTERS + REJECT_RELEASED, 0, sem="acquire", scope="gpu")
     while released < rounds:
         released = tl.atomic_add(counter_ptr + row * COUNTERS + REJECT_RELEASED, 0, sem="acquire", scope="gpu")
+
+
+@triton.jit
+def merge_race(part_best_ptr, part_token_ptr, row, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr):
+    """The row's race winner over its chunks' partials (vocab_size if none)."""
+    c = tl.arange(0, P_PAD)
+    best = tl.load(part_best_ptr + row * P + c, mask=c < P, other=float("-inf"), cache_modifier=".cg")
+    token = tl.load(part_token_ptr + row * P + c, mask=c < P, other=vocab_size, cache_modifier=".cg")
+    return tl.min(tl.where(best == tl.max(best, 0), token, vocab_size), 0)
+
+
+@triton.jit
+def sum_parts(ptr, row, P: tl.constexpr, P_PAD: tl.constexpr):
+    """The sum of the row's chunk partials at ptr."""
+    c = tl.arange(0, P_PAD)
+    return tl.sum(tl.load(ptr + row * P + c, mask=c < P, other=0, cache_modifier=".cg"), 0)

@@ -58,44 +58,32 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_p
     threshold = tl.full([], float("-inf"), tl.float32)
     fell_back = tl.zeros([], tl.int32)
     listed = tl.full([], -1, tl.int32)
-    if filtered & FLOOR & floor_row(top_k, min_p, vocab_size, P):
+    if filtered:
         top, finite = _row_top(key_max_ptr, row, P, P_PAD)
-        count = tl.load(counter_ptr + row * COUNTERS)  # at least top_k (sampling_floor)
-        floor = tl.full([], _INT32_MIN, tl.int32)
-        searched = (finite & (count <= CAND)).to(tl.int32)
-        if searched:
-            inv_temperature = tl.math.div_rn(1.0, temperature)
-            none_above = tl.zeros([], tl.int32)
-            args = (cand_ptr + row * CAND, count, none_above, none_above.to(tl.int64), floor,
-                    tl.zeros([], tl.float64), True, top_k, top_p, inv_temperature, key_value(top) * inv_temperature)
-            if count <= SMALL:
-                floor, searched = _resolve_candidates(*args, SMALL)
-            else:
-                floor, searched = _resolve_candidates(*args, CAND)
-        threshold = key_value(floor)
-        listed = tl.where((searched != 0) & (RACE > 0) & (count <= RACE), count, -1)
-        if searched == 0:
-            fell_back = tl.full([], 1, tl.int32)
-            threshold = search_threshold(_row_source(logits_ptr, processed_ptr, row, processed, vocab_size),
-                                         scratch_ptr + row.to(tl.int64) * vocab_size, temperature, top_k, top_p,
-                                         min_p, vocab_size, BLOCK)
-    elif filtered:
-        top, finite = _row_top(key_max_ptr, row, P, P_PAD)
-        c = tl.arange(0, P_PAD)
-        floor = tl.min(tl.load(kept_min_ptr + row * P + c, mask=c < P, other=_INT32_MAX), 0)  # smallest kept
-        searched = finite.to(tl.int32)
-        # the refine kernel planned finite rows only: the others' words are never read
-        top_k_active, j_lo, j_hi, _, f_lo, f_hi, num_above, num_candidates, total = load_row_plan(
-            plan_ptr + row * PLAN_WORDS)
-        if finite & (j_lo <= j_hi):
+        zero = tl.zeros([], tl.int32)
+        if FLOOR & floor_row(top_k, min_p, vocab_size, P):  # the copy of the tokens at or above the lane floor
+            # (sampling_floor): at least top_k of them, no plan, nothing counted before them
+            num_candidates = tl.load(counter_ptr + row * COUNTERS)
+            top_k_active, num_above, mass_above, budget = zero == 0, zero, zero.to(tl.int64), zero.to(tl.float64)
+            floor, gathered, sound = tl.full([], _INT32_MIN, tl.int32), finite, zero == 0
+            complete = (num_candidates <= RACE) & (RACE > 0)
+        else:  # the bucket plan's candidates; the refine kernel planned finite rows only: the others' words are
+            # never read
+            c = tl.arange(0, P_PAD)
+            floor = tl.min(tl.load(kept_min_ptr + row * P + c, mask=c < P, other=_INT32_MAX), 0)  # smallest kept
+            top_k_active, j_lo, j_hi, _, f_lo, f_hi, num_above, num_candidates, total = load_row_plan(
+                plan_ptr + row * PLAN_WORDS)
             budget = top_p.to(tl.float64) * total.to(tl.float64)  # plan_coarse's
-            mass_coarse = tl.load(sums_ptr + row * 2)
-            searched = ((num_candidates <= CAND) & (f_lo <= f_hi)).to(tl.int32)  # f_lo <= f_hi: the plan is sound
+            mass_above = tl.load(sums_ptr + row * 2) + tl.load(sums_ptr + row * 2 + 1)
+            gathered, sound = finite & (j_lo <= j_hi), f_lo <= f_hi  # f_lo <= f_hi: the plan is sound
+            complete = list_fits(j_lo, j_hi, num_above, num_candidates, CAND, RACE)
+        searched = finite.to(tl.int32)
+        if gathered:
+            searched = ((num_candidates <= CAND) & sound).to(tl.int32)
             if searched:
                 inv_temperature = tl.math.div_rn(1.0, temperature)
                 s_max = key_value(top) * inv_temperature
                 cand_row = cand_ptr + row * CAND
-                mass_above = mass_coarse + tl.load(sums_ptr + row * 2 + 1)
                 if num_candidates <= SMALL:  # the usual case: a short sort
                     floor, searched = _resolve_candidates(cand_row, num_candidates, num_above, mass_above, floor,
                                                           budget, top_k_active, top_k, top_p, inv_temperature, s_max,
@@ -105,8 +93,7 @@ def _resolve_kernel(logits_ptr, processed_ptr, scratch_ptr, out_ptr, fell_back_p
                                                           budget, top_k_active, top_k, top_p, inv_temperature, s_max,
                                                           CAND)
         threshold = key_value(floor)
-        complete = finite & (searched != 0) & list_fits(j_lo, j_hi, num_above, num_candidates, CAND, RACE)
-        listed = tl.where(complete, num_above + num_candidates, -1)  # what the compaction listed
+        listed = tl.where(finite & (searched != 0) & complete, num_above + num_candidates, -1)  # what was listed
         if searched == 0:
             fell_back = tl.full([], 1, tl.int32)
             src = _row_source(logits_ptr, processed_ptr, row, processed, vocab_size)
