@@ -19,11 +19,7 @@ import triton
 import triton.language as tl
 
 from blink.kernels.sampling_plan import COUNTERS
-from blink.kernels.sampling_topk import copy_at_or_above
-
-TOP_LANES = 4  # lane maxima a chunk gives the pool
-_TOP_LANES = tl.constexpr(TOP_LANES)
-_INT32_MIN = tl.constexpr(-0x7FFFFFFF - 1)
+from blink.kernels.sampling_topk import _INT32_MIN, _TOP_LANES, copy_at_or_above, pooled_kth
 
 
 @triton.jit
@@ -34,8 +30,8 @@ def floor_row(top_k, min_p, vocab_size: tl.constexpr, P: tl.constexpr):
 
 @triton.jit
 def store_floor_lanes(floor_keys_ptr, row, chunk, lanes, P: tl.constexpr, BLOCK: tl.constexpr):
-    """This chunk's TOP_LANES largest lane maxima (lanes: one key a lane, _INT32_MIN past the vocabulary), each
-    taken once even when lanes tie."""
+    """This chunk's TOP_LANES largest lane maxima (sampling_topk's pool; lanes: one key a lane, _INT32_MIN past the
+    vocabulary), each taken once even when lanes tie."""
     i = tl.arange(0, BLOCK)
     for n in tl.static_range(_TOP_LANES):
         top = tl.max(lanes, 0)
@@ -47,10 +43,7 @@ def store_floor_lanes(floor_keys_ptr, row, chunk, lanes, P: tl.constexpr, BLOCK:
 @triton.jit
 def lane_floor(floor_keys_ptr, row, top_k, P: tl.constexpr, P_PAD: tl.constexpr):
     """The pool's k-th largest key (_INT32_MIN when the pool holds fewer than k tokens: every token is above)."""
-    i = tl.arange(0, P_PAD * _TOP_LANES)
-    pooled = tl.load(floor_keys_ptr + row * P * _TOP_LANES + i, mask=i < P * _TOP_LANES, other=_INT32_MIN)
-    ordered = tl.sort(pooled, 0, descending=True)
-    return tl.max(tl.where(i == top_k - 1, ordered, _INT32_MIN), 0)
+    return pooled_kth(floor_keys_ptr + row * P * _TOP_LANES, top_k, _TOP_LANES, 0, P, P_PAD)
 
 
 @triton.jit

@@ -11,10 +11,9 @@ import triton
 
 from blink.kernels.pdl import sampler_pdl_for
 from blink.kernels.sampling_bucket import NUM_BUCKETS
-from blink.kernels.sampling_floor import TOP_LANES as FLOOR_LANES
 from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, REJECT_WORDS, log2_buckets
 from blink.kernels.sampling_race import race_block
-from blink.kernels.sampling_topk import TOP_WIDTH
+from blink.kernels.sampling_topk import TOP_LANES, TOP_WIDTH
 
 
 def _setting(name: str, choices: dict[str, bool], default: str) -> bool:
@@ -189,7 +188,7 @@ class _Plan:
         self.reject_weight = torch.empty(2, num_rows, self.num_chunks, dtype=torch.int64, device=device)
         self.compact_once = _ONCE_DEFAULT if compact_once is None else compact_once
         self.topk_floor = _FLOOR_DEFAULT if topk_floor is None else topk_floor
-        self.floor_keys = torch.empty(num_rows, self.num_chunks * FLOOR_LANES, dtype=torch.int32, device=device)
+        self.floor_keys = torch.empty(num_rows, self.num_chunks * TOP_LANES, dtype=torch.int32, device=device)
         self.chunk_hist = torch.empty(num_rows, self.num_chunks, 2 * num_buckets, dtype=torch.int32, device=device) \
             if self.compact_once else torch.empty(1, dtype=torch.int32, device=device)  # coarse, fine per chunk
         # the seven launches' PDL options, decided once per call: each kernel then waits first thing in every

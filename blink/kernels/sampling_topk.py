@@ -47,6 +47,17 @@ def store_chunk_top(top_keys_ptr, row, chunk, lanes, K: tl.constexpr, P: tl.cons
 
 
 @triton.jit
+def pooled_kth(row_keys, k, WIDTH: tl.constexpr, FIRST: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr):
+    """The k-th largest of the row's chunks' TOP_LANES top lane maxima pooled (word FIRST on of each chunk's WIDTH
+    words at row_keys; distinct tokens), or _INT32_MIN when the pool holds fewer than k."""
+    i = tl.arange(0, P_PAD * _TOP_LANES)
+    pooled = tl.load(row_keys + (i // _TOP_LANES) * WIDTH + FIRST + i % _TOP_LANES, mask=i // _TOP_LANES < P,
+                     other=_INT32_MIN)
+    ordered = tl.sort(pooled, 0, descending=True)
+    return tl.max(tl.where(i == k - 1, ordered, _INT32_MIN), 0)
+
+
+@triton.jit
 def top_floor(top_keys_ptr, part_smallest_ptr, row, K: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr):
     """A key of the row at most its K-th largest: the best of the chunks' K-th values and the K-th largest of
     their top lanes pooled, or the row's smallest key."""
@@ -54,11 +65,7 @@ def top_floor(top_keys_ptr, part_smallest_ptr, row, K: tl.constexpr, P: tl.const
     row_keys = top_keys_ptr + row * P * _TOP_WIDTH
     certified = tl.max(tl.load(row_keys + c * _TOP_WIDTH, mask=c < P, other=_INT32_MIN), 0)
     if K <= P_PAD * _TOP_LANES:
-        i = tl.arange(0, P_PAD * _TOP_LANES)
-        pooled = tl.load(row_keys + (i // _TOP_LANES) * _TOP_WIDTH + 1 + i % _TOP_LANES, mask=i // _TOP_LANES < P,
-                         other=_INT32_MIN)
-        ordered = tl.sort(pooled, 0, descending=True)
-        certified = tl.maximum(certified, tl.max(tl.where(i == K - 1, ordered, _INT32_MIN), 0))
+        certified = tl.maximum(certified, pooled_kth(row_keys, K, _TOP_WIDTH, 1, P, P_PAD))
     smallest = tl.min(tl.load(part_smallest_ptr + row * P + c, mask=c < P, other=_INT32_MAX), 0)
     return tl.maximum(certified, smallest)
 

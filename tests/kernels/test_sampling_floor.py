@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blink.kernels.sampling import sample_ref
-from blink.kernels.sampling_floor import TOP_LANES
 from blink.kernels.sampling_ref import apply_penalties_ref, canonical
 from blink.kernels.sampling_state import SamplingState
+from blink.kernels.sampling_topk import TOP_LANES
 from blink.request import SamplingParams
 from tests.kernels.test_sampling_race import on_cuda, sample_with_plan
 
