@@ -3,7 +3,6 @@
     python -m bench.kernels.sampler [--sizes 1 8 32 128] [--scenarios top_p,min_p] [--no-old] [--no-check]
                                     [--buckets 4096,512] [--programs 256,1024] [--pdl off,on,engine]
                                     [--race row,list] [--compact twice,once] [--reject 0,2] [--topk search,floor]
-                                    [--stages 1,3]
 
 Each (scenario, S) runs sample() at V = 128256 captured in a CUDA graph, as the engine runs it, timed
 with triton.testing.do_bench (median, L2 flushed before each replay). "old" is the sampler of git e896288
@@ -29,8 +28,6 @@ by the draw (session 35: one round left 2 of 32 top_p rows pending on the first 
 (sampling_reject; k: top_k-only rows too; t: the first round only tests; s: a launch a round; BLINK_SAMPLER_REJECT
 in the engine; it needs the list race: with the row race it runs none). The mismatch column's thresholds are the
 search's (no rejection), its tokens the column's.
---stages 1,3: each column also with the streaming passes' loads that many stages deep (sampling_grid.LOOP_STAGES;
-BLINK_SAMPLER_STAGES in the engine; 1: a plain loop).
 """
 from __future__ import annotations
 
@@ -111,12 +108,11 @@ def time_graph(fn) -> float:
     return triton.testing.do_bench(graph.replay, return_mode="median") * 1000
 
 
-def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs, race, once, reject, floor,
-               stages) -> str:
+def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs, race, once, reject, floor) -> str:
     """Tokens, thresholds and top-logprob rows where the GPU and the CPU reference differ, and "/" the rows whose
     threshold took the one-program search (the bucket plan's candidates did not fit)."""
     got = sampling.sample_triton(logits, slots, positions, state, MAX_TOP_LOGPROBS, num_buckets, programs,
-                                 race=race, compact_once=once, reject=reject, topk_floor=floor, stages=stages)
+                                 race=race, compact_once=once, reject=reject, topk_floor=floor)
     cpu = [t.cpu() for t in (logits, slots, positions)]
     ref = sampling.sample_ref(*cpu, cpu_state, MAX_TOP_LOGPROBS)
     penalized = sampling.apply_penalties_ref(cpu[0], cpu[1], cpu_state)
@@ -151,8 +147,6 @@ def main() -> None:
                                                        "launch for all)")
     parser.add_argument("--topk", default="search", help="search, floor or search,floor: top_k rows by the bucket "
                                                           "search or the lane floor (sampling_floor)")
-    parser.add_argument("--stages", default="1", help="comma-separated pipeline depths of the streaming passes "
-                                                       "(1: a plain loop)")
     parser.add_argument("--draws", type=int, default=1,
                         help="time each cell over this many position vectors (the race's noise; each its own "
                              "graph): the mean, and a line of min-max; the rejection's cost depends on the draw")
@@ -162,17 +156,15 @@ def main() -> None:
     pdls = {"off": False, "on": True, "engine": "one_row"}
     races, reads, topks = {"row": 0, "list": RACE_CAPACITY}, {"twice": False, "once": True}, {"search": False,
                                                                                           "floor": True}
-    columns = [(int(b), None if p == "engine" else int(p), pdls[pdl], races[race], reads[once], rounds, topks[k],
-                stages)
+    columns = [(int(b), None if p == "engine" else int(p), pdls[pdl], races[race], reads[once], rounds, topks[k])
                for b in args.buckets.split(",") for p in args.programs.split(",") for pdl in args.pdl.split(",")
                for race in args.race.split(",") for once in args.compact.split(",")
                for rounds in args.reject.split(",")  # rounds: a BLINK_SAMPLER_REJECT setting
-               for k in args.topk.split(",") for stages in args.stages.split(",")]
+               for k in args.topk.split(",")]
     print(f"V={VOCAB}, {torch.cuda.get_device_name()}, old = git e896288 (bench/kernels/sampling_old.py)")
-    label = lambda nb, p, pdl, race, once, rounds, floor, stages: (
+    label = lambda nb, p, pdl, race, once, rounds, floor: (
         f"nb={nb} p={p or ENG}{PDL_LABELS[pdl]}{'+list' if race else ''}{'+once' if once else ''}"
-        f"{f'+rj{rounds}' if rounds != '0' else ''}{'+floor' if floor else ''}"
-        f"{f'+st{stages}' if stages != '1' else ''} us")
+        f"{f'+rj{rounds}' if rounds != '0' else ''}{'+floor' if floor else ''} us")
     print(f"{'scenario':<13}{'S':>5}" + "".join(f"{label(*c):>32}{'bad/fb':>7}" for c in columns)
           + f"{'old us':>10}{'speedup':>9}")
     for name in args.scenarios.split(","):
@@ -182,13 +174,13 @@ def main() -> None:
             gpu = (logits.cuda(), slots.cuda(), positions.cuda())
             draws = [gpu] + [(gpu[0], gpu[1], p.cuda()) for p in other_positions(positions, args.draws - 1)]
             cells, spreads, first_us = "", "", None
-            for nb, p, pdl, race, once, rounds, floor, stages in columns:
+            for nb, p, pdl, race, once, rounds, floor in columns:
                 with pdl_switched(pdl, "sampler"):  # read at each launch, so at the capture
                     times = [time_graph(lambda d=d: sampling.sample_triton(  # noqa: B023
                         *d, state, MAX_TOP_LOGPROBS, nb, p, race=race, compact_once=once, reject=rounds,  # noqa: B023
-                        topk_floor=floor, stages=int(stages))) for d in draws]  # noqa: B023
+                        topk_floor=floor)) for d in draws]  # noqa: B023
                     bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb, p, race, once, rounds,
-                                                               floor, int(stages))
+                                                               floor)
                 us = sum(times) / len(times)
                 first_us = first_us or us
                 cells += f"{us:>32.1f}{bad:>7}"

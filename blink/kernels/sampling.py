@@ -69,9 +69,9 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
                    seed_ptr, part_max_ptr, part_sum_ptr, part_best_ptr, part_token_ptr, part_largest_ptr,
                    race_count_ptr, race_ids_ptr, vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr,
                    KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr = 0,
-                   RACE_BLOCK: tl.constexpr = 16, STAGES: tl.constexpr = 1, USE_PDL: tl.constexpr = False):
+                   RACE_BLOCK: tl.constexpr = 16, USE_PDL: tl.constexpr = False):
     """RACE > 0: rows the resolve marked race over their list only (sampling_race); the penalties kernel wrote
-    their log-sum-exp partials. STAGES: the other rows' pass loads its blocks ahead (sampling_grid.LOOP_STAGES)."""
+    their log-sum-exp partials."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -104,7 +104,7 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
         largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)  # of the raw row, for the top-K fallback search
         best = tl.full([BLOCK], float("-inf"), tl.float32)  # a lane keeps its first maximum
         best_token = tl.full([BLOCK], vocab_size, tl.int32)
-        for start in tl.range(0, CHUNK, BLOCK, num_stages=STAGES):
+        for start in range(0, CHUNK, BLOCK):
             offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
             valid = offs < vocab_size
             x = tl.load(raw_row + offs, mask=valid, other=float("-inf"))
@@ -190,18 +190,18 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
     compact_regs = {"maxnreg": 64} if (plan.race > 0 or once) and num_rows > 1 else {}
     _bucket_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.kept_min, plan.part_total, plan.hist,
                               plan.chunk_hist, vocab_size, **sizes, CHUNK=plan.chunk, BLOCK=plan.block,
-                              CHUNK_HIST=once and plan.race > 0, FLOOR=plan.topk_floor, STAGES=plan.stages,
-                              num_warps=4, **pdl, **_NO_FUSION)
+                              CHUNK_HIST=once and plan.race > 0, FLOOR=plan.topk_floor, num_warps=4, **pdl,
+                              **_NO_FUSION)
     _refine_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.part_total, plan.hist, plan.sums,
                               plan.counters, plan.row_plans, plan.chunk_hist, vocab_size, **levels, CHUNK=plan.chunk,
-                              BLOCK=plan.block, CHUNK_HIST=once, FLOOR=plan.topk_floor, STAGES=plan.stages,
-                              num_warps=4, **pdl, **_NO_FUSION)
+                              BLOCK=plan.block, CHUNK_HIST=once, FLOOR=plan.topk_floor, num_warps=4, **pdl,
+                              **_NO_FUSION)
     _compact_kernel[plan.grid](logits, processed, *params, plan.row_max, plan.row_plans, plan.sums, plan.counters,
                                plan.cand_i32[0], state.num_logprobs, plan.top_keys, plan.part_i32[1],
                                plan.cand_i32[1], plan.cand_i32[2], plan.race_ids, plan.chunk_hist, plan.floor_keys,
                                vocab_size, **sizes, CAND=plan.cand, K=max_top_logprobs, CHUNK=plan.chunk,
-                               BLOCK=plan.block, RACE=plan.race, ONCE=once, FLOOR=plan.topk_floor,
-                               STAGES=plan.stages, num_warps=8, **compact_regs, **pdl,
+                               BLOCK=plan.block, RACE=plan.race, ONCE=once, FLOOR=plan.topk_floor, num_warps=8,
+                               **compact_regs, **pdl,
                                **_NO_FUSION)  # 8 warps: chosen when it also ran the plans' NB-wide scans
     out = torch.empty(num_rows, dtype=torch.float32, device=logits.device)
     _resolve_kernel[(num_rows,)](logits, processed, plan.scratch, out, plan.fell_back, *params, plan.row_max,
@@ -223,7 +223,7 @@ def _choose_and_score(logits, processed, threshold, slots, positions, state, max
         logits, processed, threshold, slots, positions, state.flags, state.temperature, state.seed,
         f32[0], f32[1], f32[2], i32[0], i32[2], plan.race_count, plan.race_ids, vocab_size,
         NUM_CHUNKS=plan.num_chunks, KEY_BYTES=KEY_BYTES, CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race,
-        RACE_BLOCK=plan.race_block, STAGES=plan.stages, num_warps=4, **plan.pdl, **_NO_FUSION,
+        RACE_BLOCK=plan.race_block, num_warps=4, **plan.pdl, **_NO_FUSION,
     )
     if out is None:
         out = SampleOutput(torch.empty(num_rows, dtype=torch.int64, device=device),
@@ -277,16 +277,15 @@ def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Te
                   max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
                   out: SampleOutput | None = None, race: int | None = None,
                   compact_once: bool | None = None, reject: int | None = None, record: bool = False,
-                  topk_floor: bool | None = None, stages: int | None = None) -> SampleOutput:
+                  topk_floor: bool | None = None) -> SampleOutput:
     """race: the list race's capacity per row (sampling_grid.race_capacity; None: BLINK_SAMPLER_RACE's);
     compact_once: the compaction's one read (sampling_compact; None: BLINK_SAMPLER_COMPACT's); reject: the
     rejection's rounds before the search (sampling_reject; None: BLINK_SAMPLER_REJECT's); record: the state's
     updates after the choice too (sample's); topk_floor: top_k rows by the lane floor (sampling_floor; None:
-    BLINK_SAMPLER_TOPK's); stages: the streaming passes' loads ahead (sampling_grid.LOOP_STAGES; None: its
-    BLINK_SAMPLER_STAGES)."""
+    BLINK_SAMPLER_TOPK's)."""
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
-    plan = _Plan(logits, num_buckets, programs, race, compact_once, reject, topk_floor, stages)
+    plan = _Plan(logits, num_buckets, programs, race, compact_once, reject, topk_floor)
     processed = torch.empty_like(logits)
     prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs,
              positions=positions)

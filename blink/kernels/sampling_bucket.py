@@ -136,10 +136,9 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
                    vocab_size: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
                    CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                    CHUNK_HIST: tl.constexpr = False, REJECT: tl.constexpr = False, FLOOR: tl.constexpr = False,
-                   STAGES: tl.constexpr = 1, USE_PDL: tl.constexpr = False):
+                   USE_PDL: tl.constexpr = False):
     """CHUNK_HIST: also keep this chunk's coarse histogram, cumulative (sampling_compact's one-read compaction).
-    FLOOR: the rows that take the lane floor (sampling_floor) skip it. STAGES: the pass loads its blocks ahead
-    (sampling_grid.LOOP_STAGES)."""
+    FLOOR: the rows that take the lane floor (sampling_floor) skip it."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -152,7 +151,7 @@ def _bucket_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
         hist = tl.zeros([NB], tl.int32)
         total = tl.zeros([BLOCK], tl.int64)
         smallest = tl.full([BLOCK], _INT32_MAX, tl.int32)
-        for start in tl.range(0, CHUNK, BLOCK, num_stages=STAGES):
+        for start in range(0, CHUNK, BLOCK):
             offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
             x = canonical(tl.load(src + offs, mask=offs < vocab_size, other=float("-inf")))
             kept = (offs < vocab_size) & (x * inv_temperature >= cutoff)
@@ -172,12 +171,10 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
                    reject_ptr, key_max_ptr, part_total_ptr, hist_ptr, sums_ptr, counter_ptr, plan_ptr, chunk_hist_ptr,
                    vocab_size: tl.constexpr, NB: tl.constexpr, LOG2_NB: tl.constexpr, P: tl.constexpr,
                    P_PAD: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, CHUNK_HIST: tl.constexpr = False,
-                   REJECT: tl.constexpr = False, FLOOR: tl.constexpr = False, STAGES: tl.constexpr = 1,
-                   USE_PDL: tl.constexpr = False):
+                   REJECT: tl.constexpr = False, FLOOR: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     """The fine histogram of the coarse range, and the exact weight of the kept tokens before it; the row's last
     program to finish plans the fine level for the kernels after (store_row_plan). CHUNK_HIST: also keep this
-    chunk's fine histogram, cumulative (sampling_compact's one-read compaction). FLOOR, STAGES: as the bucket
-    kernel's."""
+    chunk's fine histogram, cumulative (sampling_compact's one-read compaction). FLOOR: as the bucket kernel's."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -196,7 +193,7 @@ def _refine_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_
                                                              min_p, top, vocab_size)
             fine = tl.zeros([NB], tl.int32)
             before = tl.zeros([BLOCK], tl.int64)
-            for start in tl.range(0, CHUNK, BLOCK, num_stages=STAGES):
+            for start in range(0, CHUNK, BLOCK):
                 offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
                 x, kept, coarse, inside, sub = _classify(src, offs, inv_temperature, s_max, cutoff, j_lo, j_hi, r,
                                                          span, vocab_size, NB)

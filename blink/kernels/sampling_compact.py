@@ -84,10 +84,10 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
                     floor_keys_ptr, vocab_size: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
                     CAND: tl.constexpr, K: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
                     RACE: tl.constexpr = 0, ONCE: tl.constexpr = False, REJECT: tl.constexpr = False,
-                    FLOOR: tl.constexpr = False, STAGES: tl.constexpr = 1, USE_PDL: tl.constexpr = False):
+                    FLOOR: tl.constexpr = False, USE_PDL: tl.constexpr = False):
     """The threshold's candidates (filtered rows), with RACE > 0 the race's list and, with K > 0, the top-K
     logprobs' candidates (rows that ask). FLOOR: the rows that take the lane floor copy the tokens at or above it
-    (sampling_floor). STAGES: the one read (ONCE) loads its blocks ahead (sampling_grid.LOOP_STAGES)."""
+    (sampling_floor)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -113,7 +113,7 @@ def _compact_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature
             if ONCE:
                 cand_base, list_base = _chunk_offsets(chunk_hist_ptr, row, chunk, j_lo, j_hi, f_lo, f_hi, NB, P,
                                                       P_PAD, RACE)
-                for start in tl.range(0, CHUNK, BLOCK, num_stages=STAGES):
+                for start in range(0, CHUNK, BLOCK):
                     offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
                     x, inside, listed, early = _select(src, offs, inv_temperature, s_max, cutoff, j_lo, j_hi, r,
                                                             span, f_lo, f_hi, listing, vocab_size, NB)

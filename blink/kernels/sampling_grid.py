@@ -41,16 +41,6 @@ _ONCE_DEFAULT = _setting("BLINK_SAMPLER_COMPACT", *KNOBS["BLINK_SAMPLER_COMPACT"
 _FLOOR_DEFAULT = _setting("BLINK_SAMPLER_TOPK", *KNOBS["BLINK_SAMPLER_TOPK"])
 
 
-# BLINK_SAMPLER_STAGES = N: the sampler's streaming passes over a chunk (the penalties kernel's chunk maxima and
-# first race, the rejection's rounds, the choice's row race) load their blocks N - 1 ahead through shared memory
-# (Triton's pipeliner; a plain `range` loop is not pipelined: each block's load waits for the last block's use).
-# At 32 rows a program reads 8 blocks of 1,024 floats, 4 programs an SM: too few loads in flight to hide the
-# latency (session 37: round 1 26.7 us for a 16 MB re-read). 1: off (today's loops).
-LOOP_STAGES = int(os.environ.get("BLINK_SAMPLER_STAGES", "1"))
-if not 1 <= LOOP_STAGES <= 4:
-    raise ValueError(f"BLINK_SAMPLER_STAGES must be 1 to 4, got {LOOP_STAGES}")
-
-
 def race_capacity(vocab_size: int, race: int | None = None) -> int:
     """RACE of the launches: the listed tokens per row (0: every row races over its whole row). race: a power of
     two, 0, or None for BLINK_SAMPLER_RACE's choice."""
@@ -160,7 +150,7 @@ class _Plan:
 
     def __init__(self, logits: torch.Tensor, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
                  race: int | None = None, compact_once: bool | None = None, reject: int | str | None = None,
-                 topk_floor: bool | None = None, stages: int | None = None):
+                 topk_floor: bool | None = None):
         num_rows, vocab_size = logits.shape
         self.num_buckets, self.log2_buckets = num_buckets, log2_buckets(num_buckets)
         device = logits.device
@@ -168,7 +158,6 @@ class _Plan:
         self.num_chunks = triton.cdiv(vocab_size, self.chunk)
         self.chunks_pad = triton.next_power_of_2(self.num_chunks)
         self.block = min(self.chunk, 1024)
-        self.stages = LOOP_STAGES if stages is None else stages
         self.cand = min(CANDIDATES, triton.next_power_of_2(vocab_size))
         self.small = min(SHORT_SORT, self.cand)
         self.grid = (num_rows, self.num_chunks)

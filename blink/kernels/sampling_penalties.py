@@ -42,12 +42,11 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                       PENALIZE: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, ZERO: tl.constexpr, K: tl.constexpr,
                       CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr = 0, REJECT: tl.constexpr = False,
                       TOP_K: tl.constexpr = False, KEY_BYTES: tl.constexpr = 0, FLOOR: tl.constexpr = False,
-                      STAGES: tl.constexpr = 1, USE_PDL: tl.constexpr = False):
+                      USE_PDL: tl.constexpr = False):
     """PENALIZE=0: the logits are already processed; only the chunk maxima and the zeroing. RACE > 0: rows with
     a filter also get the choose kernel's log-sum-exp partials here (sampling_race: their race may skip the row).
     REJECT: the rows the rejection takes (TOP_K: top_k-only rows too) get its first race (sampling_reject).
-    FLOOR: top_k rows that take the lane floor (sampling_floor) also get their chunk's largest lane maxima.
-    STAGES: the filtered rows' passes load their blocks ahead (sampling_grid.LOOP_STAGES)."""
+    FLOOR: top_k rows that take the lane floor (sampling_floor) also get their chunk's largest lane maxima."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk_start = tl.program_id(1) * CHUNK
@@ -119,7 +118,7 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
         run_max = tl.full([BLOCK], float("-inf"), tl.float32)  # RACE > 0: sampling_race.lse_step's state
         run_sum = tl.zeros([BLOCK], tl.float32)
         raw_largest = tl.full([BLOCK], -_INT32_MAX - 1, tl.int32)
-        for start in tl.range(0, CHUNK, BLOCK, num_stages=STAGES):
+        for start in range(0, CHUNK, BLOCK):
             offs = chunk_start + start + tl.arange(0, BLOCK)
             x = tl.load(src + offs, mask=offs < vocab_size, other=float("-inf"))
             largest = tl.maximum(largest, tl.where(offs < vocab_size, sortable_key(canonical(x)), -_INT32_MAX - 1))
@@ -137,8 +136,7 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                 part = row * P + tl.program_id(1)
                 first_race(src, tl.program_id(1), tl.max(largest, 0), temperature, top_p, min_p,
                            tl.load(seed_ptr + safe_slot), tl.load(positions_ptr + row), first_best_ptr + part,
-                           first_token_ptr + part, first_mass_ptr + part, vocab_size, KEY_BYTES, CHUNK, BLOCK,
-                           STAGES)
+                           first_token_ptr + part, first_mass_ptr + part, vocab_size, KEY_BYTES, CHUNK, BLOCK)
         if RACE > 0:
             store_lse(part_max_ptr, part_sum_ptr, part_largest_ptr, row * P + tl.program_id(1), run_max, run_sum,
                       raw_largest)
@@ -177,5 +175,5 @@ def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: 
         P=plan.num_chunks,
         ZERO=triton.next_power_of_2(triton.cdiv(2 * plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,
         CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race, REJECT=plan.reject > 0, TOP_K=plan.reject_top_k,
-        KEY_BYTES=KEY_BYTES, FLOOR=plan.topk_floor, STAGES=plan.stages, num_warps=4, **plan.pdl, **_NO_FUSION,
+        KEY_BYTES=KEY_BYTES, FLOOR=plan.topk_floor, num_warps=4, **plan.pdl, **_NO_FUSION,
     )

@@ -77,7 +77,7 @@ def _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES: 
 @triton.jit
 def _race_above(src, chunk, floor, inv_temperature, s_max, cutoff, hash_of_row, weigh, total_weight, approx,
                 vocab_size: tl.constexpr, KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                SPARSE: tl.constexpr, RACE: tl.constexpr = True, STAGES: tl.constexpr = 1):
+                SPARSE: tl.constexpr, RACE: tl.constexpr = True):
     """This chunk's tokens above `floor` that min_p keeps: the race's best score and its lowest id (vocab_size if
     none is finite), their count and (weigh) their top_p weight; total_weight: also the weight of every token min_p
     keeps; approx: also the float sum of exp(s - s_max) over them (s_max: here the chunk's largest scaled logit).
@@ -85,15 +85,14 @@ def _race_above(src, chunk, floor, inv_temperature, s_max, cutoff, hash_of_row, 
     (a real model's row: most of its vocabulary). SPARSE (a round: its floor leaves few tokens above it): a block
     without such a token skips the weights and the race on one test (block-wide reductions cost about as much as
     the block's read). RACE=False (a round that only tests): no race and no weights above; the count, the float
-    mass and (total_weight) the total alone. STAGES > 1: the chunk's blocks are loaded that many ahead
-    (sampling_grid.LOOP_STAGES)."""
+    mass and (total_weight) the total alone."""
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_token = tl.full([BLOCK], vocab_size, tl.int32)
     count = tl.zeros([BLOCK], tl.int32)
     weight = tl.zeros([BLOCK], tl.int64)
     total = tl.zeros([BLOCK], tl.int64)
     mass = tl.zeros([BLOCK], tl.float32)
-    for start in tl.range(0, CHUNK, BLOCK, num_stages=STAGES):
+    for start in range(0, CHUNK, BLOCK):
         offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
         valid = offs < vocab_size
         x = canonical(tl.load(src + offs, mask=valid, other=float("-inf")))
@@ -131,8 +130,7 @@ def taken(filtered, top_k, top_p, TOP_K: tl.constexpr):
 
 @triton.jit
 def first_race(src, chunk, chunk_key_max, temperature, top_p, min_p, seed, position, best_ptr, token_ptr, mass_ptr,
-               vocab_size: tl.constexpr, KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-               STAGES: tl.constexpr = 1):
+               vocab_size: tl.constexpr, KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr):
     """Step 0 for one program of a taken row (the penalties kernel calls it after its chunk maximum): the race over
     this chunk's tokens at or above min_p's cutoff from the chunk's own maximum, into best_ptr / token_ptr; for a
     top_p row without min_p (whose set is then every token), the chunk's float mass relative to its own largest
@@ -140,7 +138,7 @@ def first_race(src, chunk, chunk_key_max, temperature, top_p, min_p, seed, posit
     inv_temperature, s_chunk, cutoff = scale_cutoff(temperature, min_p, chunk_key_max)
     best, token, _, _, _, mass = _race_above(src, chunk, float("-inf"), inv_temperature, s_chunk, cutoff,
                                              row_hash(seed, position), False, False, (top_p < 1.0) & (min_p <= 0.0),
-                                             vocab_size, KEY_BYTES, CHUNK, BLOCK, False, STAGES=STAGES)
+                                             vocab_size, KEY_BYTES, CHUNK, BLOCK, False)
     tl.store(best_ptr, best)
     tl.store(token_ptr, token)
     tl.store(mass_ptr, mass)
@@ -152,8 +150,7 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
            part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr,
            row, chunk, launch, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
            KEY_BYTES: tl.constexpr, RACE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-           FIRST: tl.constexpr, TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr,
-           STAGES: tl.constexpr):
+           FIRST: tl.constexpr, TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr):
     """Round `launch` (1, 2, ...; FIRST: it takes the rows and the penalties kernel's candidate) for one program of
     a row; whether the row took part (pending at its start). TEST_FIRST: the first round only tests its candidate,
     in float (sampling_reject_bounds.mass_bounds): a refused or undecided candidate stays pending, and the next
@@ -188,13 +185,12 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
             # sums of the same f32 exps top_p_weight floors (sampling_reject_bounds), into the race's partials
             _, _, count, _, total, mass = _race_above(src, chunk, value, inv_temperature, s_max, cutoff, hash_of_row,
                                                       exact_total, exact_total, True, vocab_size, KEY_BYTES, CHUNK,
-                                                      BLOCK, False, RACE=False, STAGES=STAGES)
+                                                      BLOCK, False, RACE=False)
             tl.store(part_best_ptr + part, mass)
         else:
             best, token, count, weight, total, _ = _race_above(src, chunk, value, inv_temperature, s_max, cutoff,
                                                                hash_of_row, top_p < 1.0, exact_total, False,
-                                                               vocab_size, KEY_BYTES, CHUNK, BLOCK, True,
-                                                               STAGES=STAGES)
+                                                               vocab_size, KEY_BYTES, CHUNK, BLOCK, True)
             tl.store(part_best_ptr + part, best)
             tl.store(part_token_ptr + part, token)
             tl.store(part_weight_ptr + part, weight)
@@ -269,7 +265,7 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
                          P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr,
                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr, TOP_K: tl.constexpr,
                          SLACK: tl.constexpr, TEST_FIRST: tl.constexpr = False, ROUNDS: tl.constexpr = 1,
-                         STAGES: tl.constexpr = 1, USE_PDL: tl.constexpr = False):
+                         USE_PDL: tl.constexpr = False):
     """Rounds launch .. launch + ROUNDS - 1 (ROUNDS > 1: the rounds in one launch over a one-dimensional grid,
     sampling_reject_sync; FIRST: launch is 1)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
@@ -279,12 +275,12 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
             part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr,
             race_ids_ptr, row, chunk)
     active = _round(*args, launch, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, FIRST, TOP_K, SLACK,
-                    TEST_FIRST, STAGES)
+                    TEST_FIRST)
     for n in range(launch + 1, launch + ROUNDS):  # a row every round took part in waits for the last one's word
         if active:
             wait_round(counter_ptr, row, n - 1)
             active = _round(*args, n, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, False, TOP_K, SLACK,
-                            False, STAGES)
+                            False)
 
 
 def reject(logits, processed, slots, positions, state, plan) -> None:
@@ -298,7 +294,7 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
             plan.reject_count, plan.reject_state, plan.race_ids)
     sizes = dict(P=plan.num_chunks, P_PAD=plan.chunks_pad, KEY_BYTES=KEY_BYTES, RACE=plan.race, CHUNK=plan.chunk,
                  BLOCK=plan.block, TOP_K=plan.reject_top_k, SLACK=BOUND_SLACK, TEST_FIRST=plan.reject_test_first,
-                 STAGES=plan.stages, num_warps=4, **plan.pdl, **_NO_FUSION)
+                 num_warps=4, **plan.pdl, **_NO_FUSION)
     if plan.reject > 1 and not plan.reject_separate and logits.is_cuda and not _INTERPRETED:
         # one launch: program_cell hands the cells out in a one-dimensional grid. The later rounds' pointers stay
         # live through the first (156 registers at sm_90, 3 programs an SM); 128 spill 20 bytes and fit 4 an SM,
