@@ -3,6 +3,7 @@
     python -m bench.kernels.sampler [--sizes 1 8 32 128] [--scenarios top_p,min_p] [--no-old] [--no-check]
                                     [--buckets 4096,512] [--programs 256,1024] [--pdl off,on,engine]
                                     [--race row,list] [--compact twice,once] [--reject 0,2] [--topk search,floor]
+                                    [--search on,off]
 
 Each (scenario, S) runs sample() at V = 128256 captured in a CUDA graph, as the engine runs it, timed
 with triton.testing.do_bench (median, L2 flushed before each replay). "old" is the sampler of git e896288
@@ -28,6 +29,8 @@ by the draw (session 35: one round left 2 of 32 top_p rows pending on the first 
 (sampling_reject; k: top_k-only rows too; t: the first round only tests; s: a launch a round; BLINK_SAMPLER_REJECT
 in the engine; it needs the list race: with the row race it runs none). The mismatch column's thresholds are the
 search's (no rejection), its tokens the column's.
+--search on,off: each column also without the search's launches (sample_triton's search=False: penalties, choice and
+finish only), in the scenarios whose rows may take it (SamplingState.needs_search; "-" in the others).
 """
 from __future__ import annotations
 
@@ -108,11 +111,12 @@ def time_graph(fn) -> float:
     return triton.testing.do_bench(graph.replay, return_mode="median") * 1000
 
 
-def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs, race, once, reject, floor) -> str:
+def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs, race, once, reject, floor,
+               search) -> str:
     """Tokens, thresholds and top-logprob rows where the GPU and the CPU reference differ, and "/" the rows whose
     threshold took the one-program search (the bucket plan's candidates did not fit)."""
     got = sampling.sample_triton(logits, slots, positions, state, MAX_TOP_LOGPROBS, num_buckets, programs,
-                                 race=race, compact_once=once, reject=reject, topk_floor=floor)
+                                 race=race, compact_once=once, reject=reject, topk_floor=floor, search=search)
     cpu = [t.cpu() for t in (logits, slots, positions)]
     ref = sampling.sample_ref(*cpu, cpu_state, MAX_TOP_LOGPROBS)
     penalized = sampling.apply_penalties_ref(cpu[0], cpu[1], cpu_state)
@@ -148,6 +152,8 @@ def main() -> None:
     # the engine's default since session 37; session 38's table left it out and timed top_k rows by the search
     parser.add_argument("--topk", default="floor", help="search, floor or search,floor: top_k rows by the bucket "
                                                          "search or the lane floor (sampling_floor; the default)")
+    parser.add_argument("--search", default="on", help="on, off or on,off: with the threshold search's launches or "
+                                                      "without them (only where no row needs them)")
     parser.add_argument("--draws", type=int, default=1,
                         help="time each cell over this many position vectors (the race's noise; each its own "
                              "graph): the mean, and a line of min-max; the rejection's cost depends on the draw")
@@ -157,15 +163,17 @@ def main() -> None:
     pdls = {"off": False, "on": True, "engine": "one_row"}
     races, reads, topks = {"row": 0, "list": RACE_CAPACITY}, {"twice": False, "once": True}, {"search": False,
                                                                                           "floor": True}
-    columns = [(int(b), None if p == "engine" else int(p), pdls[pdl], races[race], reads[once], rounds, topks[k])
+    searches = {"on": True, "off": False}
+    columns = [(int(b), None if p == "engine" else int(p), pdls[pdl], races[race], reads[once], rounds, topks[k],
+                searches[search])
                for b in args.buckets.split(",") for p in args.programs.split(",") for pdl in args.pdl.split(",")
                for race in args.race.split(",") for once in args.compact.split(",")
                for rounds in args.reject.split(",")  # rounds: a BLINK_SAMPLER_REJECT setting
-               for k in args.topk.split(",")]
+               for k in args.topk.split(",") for search in args.search.split(",")]
     print(f"V={VOCAB}, {torch.cuda.get_device_name()}, old = git e896288 (bench/kernels/sampling_old.py)")
-    label = lambda nb, p, pdl, race, once, rounds, floor: (
+    label = lambda nb, p, pdl, race, once, rounds, floor, search: (
         f"nb={nb} p={p or ENG}{PDL_LABELS[pdl]}{'+list' if race else ''}{'+once' if once else ''}"
-        f"{f'+rj{rounds}' if rounds != '0' else ''}{'+floor' if floor else ''} us")
+        f"{f'+rj{rounds}' if rounds != '0' else ''}{'+floor' if floor else ''}{'' if search else '+nosearch'} us")
     print(f"{'scenario':<13}{'S':>5}" + "".join(f"{label(*c):>32}{'bad/fb':>7}" for c in columns)
           + f"{'old us':>10}{'speedup':>9}")
     for name in args.scenarios.split(","):
@@ -175,20 +183,25 @@ def main() -> None:
             gpu = (logits.cuda(), slots.cuda(), positions.cuda())
             draws = [gpu] + [(gpu[0], gpu[1], p.cuda()) for p in other_positions(positions, args.draws - 1)]
             cells, spreads, first_us = "", "", None
-            for nb, p, pdl, race, once, rounds, floor in columns:
+            for nb, p, pdl, race, once, rounds, floor, search in columns:
+                if not search and cpu_state.needs_search(slots):  # its rows need the search: no such column
+                    cells += f"{'-':>32}{'-':>7}"
+                    spreads += f"{'':>32}{'':>7}"
+                    continue
                 with pdl_switched(pdl, "sampler"):  # read at each launch, so at the capture
                     times = [time_graph(lambda d=d: sampling.sample_triton(  # noqa: B023
                         *d, state, MAX_TOP_LOGPROBS, nb, p, race=race, compact_once=once, reject=rounds,  # noqa: B023
-                        topk_floor=floor)) for d in draws]  # noqa: B023
+                        topk_floor=floor, search=search)) for d in draws]  # noqa: B023
                     bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb, p, race, once, rounds,
-                                                               floor)
+                                                               floor, search)
                 us = sum(times) / len(times)
                 first_us = first_us or us
                 cells += f"{us:>32.1f}{bad:>7}"
                 spreads += f"{f'[{min(times):.1f}-{max(times):.1f}]':>32}{'':>7}"
             old_us = (float("nan") if args.no_old else
                       time_graph(lambda: sampling_old.sample(*gpu, state, MAX_TOP_LOGPROBS)))  # noqa: B023
-            print(f"{name:<13}{num_rows:>5}{cells}{old_us:>10.1f}{old_us / first_us:>9.2f}", flush=True)
+            speedup = old_us / first_us if first_us else float("nan")
+            print(f"{name:<13}{num_rows:>5}{cells}{old_us:>10.1f}{speedup:>9.2f}", flush=True)
             if len(draws) > 1:
                 print(f"{'  draws':<13}{len(draws):>5}{spreads}", flush=True)
 

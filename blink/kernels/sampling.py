@@ -69,9 +69,10 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
                    seed_ptr, part_max_ptr, part_sum_ptr, part_best_ptr, part_token_ptr, part_largest_ptr,
                    race_count_ptr, race_ids_ptr, vocab_size: tl.constexpr, NUM_CHUNKS: tl.constexpr,
                    KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr = 0,
-                   RACE_BLOCK: tl.constexpr = 16, USE_PDL: tl.constexpr = False):
+                   RACE_BLOCK: tl.constexpr = 16, SEARCHED: tl.constexpr = True, USE_PDL: tl.constexpr = False):
     """RACE > 0: rows the resolve marked race over their list only (sampling_race); the penalties kernel wrote
-    their log-sum-exp partials."""
+    their log-sum-exp partials. SEARCHED=False: no search ran (sample_triton's `search`), so every row takes what
+    the resolve writes for a row without a filter: threshold -inf, no list."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk = tl.program_id(1)
@@ -81,14 +82,16 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
     noisy = (temperature != 0.0) & (slot >= 0)
     processed = tl.where(slot >= 0, tl.load(flags_ptr + safe_slot), 0) != 0
     inv_temperature = tl.math.div_rn(1.0, tl.where(noisy, temperature, 1.0))  # rounded as torch's '/'
-    threshold = tl.load(threshold_ptr + row)
+    threshold = tl.full([], float("-inf"), tl.float32)
+    if SEARCHED:
+        threshold = tl.load(threshold_ptr + row)
     hash_of_row = row_hash(tl.load(seed_ptr + safe_slot), tl.load(positions_ptr + row))
     raw_row = logits_ptr + row.to(tl.int64) * vocab_size
     processed_row = processed_ptr + row.to(tl.int64) * vocab_size
     out = row * NUM_CHUNKS + chunk
 
     listed = tl.full([], -1, tl.int32)
-    if RACE > 0:
+    if SEARCHED and RACE > 0:
         listed = tl.load(race_count_ptr + row)
     if listed >= 0:
         score_row = raw_row
@@ -215,15 +218,18 @@ def _keep_thresholds_triton(logits, processed, slots, state, plan: _Plan, max_to
 
 def _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs,
                       plan: _Plan, out: SampleOutput | None = None, record: bool = False) -> SampleOutput:
+    """threshold None: no search ran (sample_triton's `search`; the choice reads no threshold then)."""
     num_rows, vocab_size = logits.shape
     assert max_top_logprobs <= vocab_size
     device = logits.device
     f32, i32 = plan.part_f32, plan.part_i32
+    searched = threshold is not None
     _choose_kernel[plan.grid](
-        logits, processed, threshold, slots, positions, state.flags, state.temperature, state.seed,
+        logits, processed, threshold if searched else logits, slots, positions, state.flags, state.temperature,
+        state.seed,
         f32[0], f32[1], f32[2], i32[0], i32[2], plan.race_count, plan.race_ids, vocab_size,
         NUM_CHUNKS=plan.num_chunks, KEY_BYTES=KEY_BYTES, CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race,
-        RACE_BLOCK=plan.race_block, num_warps=4, **plan.pdl, **_NO_FUSION,
+        RACE_BLOCK=plan.race_block, SEARCHED=searched, num_warps=4, **plan.pdl, **_NO_FUSION,
     )
     if out is None:
         out = SampleOutput(torch.empty(num_rows, dtype=torch.int64, device=device),
@@ -277,21 +283,25 @@ def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Te
                   max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
                   out: SampleOutput | None = None, race: int | None = None,
                   compact_once: bool | None = None, reject: int | None = None, record: bool = False,
-                  topk_floor: bool | None = None) -> SampleOutput:
+                  topk_floor: bool | None = None, search: bool = True) -> SampleOutput:
     """race: the list race's capacity per row (sampling_grid.race_capacity; None: BLINK_SAMPLER_RACE's);
     compact_once: the compaction's one read (sampling_compact; None: BLINK_SAMPLER_COMPACT's); reject: the
     rejection's rounds before the search (sampling_reject; None: BLINK_SAMPLER_REJECT's); record: the state's
     updates after the choice too (sample's); topk_floor: top_k rows by the lane floor (sampling_floor; None:
-    BLINK_SAMPLER_TOPK's)."""
+    BLINK_SAMPLER_TOPK's); search=False: the penalties, choice and finish launches only (no rejection, no
+    threshold search), for a batch whose rows have no filter and ask for no top-K logprobs
+    (SamplingState.needs_search says which batches may; any other row would be sampled as if it had none)."""
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
-    plan = _Plan(logits, num_buckets, programs, race, compact_once, reject, topk_floor)
+    plan = _Plan(logits, num_buckets, programs, race, compact_once, reject if search else 0, topk_floor)
     processed = torch.empty_like(logits)
     prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs,
              positions=positions)
-    if plan.reject:
-        reject_candidates(logits, processed, slots, positions, state, plan)
-    threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)
+    threshold = None
+    if search:
+        if plan.reject:
+            reject_candidates(logits, processed, slots, positions, state, plan)
+        threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)
     return _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs, plan, out,
                              record)
 

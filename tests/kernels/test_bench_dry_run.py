@@ -188,3 +188,24 @@ def test_sampler_bench_columns_on_the_cpu(monkeypatch, capsys):
     assert "+list+once+floor us" in out and "+list+once+rj3+floor us" in out and "+list+once+rj3k+floor us" in out
     rows = [line.split() for line in out.splitlines() if line.startswith(("top_p ", "top_k "))]
     assert len(rows) == 2 and all(row[3:8:2] == ["0/0"] * 3 for row in rows), rows  # us, bad/fb per column
+
+
+def test_sampler_bench_without_the_search_on_the_cpu(monkeypatch, capsys):
+    """--search on,off: the column without the search's launches times the rows that may take it (0 mismatches
+    against the CPU reference) and prints "-" where a row needs the search (top_p)."""
+    from bench.kernels import sampler
+
+    monkeypatch.setattr(sampler, "VOCAB", 300)
+    monkeypatch.setattr(sampler, "to_cuda", lambda state: state)
+    monkeypatch.setattr(sampler, "time_graph", lambda fn: fn() and 1.0)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
+    monkeypatch.setattr(sys, "argv", ["sampler", "--sizes", "3", "--scenarios", "greedy,temperature,top_p", "--race",
+                                      "list", "--compact", "once", "--search", "on,off", "--no-old"])
+    sampler.main()
+    out = capsys.readouterr().out
+    assert "+list+once+floor us" in out and "+list+once+floor+nosearch us" in out
+    rows = {line.split()[0]: line.split()[2:6] for line in out.splitlines()
+            if line.startswith(("greedy ", "temperature ", "top_p "))}
+    assert rows["greedy"][1::2] == rows["temperature"][1::2] == ["0/0", "0/0"], rows
+    assert rows["top_p"][1:] == ["0/0", "-", "-"], rows

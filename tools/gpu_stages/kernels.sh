@@ -100,7 +100,8 @@ stages_kernels() {
         | tee "$OUT/sampling${SAMPLER_TAG:+_$SAMPLER_TAG}.log" | tail -40
       # SAMPLER_TAG names the log (two tables in one call); SAMPLER_TESTS=0 skips the GPU tests after the table
       [ "${SAMPLER_TESTS:-1}" = 0 ] || python3 -m pytest -q -m gpu tests/kernels/test_sampling_select.py \
-        tests/kernels/test_sampling.py tests/kernels/test_sampling_reject_gpu.py tests/kernels/test_sampling_floor.py 2>&1 \
+        tests/kernels/test_sampling.py tests/kernels/test_sampling_reject_gpu.py tests/kernels/test_sampling_floor.py \
+        tests/kernels/test_sampling_searchless.py 2>&1 \
         | tee "$OUT/sampling_tests.log" | tail -10;;
     sampling-profile)  # issue 17: the sampler's per-kernel times (tools/diag_chunk.py sampler; DIAG_SAMPLER_ROWS,
       # DIAG_SAMPLER_SCENARIOS) at each rejection setting of SAMPLER_PROFILE_REJECT (BLINK_SAMPLER_REJECT's values):
