@@ -103,6 +103,13 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def needs_search(self) -> bool:
+        """Whether a row with these parameters needs the sampler's threshold search: sampled with a filter
+        (kernels/sampling_bucket.is_filtered) or asking for top logprobs (SamplingState.needs_search's rule)."""
+        filtered = not self.greedy and (self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0)
+        return filtered or bool(self.logprobs)
+
 
 @dataclass
 class TokenEvent:

@@ -21,6 +21,22 @@ SAMPLING_MODES = {  # what every slot of a decode row samples with
     "top_k": SamplingParams(temperature=0.7, top_k=50),
     "top_k+top_p": SamplingParams(temperature=0.7, top_k=50, top_p=0.9),
 }
+# A mode with this suffix replays the bucket's graph without the sampler's search (ModelRunner's
+# searchless_graphs), for the modes whose rows need none (greedy): what the search's launches cost a step.
+NO_SEARCH = "-nosearch"
+
+
+def mode_params(mode: str) -> tuple[SamplingParams, bool]:
+    """The rows' parameters of a --sampling mode and whether its graph has the search; ValueError if unknown or
+    if a mode whose rows need the search asks to leave it out."""
+    base = mode.removesuffix(NO_SEARCH)
+    if base not in SAMPLING_MODES:
+        raise ValueError(f"--sampling: unknown mode {mode!r}; known: {list(SAMPLING_MODES)}, each optionally with "
+                         f"{NO_SEARCH!r}")
+    params, search = SAMPLING_MODES[base], base == mode
+    if not search and params.needs_search:
+        raise ValueError(f"--sampling: {mode!r}: {base} rows need the sampler's search")
+    return params, search
 
 
 def add_parser(sub) -> None:
@@ -35,7 +51,8 @@ def add_parser(sub) -> None:
                    help="prompt-logprob rows in the graphs (0: none; compare to see their cost, default: "
                         "%(default)s as the engine)")
     p.add_argument("--sampling", default="greedy",
-                   help=f"comma-separated sampling modes of the decode rows ({', '.join(SAMPLING_MODES)})")
+                   help=f"comma-separated sampling modes of the decode rows ({', '.join(SAMPLING_MODES)}; "
+                        f"greedy{NO_SEARCH}: its graph without the sampler's search)")
     p.add_argument("--prefill-tokens", default="",
                    help="comma-separated prompt lengths T (e.g. 2048,8192,32768): a prefill row each; T@C is a "
                         "chunk of T tokens after C cached ones (a prefix-cache hit's step, e.g. 100@2000), timed "
@@ -92,17 +109,20 @@ def time_step(preset: str, batches: list[int], context: int, iters: int, layers:
                       max_num_batched_tokens=max_b, num_kv_blocks=blocks, max_model_len=context + 16,
                       max_prompt_logprob_rows=prompt_rows, block_size=block_size)
     m = LoadedModel.load(args, num_layers=layers)
-    runner = ModelRunner.for_model(m, use_graphs=True)
+    runner = ModelRunner.for_model(m, use_graphs=True,
+                                   searchless_graphs=any(not mode_params(mode)[1] for mode in modes))
     shape = ModelShape.of(m.cfg)
     rows = []
     for mode in modes:
+        params, search = mode_params(mode)
+        graphs = runner.graphs if search else runner.searchless_graphs
         for slot in range(max_b):  # the graphs read the sampling state by slot: no recapture
-            runner.sampling_state.set_slot(slot, SAMPLING_MODES[mode], seed=slot, prompt_ids=[])
+            runner.sampling_state.set_slot(slot, params, seed=slot, prompt_ids=[])
         for b in batches:
             plan = decode_plan(None, b, context, block_size)
             bucket = runner.bucket_for(b, b)
             runner.prepare(plan, runner.buffers, bucket)
-            ms = graph_replay_ms(runner.graphs[bucket], iters)
+            ms = graph_replay_ms(graphs[bucket], iters)
             floor = shape.decode_floor_s(b, context) * 1e3
             rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "batch": b, "bucket": bucket[0],
                          "context": context, "sampling": mode, "block_size": block_size,
@@ -214,9 +234,8 @@ def run(ns: argparse.Namespace) -> int:
         raise ValueError("bench step needs a CUDA GPU")
     batches = [int(b) for b in ns.batches.split(",")]
     modes = ns.sampling.split(",")
-    unknown = [mode for mode in modes if mode not in SAMPLING_MODES]
-    if unknown:
-        raise ValueError(f"--sampling: unknown mode(s) {unknown}; known: {list(SAMPLING_MODES)}")
+    for mode in modes:
+        mode_params(mode)  # refuses an unknown mode before any model is built
     chunks = parse_prefill(ns.prefill_tokens)
     fresh, cached = [ch for ch in chunks if ch[1] == 0], [ch for ch in chunks if ch[1] > 0]
     rows = []

@@ -22,8 +22,11 @@ from blink.request import MAX_TOP_LOGPROBS
 
 class ModelRunner:
     def __init__(self, model, kv_cache, sampling_state, limits: EngineLimits, device, *, use_graphs: bool,
-                 samples: bool = True):
-        """samples=False: the step ends at the logits (a device-mode TP follower: rank 0 samples)."""
+                 samples: bool = True, searchless_graphs: bool = False):
+        """samples=False: the step ends at the logits (a device-mode TP follower: rank 0 samples).
+        searchless_graphs: each decode bucket (tokens == seqs) also captured with the sampler's search left out
+        (kernels/sampling.sample's search=False), in self.searchless_graphs: for steps whose rows need no search
+        (SamplingParams.needs_search). The step bench times them; no engine takes them yet."""
         self.model = model
         self.limits = limits
         self.samples = samples
@@ -44,6 +47,7 @@ class ModelRunner:
         self.buffers = self.new_buffers()
         self._prompt_rows_idle = False  # self.buffers' P prompt rows are all padding (prepare skips them)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.searchless_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         # Eager steps on a GPU run the bucket's padded shape too, so that eager is the graphs minus capture: the
         # kernels' shape-dependent choices (attention splits, GEMV or cuBLAS, cuBLAS's algorithm) then match and
         # any difference in output is a capture bug. Unpadded, bf16 greedy on random weights parted in 11 of 24
@@ -54,21 +58,24 @@ class ModelRunner:
         if use_graphs:
             for bucket in reversed(self.buckets):  # largest first, so smaller ones reuse its pool
                 self.graphs[bucket] = self.capture(bucket, self.buffers)
+                if searchless_graphs and samples and bucket[0] == bucket[1]:
+                    self.searchless_graphs[bucket] = self.capture(bucket, self.buffers, search=False)
 
     @classmethod
-    def for_model(cls, loaded, use_graphs: bool | None = None, samples: bool = True) -> ModelRunner:
+    def for_model(cls, loaded, use_graphs: bool | None = None, samples: bool = True,
+                  searchless_graphs: bool = False) -> ModelRunner:
         """The runner of a LoadedModel (blink/core/loaded_model.py); use_graphs None: CUDA graphs on a GPU."""
         if use_graphs is None:
             use_graphs = loaded.device == "cuda"
         return cls(loaded.model, loaded.kv_cache, loaded.sampling_state, loaded.limits, loaded.device,
-                   use_graphs=use_graphs, samples=samples)
+                   use_graphs=use_graphs, samples=samples, searchless_graphs=searchless_graphs)
 
     def new_buffers(self) -> StepBuffers:
         return StepBuffers.allocate(self.max_tokens, self.max_seqs, self.max_blocks_per_seq, self.device,
                                     prompt_rows=self.num_prompt_rows)
 
     # -- the step itself (graph body) -----------------------------------------------------------------
-    def forward(self, buf: StepBuffers, num_tokens: int, num_seqs: int) -> None:
+    def forward(self, buf: StepBuffers, num_tokens: int, num_seqs: int, search: bool = True) -> None:
         attn = buf.attention(num_tokens, num_seqs, self.split_tickets)
         hidden = self.model(buf.input_ids[:num_tokens], buf.positions[:num_tokens], attn, self.kv_layers)
         rows = buf.logits_indices[:num_seqs]
@@ -88,11 +95,12 @@ class ModelRunner:
         # record: the token counted in its slot's penalty history and a constrained slot's DFA advanced, in the
         # sampler's last kernel on a GPU
         sample(logits, slots, buf.sample_positions[:num_seqs], self.sampling_state, MAX_TOP_LOGPROBS, out=out,
-               record=True)
+               record=True, search=search)
 
     def capture(self, bucket: tuple[int, int], buf: StepBuffers,
-                on_graph_end: Callable[[int], None] | None = None) -> torch.cuda.CUDAGraph:
-        """Capture one bucket; on_graph_end(stream_ptr) may append kernels (device mode's step_done)."""
+                on_graph_end: Callable[[int], None] | None = None, search: bool = True) -> torch.cuda.CUDAGraph:
+        """Capture one bucket; on_graph_end(stream_ptr) may append kernels (device mode's step_done); search:
+        forward's."""
         t, s = bucket
         buf.query_start_loc.zero_()  # all sequences empty: the warm-up touches no real state
         buf.seq_lens.zero_()
@@ -103,7 +111,7 @@ class ModelRunner:
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):  # warm up: Triton compiles, cuBLAS picks algorithms, outside the capture
-                self.forward(buf, t, s)
+                self.forward(buf, t, s, search)
         torch.cuda.current_stream(self.device).wait_stream(side)
         # Free garbage now: a CUDA graph or block freed by the collector during the capture (an earlier
         # engine's, say) would call cudaFree, which invalidates a capture in torch's global mode.
@@ -111,7 +119,7 @@ class ModelRunner:
         torch.cuda.synchronize(self.device)
         graph = torch.cuda.CUDAGraph(keep_graph=True)
         with torch.cuda.graph(graph, pool=self.pool):
-            self.forward(buf, t, s)
+            self.forward(buf, t, s, search)
             if on_graph_end is not None:
                 on_graph_end(torch.cuda.current_stream(self.device).cuda_stream)
         graph.instantiate()

@@ -307,14 +307,16 @@ def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Te
 
 
 def sample(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
-           max_top_logprobs: int, out: SampleOutput | None = None, record: bool = False) -> SampleOutput:
+           max_top_logprobs: int, out: SampleOutput | None = None, record: bool = False,
+           search: bool = True) -> SampleOutput:
     """logits [S, V] f32, slots [S] int32 (-1: padding), positions [S] int64 (of the sampled token). With `out`
     (contiguous tensors of SampleOutput's dtypes, e.g. a step's buffers) the results land there, copy-free on
     CUDA. record: also count each row's token in its slot's penalty history and advance a constrained slot's DFA
     state (SamplingState.record_tokens, sampling_grammar.advance_grammar; one row per constrained slot), on CUDA
-    inside the last kernel."""
+    inside the last kernel. search=False (CUDA): without the threshold search's launches (sample_triton's; the CPU
+    reference gives the same tokens either way)."""
     if logits.is_cuda:
-        return sample_triton(logits, slots, positions, state, max_top_logprobs, out=out, record=record)
+        return sample_triton(logits, slots, positions, state, max_top_logprobs, out=out, record=record, search=search)
     got = sample_ref(logits, slots, positions, state, max_top_logprobs)
     if out is not None:
         for dst, src in zip(out, got, strict=True):

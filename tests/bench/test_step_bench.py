@@ -43,3 +43,15 @@ def test_the_flag_defaults_to_the_engine_block_size():
     step.add_parser(parser.add_subparsers(dest="cmd"))
     assert parser.parse_args(["step"]).block_size == EngineArgs.block_size
     assert parser.parse_args(["step", "--block-size", "128"]).block_size == 128
+
+
+def test_sampling_modes_without_the_search():
+    """--sampling's "-nosearch" suffix: the greedy rows' graph without the sampler's search; refused for rows that
+    need it, and unknown modes refused by name."""
+    params, search = step.mode_params("greedy-nosearch")
+    assert params is step.SAMPLING_MODES["greedy"] and not search
+    assert step.mode_params("top_p") == (step.SAMPLING_MODES["top_p"], True)
+    with pytest.raises(ValueError, match="top_p rows need the sampler's search"):
+        step.mode_params("top_p-nosearch")
+    with pytest.raises(ValueError, match="unknown mode 'beam'"):
+        step.mode_params("beam")

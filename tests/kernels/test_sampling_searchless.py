@@ -78,3 +78,39 @@ def test_gpu_no_search_on_a_real_vocab(num_rows):
     assert got.token_ids.cpu().tolist() == ref.token_ids.tolist()
     torch.testing.assert_close(got.logprobs.cpu(), ref.logprobs, rtol=1e-5, atol=1e-5)
     assert (got.top_ids == -1).all()
+
+
+def test_the_rule_is_the_same_on_parameters_and_on_the_state():
+    """SamplingParams.needs_search (the host's, from a request) and SamplingState.needs_search (from the slots'
+    tensors) agree on every row kind the tests use."""
+    for params in MIXED_PARAMS + UNFILTERED:
+        state = SamplingState(1, 64, "cpu")
+        state.set_slot(0, params, seed=1, prompt_ids=[])
+        assert state.needs_search(torch.zeros(1, dtype=torch.int32)) == params.needs_search, params
+
+
+@pytest.mark.gpu
+def test_gpu_runner_graphs_without_the_search(tmp_path):
+    """ModelRunner's searchless_graphs: a decode bucket captured without the search samples the tokens its full
+    graph samples, for greedy and plain-temperature rows (a tiny model, fp32)."""
+    from blink.bench.step import decode_plan
+    from blink.config import EngineArgs
+    from blink.core.loaded_model import LoadedModel
+    from blink.core.runner import ModelRunner
+    from tests.hf_models import make_tiny_model
+
+    path = make_tiny_model(tmp_path, "llama")
+    loaded = LoadedModel.load(EngineArgs(model=str(path), device="cuda", dtype="float32", max_num_seqs=8,
+                                         max_num_batched_tokens=8, num_kv_blocks=40, block_size=16))
+    runner = ModelRunner.for_model(loaded, use_graphs=True, searchless_graphs=True)
+    assert set(runner.searchless_graphs) == {b for b in runner.graphs if b[0] == b[1]}
+    for slot in range(8):
+        runner.sampling_state.set_slot(slot, UNFILTERED[slot % 2], seed=slot, prompt_ids=[])  # greedy, temperature
+    plan = decode_plan(None, 8, 60, 16)
+    bucket = runner.bucket_for(8, 8)
+    runner.prepare(plan, runner.buffers, bucket)
+    tokens = []
+    for graphs in (runner.graphs, runner.searchless_graphs):
+        graphs[bucket].replay()
+        tokens.append(runner.buffers.sampled_ids[:8].tolist())
+    assert tokens[0] == tokens[1]
