@@ -12,10 +12,10 @@ finish splits the vocabulary in the same chunks (256-1,024 programs in all, samp
   2-5. keep thresholds (sampling_bucket): rows with temperature > 0 and some filter (top_k, top_p < 1,
      min_p > 0) bucket their tokens in two levels, gather the candidates (step 4 also gathers the top-K
      logprobs' candidates) and resolve the threshold exactly; every other row writes -inf.
-  6. choose (sampling_choose, as step 7): each program runs the race (or the argmax of a greedy row) and an online log-sum-exp of the
-     raw logits over its chunk; with the list race (BLINK_SAMPLER_RACE=list, sampling_race) a filtered row
-     whose kept tokens the compaction listed races over its share of the list only (step 1 did its
-     log-sum-exp).
+  6. choose (sampling_choose.py, as step 7): each program runs the race (or the argmax of a greedy row) and an
+     online log-sum-exp of the raw logits over its chunk; with the list race (BLINK_SAMPLER_RACE=list,
+     sampling_race) a filtered row whose kept tokens the compaction listed races over its share of the list only
+     (step 1 did its log-sum-exp).
   7. finish: one program per row merges the chunks: the token, its raw logprob and, for rows whose slot
      asks (num_logprobs > 0), the top-K logprobs from their candidates.
 A row whose slot is -1 is padding: greedy, no penalties, no top logprobs. The kernels take the vocabulary
