@@ -60,3 +60,16 @@ def test_the_runner_exits_with_its_stages_status(tmp_path):
     assert run("env").returncode == 0
     unknown = run("env", "no-such-stage")
     assert unknown.returncode == 2 and "unknown stage no-such-stage" in unknown.stdout
+
+
+def test_no_stage_writes_over_a_file_of_the_tree():
+    """A redirection in a stage writes under $OUT or a scratch path, never onto a tracked file (a pasted line in the
+    sampling stage once sent pytest's stderr onto tests/kernels/test_sampling.py, session 38)."""
+    tracked = set(subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split())
+    redirect = re.compile(r"(?:^|[\s;|])[12]?>>?\s*([^\s;|&)<>]+)")
+    seen = set()
+    for script in [*(ROOT / "tools" / "gpu_stages").glob("*.sh"), ROOT / "tools" / "gpu_run.sh"]:
+        targets = {target.strip("'\"") for target in redirect.findall(script.read_text())}
+        assert not targets & tracked, (script.name, sorted(targets & tracked))
+        seen |= targets
+    assert "/dev/null" in seen and any(target.startswith('$OUT/') for target in seen)  # the pattern finds them
