@@ -8,6 +8,7 @@ from blink.kernels.sampling import sample_ref, sample_triton
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
 from tests.kernels.test_sampling import MIXED_PARAMS, mixed_state
+from tests.kernels.test_sampling_race import on_cuda
 
 UNFILTERED = [
     SamplingParams(temperature=0.0),
@@ -69,10 +70,7 @@ def test_gpu_no_search_on_a_real_vocab(num_rows):
     tokens and logprobs without the search, at one row's grid and 32 rows'."""
     logits, slots, positions, cpu_state = unfiltered_batch(num_rows, 128256, seed=num_rows)
     logits = logits.bfloat16().float()
-    cuda_state = SamplingState(cpu_state.max_slots, 128256, "cuda")
-    for name, tensor in vars(cpu_state).items():
-        if isinstance(tensor, torch.Tensor):
-            getattr(cuda_state, name).copy_(tensor)
+    cuda_state = on_cuda(cpu_state)
     ref = sample_ref(logits, slots, positions, cpu_state, 20)
     got = sample_triton(logits.cuda(), slots.cuda(), positions.cuda(), cuda_state, 20, search=False)
     assert got.token_ids.cpu().tolist() == ref.token_ids.tolist()
