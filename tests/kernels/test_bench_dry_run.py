@@ -170,9 +170,9 @@ def test_qkv_rope_bench_runs_on_a_tiny_model(monkeypatch, capsys):
     assert len(errors) == 2 * 2 and max(errors) < 5e-3  # one row (CUDA-core loop) and three (tensor cores)
 
 
-def test_sampler_bench_columns_on_the_cpu(monkeypatch, capsys):
-    """bench/kernels/sampler.py with the rejection's columns (--reject 0,3,3k) under the interpreter, a 300-token
-    vocabulary, graphs and .cuda() stubbed out: every column printed, 0 mismatches against the CPU reference."""
+def _sampler_bench_on_the_cpu(monkeypatch, capsys, argv: list[str]) -> str:
+    """bench/kernels/sampler.py's main with `argv` under the interpreter: a 300-token vocabulary, graphs and .cuda()
+    stubbed out; returns what it printed."""
     from bench.kernels import sampler
 
     monkeypatch.setattr(sampler, "VOCAB", 300)
@@ -180,10 +180,17 @@ def test_sampler_bench_columns_on_the_cpu(monkeypatch, capsys):
     monkeypatch.setattr(sampler, "time_graph", lambda fn: fn() and 1.0)
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
-    monkeypatch.setattr(sys, "argv", ["sampler", "--sizes", "2", "--scenarios", "top_p,top_k", "--race", "list",
-                                      "--compact", "once", "--reject", "0,3,3k", "--no-old"])
+    monkeypatch.setattr(sys, "argv", ["sampler", *argv])
     sampler.main()
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_sampler_bench_columns_on_the_cpu(monkeypatch, capsys):
+    """bench/kernels/sampler.py with the rejection's columns (--reject 0,3,3k) under the interpreter, a 300-token
+    vocabulary, graphs and .cuda() stubbed out: every column printed, 0 mismatches against the CPU reference."""
+    out = _sampler_bench_on_the_cpu(monkeypatch, capsys, ["--sizes", "2", "--scenarios", "top_p,top_k", "--race",
+                                                          "list", "--compact", "once", "--reject", "0,3,3k",
+                                                          "--no-old"])
     # the engine's lane floor for top_k rows is the bench's default (--topk)
     assert "+list+once+floor us" in out and "+list+once+rj3+floor us" in out and "+list+once+rj3k+floor us" in out
     rows = [line.split() for line in out.splitlines() if line.startswith(("top_p ", "top_k "))]
@@ -193,17 +200,9 @@ def test_sampler_bench_columns_on_the_cpu(monkeypatch, capsys):
 def test_sampler_bench_without_the_search_on_the_cpu(monkeypatch, capsys):
     """--search on,off: the column without the search's launches times the rows that may take it (0 mismatches
     against the CPU reference) and prints "-" where a row needs the search (top_p)."""
-    from bench.kernels import sampler
-
-    monkeypatch.setattr(sampler, "VOCAB", 300)
-    monkeypatch.setattr(sampler, "to_cuda", lambda state: state)
-    monkeypatch.setattr(sampler, "time_graph", lambda fn: fn() and 1.0)
-    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
-    monkeypatch.setattr(sys, "argv", ["sampler", "--sizes", "3", "--scenarios", "greedy,temperature,top_p", "--race",
-                                      "list", "--compact", "once", "--search", "on,off", "--no-old"])
-    sampler.main()
-    out = capsys.readouterr().out
+    out = _sampler_bench_on_the_cpu(monkeypatch, capsys, ["--sizes", "3", "--scenarios", "greedy,temperature,top_p",
+                                                          "--race", "list", "--compact", "once", "--search", "on,off",
+                                                          "--no-old"])
     assert "+list+once+floor us" in out and "+list+once+floor+nosearch us" in out
     rows = {line.split()[0]: line.split()[2:6] for line in out.splitlines()
             if line.startswith(("greedy ", "temperature ", "top_p "))}
