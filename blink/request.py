@@ -105,8 +105,8 @@ class SamplingParams:
 
     @property
     def needs_search(self) -> bool:
-        """Whether a row with these parameters needs the sampler's threshold search: sampled with a filter
-        (kernels/sampling_bucket.is_filtered) or asking for top logprobs (SamplingState.needs_search's rule)."""
+        """Whether a row with these parameters needs the sampler's threshold search (kernels/sampling.sample's
+        `search`): sampled with a filter (kernels/sampling_bucket.is_filtered) or asking for top logprobs."""
         filtered = not self.greedy and (self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0)
         return filtered or bool(self.logprobs)
 

@@ -30,7 +30,7 @@ by the draw (session 35: one round left 2 of 32 top_p rows pending on the first 
 in the engine; it needs the list race: with the row race it runs none). The mismatch column's thresholds are the
 search's (no rejection), its tokens the column's.
 --search on,off: each column also without the search's launches (sample_triton's search=False: penalties, choice and
-finish only), in the scenarios whose rows may take it (SamplingState.needs_search; "-" in the others).
+finish only), in the scenarios whose rows may take it (SamplingParams.needs_search; "-" in the others).
 """
 from __future__ import annotations
 
@@ -184,7 +184,7 @@ def main() -> None:
             draws = [gpu] + [(gpu[0], gpu[1], p.cuda()) for p in other_positions(positions, args.draws - 1)]
             cells, spreads, first_us = "", "", None
             for nb, p, pdl, race, once, rounds, floor, search in columns:
-                if not search and cpu_state.needs_search(slots):  # its rows need the search: no such column
+                if not search and SCENARIOS[name].needs_search:  # its rows need the search: no such column
                     cells += f"{'-':>32}{'-':>7}"
                     spreads += f"{'':>32}{'':>7}"
                     continue

@@ -165,7 +165,7 @@ def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Te
     updates after the choice too (sample's); topk_floor: top_k rows by the lane floor (sampling_floor; None:
     BLINK_SAMPLER_TOPK's); search=False: the penalties, choice and finish launches only (no rejection, no
     threshold search), for a batch whose rows have no filter and ask for no top-K logprobs
-    (SamplingState.needs_search says which batches may; any other row would be sampled as if it had none)."""
+    (SamplingParams.needs_search says which rows may; any other row would be sampled as if it had none)."""
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
     plan = _Plan(logits, num_buckets, programs, race, compact_once, reject if search else 0, topk_floor)

@@ -150,13 +150,3 @@ class SamplingState:
         skipped (they add 0), so padding rows may point anywhere valid or at -1.
         """
         sampling_record.record_tokens(self.output_counts, self.flags, FLAG_PENALTIES, slots, token_ids)
-
-    def needs_search(self, slots: torch.Tensor) -> bool:
-        """Whether a batch of these slots needs the sampler's search (sample_triton's `search`): a row with a
-        filter (sampling_bucket.is_filtered: sampled, with top_k, top_p or min_p) or one that asks for top-K
-        logprobs. Reads the tensors back: for the host's own decisions, not inside a graph."""
-        real = slots >= 0
-        safe = slots.clamp(min=0).long()
-        filtered = (self.temperature[safe] != 0) & ((self.top_k[safe] > 0) | (self.top_p[safe] < 1)
-                                                    | (self.min_p[safe] > 0))
-        return bool((real & (filtered | (self.num_logprobs[safe] > 0))).any())

@@ -1,13 +1,13 @@
 """The sampler without its search (sample_triton's search=False: penalties, choice and finish only), for batches
 whose rows have no filter and ask for no top-K logprobs: the reference's tokens, logprobs and history updates,
-and SamplingState.needs_search, which says which batches may take it."""
+and SamplingParams.needs_search, which says which rows may take it."""
 import pytest
 import torch
 
 from blink.kernels.sampling import sample_ref, sample_triton
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
-from tests.kernels.test_sampling import MIXED_PARAMS, mixed_state
+from tests.kernels.test_sampling import MIXED_PARAMS
 from tests.kernels.test_sampling_race import on_cuda
 
 UNFILTERED = [
@@ -36,15 +36,11 @@ def unfiltered_batch(num_rows: int, vocab: int, seed: int = 0):
 
 
 def test_needs_search_marks_filters_and_top_logprobs():
-    state = mixed_state(64)
-    for slot, params in enumerate(MIXED_PARAMS):
+    for params in MIXED_PARAMS:
         sampled = params.temperature != 0
         filtered = sampled and (params.top_k > 0 or params.top_p < 1 or params.min_p > 0)
-        wanted = filtered or bool(params.logprobs)
-        assert state.needs_search(torch.tensor([slot, -1], dtype=torch.int32)) == wanted, params
-    _, slots, _, unfiltered = unfiltered_batch(9, 64)
-    assert not unfiltered.needs_search(slots)
-    assert not unfiltered.needs_search(torch.full((3,), -1, dtype=torch.int32))  # padding only
+        assert params.needs_search == (filtered or bool(params.logprobs)), params
+    assert not any(params.needs_search for params in UNFILTERED)
 
 
 @pytest.mark.parametrize("num_rows", [1, 9])
@@ -76,15 +72,6 @@ def test_gpu_no_search_on_a_real_vocab(num_rows):
     assert got.token_ids.cpu().tolist() == ref.token_ids.tolist()
     torch.testing.assert_close(got.logprobs.cpu(), ref.logprobs, rtol=1e-5, atol=1e-5)
     assert (got.top_ids == -1).all()
-
-
-def test_the_rule_is_the_same_on_parameters_and_on_the_state():
-    """SamplingParams.needs_search (the host's, from a request) and SamplingState.needs_search (from the slots'
-    tensors) agree on every row kind the tests use."""
-    for params in MIXED_PARAMS + UNFILTERED:
-        state = SamplingState(1, 64, "cpu")
-        state.set_slot(0, params, seed=1, prompt_ids=[])
-        assert state.needs_search(torch.zeros(1, dtype=torch.int32)) == params.needs_search, params
 
 
 @pytest.mark.gpu
