@@ -21,22 +21,20 @@ SAMPLING_MODES = {  # what every slot of a decode row samples with
     "top_k": SamplingParams(temperature=0.7, top_k=50),
     "top_k+top_p": SamplingParams(temperature=0.7, top_k=50, top_p=0.9),
 }
-# A mode with this suffix replays the bucket's graph without the sampler's search (ModelRunner's
-# searchless_graphs), for the modes whose rows need none (greedy): what the search's launches cost a step.
-NO_SEARCH = "-nosearch"
+# A mode replays the graph the engines launch for its rows (ModelRunner.run: without the sampler's search where
+# they need none and BLINK_SAMPLER_SEARCHLESS is on); with this suffix, the graph with the search whatever the
+# rows: greedy against greedy-search is what the search's launches cost a step.
+WITH_SEARCH = "-search"
 
 
 def mode_params(mode: str) -> tuple[SamplingParams, bool]:
-    """The rows' parameters of a --sampling mode and whether its graph has the search; ValueError if unknown or
-    if a mode whose rows need the search asks to leave it out."""
-    base = mode.removesuffix(NO_SEARCH)
+    """The rows' parameters of a --sampling mode and whether it asks for the graph with the search; ValueError if
+    unknown."""
+    base = mode.removesuffix(WITH_SEARCH)
     if base not in SAMPLING_MODES:
         raise ValueError(f"--sampling: unknown mode {mode!r}; known: {list(SAMPLING_MODES)}, each optionally with "
-                         f"{NO_SEARCH!r}")
-    params, search = SAMPLING_MODES[base], base == mode
-    if not search and params.needs_search:
-        raise ValueError(f"--sampling: {mode!r}: {base} rows need the sampler's search")
-    return params, search
+                         f"{WITH_SEARCH!r}")
+    return SAMPLING_MODES[base], base != mode
 
 
 def add_parser(sub) -> None:
@@ -52,7 +50,7 @@ def add_parser(sub) -> None:
                         "%(default)s as the engine)")
     p.add_argument("--sampling", default="greedy",
                    help=f"comma-separated sampling modes of the decode rows ({', '.join(SAMPLING_MODES)}; "
-                        f"greedy{NO_SEARCH}: its graph without the sampler's search)")
+                        f"each as the engine runs it; greedy{WITH_SEARCH}: its graph with the sampler's search)")
     p.add_argument("--prefill-tokens", default="",
                    help="comma-separated prompt lengths T (e.g. 2048,8192,32768): a prefill row each; T@C is a "
                         "chunk of T tokens after C cached ones (a prefix-cache hit's step, e.g. 100@2000), timed "
@@ -109,12 +107,12 @@ def time_step(preset: str, batches: list[int], context: int, iters: int, layers:
                       max_num_batched_tokens=max_b, num_kv_blocks=blocks, max_model_len=context + 16,
                       max_prompt_logprob_rows=prompt_rows, block_size=block_size)
     m = LoadedModel.load(args, num_layers=layers)
-    runner = ModelRunner.for_model(m, use_graphs=True,
-                                   searchless_graphs=any(not mode_params(mode)[1] for mode in modes))
+    runner = ModelRunner.for_model(m, use_graphs=True)
     shape = ModelShape.of(m.cfg)
     rows = []
     for mode in modes:
-        params, search = mode_params(mode)
+        params, forced = mode_params(mode)
+        search = forced or params.needs_search or not runner.searchless_graphs
         graphs = runner.graphs if search else runner.searchless_graphs
         for slot in range(max_b):  # the graphs read the sampling state by slot: no recapture
             runner.sampling_state.set_slot(slot, params, seed=slot, prompt_ids=[])
@@ -126,8 +124,8 @@ def time_step(preset: str, batches: list[int], context: int, iters: int, layers:
             floor = shape.decode_floor_s(b, context) * 1e3
             rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "batch": b, "bucket": bucket[0],
                          "context": context, "sampling": mode, "block_size": block_size,
-                         "prompt_logprob_rows": prompt_rows, "ms": round(ms, 4), "floor_ms": round(floor, 4),
-                         "ratio": round(ms / floor, 3),
+                         "prompt_logprob_rows": prompt_rows, "search": search, "ms": round(ms, 4),
+                         "floor_ms": round(floor, 4), "ratio": round(ms / floor, 3),
                          "experts_read_per_layer": round(shape.touched_experts(b), 1)})
             print(f"{preset:12s} layers={m.cfg.num_hidden_layers:3d} batch={b:4d} (bucket {bucket[0]:4d}) "
                   f"ctx={context} {mode:11s}: {ms:8.3f} ms  floor {floor:8.3f} ms  ratio {ms / floor:5.2f}",

@@ -17,16 +17,17 @@ from blink.core.step_buffers import StepBuffers
 from blink.kernels.attention_merge import split_tickets
 from blink.kernels.prompt_logprobs import prompt_logprobs
 from blink.kernels.sampling import SampleOutput, sample
+from blink.kernels.sampling_grid import SEARCHLESS_DEFAULT
 from blink.request import MAX_TOP_LOGPROBS
 
 
 class ModelRunner:
     def __init__(self, model, kv_cache, sampling_state, limits: EngineLimits, device, *, use_graphs: bool,
-                 samples: bool = True, searchless_graphs: bool = False):
+                 samples: bool = True, searchless_graphs: bool | None = None):
         """samples=False: the step ends at the logits (a device-mode TP follower: rank 0 samples).
         searchless_graphs: each decode bucket (tokens == seqs) also captured with the sampler's search left out
-        (kernels/sampling.sample's search=False), in self.searchless_graphs: for steps whose rows need no search
-        (SamplingParams.needs_search). The step bench times them; no engine takes them yet."""
+        (kernels/sampling.sample's search=False), in self.searchless_graphs, which run() replays for steps whose
+        rows need no search (needs_search); None: BLINK_SAMPLER_SEARCHLESS's choice (kernels/sampling_grid)."""
         self.model = model
         self.limits = limits
         self.samples = samples
@@ -55,6 +56,8 @@ class ModelRunner:
         self.pad_to_buckets = self.device.type == "cuda"
         # One memory pool for every capture (host mode's and device mode's).
         self.pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+        if searchless_graphs is None:
+            searchless_graphs = SEARCHLESS_DEFAULT
         if use_graphs:
             for bucket in reversed(self.buckets):  # largest first, so smaller ones reuse its pool
                 self.graphs[bucket] = self.capture(bucket, self.buffers)
@@ -63,7 +66,7 @@ class ModelRunner:
 
     @classmethod
     def for_model(cls, loaded, use_graphs: bool | None = None, samples: bool = True,
-                  searchless_graphs: bool = False) -> ModelRunner:
+                  searchless_graphs: bool | None = None) -> ModelRunner:
         """The runner of a LoadedModel (blink/core/loaded_model.py); use_graphs None: CUDA graphs on a GPU."""
         if use_graphs is None:
             use_graphs = loaded.device == "cuda"
@@ -197,18 +200,26 @@ class ModelRunner:
         for name, values in inputs.items():
             getattr(buf, name)[: len(values)].copy_(values, non_blocking=True)
 
-    def run(self, bucket: tuple[int, int]) -> None:
-        """Replay the bucket's graph on self.buffers (or run it eagerly)."""
+    def run(self, bucket: tuple[int, int], search: bool = True) -> None:
+        """Replay the bucket's graph on self.buffers (or run it eagerly); search=False: its graph without the
+        sampler's search where one was captured (a plan whose rows need none, needs_search)."""
         if self.graphs:
-            self.graphs[bucket].replay()
+            graphs = self.searchless_graphs if not search and bucket in self.searchless_graphs else self.graphs
+            graphs[bucket].replay()
         else:
-            self.forward(self.buffers, *bucket)
+            self.forward(self.buffers, *bucket, search=search)
+
+    @staticmethod
+    def needs_search(plan: SchedulerOutput) -> bool:
+        """Whether a row of the step that samples needs the sampler's search (the rest sample the scratch slot,
+        whose token nobody reads); csrc/sched_variant.h decides the same in device mode."""
+        return any(c.samples and c.seq.params.needs_search for c in plan.chunks)
 
     def execute(self, plan: SchedulerOutput) -> list[SampledToken | None]:
         """Run one step; returns, per chunk, the sampled token (None for a chunk mid-prefill)."""
         bucket = self.bucket_of(plan)
         self.prepare(plan, self.buffers, bucket)
-        self.run(bucket)
+        self.run(bucket, self.needs_search(plan))
         return self.read_back(plan)
 
     def bucket_of(self, plan: SchedulerOutput) -> tuple[int, int]:

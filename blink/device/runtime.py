@@ -30,6 +30,7 @@ from blink.device.device_graphs import (
     struct_on_device,
 )
 from blink.device.idle import ParkWatcher, apply_device_idle
+from blink.kernels.sampling_grid import SEARCHLESS_DEFAULT
 from blink.transport.shm import HEAD_INDEX, TAIL_INDEX
 from blink.util.startup import phase
 
@@ -99,7 +100,8 @@ class DeviceLoop:
             max_requests=max_requests or max_requests_for(lim.max_num_seqs, lim.max_model_len),
             num_buckets=len(buckets), num_eos=len(m.eos_token_ids), trace_capacity=trace_capacity,
             launches_per_kernel=structs.LAUNCHES_PER_KERNEL, step_timeout_ns=int(STEP_TIMEOUT_S * 1e9),
-            enable_prefix_caching=int(lim.enable_prefix_caching), prompt_logprob_rows=lim.prompt_logprob_rows)
+            enable_prefix_caching=int(lim.enable_prefix_caching), prompt_logprob_rows=lim.prompt_logprob_rows,
+            sampler_variants=2 if SEARCHLESS_DEFAULT else 1)
         structs.grammar_config(cfg, m.sampling_state)  # structured outputs: the arena its admission copies into
         self.idle = apply_device_idle(cfg, args.device_idle, peers is not None or args.tensor_parallel_size > 1)
         for i, (t, s) in enumerate(buckets):
@@ -122,10 +124,10 @@ class DeviceLoop:
 
         self.buffer_sets = [self.runner.new_buffers(), self.runner.new_buffers()]
         phase("engine", "device scheduler built; capturing the forward graphs")
-        capture_device_graphs(lib, self.runner, self.buffer_sets, self.stream, self.done_counter, self.graphs,
-                              self.execs)
+        table = capture_device_graphs(lib, self.runner, self.buffer_sets, self.stream, self.done_counter,
+                                      self.graphs, self.execs, searchless=SEARCHLESS_DEFAULT)
         phase("engine", f"{len(self.execs)} device-launchable graphs captured")
-        self.exec_table = exec_table(self.execs, self.device)
+        self.exec_table = exec_table(table, self.device)
 
         cuda_check(lib, lib.blink_host_register(segment.address, segment.size), "cudaHostRegister(segment)")
         self.registered = True

@@ -98,6 +98,8 @@ class SchedConfig(C.Structure):
         ("idle_deep_max_ns", C.c_int32),
         ("idle_deep_after_ns", C.c_int64),
         ("idle_park_after_ns", C.c_int64),  # 0: never park
+        ("sampler_variants", C.c_int32),  # graphs per bucket: 1, or 2 with the searchless one (csrc/sched_variant.h)
+        ("_pad0", C.c_int32),
     ]
 
 
@@ -168,7 +170,8 @@ class LoopParams(C.Structure):
         ("peers", C.c_void_p),  # PeerTable in device memory, or None
         ("hooks", C.c_void_p),  # LoopHooks in device memory, or None (production)
     ]
-    # state: SchedState, sized by blink_sched_state_bytes; graph_execs: cudaGraphExec_t[num_buckets][2]
+    # state: SchedState, sized by blink_sched_state_bytes;
+    # graph_execs: cudaGraphExec_t[sampler_variants][num_buckets][2] (csrc/sched_variant.h)
     _pointees_ = {"state": None, "graph_execs": None, "trace": C.c_uint64, "peers": PeerTable, "hooks": LoopHooks}
 
 

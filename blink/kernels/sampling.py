@@ -6,7 +6,7 @@ finish splits the vocabulary in the same chunks (256-1,024 programs in all, samp
   1. penalties: rows whose slot has penalties or logit_bias get processed logits in a side buffer (the
      other rows are never copied); rows with a filter also write each chunk's maximum, rows that ask for
      top-K logprobs each chunk's floor certificate (sampling_topk), and every row zeroes its scratch.
-  (with the rejection, one round at one row with top_k rows taken unless BLINK_SAMPLER_REJECT says, step 1
+  (with the rejection, one round up to 8 rows unless BLINK_SAMPLER_REJECT says, step 1
      also races the rows it takes and sampling_reject's R rounds follow, in one launch on the GPU: a taken row
      whose race winner is kept within R rounds is decided, skips steps 2-4 and races a one-token list in step 6)
   2-5. keep thresholds (sampling_bucket): rows with temperature > 0 and some filter (top_k, top_p < 1,

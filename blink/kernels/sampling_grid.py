@@ -33,12 +33,18 @@ RACE_CAPACITY = 16384
 # BLINK_SAMPLER_TOPK = "search" | "floor": top_k rows without min_p take the lane floor (sampling_floor) instead of
 # the bucket search. Session 37 (H200, mean of 2 draws, reject 0, us at 1 / 8 / 32 rows): top_k 39.8 / 51.6 / 98.3
 # -> 26.8 / 36.5 / 54.4, top_k + top_p 54.9 / 107.2 -> 37.1 / 55.0 at 8 / 32, greedy +1.0; 0 mismatches.
+# BLINK_SAMPLER_SEARCHLESS = "off" | "on": the engines capture each decode bucket a second time without the search
+# (sample's search=False) and launch that graph for steps whose rows need none (SamplingParams.needs_search: no
+# filter, no top-K logprobs). Session 39 (H100, mean of 2 draws, us at 1 / 8 / 32 rows, the search's launches and
+# none): greedy 16.9 / 23.2 / 31.3 -> 12.6 / 16.2 / 22.7, temperature 19.3 / 26.2 / 40.6 -> 14.0 / 18.7 / 32.4.
 KNOBS = {"BLINK_SAMPLER_RACE": ({"row": False, "list": True}, "list"),
          "BLINK_SAMPLER_COMPACT": ({"twice": False, "once": True}, "once"),
-         "BLINK_SAMPLER_TOPK": ({"search": False, "floor": True}, "floor")}  # (choices, default)
+         "BLINK_SAMPLER_TOPK": ({"search": False, "floor": True}, "floor"),
+         "BLINK_SAMPLER_SEARCHLESS": ({"off": False, "on": True}, "on")}  # (choices, default)
 _RACE_DEFAULT = _setting("BLINK_SAMPLER_RACE", *KNOBS["BLINK_SAMPLER_RACE"])
 _ONCE_DEFAULT = _setting("BLINK_SAMPLER_COMPACT", *KNOBS["BLINK_SAMPLER_COMPACT"])
 _FLOOR_DEFAULT = _setting("BLINK_SAMPLER_TOPK", *KNOBS["BLINK_SAMPLER_TOPK"])
+SEARCHLESS_DEFAULT = _setting("BLINK_SAMPLER_SEARCHLESS", *KNOBS["BLINK_SAMPLER_SEARCHLESS"])
 
 
 def race_capacity(vocab_size: int, race: int | None = None) -> int:
@@ -56,9 +62,8 @@ def race_capacity(vocab_size: int, race: int | None = None) -> int:
 # on a real model's rows, many on flat ones, and a row left pending costs the whole search), "0" none; a "t" after
 # either: the first round only tests the first candidate (float sums, no race: a refused one waits for the second
 # round's race); an "s" last: a launch a round on the GPU too (else the rounds share one launch there,
-# sampling_reject_sync; the interpreter always launches each round). Unset: one round for a one-row plan, top_k
-# rows taken (ONE_ROW_REJECT); one round without them up to 8 rows (FEW_ROWS_REJECT); two at 17-32 rows
-# (MANY_ROWS_REJECT); none else.
+# sampling_reject_sync; the interpreter always launches each round). Unset: one round up to 8 rows
+# (FEW_ROWS_REJECT); two at 17-32 rows (MANY_ROWS_REJECT); none else.
 REJECT_ROUNDS_MAX = 8
 
 
@@ -71,13 +76,14 @@ class RejectSetting(NamedTuple):
 
 # Session 34 (H100, one run, V = 128k): one round at one row took top_p 41.7 -> 31.9 us for greedy +2.0, min_p +0.8,
 # top_k +1.5; at 8 / 32 rows it cost min_p 41.1 -> 54.8 / 77.1 -> 101.4 and top_p at 32 109.6 -> 129.2 (perf.md).
-# Session 35 (H200, one run): taking top_k rows too ("1k") at one row: top_k 40.2 -> 31.3 us, top_p 30.6 -> 32.0,
-# greedy 20.0 -> 19.9 (off: 40.8 / 41.4 / 18.0).
-ONE_ROW_REJECT = RejectSetting(1, True)
+# Session 35 (H200, one run) took top_k rows too at one row ("1k": top_k 40.2 -> 31.3 us with the bucket search).
+# With the lane floor (sampling_floor) that saving is gone: session 39 (H100, mean of 3 draws, us, none / "1k" /
+# "1"): top_k 27.1 / 34.2 / 28.9, top_k + top_p 28.3 / 30.6 / 30.3; so one row takes the few rows' setting.
 # Session 36 (mean of 4 draws, us at 8 / 16 rows; none -> one round, H100): top_p 57.1 -> 51.5 / 80.9 -> 86.4, min_p
 # 41.0 -> 40.4 / 56.3 -> 52.5, top_k +2.6 / +2.2, greedy +2.7 / +2.0. The rule set before the run (greedy and top_k
-# pay <= 3 us, top_p and min_p gain) held at 8 rows and failed at 16 (top_p), so plans of 2-8 rows take one. The H200
-# at 8 rows, with the first round's bounded total: top_p 56.4 -> 52.3, min_p 40.3 -> 41.5, top_k +2.5, greedy +2.8.
+# pay <= 3 us, top_p and min_p gain) held at 8 rows and failed at 16 (top_p), so plans of 2-8 rows (1-8 since
+# session 39) take one. The H200 at 8 rows, with the first round's bounded total: top_p 56.4 -> 52.3, min_p
+# 40.3 -> 41.5, top_k +2.5, greedy +2.8.
 FEW_ROWS_REJECT, FEW_ROWS_MAX = RejectSetting(1), 8
 # Session 37 (H200, mean of 3 draws, 32 rows, rounds in one launch): two rounds took top_p 107.9 -> 94.3 us, min_p
 # 75.6 -> 71.6, for greedy +2.9 (a launch a round: +3.8); the rule written for a first round that only tests ("3t":
@@ -112,8 +118,8 @@ def reject_plan(race: int, value: int | str | None = None, rows: int = 1) -> Rej
     elif _REJECT_DEFAULT is not None:
         setting = _REJECT_DEFAULT
     else:
-        setting = (ONE_ROW_REJECT if rows == 1 else FEW_ROWS_REJECT if rows <= FEW_ROWS_MAX
-                   else MANY_ROWS_REJECT if rows in MANY_ROWS else RejectSetting())
+        setting = (FEW_ROWS_REJECT if rows <= FEW_ROWS_MAX else MANY_ROWS_REJECT if rows in MANY_ROWS
+                   else RejectSetting())
     return setting if race > 0 else RejectSetting()
 
 

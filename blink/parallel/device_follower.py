@@ -27,6 +27,7 @@ from blink.device.device_graphs import (
     exec_table,
     struct_on_device,
 )
+from blink.kernels.sampling_grid import SEARCHLESS_DEFAULT
 from blink.parallel.ipc import ipc_export
 
 MAILBOX_BYTES = 256  # one 8-byte word, padded to the arena's alignment
@@ -57,8 +58,11 @@ class FollowerLoop:
         cuda_check(lib, lib.blink_stream_create(C.byref(self.stream)), "cudaStreamCreate")
         try:
             done = lib.blink_follower_done_counter(self.state.data_ptr())
-            capture_device_graphs(lib, runner, self.buffer_sets, self.stream, done, self.graphs, self.execs)
-            self.exec_table = exec_table(self.execs, self.device)
+            # the searchless captures too, in step with rank 0's (they run collectives); a follower does not
+            # sample, so it launches its first variant only
+            table = capture_device_graphs(lib, runner, self.buffer_sets, self.stream, done, self.graphs, self.execs,
+                                          searchless=SEARCHLESS_DEFAULT)
+            self.exec_table = exec_table(table, self.device)
             params = structs.FollowerParams(
                 mailbox=self.arena.data_ptr() + self.mailbox_offset, state=self.state.data_ptr(),
                 graph_execs=self.exec_table.data_ptr(), num_buckets=len(runner.buckets),

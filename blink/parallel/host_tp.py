@@ -54,7 +54,8 @@ class TensorParallelRunner:
             self.queue.put(encode_step(bucket, inputs, admissions), timeout=STEP_PUT_TIMEOUT_S,
                            failure=self.workers.dead)
             runner.fill(runner.buffers, inputs)
-            runner.run(bucket)
+            runner.run(bucket, runner.needs_search(plan))  # the workers replay theirs with it: the sampler has no
+            # collective, and they capture the searchless graphs only to keep the captures' collectives in step
             if self.step_done is not None:  # a dead worker would leave the step inside a collective forever
                 self.step_done.record()
                 wait_or_fail(self.step_done.query, self.workers.dead)

@@ -45,13 +45,14 @@ def test_the_flag_defaults_to_the_engine_block_size():
     assert parser.parse_args(["step", "--block-size", "128"]).block_size == 128
 
 
-def test_sampling_modes_without_the_search():
-    """--sampling's "-nosearch" suffix: the greedy rows' graph without the sampler's search; refused for rows that
-    need it, and unknown modes refused by name."""
-    params, search = step.mode_params("greedy-nosearch")
-    assert params is step.SAMPLING_MODES["greedy"] and not search
-    assert step.mode_params("top_p") == (step.SAMPLING_MODES["top_p"], True)
-    with pytest.raises(ValueError, match="top_p rows need the sampler's search"):
-        step.mode_params("top_p-nosearch")
+def test_sampling_modes_with_the_search_forced():
+    """--sampling's "-search" suffix: the rows' graph with the sampler's search whatever they need (a plain mode
+    runs what the engine would); unknown modes refused by name."""
+    params, forced = step.mode_params("greedy-search")
+    assert params is step.SAMPLING_MODES["greedy"] and forced
+    assert step.mode_params("top_p") == (step.SAMPLING_MODES["top_p"], False)
+    assert step.mode_params("greedy") == (step.SAMPLING_MODES["greedy"], False)
     with pytest.raises(ValueError, match="unknown mode 'beam'"):
         step.mode_params("beam")
+    with pytest.raises(ValueError, match="unknown mode 'greedy-nosearch'"):
+        step.mode_params("greedy-nosearch")

@@ -30,7 +30,7 @@ from tests.device.fake_model import fake_forward, fake_prompt_entry, reference  
 INFO = ("running", "waiting", "free_blocks", "free_slots", "free_entries", "plan_rows", "plan_tokens",
         "plan_bucket", "parity", "preemptions", "steps", "tokens", "error_code", "fast_plans", "cached_free_blocks",
         "prefix_queries", "prefix_hits", "resets_done", "team_matches",
-        "team_shares")
+        "team_shares", "plan_searchless")
 _names = itertools.count()
 
 
@@ -57,6 +57,7 @@ class Config:
     launch_ahead: bool = False
     peers: int = 0  # tensor-parallel ranks besides rank 0, whose buffers the scheduler writes too
     prefix_caching: bool = False  # share cached prefixes' blocks (csrc/sched_prefix.h)
+    sampler_variants: int = 2  # graphs per bucket: with the searchless one, each plan picks its variant
     grammar_arena_bytes: int = 0  # structured outputs: the sampling state's grammar arena and the staging section
     prompt_logprob_rows: int = 0  # prompt-logprob rows per step (StepBuffers.prompt_*)
 
@@ -99,7 +100,7 @@ class HostScheduler:
             max_blocks_per_seq=self.mb, max_requests=c.max_requests, vocab_size=c.vocab_size,
             num_buckets=len(c.buckets), num_eos=len(c.eos), trace_capacity=1, launches_per_kernel=119,
             step_timeout_ns=10**9, enable_prefix_caching=int(c.prefix_caching),
-            prompt_logprob_rows=c.prompt_logprob_rows)
+            prompt_logprob_rows=c.prompt_logprob_rows, sampler_variants=c.sampler_variants)
         self.sampling_state, self.sampling = _sampling(c.max_num_seqs + 1, c.vocab_size, c.grammar_arena_bytes)
         structs.grammar_config(sc, self.sampling_state)
         for i, (t, s) in enumerate(c.buckets):
@@ -143,6 +144,7 @@ class HostScheduler:
         self.kv_pos = np.full(c.num_blocks * c.block_size, -1, np.int64)
         self.events: dict[int, list[TokenEvent]] = {}
         self.plans: list[list[tuple[int, int, int, bool]]] = []
+        self.searchless: list[bool] = []  # per plan: its variant (csrc/sched_variant.h)
         self.fail_next = False
 
     # -- driving -----------------------------------------------------------------------------------
@@ -171,6 +173,7 @@ class HostScheduler:
         if rows:
             info = self.info()
             self.plans.append(self.plan(rows))
+            self.searchless.append(bool(info["plan_searchless"]))
             if self.after_prepare is not None:
                 self.after_prepare(info["parity"], self.cfg.buckets[info["plan_bucket"]])
             if self.fail_next:  # as a failed launch: the step's requests end with ERROR
@@ -206,6 +209,7 @@ class HostScheduler:
             info = self.info()
             parity, bucket = info["parity"] ^ int(launched), self.cfg.buckets[info["plan_bucket"]]
             self.plans.append(self.plan(rows))
+            self.searchless.append(bool(info["plan_searchless"]))
             if self.after_prepare is not None:
                 self.after_prepare(parity, bucket)
             if not launched:

@@ -151,7 +151,7 @@ def test_the_knobs_and_the_capacity(monkeypatch):
         with pytest.raises(ValueError, match=name):
             sampling_grid._setting(name, choices, default)
         monkeypatch.delenv(name)
-        assert sampling_grid._setting(name, choices, default) is True  # the new ways by default (sessions 17, 37)
+        assert sampling_grid._setting(name, choices, default) is True  # the new ways by default (sessions 17, 37, 39)
     monkeypatch.setattr(sampling_grid, "_RACE_DEFAULT", True)
     monkeypatch.setattr(sampling_grid, "_ONCE_DEFAULT", True)
     plan = _Plan(torch.zeros(2, 128256))

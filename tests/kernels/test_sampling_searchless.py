@@ -99,3 +99,34 @@ def test_gpu_runner_graphs_without_the_search(tmp_path):
         graphs[bucket].replay()
         tokens.append(runner.buffers.sampled_ids[:8].tolist())
     assert tokens[0] == tokens[1]
+
+
+@pytest.mark.gpu
+def test_gpu_a_searchless_step_leaves_the_next_searched_step_alone(tmp_path):
+    """The engines alternate the two graphs step by step: a filtered batch's tokens, after a searchless step of
+    unfiltered rows in between, are the ones it gets before it (nothing the search's launches keep is stale)."""
+    from blink.bench.step import decode_plan
+    from blink.config import EngineArgs
+    from blink.core.loaded_model import LoadedModel
+    from blink.core.runner import ModelRunner
+    from tests.hf_models import make_tiny_model
+
+    path = make_tiny_model(tmp_path, "llama")
+    loaded = LoadedModel.load(EngineArgs(model=str(path), device="cuda", dtype="float32", max_num_seqs=8,
+                                         max_num_batched_tokens=8, num_kv_blocks=40, block_size=16))
+    runner = ModelRunner.for_model(loaded, use_graphs=True, searchless_graphs=True)
+    filtered = [SamplingParams(temperature=0.9, top_p=0.8), SamplingParams(temperature=0.7, top_k=7, logprobs=3),
+                SamplingParams(temperature=1.0, min_p=0.2)]
+    plan = decode_plan(None, 8, 60, 16)
+    bucket = runner.bucket_for(8, 8)
+    runner.prepare(plan, runner.buffers, bucket)
+
+    def step(params: list[SamplingParams], search: bool) -> list[int]:
+        for slot in range(8):
+            runner.sampling_state.set_slot(slot, params[slot % len(params)], seed=slot, prompt_ids=[])
+        runner.run(bucket, search)
+        return runner.buffers.sampled_ids[:8].tolist() + runner.buffers.top_ids[:8].flatten().tolist()
+
+    first = step(filtered, True)
+    step(UNFILTERED[:2], False)
+    assert step(filtered, True) == first

@@ -198,7 +198,8 @@ int blink_sched_check(const void* state, const SchedConfig* c) {
 
 // [running, waiting, free_blocks, free_slots, free_entries, plan_rows, plan_tokens, plan_bucket,
 //  parity, preemptions, steps, tokens, error_code, fast_plans, cached_free_blocks, prefix_queries,
-//  prefix_hits, resets_done, team_matches, team_shares]; free_blocks counts the cached ones nobody holds
+//  prefix_hits, resets_done, team_matches, team_shares, plan_searchless]; free_blocks counts the cached ones
+//  nobody holds
 void blink_sched_info(const void* state, int64_t* out) {
   const SchedState* s = static_cast<const SchedState*>(state);
   const int64_t v[] = {s->running_count, s->waiting_count, free_block_count(s), s->free_slot_top,
@@ -206,7 +207,7 @@ void blink_sched_info(const void* state, int64_t* out) {
                        (int64_t)(s->launched & 1), (int64_t)s->preemptions, (int64_t)s->steps,
                        (int64_t)s->tokens, s->error_code, (int64_t)s->fast_plans, s->lru_count,
                        (int64_t)s->prefix_queries, (int64_t)s->prefix_hits, (int64_t)s->resets_done,
-                       (int64_t)s->team_matches, (int64_t)s->team_shares};
+                       (int64_t)s->team_matches, (int64_t)s->team_shares, s->plan_searchless};
   for (unsigned i = 0; i < sizeof(v) / sizeof(v[0]); ++i) out[i] = v[i];
 }
 

@@ -155,6 +155,17 @@ BLINK_HD inline void store_volatile(T* p, T v) {
   *reinterpret_cast<volatile T*>(p) = v;
 }
 
+// A store that other team members may make to the same word with the same value (a byte flag): a relaxed atomic
+// on the host, where racing plain stores are a data race to C++ (and to ThreadSanitizer).
+template <typename T>
+BLINK_HD inline void store_relaxed(T* p, T v) {
+#if defined(__CUDA_ARCH__)
+  *p = v;
+#else
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+#endif
+}
+
 BLINK_HD inline void atomic_add(int32_t* p, int32_t v) {
 #if defined(__CUDA_ARCH__)
   atomicAdd(p, v);

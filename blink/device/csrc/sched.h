@@ -1,12 +1,13 @@
 // The scheduler's decision logic over a state struct, compiled for the GPU (scheduler.cu, one CTA)
 // and for the host (host_api.cpp, CPU tests). A step is: sched_prepare (ingest, schedule, write inputs),
-// the forward graph of bucket plan_bucket on buffer set `launched & 1`, then sched_complete
+// the forward graph of bucket plan_bucket (its variant: plan_searchless) on buffer set `launched & 1`, then sched_complete
 // (update_from_output). schedule / update_from_output are the Python Scheduler's two phases, by name.
 #pragma once
 
 #include "sched_finish.h"
 #include "sched_prefix.h"
 #include "sched_ingest.h"
+#include "sched_variant.h"
 
 namespace blink {
 
@@ -89,6 +90,7 @@ BLINK_HD inline int sched_prepare(const Team& t, const LoopParams& p) {
     if (t.leader()) fail_planned_step(p, kErrNoBucket);
     t.sync();
   }
+  plan_variant(t, s, c);  // the bucket's graph with or without the sampler's search (sched_variant.h)
   if (t.leader()) s->t_scheduled = now_ns();
   const int rows = load_volatile(&s->plan_rows);
   if (rows == 0) {

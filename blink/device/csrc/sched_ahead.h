@@ -68,7 +68,8 @@ BLINK_HD inline AheadPlan ahead_plan(const LoopParams& p) {
   const SchedState* s = p.state;
   const int parity = (int)(s->launched & 1);
 #if defined(__CUDA_ARCH__)
-  void* exec = static_cast<void**>(p.graph_execs)[s->ahead_bucket * 2 + parity];
+  const int index = graph_exec_index(p.cfg, s->ahead_bucket, s->ahead_searchless, parity);
+  void* exec = static_cast<void**>(p.graph_execs)[index];
 #else
   void* exec = nullptr;  // the host tests launch nothing
 #endif
@@ -129,6 +130,7 @@ BLINK_HD inline AheadPlan prepare_ahead(const Team& t, const LoopParams& p) {
     s->ahead_ready = ready;
     s->ahead_rows = n;
     s->ahead_bucket = s->plan_bucket;
+    s->ahead_searchless = s->plan_searchless;  // the same rows, so the same variant
   }
   if (!t.sync_or(ready)) return none;
   write_ahead_inputs(t, s, c, p.buffers[s->launched & 1], n);
@@ -218,6 +220,7 @@ BLINK_HD inline bool finish_behind(const Team& t, const LoopParams& p) {
   complete_launch(t, p, false, true, s->launched - 2);
   schedule(t, s, c);
   t.sync();
+  plan_variant(t, s, c);
   const StepBufferPtrs& b = p.buffers[(s->launched - 1) & 1];
   const int n = load_volatile(&s->plan_rows);
   bool differ = false;
@@ -228,7 +231,8 @@ BLINK_HD inline bool finish_behind(const Team& t, const LoopParams& p) {
     differ |= s->row_len[k] != 1 || b.positions[k] != pos || b.slot_mapping[k] != slot || b.sample_slots[k] != r.slot ||
               b.input_ids[k] != entry_tokens(s, c, e)[pos];
   }
-  return !t.sync_or(differ || (t.leader() && (n != s->ahead_rows || s->plan_bucket != s->ahead_bucket)));
+  return !t.sync_or(differ || (t.leader() && (n != s->ahead_rows || s->plan_bucket != s->ahead_bucket ||
+                                               s->plan_searchless != s->ahead_searchless)));
 }
 
 }  // namespace blink

@@ -224,7 +224,7 @@ BLINK_HD inline void write_admissions(const Team& t, SchedState* s, const SchedC
     const int32_t* toks = entry_tokens(s, c, s->job_entry[j]);
     const int prompt = (int)d.prompt_len;
     for (int k = t.rank; k < prompt + r.num_generated; k += t.size) {
-      if (k < prompt) sp.prompt_mask[r.slot * V + toks[k]] = 1;
+      if (k < prompt) store_relaxed(&sp.prompt_mask[r.slot * V + toks[k]], (uint8_t)1);  // repeated tokens
       else atomic_add(&sp.output_counts[r.slot * V + toks[k]], 1);
     }
   }

@@ -67,6 +67,8 @@ struct SchedConfig {
   int32_t idle_deep_max_ns;  // <= 1 ms (__nanosleep's longest)
   int64_t idle_deep_after_ns;
   int64_t idle_park_after_ns;
+  int32_t sampler_variants;  // graphs per bucket: 1, or 2 with the searchless one (sched_variant.h)
+  int32_t _pad0;
 };
 
 struct StepBufferPtrs {  // blink.core.step_buffers.StepBuffers, field order
@@ -165,7 +167,7 @@ struct FollowerState {
 struct FollowerParams {
   uint64_t* mailbox;  // in this rank's memory, written by rank 0 over NVLink
   FollowerState* state;
-  void* graph_execs;  // cudaGraphExec_t[num_buckets][2], the same layout as rank 0's
+  void* graph_execs;  // cudaGraphExec_t[num_buckets][2]: rank 0's first variant only (followers do not sample)
   int32_t num_buckets;
   int32_t launches_per_kernel;
   int64_t step_timeout_ns;
@@ -188,7 +190,7 @@ struct LoopParams {
   RingPtrs rings;
   StepBufferPtrs buffers[2];  // one set per step parity (each bucket is captured once per set)
   SamplingPtrs sampling;
-  void* graph_execs;  // cudaGraphExec_t[num_buckets][2]
+  void* graph_execs;  // cudaGraphExec_t[sampler_variants][num_buckets][2] (sched_variant.h)
   uint64_t* trace;    // [trace_capacity][kTraceWords]
   const PeerTable* peers;  // nullptr without tensor parallelism
   const LoopHooks* hooks;  // nullptr in production
@@ -215,6 +217,7 @@ struct SchedState {
   int32_t plan_rows, plan_tokens, plan_bucket, num_jobs;
   int32_t fast_plan, not_decode, num_records, chunk;  // team scratch: plan fast path, egress chunking
   int32_t plan_prompt_rows, reserved_prompt;  // prompt logprobs: rows the step being built uses
+  int32_t plan_searchless;  // its graph leaves the sampler's search out (sched_variant.h)
   // Prefix caching: the evictable LRU (cached blocks nobody holds; a list through lru_prev/lru_next,
   // oldest at the head), the hash table's mask, counters, and reset commands seen / applied.
   int32_t lru_head, lru_tail, lru_count, hash_mask;
@@ -277,7 +280,7 @@ struct SchedState {
   // Launching ahead (sched_ahead.h): the next step's inputs, written while this forward runs (ahead_ready), are
   // launched once its tokens are in if nothing else changed; the team's decisions travel in Team::sync_or.
   // Steps launched ahead, and inputs written ahead but not taken.
-  int32_t ahead_ready, ahead_rows, ahead_bucket;  // rows, bucket: as written
+  int32_t ahead_ready, ahead_rows, ahead_bucket, ahead_searchless;  // rows, bucket, variant: as written
   uint64_t ahead_launches, ahead_misses;
   int32_t ahead_len[kMatchAhead], ahead_in_lru[kMatchAhead];
   int32_t num_shares, share_entry[kMatchAhead], share_ahead[kMatchAhead], share_len[kMatchAhead];  // deferred
