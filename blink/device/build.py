@@ -124,6 +124,7 @@ def load_host_library() -> C.CDLL:
         "blink_post_to_peers": (None, _P, _U64, C.c_uint32),
         "blink_sched_fail": (None, _P, C.c_int32),
         "blink_sched_check": (_I, _P, _P),
+        "blink_graph_exec_index": (_I, _P, _I, _I, _I),
         "blink_sched_drain_done": (_I, _P),
         "blink_sched_info": (None, _P, C.POINTER(C.c_int64)),
         "blink_sched_plan": (None, _P, C.POINTER(C.c_int64)),

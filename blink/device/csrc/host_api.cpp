@@ -192,6 +192,11 @@ int blink_sched_idle_turn(const LoopParams* p, int32_t* idle_ns) {
 // The GPU loop's exit test on an idle turn: 1 once the front end closed ingress and all it sent finished.
 int blink_sched_drain_done(const LoopParams* p) { return drain_done(p->state, p->rings) ? 1 : 0; }
 
+// The exec table's index the GPU loop launches (sched_variant.h): device_graphs.py's table must agree.
+int blink_graph_exec_index(const SchedConfig* c, int bucket, int searchless, int parity) {
+  return graph_exec_index(*c, bucket, searchless, parity);
+}
+
 int blink_sched_check(const void* state, const SchedConfig* c) {
   return check_invariants(static_cast<const SchedState*>(state), *c);
 }

@@ -36,9 +36,9 @@ __device__ inline void prefetch_host_words(const LoopParams& p) {
 __device__ inline bool launch_step(const LoopParams& p, bool ahead, void* exec_ahead = nullptr) {
   SchedState* s = p.state;
   const int parity = (int)(s->launched & 1);
+  const int index = graph_exec_index(p.cfg, s->plan_bucket, s->plan_searchless, parity);
   cudaGraphExec_t exec = ahead ? static_cast<cudaGraphExec_t>(exec_ahead)
-                               : static_cast<cudaGraphExec_t*>(
-                                     p.graph_execs)[graph_exec_index(p.cfg, s->plan_bucket, s->plan_searchless, parity)];
+                               : static_cast<cudaGraphExec_t*>(p.graph_execs)[index];
   uint64_t* trace = trace_row(p, s->launched);
   __threadfence();  // the step's inputs (written by the whole CTA, then __syncthreads) before the launch
   const uint64_t t0 = now_ns();

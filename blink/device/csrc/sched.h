@@ -1,7 +1,7 @@
 // The scheduler's decision logic over a state struct, compiled for the GPU (scheduler.cu, one CTA)
 // and for the host (host_api.cpp, CPU tests). A step is: sched_prepare (ingest, schedule, write inputs),
-// the forward graph of bucket plan_bucket (its variant: plan_searchless) on buffer set `launched & 1`, then sched_complete
-// (update_from_output). schedule / update_from_output are the Python Scheduler's two phases, by name.
+// the forward graph of bucket plan_bucket (its variant: plan_searchless) on buffer set `launched & 1`, then
+// sched_complete (update_from_output). schedule / update_from_output are the Python Scheduler's two phases, by name.
 #pragma once
 
 #include "sched_finish.h"
