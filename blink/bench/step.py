@@ -51,6 +51,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sampling", default="greedy",
                    help=f"comma-separated sampling modes of the decode rows ({', '.join(SAMPLING_MODES)}; "
                         f"each as the engine runs it; greedy{WITH_SEARCH}: its graph with the sampler's search)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="decode rows: time every mode this many times, rotating their order each round; a row's ms "
+                        "is the median over rounds (its rounds in the JSON's ms_rounds)")
     p.add_argument("--prefill-tokens", default="",
                    help="comma-separated prompt lengths T (e.g. 2048,8192,32768): a prefill row each; T@C is a "
                         "chunk of T tokens after C cached ones (a prefix-cache hit's step, e.g. 100@2000), timed "
@@ -95,9 +98,23 @@ def graph_replay_ms(graph, iters: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def round_order(modes: list[str], round_: int) -> list[str]:
+    """The modes of one --rounds round, rotated by the round's number: the first mode a run times tends to time
+    slower (session 39, H100: the same graph +3 to +15 us), so no mode always goes first."""
+    k = round_ % len(modes)
+    return modes[k:] + modes[:k]
+
+
+def spread(times: list[float]) -> tuple[float, float, float]:
+    """(median, min, max) of one row's rounds (the lower middle of an even count)."""
+    ordered = sorted(times)
+    return ordered[(len(ordered) - 1) // 2], ordered[0], ordered[-1]
+
+
 def time_step(preset: str, batches: list[int], context: int, iters: int, layers: int | None,
               modes: list[str], prompt_rows: int = EngineArgs.max_prompt_logprob_rows,
-              block_size: int = EngineArgs.block_size) -> list[dict]:
+              block_size: int = EngineArgs.block_size, rounds: int = 1) -> list[dict]:
+    """One row per (mode, batch): the median over `rounds` rounds of each replay median (round_order)."""
     from blink.core.loaded_model import LoadedModel
     from blink.core.runner import ModelRunner
 
@@ -109,27 +126,39 @@ def time_step(preset: str, batches: list[int], context: int, iters: int, layers:
     m = LoadedModel.load(args, num_layers=layers)
     runner = ModelRunner.for_model(m, use_graphs=True)
     shape = ModelShape.of(m.cfg)
+    layers_ = m.cfg.num_hidden_layers
+    times: dict[tuple[str, int], list[float]] = {}
+    searched = {}
+    for round_ in range(rounds):
+        for mode in round_order(modes, round_):
+            params, forced = mode_params(mode)
+            search = searched[mode] = forced or params.needs_search or not runner.searchless_graphs
+            graphs = runner.graphs if search else runner.searchless_graphs
+            for slot in range(max_b):  # the graphs read the sampling state by slot: no recapture
+                runner.sampling_state.set_slot(slot, params, seed=slot, prompt_ids=[])
+            for b in batches:
+                bucket = runner.bucket_for(b, b)
+                runner.prepare(decode_plan(None, b, context, block_size), runner.buffers, bucket)
+                ms = graph_replay_ms(graphs[bucket], iters)
+                times.setdefault((mode, b), []).append(ms)
+                floor = shape.decode_floor_s(b, context) * 1e3
+                print(f"{preset:12s} layers={layers_:3d} batch={b:4d} (bucket {bucket[0]:4d}) ctx={context} "
+                      f"{mode:11s}: {ms:8.3f} ms  floor {floor:8.3f} ms  ratio {ms / floor:5.2f}"
+                      f"{f'  (round {round_ + 1})' if rounds > 1 else ''}", flush=True)
     rows = []
     for mode in modes:
-        params, forced = mode_params(mode)
-        search = forced or params.needs_search or not runner.searchless_graphs
-        graphs = runner.graphs if search else runner.searchless_graphs
-        for slot in range(max_b):  # the graphs read the sampling state by slot: no recapture
-            runner.sampling_state.set_slot(slot, params, seed=slot, prompt_ids=[])
         for b in batches:
-            plan = decode_plan(None, b, context, block_size)
-            bucket = runner.bucket_for(b, b)
-            runner.prepare(plan, runner.buffers, bucket)
-            ms = graph_replay_ms(graphs[bucket], iters)
+            ms, low, high = spread(times[mode, b])
             floor = shape.decode_floor_s(b, context) * 1e3
-            rows.append({"preset": preset, "layers": m.cfg.num_hidden_layers, "batch": b, "bucket": bucket[0],
+            rows.append({"preset": preset, "layers": layers_, "batch": b, "bucket": runner.bucket_for(b, b)[0],
                          "context": context, "sampling": mode, "block_size": block_size,
-                         "prompt_logprob_rows": prompt_rows, "search": search, "ms": round(ms, 4),
+                         "prompt_logprob_rows": prompt_rows, "search": searched[mode], "ms": round(ms, 4),
+                         "ms_rounds": [round(t, 4) for t in times[mode, b]],
                          "floor_ms": round(floor, 4), "ratio": round(ms / floor, 3),
                          "experts_read_per_layer": round(shape.touched_experts(b), 1)})
-            print(f"{preset:12s} layers={m.cfg.num_hidden_layers:3d} batch={b:4d} (bucket {bucket[0]:4d}) "
-                  f"ctx={context} {mode:11s}: {ms:8.3f} ms  floor {floor:8.3f} ms  ratio {ms / floor:5.2f}",
-                  flush=True)
+            if rounds > 1:
+                print(f"{preset:12s} batch={b:4d} {mode:11s}: median {ms:8.3f} ms [{low:.3f}-{high:.3f}] over "
+                      f"{rounds} rounds  ratio {ms / floor:5.3f}", flush=True)
     del runner, m
     torch.cuda.empty_cache()
     return rows
@@ -232,6 +261,8 @@ def run(ns: argparse.Namespace) -> int:
         raise ValueError("bench step needs a CUDA GPU")
     batches = [int(b) for b in ns.batches.split(",")]
     modes = ns.sampling.split(",")
+    if ns.rounds < 1:
+        raise ValueError(f"--rounds must be at least 1, got {ns.rounds}")
     for mode in modes:
         mode_params(mode)  # refuses an unknown mode before any model is built
     chunks = parse_prefill(ns.prefill_tokens)
@@ -240,7 +271,7 @@ def run(ns: argparse.Namespace) -> int:
     for preset in ns.presets.split(","):
         if not ns.no_decode:
             rows += time_step(preset, batches, ns.context, ns.iters, ns.num_layers, modes,
-                              ns.max_prompt_logprob_rows, ns.block_size)
+                              ns.max_prompt_logprob_rows, ns.block_size, ns.rounds)
         for group in (fresh, cached):  # eager whole prompts; graph-replayed chunks after a cached context
             if group:
                 rows += time_prefill(preset, group, ns.iters, ns.num_layers, ns.block_size)

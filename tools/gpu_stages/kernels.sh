@@ -111,8 +111,8 @@ stages_kernels() {
           | tail -40
       done;;
     step-sampling)  # issue 17: llama3-8b decode rows greedy vs top_p / top_k, and prefill rows with their floors
-      # (STEP_PREFILL= empty: decode rows only)
-      python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 --sampling "${STEP_SAMPLING:-greedy,top_p,top_k}" \
+      # (STEP_PREFILL= empty: decode rows only; STEP_ROUNDS=N: each decode row the median of N rotated rounds)
+      python3 -m blink.bench.step step --presets llama3-8b --batches 1,8,32 --sampling "${STEP_SAMPLING:-greedy,top_p,top_k}" --rounds "${STEP_ROUNDS:-1}" \
         --prefill-tokens "${STEP_PREFILL-2048,8192,32768,100@2000}" --result-json "$OUT/step_sampling.json" 2>&1 | tee "$OUT/step_sampling.log";;
     diag) python3 tools/diag.py precision profile 2>&1 | tee "$OUT/diag.log";;
     fp32) python3 tools/diag.py fp32 2>&1 | grep -v Warn | tee "$OUT/fp32.log";;
