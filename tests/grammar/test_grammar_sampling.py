@@ -114,3 +114,25 @@ def test_arena_partitions_and_sharing(demo_compiler, demo_vocab):
     arena.release(REGEX)
     arena.release(REGEX)
     assert arena.acquire(CHOICE, demo_compiler.compile(CHOICE)).gid == a.gid
+
+
+def test_constrained_rows_without_the_search(demo_compiler, demo_vocab):
+    """The engines' searchless graphs (sample's search=False) take constrained rows that have no filter: the
+    penalties kernel still masks by the grammar and the finish advances the DFA, as the reference does."""
+    _, _, vocab = demo_vocab
+    states = [constrained_state(demo_compiler, vocab) for _ in range(2)]
+    for state, arena in states:  # slot 4: sampled (temperature, no filter) under the choice grammar
+        state.set_slot(4, SamplingParams(temperature=0.8), seed=5, prompt_ids=[1],
+                       grammar=arena.slot_grammar(CHOICE, []))
+    (ref_state, _), (tri_state, _) = states
+    slots = torch.tensor([0, 3, 4, -1], dtype=torch.int32)
+    assert not any(PARAMS[s][0].needs_search for s in (0, 3))
+    gen = torch.Generator().manual_seed(9)
+    for step in range(6):
+        logits = torch.randn(len(slots), vocab, generator=gen) * 4
+        positions = torch.full((len(slots),), 30 + step, dtype=torch.int64)
+        ref = sample_ref(logits, slots, positions, ref_state, 2)
+        advance_grammar_ref(slots, ref.token_ids, ref_state)
+        tri = sample_triton(logits, slots, positions, tri_state, 2, record=True, search=False)
+        assert torch.equal(ref.token_ids, tri.token_ids), step
+        assert torch.equal(ref_state.grammar_state, tri_state.grammar_state), step
