@@ -267,7 +267,7 @@ BLINK_HD inline void write_inputs(const Team& t, SchedState* s, const SchedConfi
       const int end = s->row_start[row] + s->row_len[row];
       b.seq_lens[row] = end;
       b.logits_indices[row] = s->row_qstart[row] + s->row_len[row] - 1;
-      b.sample_slots[row] = end == entry_num_tokens(r) ? r.slot : c.max_num_seqs;
+      b.sample_slots[row] = row_samples(s, row) ? r.slot : c.max_num_seqs;
       b.sample_positions[row] = entry_num_tokens(r);
     } else {
       b.seq_lens[row] = 0;

@@ -14,6 +14,11 @@ BLINK_HD inline int32_t* slot_blocks(SchedState* s, const SchedConfig& c, int sl
 }
 BLINK_HD inline int entry_num_tokens(const RequestEntry& r) { return (int)r.desc.prompt_len + r.num_generated; }
 BLINK_HD inline int entry_remaining(const RequestEntry& r) { return entry_num_tokens(r) - r.num_computed; }
+// Whether planned row k reaches its sequence's end, so a token is sampled after it (ScheduledChunk.samples); a
+// row mid-prefill samples the scratch slot instead.
+BLINK_HD inline bool row_samples(const SchedState* s, int k) {
+  return s->row_start[k] + s->row_len[k] == entry_num_tokens(s->entries[s->row_entry[k]]);
+}
 // Prompt logprobs (blink/core/sequence.py): the top-N a request asks for (-1: none, flags bits 8-15 hold N + 1),
 // and the rows a chunk [start, start + n) needs until the first token is out (Sequence.prompt_rows).
 BLINK_HD inline int prompt_top_for(const RequestDescriptor& d) { return (int)((d.flags & kPromptLogprobsMask) >> 8) - 1; }

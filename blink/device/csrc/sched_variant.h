@@ -21,10 +21,8 @@ BLINK_HD inline void plan_variant(const Team& t, SchedState* s, const SchedConfi
   const int n = load_volatile(&s->plan_rows), b = load_volatile(&s->plan_bucket);
   const bool possible = c.sampler_variants > 1 && n > 0 && b >= 0;
   bool search = false;
-  for (int k = t.rank; possible && k < n; k += t.size) {  // a row mid-prefill samples the scratch slot: unread
-    const RequestEntry& r = s->entries[s->row_entry[k]];
-    search |= s->row_start[k] + s->row_len[k] == entry_num_tokens(r) && needs_search(r.desc);
-  }
+  for (int k = t.rank; possible && k < n; k += t.size)  // a row mid-prefill samples the scratch slot: unread
+    search |= row_samples(s, k) && needs_search(s->entries[s->row_entry[k]].desc);
   const bool searchless = possible && !t.sync_or(search);
   if (t.leader()) s->plan_searchless = searchless;
   t.sync();
