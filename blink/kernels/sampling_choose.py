@@ -10,7 +10,7 @@ from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_plan import COUNTERS
 from blink.kernels.sampling_race import lse_step, race_over_list, store_lse
 from blink.kernels.sampling_record import record_token
-from blink.kernels.sampling_rng import race_uniform, row_hash
+from blink.kernels.sampling_rng import race_noise, race_uniform, row_hash
 from blink.kernels.sampling_topk import asks_for_logprobs, top_floor, write_top_from_candidates
 
 _INT32_MAX = tl.constexpr(0x7FFFFFFF)
@@ -71,7 +71,7 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
                 score = tl.load(processed_row + offs, mask=valid, other=float("-inf"))
             if noisy:
                 u = race_uniform(hash_of_row, offs, KEY_BYTES)
-                score = tl.where(score >= threshold, score * inv_temperature - tl.log(-tl.log(u)), float("-inf"))
+                score = tl.where(score >= threshold, score * inv_temperature + race_noise(u), float("-inf"))
             take = score > best
             best = tl.where(take, score, best)
             best_token = tl.where(take, offs, best_token)

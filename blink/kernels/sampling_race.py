@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from blink.kernels.sampling_rng import race_uniform
+from blink.kernels.sampling_rng import race_noise, race_uniform
 from blink.kernels.sampling_select import canonical, sortable_key
 
 _INT32_MIN = tl.constexpr(-0x7FFFFFFF - 1)
@@ -76,7 +76,7 @@ def race_over_list(ids_row, count, score_row, threshold, inv_temperature, hash_o
         ids = tl.load(ids_row + i, mask=valid, other=0)
         x = tl.load(score_row + ids, mask=valid, other=float("-inf"))
         u = race_uniform(hash_of_row, ids, KEY_BYTES)
-        score = tl.where(valid & (x >= threshold), x * inv_temperature - tl.log(-tl.log(u)), float("-inf"))
+        score = tl.where(valid & (x >= threshold), x * inv_temperature + race_noise(u), float("-inf"))
         # the list is in no particular order: equal finite scores go to the lower id
         take = (score > best) | ((score == best) & (score > float("-inf")) & (ids < best_token))
         best = tl.where(take, score, best)

@@ -52,7 +52,7 @@ from blink.kernels.sampling_reject_sync import (
     sum_parts,
     wait_round,
 )
-from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, row_hash
+from blink.kernels.sampling_rng import KEY_BYTES, race_noise, race_uniform, row_hash
 from blink.kernels.sampling_select import canonical
 
 _NO_FUSION = {"enable_fp_fusion": False}
@@ -69,7 +69,7 @@ _NOISE_BOUND = tl.constexpr(17.0)
 def _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES: tl.constexpr):
     """One block's tokens `inside` into the lanes' race (a lane keeps its first maximum: the lowest id)."""
     u = race_uniform(hash_of_row, offs, KEY_BYTES)
-    score = tl.where(inside, scaled - tl.log(-tl.log(u)), float("-inf"))
+    score = tl.where(inside, scaled + race_noise(u), float("-inf"))
     take = score > best
     return tl.where(take, score, best), tl.where(take, offs, best_token)
 
