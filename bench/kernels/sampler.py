@@ -29,7 +29,8 @@ by the draw (session 35: one round left 2 of 32 top_p rows pending on the first 
 (sampling_reject; k: top_k-only rows too; t: the first round only tests; s: a launch a round; BLINK_SAMPLER_REJECT
 in the engine; it needs the list race: with the row race it runs none). The mismatch column's thresholds are the
 search's (no rejection), its tokens the column's.
-The race's noise is BLINK_SAMPLER_NOISE's (exact, fast, fast2: sampling_rng; read at import, so one mode a run).
+The race's noise is BLINK_SAMPLER_NOISE's (exact, fast, fast2: sampling_noise) and its uniforms BLINK_SAMPLER_HASH's
+(murmur, fmix: sampling_rng), both read at import: one mode a run.
 --search on,off: each column also without the search's launches (sample_triton's search=False: penalties, choice and
 finish only), in the scenarios whose rows may take it (SamplingParams.needs_search; "-" in the others).
 """
@@ -41,7 +42,7 @@ import torch
 import triton
 
 from bench.kernels import sampling_old
-from blink.kernels import sampling, sampling_rng
+from blink.kernels import sampling, sampling_noise, sampling_rng
 from blink.kernels.pdl import pdl_switched
 from blink.kernels.sampling_bucket import NUM_BUCKETS
 from blink.kernels.sampling_grid import RACE_CAPACITY
@@ -172,7 +173,7 @@ def main() -> None:
                for rounds in args.reject.split(",")  # rounds: a BLINK_SAMPLER_REJECT setting
                for k in args.topk.split(",") for search in args.search.split(",")]
     print(f"V={VOCAB}, {torch.cuda.get_device_name()}, old = git e896288 (bench/kernels/sampling_old.py), "
-          f"BLINK_SAMPLER_NOISE={sampling_rng.NOISE}")
+          f"BLINK_SAMPLER_NOISE={sampling_noise.NOISE}, BLINK_SAMPLER_HASH={sampling_rng.HASH}")
     label = lambda nb, p, pdl, race, once, rounds, floor, search: (
         f"nb={nb} p={p or ENG}{PDL_LABELS[pdl]}{'+list' if race else ''}{'+once' if once else ''}"
         f"{f'+rj{rounds}' if rounds != '0' else ''}{'+floor' if floor else ''}{'' if search else '+nosearch'} us")

@@ -7,10 +7,11 @@ import triton
 import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
+from blink.kernels.sampling_noise import race_noise
 from blink.kernels.sampling_plan import COUNTERS
 from blink.kernels.sampling_race import lse_step, race_over_list, store_lse
 from blink.kernels.sampling_record import record_token
-from blink.kernels.sampling_rng import race_noise, race_uniform, row_hash
+from blink.kernels.sampling_rng import race_uniform, row_hash
 from blink.kernels.sampling_topk import asks_for_logprobs, top_floor, write_top_from_candidates
 
 _INT32_MAX = tl.constexpr(0x7FFFFFFF)

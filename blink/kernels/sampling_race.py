@@ -16,7 +16,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from blink.kernels.sampling_rng import race_noise, race_uniform
+from blink.kernels.sampling_noise import race_noise
+from blink.kernels.sampling_rng import race_uniform
 from blink.kernels.sampling_select import canonical, sortable_key
 
 _INT32_MIN = tl.constexpr(-0x7FFFFFFF - 1)

@@ -42,6 +42,7 @@ import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, scale_cutoff, top_p_weight
+from blink.kernels.sampling_noise import race_noise
 from blink.kernels.sampling_plan import DECIDED, PENDING, REJECT_WORDS, SEARCH
 from blink.kernels.sampling_reject_bounds import BOUND_SLACK, mass_bounds, row_total_bounds
 from blink.kernels.sampling_reject_sync import (
@@ -52,7 +53,7 @@ from blink.kernels.sampling_reject_sync import (
     sum_parts,
     wait_round,
 )
-from blink.kernels.sampling_rng import KEY_BYTES, race_noise, race_uniform, row_hash
+from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, row_hash
 from blink.kernels.sampling_select import canonical
 
 _NO_FUSION = {"enable_fp_fusion": False}

@@ -4,15 +4,10 @@ u = murmur3_32 keyed by the seed's low word over the words (seed_hi, position, t
 reference (int64 tensors with explicit 32-bit masking) and the Triton version (uint32, which wraps by
 itself) compute the same bits, so a seeded request draws the same tokens whatever shares its batch.
 
-The race adds each token's noise -log(-log u) (race_noise). Its two accurate logs are most of a raced token's
-instructions (libdevice's logf: ~25 each, against ~20 for the hash), so BLINK_SAMPLER_NOISE chooses how the GPU
-computes them: "exact" (both libdevice's), "fast" (the outer log by lg2.approx: its argument -log u is never
-near 1 where it matters, see race_noise) or "fast2" (the inner one too: lg2.approx below u = 1/2, a series
-above). The formula is the same in every mode; the fast ones round differently by about an ulp of a score, so a
-GPU draw can differ from the CPU reference's only where two scores lie that close. Session 40 (H100, perf.md): over
-all 2^23 u the error over max(1, |noise|) is 1.4e-7 / 2.6e-7 / 4.0e-7 (exact / fast / fast2); fast2 against exact,
-mean of 2 draws at 32 rows with the engine's two rounds: top_p 94.1 -> 85.0 us, min_p 74.2 -> 66.7, temperature
-44.9 -> 42.0, greedy and top_k within 0.6; 0 mismatches. So fast2 is the default.
+BLINK_SAMPLER_HASH="fmix" (not the default; issue 17's A/B) keeps murmur3's per-row part (seed and position)
+and hashes the token as fmix32(row ^ token * 0x9E3779B9) instead of a murmur3 body round and its finaliser: 8 of
+the ~61 PTX instructions a raced token costs (session 40's count), a different seeded stream, as well mixed (fmix32
+is a bijection with full avalanche; the odd multiplier spreads consecutive ids over all bits).
 """
 from __future__ import annotations
 
@@ -21,7 +16,6 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 KEY_BYTES = 12  # three hashed words after the seed word
 _MASK32 = 0xFFFFFFFF
@@ -51,12 +45,31 @@ def _fmix32_ref(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-def race_uniform_ref(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[S, V] float32 uniforms in (0, 1) for the rows' (seed, position) and every token id."""
+HASH_MODES = ("murmur", "fmix")
+_GOLDEN = 0x9E3779B9
+
+
+def hash_setting(value: str | None = None) -> str:
+    """BLINK_SAMPLER_HASH's mode (read once at import); ValueError names the variable."""
+    value = os.environ.get("BLINK_SAMPLER_HASH", "murmur") if value is None else value
+    if value not in HASH_MODES:
+        raise ValueError(f"BLINK_SAMPLER_HASH must be one of {list(HASH_MODES)}, got {value!r}")
+    return value
+
+
+HASH = hash_setting()
+
+
+def race_uniform_ref(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int,
+                     mode: str | None = None) -> torch.Tensor:
+    """[S, V] float32 uniforms in (0, 1) for the rows' (seed, position) and every token id (mode: HASH's)."""
     h = _mix_word_ref(seeds & _MASK32, (seeds >> 32) & _MASK32)
     h = _mix_word_ref(h, positions & _MASK32)
     tokens = torch.arange(vocab_size, dtype=torch.int64, device=seeds.device)
-    h = _fmix32_ref(_mix_word_ref(h[:, None], tokens[None, :]) ^ KEY_BYTES)
+    if (mode or HASH) == "murmur":
+        h = _fmix32_ref(_mix_word_ref(h[:, None], tokens[None, :]) ^ KEY_BYTES)
+    else:
+        h = _fmix32_ref(h[:, None] ^ _mul32(tokens, _GOLDEN)[None, :])
     return ((h >> 9).to(torch.float32) + 0.5) * 2.0**-23  # 23 bits: exact in f32, never 0 or 1
 
 
@@ -88,75 +101,21 @@ def row_hash(seed, position):
 
 
 @triton.jit
-def race_uniform(hash_of_row, tokens, KEY_BYTES: tl.constexpr):
-    h = _fmix32(mix_word(hash_of_row, tokens.to(tl.uint32)) ^ KEY_BYTES)
-    return ((h >> 9).to(tl.float32) + 0.5) * 1.1920928955078125e-07  # 2**-23
-
-
-# ---- the race's noise -------------------------------------------------------------------------------
-NOISE_MODES = ("exact", "fast", "fast2")
-
-
-def noise_setting(value: str | None = None) -> str:
-    """BLINK_SAMPLER_NOISE's mode (read once at import); ValueError names the variable."""
-    value = os.environ.get("BLINK_SAMPLER_NOISE", "fast2") if value is None else value
-    if value not in NOISE_MODES:
-        raise ValueError(f"BLINK_SAMPLER_NOISE must be one of {list(NOISE_MODES)}, got {value!r}")
-    return value
-
-
-NOISE = noise_setting()
-_LN2 = tl.constexpr(0.6931471805599453)
+def _unit(h):
+    """(h >> 9 + 0.5) 2^-23 without an int-to-float conversion: 1 + m 2^-23 by its bits, less 1 - 2^-24 (exact:
+    Sterbenz), the same bits as the reference's."""
+    return ((h >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 0.99999994039535522
 
 
 @triton.jit
-def _log2_fast(x):
-    return libdevice.fast_log2f(x)  # lg2.approx.ftz: ~2^-22 absolute error on the mantissa's log
+def _uniform_murmur(hash_of_row, tokens, KEY_BYTES: tl.constexpr):
+    return _unit(_fmix32(mix_word(hash_of_row, tokens.to(tl.uint32)) ^ KEY_BYTES))
 
 
 @triton.jit
-def _log2_interpreted(x):
-    return tl.log2(x)  # the interpreter has no lg2.approx: the CPU tests run the same formula with numpy's log2
+def _uniform_fmix(hash_of_row, tokens, KEY_BYTES: tl.constexpr):
+    return _unit(_fmix32(hash_of_row ^ (tokens.to(tl.uint32) * 0x9E3779B9)))
 
 
-_log2 = _log2_interpreted if os.environ.get("TRITON_INTERPRET") == "1" else _log2_fast
-
-
-@triton.jit
-def _noise_exact(u):
-    return -tl.log(-tl.log(u))
-
-
-@triton.jit
-def _noise_fast(u):
-    # e = -log u lies in [1.2e-7, 16.6]; lg2.approx's error is absolute in the result, ~1.1e-7 after the ln 2
-    # scale, below half an ulp of a score above 2 (the race's winners have large noise: e small, log e large)
-    return -_LN2 * _log2(-tl.log(u))
-
-
-@triton.jit
-def inner_log_fast(u):
-    """-log u for the race's u (23-bit, in (0, 1)). Below 1/2, lg2.approx: -log u > 0.69 there, so its absolute
-    error is a relative one of ~2^-22. From 1/2 up, where -log u -> 0 and an absolute error would not do, the
-    series -log(1 - w) = 2 atanh(t), t = w / (2 - w) <= 1/3, to t^13 (truncation below 2^-25 relative); w = 1 - u
-    is exact there (Sterbenz)."""
-    w = 1.0 - u
-    t = w / (2.0 - w)  # div.full.f32 on the GPU: within 2 ulps
-    t2 = t * t
-    poly = 1.0 / 13.0
-    poly = poly * t2 + 1.0 / 11.0
-    poly = poly * t2 + 1.0 / 9.0
-    poly = poly * t2 + 1.0 / 7.0
-    poly = poly * t2 + 1.0 / 5.0
-    poly = poly * t2 + 1.0 / 3.0
-    poly = poly * t2 + 1.0
-    return tl.where(u >= 0.5, 2.0 * t * poly, -_LN2 * _log2(u))
-
-
-@triton.jit
-def _noise_fast2(u):
-    return -_LN2 * _log2(inner_log_fast(u))
-
-
-# the race's noise -log(-log u), by BLINK_SAMPLER_NOISE (a score is scaled + race_noise(u))
-race_noise = {"exact": _noise_exact, "fast": _noise_fast, "fast2": _noise_fast2}[NOISE]
+# the race's uniform of (row, token), by BLINK_SAMPLER_HASH; KEY_BYTES is murmur3's length word
+race_uniform = {"murmur": _uniform_murmur, "fmix": _uniform_fmix}[HASH]

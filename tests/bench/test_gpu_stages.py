@@ -73,3 +73,22 @@ def test_no_stage_writes_over_a_file_of_the_tree():
         assert not targets & tracked, (script.name, sorted(targets & tracked))
         seen |= targets
     assert "/dev/null" in seen and any(target.startswith('$OUT/') for target in seen)  # the pattern finds them
+
+
+def test_the_chain_runs_a_card_gated_stage_only_on_that_card(tmp_path):
+    """gpu_chain.sh's "@H200 ..." stages run where the card's name holds H200 and are skipped elsewhere; an ungated
+    stage always runs. From a bare copy of tools/, as above: no caches or wheels to restore."""
+    import shutil
+
+    shutil.copytree(ROOT / "tools", tmp_path / "tools", ignore=shutil.ignore_patterns("__pycache__"))
+    stub = tmp_path / "bin"
+    stub.mkdir()
+    (stub / "nvidia-smi").write_text('#!/bin/sh\necho "NVIDIA H100 80GB HBM3"\n')
+    (stub / "python3").write_text('#!/bin/sh\necho "stub python3 $*"\n')
+    for tool in stub.iterdir():
+        tool.chmod(0o755)
+    env = {"PATH": f"{stub}:/usr/bin:/bin", "OUT": str(tmp_path / "out")}
+    done = subprocess.run(["bash", "tools/gpu_chain.sh", "@H200 INTF_BUDGET=540 env:20", "@H100 env:20", "env:20"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env)
+    assert "##### skipped on NVIDIA H100 80GB HBM3: @H200 INTF_BUDGET=540 env:20" in done.stdout
+    assert done.stdout.count("##### env:20 (") == 2 and done.stdout.count("##### rc 0") == 2

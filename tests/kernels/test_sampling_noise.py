@@ -1,4 +1,4 @@
-"""The race's noise, -log(-log u) (sampling_rng.race_noise), in each BLINK_SAMPLER_NOISE mode: for every one of the
+"""The race's noise, -log(-log u) (sampling_noise.race_noise), in each BLINK_SAMPLER_NOISE mode: for every one of the
 2^23 uniforms the hash can give, against float64 (the interpreter here; the GPU's lg2.approx in the gpu test); and
 the sampler with the fast noise draws the CPU reference's tokens."""
 import pytest
@@ -6,11 +6,11 @@ import torch
 import triton
 import triton.language as tl
 
-from blink.kernels import sampling_choose, sampling_race, sampling_reject, sampling_rng
+from blink.kernels import sampling_choose, sampling_noise, sampling_race, sampling_reject
 from blink.kernels.sampling import sample_ref, sample_triton
 from tests.kernels.test_sampling_reject import batch
 
-MODES = {"exact": sampling_rng._noise_exact, "fast": sampling_rng._noise_fast, "fast2": sampling_rng._noise_fast2}
+MODES = {"exact": sampling_noise._noise_exact, "fast": sampling_noise._noise_fast, "fast2": sampling_noise._noise_fast2}
 # the error over max(1, |noise|): a few ulps of the noise (2^-23 relative), so of a score at least as large
 # (measured on this CPU with numpy's float32 logs: exact 2.9e-7, fast 2.9e-7, fast2 2.6e-7)
 MAX_ERROR = 2.0**-21
@@ -52,7 +52,7 @@ def test_the_series_above_one_half_has_a_small_relative_error():
     @triton.jit
     def inner(u_ptr, out_ptr, BLOCK: tl.constexpr):
         offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(out_ptr + offs, sampling_rng.inner_log_fast(tl.load(u_ptr + offs)))
+        tl.store(out_ptr + offs, sampling_noise.inner_log_fast(tl.load(u_ptr + offs)))
 
     inner[(4,)](u, out, BLOCK=1 << 20)
     truth = -torch.log(u.double())
@@ -60,10 +60,10 @@ def test_the_series_above_one_half_has_a_small_relative_error():
 
 
 def test_the_setting():
-    assert sampling_rng.noise_setting("fast2") == "fast2"
+    assert sampling_noise.noise_setting("fast2") == "fast2"
     with pytest.raises(ValueError, match="BLINK_SAMPLER_NOISE"):
-        sampling_rng.noise_setting("approx")
-    assert sampling_rng.race_noise is MODES[sampling_rng.NOISE]
+        sampling_noise.noise_setting("approx")
+    assert sampling_noise.race_noise is MODES[sampling_noise.NOISE]
 
 
 @pytest.mark.parametrize("mode", ["fast", "fast2"])
