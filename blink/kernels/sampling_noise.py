@@ -18,15 +18,14 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from blink.kernels.sampling_rng import env_choice
+
 NOISE_MODES = ("exact", "fast", "fast2")
 
 
 def noise_setting(value: str | None = None) -> str:
-    """BLINK_SAMPLER_NOISE's mode (read once at import); ValueError names the variable."""
-    value = os.environ.get("BLINK_SAMPLER_NOISE", "fast2") if value is None else value
-    if value not in NOISE_MODES:
-        raise ValueError(f"BLINK_SAMPLER_NOISE must be one of {list(NOISE_MODES)}, got {value!r}")
-    return value
+    """BLINK_SAMPLER_NOISE's mode (read once at import)."""
+    return env_choice("BLINK_SAMPLER_NOISE", NOISE_MODES, "fast2", value)
 
 
 NOISE = noise_setting()

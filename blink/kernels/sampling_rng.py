@@ -49,12 +49,17 @@ HASH_MODES = ("murmur", "fmix")
 _GOLDEN = 0x9E3779B9
 
 
-def hash_setting(value: str | None = None) -> str:
-    """BLINK_SAMPLER_HASH's mode (read once at import); ValueError names the variable."""
-    value = os.environ.get("BLINK_SAMPLER_HASH", "murmur") if value is None else value
-    if value not in HASH_MODES:
-        raise ValueError(f"BLINK_SAMPLER_HASH must be one of {list(HASH_MODES)}, got {value!r}")
+def env_choice(name: str, choices: tuple[str, ...], default: str, value: str | None = None) -> str:
+    """value, or the environment's `name` (default if unset), checked against choices; ValueError names `name`."""
+    value = os.environ.get(name, default) if value is None else value
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {list(choices)}, got {value!r}")
     return value
+
+
+def hash_setting(value: str | None = None) -> str:
+    """BLINK_SAMPLER_HASH's mode (read once at import)."""
+    return env_choice("BLINK_SAMPLER_HASH", HASH_MODES, "murmur", value)
 
 
 HASH = hash_setting()
