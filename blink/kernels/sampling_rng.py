@@ -6,7 +6,7 @@ itself) compute the same bits, so a seeded request draws the same tokens whateve
 
 BLINK_SAMPLER_HASH="fmix" (not the default; issue 17's A/B) keeps murmur3's per-row part (seed and position)
 and hashes the token as fmix32(row ^ token * 0x9E3779B9) instead of a murmur3 body round and its finaliser: 8 of
-the ~61 PTX instructions a raced token costs (session 40's count), a different seeded stream, as well mixed (fmix32
+the 60 PTX instructions a token's race costs (session 40's count), a different seeded stream, as well mixed (fmix32
 is a bijection with full avalanche; the odd multiplier spreads consecutive ids over all bits).
 """
 from __future__ import annotations
@@ -107,7 +107,7 @@ def row_hash(seed, position):
 
 @triton.jit
 def _unit(h):
-    """(h >> 9 + 0.5) 2^-23 without an int-to-float conversion: 1 + m 2^-23 by its bits, less 1 - 2^-24 (exact:
+    """((h >> 9) + 0.5) 2^-23 without an int-to-float conversion: 1 + m 2^-23 by its bits, less 1 - 2^-24 (exact:
     Sterbenz), the same bits as the reference's."""
     return ((h >> 9) | 0x3F800000).to(tl.float32, bitcast=True) - 0.99999994039535522
 
