@@ -42,9 +42,9 @@ import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, scale_cutoff, top_p_weight
-from blink.kernels.sampling_noise import race_noise
-from blink.kernels.sampling_plan import DECIDED, PENDING, REJECT_WORDS, SEARCH
+from blink.kernels.sampling_plan import COUNTERS, DECIDED, PENDING, REJECT_LISTED, REJECT_WORDS, SEARCH
 from blink.kernels.sampling_reject_bounds import BOUND_SLACK, mass_bounds, row_total_bounds
+from blink.kernels.sampling_reject_pass import race_above, race_listed
 from blink.kernels.sampling_reject_sync import (
     last_of_row,
     merge_race,
@@ -53,74 +53,11 @@ from blink.kernels.sampling_reject_sync import (
     sum_parts,
     wait_round,
 )
-from blink.kernels.sampling_rng import KEY_BYTES, race_uniform, row_hash
+from blink.kernels.sampling_rng import KEY_BYTES, row_hash
 from blink.kernels.sampling_select import canonical
 
 _NO_FUSION = {"enable_fp_fusion": False}
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # its programs run one after another: no waits
-
-
-# The race's noise -log(-log u) is below 16.64 for every 23-bit u (sampling_rng: u <= 1 - 2^-24): a token whose
-# scaled logit is more than this below a lane's best cannot take that lane
-_NOISE_BOUND = tl.constexpr(17.0)
-
-
-
-@triton.jit
-def _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES: tl.constexpr):
-    """One block's tokens `inside` into the lanes' race (a lane keeps its first maximum: the lowest id)."""
-    u = race_uniform(hash_of_row, offs, KEY_BYTES)
-    score = tl.where(inside, scaled + race_noise(u), float("-inf"))
-    take = score > best
-    return tl.where(take, score, best), tl.where(take, offs, best_token)
-
-
-@triton.jit
-def _race_above(src, chunk, floor, inv_temperature, s_max, cutoff, hash_of_row, weigh, total_weight, approx,
-                vocab_size: tl.constexpr, KEY_BYTES: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                SPARSE: tl.constexpr, RACE: tl.constexpr = True):
-    """This chunk's tokens above `floor` that min_p keeps: the race's best score and its lowest id (vocab_size if
-    none is finite), their count and (weigh) their top_p weight; total_weight: also the weight of every token min_p
-    keeps; approx: also the float sum of exp(s - s_max) over them (s_max: here the chunk's largest scaled logit).
-    A block whose tokens all lie more than the noise's bound below their lanes' best skips the race's hash and logs
-    (a real model's row: most of its vocabulary). SPARSE (a round: its floor leaves few tokens above it): a block
-    without such a token skips the weights and the race on one test (block-wide reductions cost about as much as
-    the block's read). RACE=False (a round that only tests): no race and no weights above; the count, the float
-    mass and (total_weight) the total alone."""
-    best = tl.full([BLOCK], float("-inf"), tl.float32)
-    best_token = tl.full([BLOCK], vocab_size, tl.int32)
-    count = tl.zeros([BLOCK], tl.int32)
-    weight = tl.zeros([BLOCK], tl.int64)
-    total = tl.zeros([BLOCK], tl.int64)
-    mass = tl.zeros([BLOCK], tl.float32)
-    for start in range(0, CHUNK, BLOCK):
-        offs = chunk * CHUNK + start + tl.arange(0, BLOCK)
-        valid = offs < vocab_size
-        x = canonical(tl.load(src + offs, mask=valid, other=float("-inf")))
-        scaled = x * inv_temperature
-        kept = valid & (scaled >= cutoff)
-        inside = kept & (x > floor)
-        count += inside.to(tl.int32)
-        if approx:  # the first race's: an exp a token, no float-to-int64 conversion nor int64 adds
-            mass += tl.where(inside & (scaled > float("-inf")), tl.exp(scaled - s_max), 0.0)
-        if weigh & total_weight:  # block-uniform branches; inside is part of kept: one exp for both sums
-            if tl.max(kept.to(tl.int32), 0) > 0:
-                w = tl.where(kept, top_p_weight(x, inv_temperature, s_max), 0)
-                total += w
-                weight += tl.where(inside, w, 0)
-        if RACE:
-            near = inside & (scaled + _NOISE_BOUND >= best)
-            if SPARSE:
-                if tl.max(inside.to(tl.int32), 0) > 0:
-                    if weigh & ~total_weight:
-                        weight += tl.where(inside, top_p_weight(x, inv_temperature, s_max), 0)
-                    if tl.max(near.to(tl.int32), 0) > 0:
-                        best, best_token = _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES)
-            elif tl.max(near.to(tl.int32), 0) > 0:
-                best, best_token = _race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES)
-    top = tl.max(best, 0)
-    return (top, tl.min(tl.where(best == top, best_token, vocab_size), 0), tl.sum(count, 0), tl.sum(weight, 0),
-            tl.sum(total, 0), tl.sum(mass, 0))
 
 
 @triton.jit
@@ -137,9 +74,9 @@ def first_race(src, chunk, chunk_key_max, temperature, top_p, min_p, seed, posit
     top_p row without min_p (whose set is then every token), the chunk's float mass relative to its own largest
     scaled logit, into mass_ptr (row_total_bounds)."""
     inv_temperature, s_chunk, cutoff = scale_cutoff(temperature, min_p, chunk_key_max)
-    best, token, _, _, _, mass = _race_above(src, chunk, float("-inf"), inv_temperature, s_chunk, cutoff,
-                                             row_hash(seed, position), False, False, (top_p < 1.0) & (min_p <= 0.0),
-                                             vocab_size, KEY_BYTES, CHUNK, BLOCK, False)
+    best, token, _, _, _, mass = race_above(src, chunk, float("-inf"), inv_temperature, s_chunk, cutoff,
+                                            row_hash(seed, position), False, False, (top_p < 1.0) & (min_p <= 0.0),
+                                            token_ptr, token_ptr, vocab_size, KEY_BYTES, CHUNK, BLOCK, False)
     tl.store(best_ptr, best)
     tl.store(token_ptr, token)
     tl.store(mass_ptr, mass)
@@ -151,11 +88,14 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
            part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr,
            row, chunk, launch, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
            KEY_BYTES: tl.constexpr, RACE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-           FIRST: tl.constexpr, TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr):
+           FIRST: tl.constexpr, TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr,
+           LIST: tl.constexpr):
     """Round `launch` (1, 2, ...; FIRST: it takes the rows and the penalties kernel's candidate) for one program of
     a row; whether the row took part (pending at its start). TEST_FIRST: the first round only tests its candidate,
     in float (sampling_reject_bounds.mass_bounds): a refused or undecided candidate stays pending, and the next
-    round tests it exactly and races above it. The last program of the row decides and releases the round."""
+    round tests it exactly and races above it. LIST: the first round lists the tokens above its candidate and the
+    later ones race that list where it is whole (sampling_reject_pass). The last program of the row decides and
+    releases the round."""
     TESTS_ONLY: tl.constexpr = FIRST and TEST_FIRST
     state = reject_ptr + row * REJECT_WORDS
     if FIRST:
@@ -184,14 +124,27 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
         part = row * P + chunk
         if TESTS_ONLY:  # the count and float mass above (under min_p also the exact total), no race: the float
             # sums of the same f32 exps top_p_weight floors (sampling_reject_bounds), into the race's partials
-            _, _, count, _, total, mass = _race_above(src, chunk, value, inv_temperature, s_max, cutoff, hash_of_row,
-                                                      exact_total, exact_total, True, vocab_size, KEY_BYTES, CHUNK,
-                                                      BLOCK, False, RACE=False)
+            _, _, count, _, total, mass = race_above(src, chunk, value, inv_temperature, s_max, cutoff, hash_of_row,
+                                                     exact_total, exact_total, True, part_best_ptr, part_best_ptr,
+                                                     vocab_size, KEY_BYTES, CHUNK, BLOCK, False, RACE=False)
             tl.store(part_best_ptr + part, mass)
         else:
-            best, token, count, weight, total, _ = _race_above(src, chunk, value, inv_temperature, s_max, cutoff,
-                                                               hash_of_row, top_p < 1.0, exact_total, False,
-                                                               vocab_size, KEY_BYTES, CHUNK, BLOCK, True)
+            list_row = race_ids_ptr + row * RACE
+            listed_ptr = counter_ptr + row * COUNTERS + REJECT_LISTED
+            if FIRST or LIST == 0:
+                best, token, count, weight, total, _ = race_above(
+                    src, chunk, value, inv_temperature, s_max, cutoff, hash_of_row, top_p < 1.0, exact_total, False,
+                    list_row, listed_ptr, vocab_size, KEY_BYTES, CHUNK, BLOCK, True, LIST=LIST)
+            else:
+                listed = tl.load(listed_ptr, cache_modifier=".cg")
+                if listed <= LIST:  # (no `_` below: a runtime branch may not retype a name, and `_` is a bool)
+                    best, token, count, weight, total, no_mass = race_listed(
+                        src, list_row, listed, chunk, value, inv_temperature, s_max, hash_of_row, top_p < 1.0,
+                        vocab_size, P, KEY_BYTES, BLOCK)
+                else:  # the first round's count outgrew the list: stream the row
+                    best, token, count, weight, total, no_mass = race_above(
+                        src, chunk, value, inv_temperature, s_max, cutoff, hash_of_row, top_p < 1.0, exact_total,
+                        False, list_row, listed_ptr, vocab_size, KEY_BYTES, CHUNK, BLOCK, True)
             tl.store(part_best_ptr + part, best)
             tl.store(part_token_ptr + part, token)
             tl.store(part_weight_ptr + part, weight)
@@ -266,7 +219,7 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
                          P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr,
                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr, TOP_K: tl.constexpr,
                          SLACK: tl.constexpr, TEST_FIRST: tl.constexpr = False, ROUNDS: tl.constexpr = 1,
-                         USE_PDL: tl.constexpr = False):
+                         LIST: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
     """Rounds launch .. launch + ROUNDS - 1 (ROUNDS > 1: the rounds in one launch over a one-dimensional grid,
     sampling_reject_sync; FIRST: launch is 1)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
@@ -276,12 +229,12 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
             part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr,
             race_ids_ptr, row, chunk)
     active = _round(*args, launch, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, FIRST, TOP_K, SLACK,
-                    TEST_FIRST)
+                    TEST_FIRST, LIST)
     for n in range(launch + 1, launch + ROUNDS):  # a row every round took part in waits for the last one's word
         if active:
             wait_round(counter_ptr, row, n - 1)
             active = _round(*args, n, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, False, TOP_K, SLACK,
-                            False)
+                            False, LIST)
 
 
 def reject(logits, processed, slots, positions, state, plan) -> None:
@@ -295,6 +248,7 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
             plan.reject_count, plan.reject_state, plan.race_ids)
     sizes = dict(P=plan.num_chunks, P_PAD=plan.chunks_pad, KEY_BYTES=KEY_BYTES, RACE=plan.race, CHUNK=plan.chunk,
                  BLOCK=plan.block, TOP_K=plan.reject_top_k, SLACK=BOUND_SLACK, TEST_FIRST=plan.reject_test_first,
+                 LIST=plan.race if plan.reject_listed and plan.reject > 1 else 0,
                  num_warps=4, **plan.pdl, **_NO_FUSION)
     if plan.reject > 1 and not plan.reject_separate and logits.is_cuda and not _INTERPRETED:
         # one launch: program_cell hands the cells out in a one-dimensional grid. The later rounds' pointers stay

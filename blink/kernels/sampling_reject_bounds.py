@@ -8,7 +8,7 @@ floor loses under one unit. SLACK (2^-12) covers that ~25x over, and a compariso
 budget within ~2^-12 of the mass, so rarely) is left to an exact pass: the next round, or the search.
   - row_total_bounds: the total from the first race's chunk sums, each relative to the chunk's own maximum (the
     row's is not known while the penalties kernel runs), so that no round weighs every token.
-  - mass_bounds: the mass above a candidate from float sums (sampling_reject._race_above without its race), for a
+  - mass_bounds: the mass above a candidate from float sums (sampling_reject_pass.race_above without its race), for a
     first round that only tests its candidate (no race, no float-to-int64 conversion nor int64 adds a token): one
     read of the row at about the cost of a streaming pass.
 """
