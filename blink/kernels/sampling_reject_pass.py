@@ -46,7 +46,7 @@ def race_above(src, chunk, floor, inv_temperature, s_max, cutoff, hash_of_row, w
     without such a token skips the weights and the race on one test (block-wide reductions cost about as much as
     the block's read). RACE=False (a round that only tests): no race and no weights above; the count, the float
     mass and (total_weight) the total alone. LIST (a SPARSE first round): also the ids of the tokens above `floor`
-    into list_row, counted at listed_ptr (sampling_reject_list)."""
+    into list_row, counted at listed_ptr (list_block, below)."""
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_token = tl.full([BLOCK], vocab_size, tl.int32)
     count = tl.zeros([BLOCK], tl.int32)
