@@ -7,11 +7,11 @@ import triton
 import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
-from blink.kernels.sampling_noise import race_noise
+from blink.kernels.sampling_noise import race_score
 from blink.kernels.sampling_plan import COUNTERS
 from blink.kernels.sampling_race import lse_step, race_over_list, store_lse
 from blink.kernels.sampling_record import record_token
-from blink.kernels.sampling_rng import race_uniform, row_hash
+from blink.kernels.sampling_rng import row_hash
 from blink.kernels.sampling_topk import asks_for_logprobs, top_floor, write_top_from_candidates
 
 _INT32_MAX = tl.constexpr(0x7FFFFFFF)
@@ -71,8 +71,7 @@ def _choose_kernel(logits_ptr, processed_ptr, threshold_ptr, slots_ptr, position
             if processed:
                 score = tl.load(processed_row + offs, mask=valid, other=float("-inf"))
             if noisy:
-                u = race_uniform(hash_of_row, offs, KEY_BYTES)
-                score = tl.where(score >= threshold, score * inv_temperature + race_noise(u), float("-inf"))
+                score = race_score(score * inv_temperature, score >= threshold, hash_of_row, offs, KEY_BYTES)
             take = score > best
             best = tl.where(take, score, best)
             best_token = tl.where(take, offs, best_token)

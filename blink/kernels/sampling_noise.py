@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from blink.kernels.sampling_rng import env_choice
+from blink.kernels.sampling_rng import env_choice, race_uniform
 
 NOISE_MODES = ("exact", "fast", "fast2")
 
@@ -83,3 +83,18 @@ def _noise_fast2(u):
 
 # the race's noise -log(-log u), by BLINK_SAMPLER_NOISE (a score is scaled + race_noise(u))
 race_noise = {"exact": _noise_exact, "fast": _noise_fast, "fast2": _noise_fast2}[NOISE]
+
+
+@triton.jit
+def race_score(scaled, keep, hash_of_row, ids, KEY_BYTES: tl.constexpr):
+    """A token's score in the race: its scaled logit plus its noise where `keep`, else -inf (the one formula the
+    row stream, the list race and the rejection's rounds share, so their draws agree bit for bit)."""
+    return tl.where(keep, scaled + race_noise(race_uniform(hash_of_row, ids, KEY_BYTES)), float("-inf"))
+
+
+@triton.jit
+def race_take_unordered(score, ids, best, best_token):
+    """A lane's race step over a list in no particular order: equal finite scores go to the lower id, as the
+    row stream's first maximum does."""
+    take = (score > best) | ((score == best) & (score > float("-inf")) & (ids < best_token))
+    return tl.where(take, score, best), tl.where(take, ids, best_token)

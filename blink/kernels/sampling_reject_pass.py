@@ -16,8 +16,7 @@ import triton
 import triton.language as tl
 
 from blink.kernels.sampling_bucket import top_p_weight
-from blink.kernels.sampling_noise import race_noise
-from blink.kernels.sampling_rng import race_uniform
+from blink.kernels.sampling_noise import race_score, race_take_unordered
 from blink.kernels.sampling_select import canonical
 
 # The race's noise -log(-log u) is below 16.64 for every 23-bit u (sampling_rng: u <= 1 - 2^-24): a token whose
@@ -28,8 +27,7 @@ NOISE_BOUND = tl.constexpr(17.0)
 @triton.jit
 def race_block(hash_of_row, offs, inside, scaled, best, best_token, KEY_BYTES: tl.constexpr):
     """One block's tokens `inside` into the lanes' race (a lane keeps its first maximum: the lowest id)."""
-    u = race_uniform(hash_of_row, offs, KEY_BYTES)
-    score = tl.where(inside, scaled + race_noise(u), float("-inf"))
+    score = race_score(scaled, inside, hash_of_row, offs, KEY_BYTES)
     take = score > best
     return tl.where(take, score, best), tl.where(take, offs, best_token)
 
@@ -114,11 +112,8 @@ def race_listed(src, list_row, listed, chunk, floor, inv_temperature, s_max, has
         count += inside.to(tl.int32)
         if weigh:
             weight += tl.where(inside, top_p_weight(x, inv_temperature, s_max), 0)
-        score = tl.where(inside, x * inv_temperature + race_noise(race_uniform(hash_of_row, ids, KEY_BYTES)),
-                         float("-inf"))
-        take = (score > best) | ((score == best) & (score > float("-inf")) & (ids < best_token))
-        best = tl.where(take, score, best)
-        best_token = tl.where(take, ids, best_token)
+        score = race_score(x * inv_temperature, inside, hash_of_row, ids, KEY_BYTES)
+        best, best_token = race_take_unordered(score, ids, best, best_token)
     top = tl.max(best, 0)
     return (top, tl.min(tl.where(best == top, best_token, vocab_size), 0), tl.sum(count, 0), tl.sum(weight, 0),
             tl.sum(tl.zeros([BLOCK], tl.int64), 0), tl.sum(tl.zeros([BLOCK], tl.float32), 0))

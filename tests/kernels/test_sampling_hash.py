@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from blink.kernels import sampling_choose, sampling_race, sampling_reject_pass, sampling_rng
+from blink.kernels import sampling_noise, sampling_rng
 from blink.kernels.sampling import sample_ref, sample_triton
 from tests.kernels.test_sampling_reject import batch
 
@@ -75,8 +75,7 @@ def test_the_sampler_with_fmix_draws_the_references_tokens(monkeypatch, race, re
     logits, slots, positions, state = batch(300, 21, seed=12)
     murmur = sample_ref(logits, slots, positions, state, 2).token_ids.tolist()
     monkeypatch.setattr(sampling_rng, "HASH", "fmix")
-    for module in (sampling_choose, sampling_race, sampling_reject_pass):
-        monkeypatch.setattr(module, "race_uniform", sampling_rng._uniform_fmix)
+    monkeypatch.setattr(sampling_noise, "race_uniform", sampling_rng._uniform_fmix)  # race_score's, every race's
     ref = sample_ref(logits, slots, positions, state, 2).token_ids.tolist()
     got = sample_triton(logits, slots, positions, state, 2, race=race, reject=reject)
     assert got.token_ids.tolist() == ref and ref != murmur

@@ -6,7 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
-from blink.kernels import sampling_choose, sampling_noise, sampling_race, sampling_reject_pass
+from blink.kernels import sampling_noise
 from blink.kernels.sampling import sample_ref, sample_triton
 from tests.kernels.test_sampling_reject import batch
 
@@ -70,8 +70,7 @@ def test_the_setting():
 @pytest.mark.parametrize(("race", "reject"), [(0, 0), (1024, "1k"), (1024, "3")])
 def test_the_sampler_with_the_fast_noise_draws_the_references_tokens(monkeypatch, mode, race, reject):
     """Every race of the sampler (the row stream, the list, the rejection's rounds) takes the mode's noise."""
-    for module in (sampling_choose, sampling_race, sampling_reject_pass):
-        monkeypatch.setattr(module, "race_noise", MODES[mode])
+    monkeypatch.setattr(sampling_noise, "race_noise", MODES[mode])  # race_score's, every race's
     logits, slots, positions, state = batch(300, 21, seed=11)
     got = sample_triton(logits, slots, positions, state, 2, race=race, reject=reject)
     assert got.token_ids.tolist() == sample_ref(logits, slots, positions, state, 2).token_ids.tolist()
