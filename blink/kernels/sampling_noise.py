@@ -1,14 +1,15 @@
 """The race's noise: -log(-log u) for the hash's 23-bit uniform u (sampling_rng), in Triton.
 
-The race adds each token's noise -log(-log u) (race_noise). Its two accurate logs are most of a raced token's
-instructions (libdevice's logf: ~25 each, against ~20 for the hash), so BLINK_SAMPLER_NOISE chooses how the GPU
-computes them: "exact" (both libdevice's), "fast" (the outer log by lg2.approx: its argument -log u is never
-near 1 where it matters, see race_noise) or "fast2" (the inner one too: lg2.approx below u = 1/2, a series
-above). The formula is the same in every mode; the fast ones round differently by about an ulp of a score, so a
-GPU draw can differ from the CPU reference's only where two scores lie that close. Session 40 (H100, perf.md): over
-all 2^23 u the error over max(1, |noise|) is 1.4e-7 / 2.6e-7 / 4.0e-7 (exact / fast / fast2); fast2 against exact,
-mean of 2 draws at 32 rows with the engine's two rounds: top_p 94.1 -> 85.0 us, min_p 74.2 -> 66.7, temperature
-44.9 -> 42.0, greedy and top_k within 0.6; 0 mismatches. So fast2 is the default.
+The race adds each token's noise -log(-log u) (race_noise); race_score is the one place every race (the row stream,
+the list race, the rejection's rounds) computes a token's score, so their draws agree bit for bit. The noise's two
+accurate logs are most of a raced token's instructions (libdevice's logf: ~25 each, against ~20 for the hash), so
+BLINK_SAMPLER_NOISE chooses how the GPU computes them: "exact" (both libdevice's), "fast" (the outer log by
+lg2.approx: its argument -log u is never near 1 where it matters, see race_noise) or "fast2" (the inner one too:
+lg2.approx below u = 1/2, a series above). The formula is the same in every mode; the fast ones round differently by
+about an ulp of a score, so a GPU draw can differ from the CPU reference's only where two scores lie that close.
+Session 40 (H100, perf.md): over all 2^23 u the error over max(1, |noise|) is 1.4e-7 / 2.6e-7 / 4.0e-7 (exact / fast
+/ fast2); fast2 against exact, mean of 2 draws at 32 rows with the engine's two rounds: top_p 94.1 -> 85.0 us, min_p
+74.2 -> 66.7, temperature 44.9 -> 42.0, greedy and top_k within 0.6; 0 mismatches. So fast2 is the default.
 """
 from __future__ import annotations
 
