@@ -26,9 +26,9 @@ BLINK_SAMPLER_COMPACT in the engine).
 a graph replays the same draw, and the rejection's rounds leave rows pending (each costing the whole search) or not
 by the draw (session 35: one round left 2 of 32 top_p rows pending on the first draw).
 --reject 0,3,3k: each column also with that many rounds of the rejection before the threshold search
-(sampling_reject; k: top_k-only rows too; t: the first round only tests; l: later rounds race the first round's list;
-s: a launch a round; BLINK_SAMPLER_REJECT in the engine; it needs the list race: with the row race it runs none).
-The mismatch column's thresholds are the search's (no rejection), its tokens the column's.
+(sampling_reject; k: top_k-only rows too; t: the first round only tests; s: a launch a round; BLINK_SAMPLER_REJECT
+in the engine; it needs the list race: with the row race it runs none). The mismatch column's thresholds are the
+search's (no rejection), its tokens the column's.
 The race's noise is BLINK_SAMPLER_NOISE's (exact, fast, fast2: sampling_noise) and its uniforms BLINK_SAMPLER_HASH's
 (murmur, fmix: sampling_rng), both read at import: one mode a run.
 --search on,off: each column also without the search's launches (sample_triton's search=False: penalties, choice and
@@ -149,8 +149,7 @@ def main() -> None:
     parser.add_argument("--compact", default="twice", help="twice, once or twice,once: the compaction's reads")
     parser.add_argument("--reject", default="0", help="rejection settings to time, comma-separated: 0 (none), R "
                                                        "rounds, Rk (top_k rows too), Rt / Rkt (the first round "
-                                                       "only tests), Rl / Rkl (later rounds race the first "
-                                                       "round's list), any with s after (a launch a round, not one "
+                                                       "only tests), any with s after (a launch a round, not one "
                                                        "launch for all)")
     # the engine's default since session 37; session 38's table left it out and timed top_k rows by the search
     parser.add_argument("--topk", default="floor", help="search, floor or search,floor: top_k rows by the bucket "

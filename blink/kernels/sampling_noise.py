@@ -92,10 +92,3 @@ def race_score(scaled, keep, hash_of_row, ids, KEY_BYTES: tl.constexpr):
     row stream, the list race and the rejection's rounds share, so their draws agree bit for bit)."""
     return tl.where(keep, scaled + race_noise(race_uniform(hash_of_row, ids, KEY_BYTES)), float("-inf"))
 
-
-@triton.jit
-def race_take_unordered(score, ids, best, best_token):
-    """A lane's race step over a list in no particular order: equal finite scores go to the lower id, as the
-    row stream's first maximum does."""
-    take = (score > best) | ((score == best) & (score > float("-inf")) & (ids < best_token))
-    return tl.where(take, score, best), tl.where(take, ids, best_token)

@@ -134,11 +134,9 @@ PLAN_WORDS = tl.constexpr(16)
 # int32 words per row of the selection's `counters`: candidates taken, top-K candidates taken, the refine
 # kernel's ticket, the race list's ids taken (sampling_race.LIST_COUNTER), the rejection's ticket
 # (REJECT_TICKET) and its rounds released (REJECT_RELEASED), in row 0 only the rejection's cells handed out
-# (REJECT_CELLS; sampling_reject_sync), the first round's listed tokens (REJECT_LISTED; sampling_reject_pass); the
-# penalties kernel zeroes them
+# (REJECT_CELLS; sampling_reject_sync), one spare; the penalties kernel zeroes them
 COUNTERS = tl.constexpr(8)
-REJECT_TICKET, REJECT_RELEASED, REJECT_CELLS, REJECT_LISTED = (tl.constexpr(4), tl.constexpr(5), tl.constexpr(6),
-                                                               tl.constexpr(7))
+REJECT_TICKET, REJECT_RELEASED, REJECT_CELLS = tl.constexpr(4), tl.constexpr(5), tl.constexpr(6)
 # int64 words per row of the rejection's state (sampling_reject): its status, the candidate token, and bounds
 # lo <= hi on the row's top_p weight total (equal when the first round weighed it). PENDING rows still test a
 # candidate, DECIDED rows chose it (the search skips them), SEARCH

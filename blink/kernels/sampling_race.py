@@ -16,7 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from blink.kernels.sampling_noise import race_score, race_take_unordered
+from blink.kernels.sampling_noise import race_score
 from blink.kernels.sampling_select import canonical, sortable_key
 
 _INT32_MIN = tl.constexpr(-0x7FFFFFFF - 1)
@@ -76,7 +76,10 @@ def race_over_list(ids_row, count, score_row, threshold, inv_temperature, hash_o
         ids = tl.load(ids_row + i, mask=valid, other=0)
         x = tl.load(score_row + ids, mask=valid, other=float("-inf"))
         score = race_score(x * inv_temperature, valid & (x >= threshold), hash_of_row, ids, KEY_BYTES)
-        best, best_token = race_take_unordered(score, ids, best, best_token)
+        # the list is in no particular order: equal finite scores go to the lower id
+        take = (score > best) | ((score == best) & (score > float("-inf")) & (ids < best_token))
+        best = tl.where(take, score, best)
+        best_token = tl.where(take, ids, best_token)
     top = tl.max(best, 0)
     return top, tl.min(tl.where(best == top, best_token, vocab_size), 0)
 

@@ -42,9 +42,9 @@ import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, scale_cutoff, top_p_weight
-from blink.kernels.sampling_plan import COUNTERS, DECIDED, PENDING, REJECT_LISTED, REJECT_WORDS, SEARCH
+from blink.kernels.sampling_plan import DECIDED, PENDING, REJECT_WORDS, SEARCH
 from blink.kernels.sampling_reject_bounds import BOUND_SLACK, mass_bounds, row_total_bounds
-from blink.kernels.sampling_reject_pass import race_above, race_listed
+from blink.kernels.sampling_reject_pass import race_above
 from blink.kernels.sampling_reject_sync import (
     last_of_row,
     merge_race,
@@ -76,7 +76,7 @@ def first_race(src, chunk, chunk_key_max, temperature, top_p, min_p, seed, posit
     inv_temperature, s_chunk, cutoff = scale_cutoff(temperature, min_p, chunk_key_max)
     best, token, _, _, _, mass = race_above(src, chunk, float("-inf"), inv_temperature, s_chunk, cutoff,
                                             row_hash(seed, position), False, False, (top_p < 1.0) & (min_p <= 0.0),
-                                            token_ptr, token_ptr, vocab_size, KEY_BYTES, CHUNK, BLOCK, False)
+                                            vocab_size, KEY_BYTES, CHUNK, BLOCK, False)
     tl.store(best_ptr, best)
     tl.store(token_ptr, token)
     tl.store(mass_ptr, mass)
@@ -88,14 +88,11 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
            part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr,
            row, chunk, launch, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
            KEY_BYTES: tl.constexpr, RACE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-           FIRST: tl.constexpr, TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr,
-           LIST: tl.constexpr):
+           FIRST: tl.constexpr, TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr):
     """Round `launch` (1, 2, ...; FIRST: it takes the rows and the penalties kernel's candidate) for one program of
     a row; whether the row took part (pending at its start). TEST_FIRST: the first round only tests its candidate,
     in float (sampling_reject_bounds.mass_bounds): a refused or undecided candidate stays pending, and the next
-    round tests it exactly and races above it. LIST: the first round lists the tokens above its candidate and the
-    later ones race that list where it is whole (sampling_reject_pass). The last program of the row decides and
-    releases the round."""
+    round tests it exactly and races above it. The last program of the row decides and releases the round."""
     TESTS_ONLY: tl.constexpr = FIRST and TEST_FIRST
     state = reject_ptr + row * REJECT_WORDS
     if FIRST:
@@ -125,26 +122,13 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
         if TESTS_ONLY:  # the count and float mass above (under min_p also the exact total), no race: the float
             # sums of the same f32 exps top_p_weight floors (sampling_reject_bounds), into the race's partials
             _, _, count, _, total, mass = race_above(src, chunk, value, inv_temperature, s_max, cutoff, hash_of_row,
-                                                     exact_total, exact_total, True, part_best_ptr, part_best_ptr,
-                                                     vocab_size, KEY_BYTES, CHUNK, BLOCK, False, RACE=False)
+                                                     exact_total, exact_total, True, vocab_size, KEY_BYTES, CHUNK,
+                                                     BLOCK, False, RACE=False)
             tl.store(part_best_ptr + part, mass)
         else:
-            list_row = race_ids_ptr + row * RACE
-            listed_ptr = counter_ptr + row * COUNTERS + REJECT_LISTED
-            if FIRST or LIST == 0:
-                best, token, count, weight, total, _ = race_above(
-                    src, chunk, value, inv_temperature, s_max, cutoff, hash_of_row, top_p < 1.0, exact_total, False,
-                    list_row, listed_ptr, vocab_size, KEY_BYTES, CHUNK, BLOCK, True, LIST=LIST)
-            else:
-                listed = tl.load(listed_ptr, cache_modifier=".cg")
-                if listed <= LIST:  # (no `_` below: a runtime branch may not retype a name, and `_` is a bool)
-                    best, token, count, weight, total, no_mass = race_listed(
-                        src, list_row, listed, chunk, value, inv_temperature, s_max, hash_of_row, top_p < 1.0,
-                        vocab_size, P, KEY_BYTES, BLOCK)
-                else:  # the first round's count outgrew the list: stream the row
-                    best, token, count, weight, total, no_mass = race_above(
-                        src, chunk, value, inv_temperature, s_max, cutoff, hash_of_row, top_p < 1.0, exact_total,
-                        False, list_row, listed_ptr, vocab_size, KEY_BYTES, CHUNK, BLOCK, True)
+            best, token, count, weight, total, _ = race_above(
+                src, chunk, value, inv_temperature, s_max, cutoff, hash_of_row, top_p < 1.0, exact_total, False,
+                vocab_size, KEY_BYTES, CHUNK, BLOCK, True)
             tl.store(part_best_ptr + part, best)
             tl.store(part_token_ptr + part, token)
             tl.store(part_weight_ptr + part, weight)
@@ -219,7 +203,7 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
                          P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr,
                          CHUNK: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr, TOP_K: tl.constexpr,
                          SLACK: tl.constexpr, TEST_FIRST: tl.constexpr = False, ROUNDS: tl.constexpr = 1,
-                         LIST: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
+                         USE_PDL: tl.constexpr = False):
     """Rounds launch .. launch + ROUNDS - 1 (ROUNDS > 1: the rounds in one launch over a one-dimensional grid,
     sampling_reject_sync; FIRST: launch is 1)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
@@ -229,12 +213,12 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
             part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr,
             race_ids_ptr, row, chunk)
     active = _round(*args, launch, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, FIRST, TOP_K, SLACK,
-                    TEST_FIRST, LIST)
+                    TEST_FIRST)
     for n in range(launch + 1, launch + ROUNDS):  # a row every round took part in waits for the last one's word
         if active:
             wait_round(counter_ptr, row, n - 1)
             active = _round(*args, n, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, False, TOP_K, SLACK,
-                            False, LIST)
+                            False)
 
 
 def reject(logits, processed, slots, positions, state, plan) -> None:
@@ -248,7 +232,6 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
             plan.reject_count, plan.reject_state, plan.race_ids)
     sizes = dict(P=plan.num_chunks, P_PAD=plan.chunks_pad, KEY_BYTES=KEY_BYTES, RACE=plan.race, CHUNK=plan.chunk,
                  BLOCK=plan.block, TOP_K=plan.reject_top_k, SLACK=BOUND_SLACK, TEST_FIRST=plan.reject_test_first,
-                 LIST=plan.race if plan.reject_listed and plan.reject > 1 else 0,
                  num_warps=4, **plan.pdl, **_NO_FUSION)
     if plan.reject > 1 and not plan.reject_separate and logits.is_cuda and not _INTERPRETED:
         # one launch: program_cell hands the cells out in a one-dimensional grid. The later rounds' pointers stay

@@ -78,9 +78,10 @@ def test_murmur3_matches_published_vectors():
 
 
 def test_race_uniform_is_murmur3_of_seed_position_token():
+    """The murmur stream (BLINK_SAMPLER_HASH=murmur); the default fmix one: test_sampling_hash.py."""
     seeds = [0, 1, -1, 2**63 - 1, -(2**63), 123456789123]
     positions = [0, 5, 2**32 - 1, 77, 1 << 20, 3]
-    u = race_uniform_ref(torch.tensor(seeds), torch.tensor(positions), 40)
+    u = race_uniform_ref(torch.tensor(seeds), torch.tensor(positions), 40, "murmur")
     for row, (seed, position) in enumerate(zip(seeds, positions, strict=True)):
         seed &= (1 << 64) - 1
         for token in (0, 1, 17, 39):

@@ -1,6 +1,7 @@
 """The race's uniforms in each BLINK_SAMPLER_HASH mode (sampling_rng): Triton's bits are the reference's, the
-uniform's bit construction is the reference's formula for every 23-bit value, the fmix stream is as uniform as
-murmur3's, and the sampler with it draws the reference's tokens."""
+uniform's bit construction is the reference's formula for every 23-bit value, the fmix stream (the default) is
+fmix32 of the row hash and the token and as uniform as murmur3's, and the sampler draws the reference's tokens in
+each mode."""
 import pytest
 import torch
 import triton
@@ -29,6 +30,27 @@ def _uniform_kernel(seed_ptr, position_ptr, out_ptr, vocab, UNIFORM: tl.constexp
 def _unit_kernel(out_ptr, BLOCK: tl.constexpr):
     m = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + m, sampling_rng._unit(m.to(tl.uint32) << 9))
+
+
+def _fmix32(h: int) -> int:
+    """murmur3's published finaliser, in plain Python."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    return h ^ (h >> 16)
+
+
+def test_the_fmix_stream_is_fmix32_of_the_row_hash_and_the_token():
+    """fmix (the default) keeps murmur3's row part: the row hash is murmur's stream before its token word."""
+    seeds, positions, vocab = torch.tensor(SEEDS), torch.tensor(POSITIONS), 40
+    u = sampling_rng.race_uniform_ref(seeds, positions, vocab, "fmix")
+    h = sampling_rng._mix_word_ref(seeds & 0xFFFFFFFF, (seeds >> 32) & 0xFFFFFFFF)
+    rows = sampling_rng._mix_word_ref(h, positions & 0xFFFFFFFF).tolist()
+    for row, hash_of_row in enumerate(rows):
+        for token in (0, 1, 17, 39):
+            bits = _fmix32(hash_of_row ^ (token * 0x9E3779B9 & 0xFFFFFFFF))
+            assert u[row, token].item() == ((bits >> 9) + 0.5) / 2**23
 
 
 @pytest.mark.parametrize("mode", list(UNIFORMS))
@@ -61,7 +83,9 @@ def test_the_fmix_stream_is_uniform_and_differs_from_murmurs():
         assert abs(torch.corrcoef(u[:2])[0, 1]) < 0.02
 
 
-def test_the_setting():
+def test_the_setting(monkeypatch):
+    monkeypatch.delenv("BLINK_SAMPLER_HASH", raising=False)
+    assert sampling_rng.hash_setting() == "fmix"  # the default since session 41
     assert sampling_rng.hash_setting("fmix") == "fmix"
     with pytest.raises(ValueError, match="BLINK_SAMPLER_HASH"):
         sampling_rng.hash_setting("xxhash")
@@ -69,16 +93,19 @@ def test_the_setting():
 
 
 @pytest.mark.parametrize(("race", "reject"), [(0, 0), (1024, "1k"), (1024, "3")])
-def test_the_sampler_with_fmix_draws_the_references_tokens(monkeypatch, race, reject):
-    """Every race (the row stream, the list, the rejection's rounds) takes the fmix uniforms, and so does the
-    reference; the tokens then differ from murmur3's on some rows."""
+@pytest.mark.parametrize("mode", list(UNIFORMS))
+def test_the_sampler_draws_the_references_tokens_in_each_mode(monkeypatch, mode, race, reject):
+    """Every race (the row stream, the list, the rejection's rounds) takes the mode's uniforms, and so does the
+    reference; the two modes' tokens differ on some rows."""
     logits, slots, positions, state = batch(300, 21, seed=12)
-    murmur = sample_ref(logits, slots, positions, state, 2).token_ids.tolist()
-    monkeypatch.setattr(sampling_rng, "HASH", "fmix")
-    monkeypatch.setattr(sampling_noise, "race_uniform", sampling_rng._uniform_fmix)  # race_score's, every race's
+    other = "murmur" if mode == "fmix" else "fmix"
+    monkeypatch.setattr(sampling_rng, "HASH", other)
+    theirs = sample_ref(logits, slots, positions, state, 2).token_ids.tolist()
+    monkeypatch.setattr(sampling_rng, "HASH", mode)
+    monkeypatch.setattr(sampling_noise, "race_uniform", UNIFORMS[mode])  # race_score's, every race's
     ref = sample_ref(logits, slots, positions, state, 2).token_ids.tolist()
     got = sample_triton(logits, slots, positions, state, 2, race=race, reject=reject)
-    assert got.token_ids.tolist() == ref and ref != murmur
+    assert got.token_ids.tolist() == ref and ref != theirs
 
 
 @pytest.mark.gpu

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from blink.kernels import sampling_grid, sampling_reject_pass
 from blink.kernels.sampling import keep_thresholds, race_uniform_ref, sample_ref, sample_triton
 from blink.kernels.sampling_grid import RejectSetting, _Plan, reject_plan, reject_setting
-from blink.kernels.sampling_plan import DECIDED, PENDING, REJECT_LISTED, SEARCH
+from blink.kernels.sampling_plan import DECIDED, PENDING, SEARCH
 from blink.kernels.sampling_ref import WEIGHT_SCALE, apply_penalties_ref, canonical
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
@@ -60,7 +60,7 @@ def bounded_rows(logits, slots, state, reject_state) -> tuple[torch.Tensor, torc
     return rows, exact
 
 
-@pytest.mark.parametrize(("setting", "ties"), [("1k", False), ("3", True), ("3l", True), ("2kl", False)])
+@pytest.mark.parametrize(("setting", "ties"), [("1k", False), ("3", True)])
 def test_the_reference_token_for_token(setting, ties):
     """A mixed batch (S = 21): every row the reference's; the taken rows are decided or pending, the others search
     (with "3" the top_k-only rows too); a decided row's race list is its token alone and the search never saw it."""
@@ -97,36 +97,6 @@ def test_rows_left_pending_take_the_search():
         assert got.token_ids.tolist() == ref.token_ids.tolist()
         pending[rounds] = marks(plan).count("pending")
     assert pending[1] >= 3 and pending[8] < pending[1], pending
-
-
-def merge_first_race(plan) -> torch.Tensor:
-    """Each row's first candidate: the best of the penalties kernel's chunk races, the lowest id among equals."""
-    best = plan.reject_first_best
-    winners = torch.where(best == best.max(dim=1, keepdim=True).values, plan.reject_first_token, 2**30)
-    return winners.min(dim=1).values.long()
-
-
-@pytest.mark.parametrize("race", [1024, 64])
-def test_later_rounds_race_the_first_rounds_list(race):
-    """The flat rows above with eight listed rounds: the first round lists every token above its candidate (its
-    count is the reference's), the later rounds race that list where it is whole (1,024 ids a row) and stream the
-    row where it is not (64): the same marks and tokens as without the list."""
-    vocab = 400
-    logits, slots, positions, state = batch(vocab, 10, seed=5)
-    logits = logits * 0.2
-    slots[:] = torch.tensor([8, 9, 8, 9, 8, 9, 8, 9, 8, 9], dtype=torch.int32)
-    ref = sample_ref(logits, slots, positions, state, 0)
-    got, streamed = sample_with_plan(logits, slots, positions, state, 0, race, reject="8k")
-    listed_got, listed = sample_with_plan(logits, slots, positions, state, 0, race, reject="8kl")
-    assert listed_got.token_ids.tolist() == got.token_ids.tolist() == ref.token_ids.tolist()
-    assert marks(listed) == marks(streamed) and marks(listed).count("decided") >= 5
-    # the first candidate is the penalties kernel's race winner; the count above it is every token the row keeps
-    # above it (these rows have no min_p)
-    candidate = merge_first_race(listed)
-    value = apply_penalties_ref(logits, slots, state).gather(1, candidate[:, None])
-    above = (apply_penalties_ref(logits, slots, state) > value).sum(dim=1)
-    assert listed.counters[:, REJECT_LISTED.value].tolist() == above.tolist()
-    assert (above > race).any() == (race == 64)  # some rows outgrow the small list: they stream
 
 
 def peak_rows():
@@ -215,7 +185,7 @@ _ROW = st.fixed_dictionaries({"temperature": st.sampled_from([0.0, 0.5, 1.0, 1.7
 
 @settings(max_examples=30, deadline=None)
 @given(rows=st.lists(_ROW, min_size=1, max_size=5), scale=st.sampled_from([0.2, 1.0, 4.0]), ties=st.booleans(),
-       setting=st.sampled_from(["1", "2k", "4k", "2t", "3kt", "3l", "2kl"]), seed=st.integers(0, 2**16))
+       setting=st.sampled_from(["1", "2k", "4k", "2t", "3kt"]), seed=st.integers(0, 2**16))
 def test_any_rows_any_rounds_the_reference(rows, scale, ties, setting, seed):
     """Drawn rows (every mix of temperature, top_p, top_k and min_p, flat or peaked, with or without runs of ties)
     and settings: the reference's tokens, whatever the rejection decides or leaves to the search."""
@@ -261,8 +231,7 @@ def test_the_setting(monkeypatch):
     assert reject_setting("0k") == R() and reject_setting("0t") == R() and reject_setting("0s") == R()
     assert reject_setting("2t") == R(2, test_first=True) and reject_setting("2kt") == R(2, True, True)
     assert reject_setting("3kts") == R(3, True, True, True) and reject_setting("2s") == R(2, separate=True)
-    assert reject_setting("3l") == R(3, listed=True) and reject_setting("2kls") == R(2, True, False, True, True)
-    for bad in ("-1", "x", "9", "k", "3kk", "", "t", "3tk", "3tt", "3st", "3sk", "s", "3tl", "3lt", "3ll", "3lk"):
+    for bad in ("-1", "x", "9", "k", "3kk", "", "t", "3tk", "3tt", "3st", "3sk", "s", "3l", "3kl"):
         with pytest.raises(ValueError, match="BLINK_SAMPLER_REJECT"):
             reject_setting(bad)
     assert reject_plan(1024, "2k") == R(2, True) and reject_plan(0, "2kt") == R()  # the list race

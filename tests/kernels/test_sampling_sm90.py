@@ -41,7 +41,7 @@ kernels = [
                                    SMALL=256, BLOCK=4096), 16),
     (sampling_grammar._advance_kernel, dict(vocab_size=V, ROWS=64, BLOCK=64), 1),
     (sampling_reject._reject_round_kernel, dict(vocab_size=V, P=63, P_PAD=64, KEY_BYTES=12, RACE=16384, CHUNK=2048,
-                                                BLOCK=1024, SLACK=sampling_reject.BOUND_SLACK, LIST=0), 4),
+                                                BLOCK=1024, SLACK=sampling_reject.BOUND_SLACK), 4),
 ]
 # the old and new ways of issue 17's levers: the row or list race (RACE, sampling_race), the compaction's two reads
 # or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads), the rejection before the search (REJECT; TOP_K:
@@ -61,11 +61,7 @@ for kernel, constants, warps in list(kernels):
         kernels.append((kernel, {**constants, **new}, warps))
         if "ONCE" in names:  # one lever without the other
             kernels += [(kernel, {**constants, "ONCE": True}, warps), (kernel, {**constants, "RACE": 16384}, warps)]
-# the rounds that race the first round's list (sampling_reject_pass; not with a first round that only tests)
-kernels.append((sampling_reject._reject_round_kernel, dict(vocab_size=V, P=63, P_PAD=64, KEY_BYTES=12, RACE=16384,
-                CHUNK=2048, BLOCK=1024, SLACK=sampling_reject.BOUND_SLACK, FIRST=True, TOP_K=True,
-                TEST_FIRST=False, ROUNDS=3, LIST=16384), 4))
-assert len(kernels) == 21, len(kernels)
+assert len(kernels) == 20, len(kernels)
 for kernel, constants, warps in kernels:
     names = list(inspect.signature(kernel.fn).parameters)
     # the sampler's seven kernels also build with PDL (BLINK_SAMPLER_PDL): that variant must wait (kernels/pdl.py)
