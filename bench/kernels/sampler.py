@@ -3,7 +3,7 @@
     python -m bench.kernels.sampler [--sizes 1 8 32 128] [--scenarios top_p,min_p] [--no-old] [--no-check]
                                     [--buckets 4096,512] [--programs 256,1024] [--pdl off,on,engine]
                                     [--race row,list] [--compact twice,once] [--reject 0,2] [--topk search,floor]
-                                    [--search on,off]
+                                    [--search on,off] [--draws 8] [--undecided]
 
 Each (scenario, S) runs sample() at V = 128256 captured in a CUDA graph, as the engine runs it, timed
 with triton.testing.do_bench (median, L2 flushed before each replay). "old" is the sampler of git e896288
@@ -24,7 +24,8 @@ filter may keep (sampling_race; BLINK_SAMPLER_RACE in the engine, sampling_grid.
 BLINK_SAMPLER_COMPACT in the engine).
 --draws K: each cell timed over K position vectors (K graphs), the mean printed and a line of min-max under the row:
 a graph replays the same draw, and the rejection's rounds leave rows pending (each costing the whole search) or not
-by the draw (session 35: one round left 2 of 32 top_p rows pending on the first draw).
+by the draw (session 35: one round left 2 of 32 top_p rows pending on the first draw). --undecided prints, under
+that, each draw's count of rows the rounds left to the search, so a slow draw can be read against its count.
 --reject 0,3,3k: each column also with that many rounds of the rejection before the threshold search
 (sampling_reject; k: top_k-only rows too; t: the first round only tests; s: a launch a round; BLINK_SAMPLER_REJECT
 in the engine; it needs the list race: with the row race it runs none). The mismatch column's thresholds are the
@@ -45,7 +46,10 @@ from bench.kernels import sampling_old
 from blink.kernels import sampling, sampling_noise, sampling_rng
 from blink.kernels.pdl import pdl_switched
 from blink.kernels.sampling_bucket import NUM_BUCKETS
-from blink.kernels.sampling_grid import RACE_CAPACITY
+from blink.kernels.sampling_grid import RACE_CAPACITY, _Plan
+from blink.kernels.sampling_penalties import prologue
+from blink.kernels.sampling_plan import DECIDED
+from blink.kernels.sampling_reject import reject as reject_rounds
 from blink.kernels.sampling_state import SamplingState
 from blink.request import MAX_TOP_LOGPROBS, SamplingParams
 
@@ -131,6 +135,19 @@ def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs
     return f"{bad}/{int(fell_back.sum())}"
 
 
+def undecided(logits, slots, positions, state, num_buckets, programs, race, once, reject, floor) -> int:
+    """How many rows the rejection's rounds leave to the threshold search on this draw (sample_triton's steps up to
+    the rounds, with the plan kept): each costs the whole search, so a draw's time follows this count."""
+    plan = _Plan(logits, num_buckets, programs, race, once, reject, floor)
+    if not plan.reject:
+        return len(slots)
+    processed = torch.empty_like(logits)
+    prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=MAX_TOP_LOGPROBS,
+             positions=positions)
+    reject_rounds(logits, processed, slots, positions, state, plan)
+    return int((plan.reject_state[:, 0] != DECIDED.value).sum())
+
+
 ENG = "eng"  # column label of the engine's programs_for(S)
 PDL_LABELS = {False: "", True: "+pdl", "one_row": "+pdl1"}  # +pdl1: the engine's, at one row only
 
@@ -161,6 +178,9 @@ def main() -> None:
                              "graph): the mean, and a line of min-max; the rejection's cost depends on the draw")
     parser.add_argument("--no-old", action="store_true", help="skip the old sampler's column")
     parser.add_argument("--no-check", action="store_true", help="skip the CPU-reference comparison")
+    parser.add_argument("--undecided", action="store_true",
+                        help="a line of each draw's rows left to the search by the rejection's rounds (all rows "
+                             "where a column has no rounds; - where the rows need no search)")
     args = parser.parse_args()
     pdls = {"off": False, "on": True, "engine": "one_row"}
     races, reads, topks = {"row": 0, "list": RACE_CAPACITY}, {"twice": False, "once": True}, {"search": False,
@@ -185,11 +205,12 @@ def main() -> None:
             state = to_cuda(cpu_state)
             gpu = (logits.cuda(), slots.cuda(), positions.cuda())
             draws = [gpu] + [(gpu[0], gpu[1], p.cuda()) for p in other_positions(positions, args.draws - 1)]
-            cells, spreads, first_us = "", "", None
+            cells, spreads, counts, first_us = "", "", "", None
             for nb, p, pdl, race, once, rounds, floor, search in columns:
                 if not search and SCENARIOS[name].needs_search:  # its rows need the search: no such column
                     cells += f"{'-':>32}{'-':>7}"
                     spreads += f"{'':>32}{'':>7}"
+                    counts += f"{'':>32}{'':>7}"
                     continue
                 with pdl_switched(pdl, "sampler"):  # read at each launch, so at the capture
                     times = [time_graph(lambda d=d: sampling.sample_triton(  # noqa: B023
@@ -197,6 +218,10 @@ def main() -> None:
                         topk_floor=floor, search=search)) for d in draws]  # noqa: B023
                     bad = "-" if args.no_check else mismatches(*gpu, state, cpu_state, nb, p, race, once, rounds,
                                                                floor, search)
+                    if args.undecided:  # "-": rows that need no search
+                        left = ([undecided(*d, state, nb, p, race, once, rounds if search else 0, floor)
+                                 for d in draws] if SCENARIOS[name].needs_search else ["-"])
+                        counts += f"{','.join(map(str, left)):>32}{'':>7}"
                 us = sum(times) / len(times)
                 first_us = first_us or us
                 cells += f"{us:>32.1f}{bad:>7}"
@@ -207,6 +232,8 @@ def main() -> None:
             print(f"{name:<13}{num_rows:>5}{cells}{old_us:>10.1f}{speedup:>9.2f}", flush=True)
             if len(draws) > 1:
                 print(f"{'  draws':<13}{len(draws):>5}{spreads}", flush=True)
+            if args.undecided:
+                print(f"{'  undecided':<13}{num_rows:>5}{counts}", flush=True)
 
 
 if __name__ == "__main__":

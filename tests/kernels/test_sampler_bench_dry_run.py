@@ -32,3 +32,22 @@ def test_bench_times_each_cell_over_draws(monkeypatch, capsys):
     assert spread.split()[1:] == ["3", "[10.0-12.0]", "[13.0-15.0]"]
     assert len(seen) == 6 and not torch.equal(seen[0], seen[1])  # another draw, other tokens
     assert all(p.shape == (4,) for p in bench.other_positions(torch.zeros(4, dtype=torch.long), 2))
+
+
+def test_bench_counts_each_draws_undecided_rows(monkeypatch, capsys):
+    """--undecided: each draw's rows left to the search; a column without rounds leaves every row to it, and the
+    counts are what the kept plan's marks say (a mutation that counts decided rows fails the second column)."""
+    monkeypatch.setattr(bench, "VOCAB", 512)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(bench, "to_cuda", lambda state: state)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "cpu")
+    monkeypatch.setattr(bench, "time_graph", lambda fn: 1.0)
+    monkeypatch.setattr(sys, "argv", ["bench", "--sizes", "6", "--scenarios", "top_p,greedy", "--race", "list",
+                                      "--compact", "once", "--reject", "0,3", "--draws", "2", "--no-old",
+                                      "--no-check", "--undecided"])
+    bench.main()
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("  undecided")]
+    (_, rows, none, three), (_, _, greedy_none, greedy_three) = lines
+    assert rows == "6" and none == "6,6" and greedy_none == greedy_three == "-"
+    left = [int(n) for n in three.split(",")]
+    assert len(left) == 2 and all(0 <= n < 6 for n in left)  # three rounds decide some of the top_p rows
