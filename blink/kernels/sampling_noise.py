@@ -91,4 +91,3 @@ def race_score(scaled, keep, hash_of_row, ids, KEY_BYTES: tl.constexpr):
     """A token's score in the race: its scaled logit plus its noise where `keep`, else -inf (the one formula the
     row stream, the list race and the rejection's rounds share, so their draws agree bit for bit)."""
     return tl.where(keep, scaled + race_noise(race_uniform(hash_of_row, ids, KEY_BYTES)), float("-inf"))
-

@@ -54,8 +54,8 @@ def mixed_rows(num_rows: int, vocab: int, seed: int = 0):
 
 
 # ---- the RNG -----------------------------------------------------------------------------------------
-def murmur3_32(data: bytes, seed: int) -> int:
-    """MurmurHash3_x86_32 straight from its specification, on Python ints."""
+def murmur3_body(data: bytes, seed: int) -> int:
+    """MurmurHash3_x86_32's body over whole 32-bit words, straight from its specification, on Python ints."""
     def rotl(x, r):
         return ((x << r) | (x >> (32 - r))) & 0xFFFFFFFF
 
@@ -63,10 +63,19 @@ def murmur3_32(data: bytes, seed: int) -> int:
     for (word,) in struct.iter_unpack("<I", data):
         k = rotl(word * 0xCC9E2D51 & 0xFFFFFFFF, 15) * 0x1B873593 & 0xFFFFFFFF
         h = (rotl(h ^ k, 13) * 5 + 0xE6546B64) & 0xFFFFFFFF
-    h ^= len(data)
+    return h
+
+
+def fmix32(h: int) -> int:
+    """MurmurHash3's finaliser (the fmix stream's token hash too, test_sampling_hash.py)."""
     h = ((h ^ (h >> 16)) * 0x85EBCA6B) & 0xFFFFFFFF
     h = ((h ^ (h >> 13)) * 0xC2B2AE35) & 0xFFFFFFFF
     return h ^ (h >> 16)
+
+
+def murmur3_32(data: bytes, seed: int) -> int:
+    """MurmurHash3_x86_32 straight from its specification, on Python ints."""
+    return fmix32(murmur3_body(data, seed) ^ len(data))
 
 
 def test_murmur3_matches_published_vectors():

@@ -2,6 +2,8 @@
 uniform's bit construction is the reference's formula for every 23-bit value, the fmix stream (the default) is
 fmix32 of the row hash and the token and as uniform as murmur3's, and the sampler draws the reference's tokens in
 each mode."""
+import struct
+
 import pytest
 import torch
 import triton
@@ -9,6 +11,7 @@ import triton.language as tl
 
 from blink.kernels import sampling_noise, sampling_rng
 from blink.kernels.sampling import sample_ref, sample_triton
+from tests.kernels.test_sampling import fmix32, murmur3_body
 from tests.kernels.test_sampling_reject import batch
 
 UNIFORMS = {"murmur": sampling_rng._uniform_murmur, "fmix": sampling_rng._uniform_fmix}
@@ -32,24 +35,15 @@ def _unit_kernel(out_ptr, BLOCK: tl.constexpr):
     tl.store(out_ptr + m, sampling_rng._unit(m.to(tl.uint32) << 9))
 
 
-def _fmix32(h: int) -> int:
-    """murmur3's published finaliser, in plain Python."""
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
-    return h ^ (h >> 16)
-
-
 def test_the_fmix_stream_is_fmix32_of_the_row_hash_and_the_token():
-    """fmix (the default) keeps murmur3's row part: the row hash is murmur's stream before its token word."""
-    seeds, positions, vocab = torch.tensor(SEEDS), torch.tensor(POSITIONS), 40
-    u = sampling_rng.race_uniform_ref(seeds, positions, vocab, "fmix")
-    h = sampling_rng._mix_word_ref(seeds & 0xFFFFFFFF, (seeds >> 32) & 0xFFFFFFFF)
-    rows = sampling_rng._mix_word_ref(h, positions & 0xFFFFFFFF).tolist()
-    for row, hash_of_row in enumerate(rows):
+    """fmix (the default) keeps murmur3's row part, the body over (seed_hi, position) keyed by seed_lo, and hashes
+    the token as fmix32(row ^ token * 0x9E3779B9): both from plain-Python murmur3 (test_sampling.py)."""
+    u = sampling_rng.race_uniform_ref(torch.tensor(SEEDS), torch.tensor(POSITIONS), 40, "fmix")
+    for row, (seed, position) in enumerate(zip(SEEDS, POSITIONS, strict=True)):
+        seed &= (1 << 64) - 1
+        hash_of_row = murmur3_body(struct.pack("<II", seed >> 32, position), seed & 0xFFFFFFFF)
         for token in (0, 1, 17, 39):
-            bits = _fmix32(hash_of_row ^ (token * 0x9E3779B9 & 0xFFFFFFFF))
+            bits = fmix32(hash_of_row ^ (token * 0x9E3779B9 & 0xFFFFFFFF))
             assert u[row, token].item() == ((bits >> 9) + 0.5) / 2**23
 
 
