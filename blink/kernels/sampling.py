@@ -32,7 +32,7 @@ import triton
 from blink.kernels.sampling_bucket import NUM_BUCKETS, _bucket_kernel, _refine_kernel
 from blink.kernels.sampling_choose import _choose_kernel, _finish_kernel
 from blink.kernels.sampling_compact import _compact_kernel
-from blink.kernels.sampling_grammar import advance_grammar
+from blink.kernels.sampling_grammar_advance import advance_grammar
 from blink.kernels.sampling_grid import _Plan, _row_block
 from blink.kernels.sampling_penalties import prologue
 from blink.kernels.sampling_ref import (  # noqa: F401 (re-exported: the reference lives there)
@@ -187,7 +187,7 @@ def sample(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, s
     """logits [S, V] f32, slots [S] int32 (-1: padding), positions [S] int64 (of the sampled token). With `out`
     (contiguous tensors of SampleOutput's dtypes, e.g. a step's buffers) the results land there, copy-free on
     CUDA. record: also count each row's token in its slot's penalty history and advance a constrained slot's DFA
-    state (SamplingState.record_tokens, sampling_grammar.advance_grammar; one row per constrained slot), on CUDA
+    state (SamplingState.record_tokens, sampling_grammar_advance.advance_grammar; one row per constrained slot), on CUDA
     inside the last kernel. search=False (CUDA): without the threshold search's launches (sample_triton's; the CPU
     reference gives the same tokens either way)."""
     if logits.is_cuda:

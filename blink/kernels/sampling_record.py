@@ -45,7 +45,8 @@ def _record_kernel(slots_ptr, tokens_ptr, flags_ptr, counts_ptr, vocab_size,
 def record_token(row, token, slots_ptr, flags_ptr, counts_ptr, gstate_ptr, gid_ptr, classes_ptr, row_base_ptr,
                  cells_ptr, vocab_size: tl.constexpr, GRAMMAR: tl.constexpr):
     """One row's updates after the choice, inside the sampler's finish kernel (sampling.py: two launches fewer a
-    step): the count as _record_kernel's and, with GRAMMAR, the DFA advance as sampling_grammar's _advance_kernel."""
+    step): the count as _record_kernel's and, with GRAMMAR, the DFA advance as sampling_grammar_advance's
+    _advance_kernel."""
     slot = tl.load(slots_ptr + row)
     if slot >= 0:
         flags = tl.load(flags_ptr + slot)

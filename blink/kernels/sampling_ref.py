@@ -1,7 +1,7 @@
 """The sampler's torch reference: the definition the Triton pipeline (sampling.py) must match exactly.
 
 Order (vLLM's): logit_bias, repetition penalty (prompt + output), presence/frequency penalties (output),
-the grammar's mask (sampling_grammar: disallowed tokens -> -inf), temperature, min_p, top_k, top_p,
+the grammar's mask (sampling_grammar_advance: disallowed tokens -> -inf), temperature, min_p, top_k, top_p,
 then the choice. Temperature-0 rows take the argmax of the processed logits and skip the filters.
 Logprobs are those of the raw logits.
 
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from blink.kernels.sampling_grammar import grammar_mask_ref
+from blink.kernels.sampling_grammar_advance import grammar_mask_ref
 from blink.kernels.sampling_rng import race_uniform_ref
 
 if TYPE_CHECKING:

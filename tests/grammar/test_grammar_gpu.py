@@ -10,7 +10,7 @@ import torch
 from blink.grammar.arena import GrammarArena
 from blink.grammar.compiler import GrammarCompiler
 from blink.kernels.sampling import sample, sample_ref
-from blink.kernels.sampling_grammar import advance_grammar, advance_grammar_ref
+from blink.kernels.sampling_grammar_advance import advance_grammar, advance_grammar_ref
 from blink.kernels.sampling_state import SamplingState
 from blink.request import Constraint, SamplingParams
 from tests.grammar.test_host_structured import SCHEMAS, engine, run, strict_json, text_of

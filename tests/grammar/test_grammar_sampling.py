@@ -6,7 +6,7 @@ import torch
 
 from blink.grammar.arena import ArenaFull, GrammarArena
 from blink.kernels.sampling import sample_ref, sample_triton
-from blink.kernels.sampling_grammar import advance_grammar_ref, advance_grammar_triton
+from blink.kernels.sampling_grammar_advance import advance_grammar_ref, advance_grammar_triton
 from blink.kernels.sampling_state import SamplingState
 from blink.request import Constraint, SamplingParams
 

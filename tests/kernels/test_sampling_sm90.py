@@ -9,7 +9,13 @@ import inspect
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from blink.kernels import sampling_bucket, sampling_choose, sampling_compact, sampling_grammar, sampling_penalties
+from blink.kernels import (
+    sampling_bucket,
+    sampling_choose,
+    sampling_compact,
+    sampling_grammar_advance,
+    sampling_penalties,
+)
 from blink.kernels import sampling_reject, sampling_resolve, sampling_select
 
 V = 128256
@@ -39,7 +45,7 @@ kernels = [
     (sampling_choose._choose_kernel, dict(vocab_size=V, NUM_CHUNKS=63, KEY_BYTES=12, CHUNK=2048, BLOCK=1024), 4),
     (sampling_choose._finish_kernel, dict(vocab_size=V, NUM_CHUNKS=63, CHUNKS_PAD=64, K=20, K_PAD=32, CAND=4096,
                                    SMALL=256, BLOCK=4096), 16),
-    (sampling_grammar._advance_kernel, dict(vocab_size=V, ROWS=64, BLOCK=64), 1),
+    (sampling_grammar_advance._advance_kernel, dict(vocab_size=V, ROWS=64, BLOCK=64), 1),
     (sampling_reject._reject_round_kernel, dict(vocab_size=V, P=63, P_PAD=64, KEY_BYTES=12, RACE=16384, CHUNK=2048,
                                                 BLOCK=1024, SLACK=sampling_reject.BOUND_SLACK), 4),
 ]
