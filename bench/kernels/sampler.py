@@ -47,9 +47,7 @@ from blink.kernels import sampling, sampling_noise, sampling_rng
 from blink.kernels.pdl import pdl_switched
 from blink.kernels.sampling_bucket import NUM_BUCKETS
 from blink.kernels.sampling_grid import RACE_CAPACITY, _Plan
-from blink.kernels.sampling_penalties import prologue
 from blink.kernels.sampling_plan import DECIDED
-from blink.kernels.sampling_reject import reject as reject_rounds
 from blink.kernels.sampling_state import SamplingState
 from blink.request import MAX_TOP_LOGPROBS, SamplingParams
 
@@ -137,14 +135,12 @@ def mismatches(logits, slots, positions, state, cpu_state, num_buckets, programs
 
 def undecided(logits, slots, positions, state, num_buckets, programs, race, once, reject, floor) -> int:
     """How many rows the rejection's rounds leave to the threshold search on this draw (sample_triton's steps up to
-    the rounds, with the plan kept): each costs the whole search, so a draw's time follows this count."""
+    the rounds, sampling.penalize_and_reject, with the plan kept): each costs the whole search, so a draw's time
+    follows this count."""
     plan = _Plan(logits, num_buckets, programs, race, once, reject, floor)
     if not plan.reject:
         return len(slots)
-    processed = torch.empty_like(logits)
-    prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=MAX_TOP_LOGPROBS,
-             positions=positions)
-    reject_rounds(logits, processed, slots, positions, state, plan)
+    sampling.penalize_and_reject(logits, slots, positions, state, plan, MAX_TOP_LOGPROBS)
     return int((plan.reject_state[:, 0] != DECIDED.value).sum())
 
 

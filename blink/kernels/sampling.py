@@ -154,6 +154,18 @@ def choose_tokens_triton(logits: torch.Tensor, threshold: torch.Tensor, slots: t
     return _choose_and_score(logits, logits, threshold, slots, positions, state, 0, plan).token_ids
 
 
+def penalize_and_reject(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
+                        plan: _Plan, max_top_logprobs: int) -> torch.Tensor:
+    """Step 1 and the rejection's rounds (when the plan has any): the processed logits; plan.reject_state then
+    says which rows the rounds decided (the bench's --undecided counts the others)."""
+    processed = torch.empty_like(logits)
+    prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs,
+             positions=positions)
+    if plan.reject:
+        reject_candidates(logits, processed, slots, positions, state, plan)
+    return processed
+
+
 def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, state: SamplingState,
                   max_top_logprobs: int, num_buckets: int = NUM_BUCKETS, programs: int | None = None,
                   out: SampleOutput | None = None, race: int | None = None,
@@ -169,14 +181,8 @@ def sample_triton(logits: torch.Tensor, slots: torch.Tensor, positions: torch.Te
     assert logits.shape[1] == state.vocab_size, "logits and sampling state disagree on the vocab size"
     logits = logits.float().contiguous()
     plan = _Plan(logits, num_buckets, programs, race, compact_once, reject if search else 0, topk_floor)
-    processed = torch.empty_like(logits)
-    prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=max_top_logprobs,
-             positions=positions)
-    threshold = None
-    if search:
-        if plan.reject:
-            reject_candidates(logits, processed, slots, positions, state, plan)
-        threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs)
+    processed = penalize_and_reject(logits, slots, positions, state, plan, max_top_logprobs)
+    threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, max_top_logprobs) if search else None
     return _choose_and_score(logits, processed, threshold, slots, positions, state, max_top_logprobs, plan, out,
                              record)
 

@@ -6,11 +6,16 @@ import functools
 import pytest
 import torch
 
-from blink.kernels.sampling import _choose_and_score, _keep_thresholds_triton, sample_ref, sample_triton
+from blink.kernels.sampling import (
+    _choose_and_score,
+    _keep_thresholds_triton,
+    penalize_and_reject,
+    sample_ref,
+    sample_triton,
+)
 from blink.kernels.sampling_grid import RACE_CAPACITY, _Plan, race_capacity
 from blink.kernels.sampling_penalties import prologue
 from blink.kernels.sampling_ref import apply_penalties_ref, canonical, keep_thresholds
-from blink.kernels.sampling_reject import reject as reject_candidates
 from blink.kernels.sampling_state import SamplingState
 from blink.request import SamplingParams
 from tests.kernels.test_sampling import mixed_rows, mixed_state
@@ -24,10 +29,7 @@ def sample_with_plan(logits, slots, positions, state, k, race, cand=None, once=F
     plan = _Plan(logits, programs=programs, race=race, compact_once=once, reject=reject, topk_floor=floor)
     if cand is not None:
         plan.cand = plan.small = cand
-    processed = torch.empty_like(logits)
-    prologue(logits, processed, slots, state, plan, penalize=True, max_top_logprobs=k, positions=positions)
-    if plan.reject:
-        reject_candidates(logits, processed, slots, positions, state, plan)
+    processed = penalize_and_reject(logits, slots, positions, state, plan, k)
     threshold = _keep_thresholds_triton(logits, processed, slots, state, plan, k)
     return _choose_and_score(logits, processed, threshold, slots, positions, state, k, plan), plan
 
