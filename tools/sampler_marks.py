@@ -16,10 +16,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels.sampler import SCENARIOS, make_batch, other_positions  # noqa: E402
+from blink.kernels.sampling import penalize_and_reject  # noqa: E402
 from blink.kernels.sampling_grid import RACE_CAPACITY, _Plan  # noqa: E402
-from blink.kernels.sampling_penalties import prologue  # noqa: E402
 from blink.kernels.sampling_plan import DECIDED, PENDING, SEARCH  # noqa: E402
-from blink.kernels.sampling_reject import reject  # noqa: E402
 
 MARK = {int(DECIDED.value): "D", int(PENDING.value): "P", int(SEARCH.value): "S"}
 
@@ -35,10 +34,7 @@ def marks(rows: int, scenario: str, setting: str, draw: int = 0) -> str:
         from bench.kernels.sampler import to_cuda
         logits, slots, positions, state = logits.cuda(), slots.cuda(), positions.cuda(), to_cuda(state)
     plan = _Plan(logits, race=RACE_CAPACITY, compact_once=True, reject=setting)
-    processed = torch.empty_like(logits)  # the penalised rows' logits
-    prologue(logits, processed, slots, state, plan, penalize=True, positions=positions)
-    if plan.reject:
-        reject(logits, processed, slots, positions, state, plan)
+    penalize_and_reject(logits, slots, positions, state, plan, max_top_logprobs=0)
     return "".join(MARK[int(m)] for m in plan.reject_state[:, 0].tolist())
 
 

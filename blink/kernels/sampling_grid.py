@@ -63,7 +63,7 @@ def race_capacity(vocab_size: int, race: int | None = None) -> int:
 # either: the first round only tests the first candidate (float sums, no race: a refused one waits for the second
 # round's race); an "s" last: a launch a round on the GPU too (else the rounds share one launch there,
 # sampling_reject_sync; the interpreter always launches each round). Unset: one round up to 8 rows
-# (FEW_ROWS_REJECT); two at 17-32 rows (MANY_ROWS_REJECT); none else.
+# (FEW_ROWS_REJECT); three at 17-32 rows (MANY_ROWS_REJECT); none else.
 REJECT_ROUNDS_MAX = 8
 
 
@@ -89,7 +89,11 @@ FEW_ROWS_REJECT, FEW_ROWS_MAX = RejectSetting(1), 8
 # 75.6 -> 71.6, for greedy +2.9 (a launch a round: +3.8); the rule written for a first round that only tests ("3t":
 # top_p 99.5, min_p 78.0, so it failed) holds for "2": top_p and min_p gain, greedy pays <= 3.5 us. Plans of 17-32
 # rows share 32 rows' grid (512 programs, all resident at once); 9-16 and above 32 were not timed with one launch.
-MANY_ROWS_REJECT, MANY_ROWS = RejectSetting(2), range(17, 33)
+# Session 42 (H100, tools/sampler_draws.py, each draw timed alone, top_p at 32 rows): with two rounds a draw costs
+# 72.2 us when one round decides every row, 79-88 when a second round runs for 1-6 rows, and 138-140 when a row is
+# left to the search (3 of 16 draws); three rounds take those three to 96-98 and the others +1.5-2 us: the mean of
+# 16 draws 94.9 -> 88.6 us; top_p on flat rows +1.8 (8 draws, none left pending by two), min_p +0.7, greedy +0.3.
+MANY_ROWS_REJECT, MANY_ROWS = RejectSetting(3), range(17, 33)
 
 
 def reject_setting(value: int | str) -> RejectSetting:
