@@ -51,3 +51,24 @@ def test_bench_counts_each_draws_undecided_rows(monkeypatch, capsys):
     assert rows == "6" and none == "6,6" and greedy_none == greedy_three == "-"
     left = [int(n) for n in three.split(",")]
     assert len(left) == 2 and all(0 <= n < 6 for n in left)  # three rounds decide some of the top_p rows
+
+
+def test_draws_tool_sets_each_draws_time_beside_its_pending_rows(monkeypatch, capsys):
+    """tools/sampler_draws.py on the CPU (timing stubbed): a line a draw, whose counts are the kept plans' marks:
+    two rounds never leave more rows pending than one, and one leaves some of these flat rows (a mutation that counts
+    decided rows fails it)."""
+    from tools import sampler_draws
+
+    monkeypatch.setattr(bench, "VOCAB", 512)
+    monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    monkeypatch.setattr(bench, "to_cuda", lambda state: state)
+    monkeypatch.setattr(bench, "time_graph", lambda fn: float(len(fn().token_ids)))
+    monkeypatch.setattr(sys, "argv", ["sampler_draws", "--rows", "16", "--scenario", "top_p_flat", "--reject", "2",
+                                      "--draws", "3"])
+    sampler_draws.main()
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [line[:4] for line in lines] == [["draw", str(k), "16.0", "us"] for k in range(3)]
+    for line in lines:
+        one, later = int(line[-4].rstrip(",")), int(line[-1])
+        assert 0 <= later <= one <= 16
+    assert any(int(line[-4].rstrip(",")) > 0 for line in lines)  # flat rows: one round leaves some pending
