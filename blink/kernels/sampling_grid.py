@@ -92,7 +92,7 @@ FEW_ROWS_REJECT, FEW_ROWS_MAX = RejectSetting(1), 8
 # Session 42 (H100, tools/sampler_draws.py, each draw timed alone, top_p at 32 rows): with two rounds a draw costs
 # 72.2 us when one round decides every row, 79-88 when a second round runs for 1-6 rows, and 138-140 when a row is
 # left to the search (3 of 16 draws); three rounds take those three to 96-98 and the others +1.5-2 us: the mean of
-# 16 draws 94.9 -> 88.6 us; top_p on flat rows +1.8 (8 draws, none left pending by two), min_p +0.7, greedy +0.3.
+# 16 draws 94.9 -> 88.6 us; on flat rows 101.4 -> 94.2 (16 draws, 3 left a row with two); min_p +0.7, greedy +0.3.
 MANY_ROWS_REJECT, MANY_ROWS = RejectSetting(3), range(17, 33)
 
 
