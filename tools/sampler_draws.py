@@ -1,9 +1,11 @@
-"""Each draw of the sampler micro-bench's batch on its own: its time with R rounds beside the rows one round leaves
-pending (so a draw's time can be set against the later rounds it needs). On a GPU:
+"""Each draw of the sampler micro-bench's batch on its own, under each rejection setting side by side: its time
+beside the rows one round and the setting's rounds leave to the search (a draw's time follows the later rounds it
+needs). On a GPU:
 
-    python tools/sampler_draws.py --rows 32 --scenario top_p --reject 2 --draws 16
+    python tools/sampler_draws.py --rows 32 --scenario top_p --reject 3,3p --draws 16
 """
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -12,28 +14,36 @@ from bench.kernels import sampler as bench  # noqa: E402
 from blink.kernels import sampling  # noqa: E402
 from blink.kernels.sampling_grid import RACE_CAPACITY  # noqa: E402
 
+# the engine's column: 128 buckets, its programs, the list race, one compaction read, the lane floor
+COLUMN = dict(num_buckets=128, programs=None, race=RACE_CAPACITY, once=True, floor=True)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--scenario", default="top_p", choices=sorted(bench.SCENARIOS))
-    parser.add_argument("--reject", default="2")
+    parser.add_argument("--reject", default="3", help="comma-separated BLINK_SAMPLER_REJECT settings")
     parser.add_argument("--draws", type=int, default=16)
     args = parser.parse_args()
+    settings = args.reject.split(",")
     logits, slots, positions, cpu_state = bench.make_batch(args.rows, bench.SCENARIOS[args.scenario],
                                                            args.scenario.endswith("_flat"))
     state = bench.to_cuda(cpu_state)
     logits, slots = logits.cuda(), slots.cuda()
     draws = [positions] + bench.other_positions(positions, args.draws - 1)
-    common = dict(num_buckets=128, programs=None, race=RACE_CAPACITY, once=True, floor=True)
+    times = {r: [] for r in settings}
     for k, pos in enumerate(draws):
         pos = pos.cuda()
-        us = bench.time_graph(lambda pos=pos: sampling.sample_triton(
-            logits, slots, pos, state, bench.MAX_TOP_LOGPROBS, 128, None, race=RACE_CAPACITY, compact_once=True,
-            reject=args.reject, topk_floor=True))
-        left = [bench.undecided(logits, slots, pos, state, reject=r, **common) for r in ("1", args.reject)]
-        print(f"draw {k:>2}  {us:7.1f} us  pending after 1 round {left[0]:>2}, after {args.reject}: {left[1]:>2}",
-              flush=True)
+        cells = []
+        for r in settings:
+            us = bench.time_graph(lambda pos=pos, r=r: sampling.sample_triton(
+                logits, slots, pos, state, bench.MAX_TOP_LOGPROBS, COLUMN["num_buckets"], COLUMN["programs"],
+                race=COLUMN["race"], compact_once=COLUMN["once"], reject=r, topk_floor=COLUMN["floor"]))
+            times[r].append(us)
+            cells.append(f"{r}: {us:7.1f} us, {bench.undecided(logits, slots, pos, state, reject=r, **COLUMN):>2} left")
+        one = bench.undecided(logits, slots, pos, state, reject="1", **COLUMN)
+        print(f"draw {k:>2}  pending after 1 round {one:>2}  |  " + "  |  ".join(cells), flush=True)
+    print("mean  " + "  |  ".join(f"{r}: {statistics.mean(t):7.1f} us" for r, t in times.items()), flush=True)
 
 
 if __name__ == "__main__":

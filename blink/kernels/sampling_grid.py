@@ -61,8 +61,10 @@ def race_capacity(vocab_size: int, race: int | None = None) -> int:
 # top_k-only rows too (a top_k row accepts a candidate with the top_k set's share of the mass: few rounds decide it
 # on a real model's rows, many on flat ones, and a row left pending costs the whole search), "0" none; a "t" after
 # either: the first round only tests the first candidate (float sums, no race: a refused one waits for the second
-# round's race); an "s" last: a launch a round on the GPU too (else the rounds share one launch there,
-# sampling_reject_sync; the interpreter always launches each round). Unset: one round up to 8 rows
+# round's race); then a "p": the rounds after the first are spread over every program of the launch in small units
+# (sampling_reject_pool) instead of each row's own; an "s" last: a launch a round on the GPU too (with "p": one for
+# the first round, one for the rest; else the rounds share one launch there, sampling_reject_sync; the interpreter
+# always launches each round). Unset: one round up to 8 rows
 # (FEW_ROWS_REJECT); three at 17-32 rows (MANY_ROWS_REJECT); none else.
 REJECT_ROUNDS_MAX = 8
 
@@ -72,6 +74,7 @@ class RejectSetting(NamedTuple):
     top_k: bool = False  # top_k-only rows taken too
     test_first: bool = False  # the first round tests its candidate only
     separate: bool = False  # a launch a round (the GPU's default: all rounds in one launch)
+    pool: bool = False  # the rounds after the first over the launch's whole pool of programs (sampling_reject_pool)
 
 
 # Session 34 (H100, one run, V = 128k): one round at one row took top_p 41.7 -> 31.9 us for greedy +2.0, min_p +0.8,
@@ -97,16 +100,17 @@ MANY_ROWS_REJECT, MANY_ROWS = RejectSetting(3), range(17, 33)
 
 
 def reject_setting(value: int | str) -> RejectSetting:
-    """The setting of 3, "3", "3k", "3t", "3kt" or any of them with an "s" after; ValueError if it is none."""
+    """The setting of 3, "3", "3k", "3t", "3kt" or any of them with a "p", an "s" or "ps" after; ValueError if it
+    is none."""
     text = str(value)
     flags = {}
-    for flag, name in (("s", "separate"), ("t", "test_first"), ("k", "top_k")):  # from the end
+    for flag, name in (("s", "separate"), ("p", "pool"), ("t", "test_first"), ("k", "top_k")):  # from the end
         flags[name] = text.endswith(flag)
         text = text[:-1] if flags[name] else text
     if not text.isdigit() or int(text) > REJECT_ROUNDS_MAX:
         raise ValueError(f"BLINK_SAMPLER_REJECT must be rounds from 0 to {REJECT_ROUNDS_MAX}, optionally followed "
-                         f"by k (top_k rows too), t (the first round tests only) and s (a launch a round), "
-                         f"got {value!r}")
+                         f"by k (top_k rows too), t (the first round tests only), p (the later rounds over every "
+                         f"program) and s (a launch a round), got {value!r}")
     rounds = int(text)
     return RejectSetting(rounds, **{name: on and rounds > 0 for name, on in flags.items()})
 
@@ -186,8 +190,12 @@ class _Plan:
         self.race_block = race_block(self.race, self.num_chunks)
         self.race_ids = torch.empty(num_rows, max(self.race, 1), dtype=torch.int32, device=device)  # the lists
         self.race_count = torch.empty(num_rows, dtype=torch.int32, device=device)  # the resolve's marks
-        self.reject, self.reject_top_k, self.reject_test_first, self.reject_separate = reject_plan(
-            self.race, reject, num_rows)
+        (self.reject, self.reject_top_k, self.reject_test_first, self.reject_separate,
+         self.reject_pool_rounds) = reject_plan(self.race, reject, num_rows)
+        # the pool's units (a few per chunk: 1k tokens at V = 128k) and its cells per row: the race key, the weight
+        # and the count above the candidate
+        self.pool_unit = max(16, min(1024, self.chunk // 4))
+        self.reject_pool = torch.empty(num_rows, 3, dtype=torch.int64, device=device)
         self.reject_state = torch.empty(num_rows, REJECT_WORDS.value, dtype=torch.int64, device=device)
         # per chunk: the penalties kernel's first race and float mass, then a round's race, count and weights
         # (above, total)

@@ -41,10 +41,12 @@ import triton
 import triton.language as tl
 
 from blink.kernels.pdl import pdl_wait
-from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, scale_cutoff, top_p_weight
+from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, scale_cutoff
 from blink.kernels.sampling_plan import DECIDED, PENDING, REJECT_WORDS, SEARCH
 from blink.kernels.sampling_reject_bounds import BOUND_SLACK, mass_bounds, row_total_bounds
+from blink.kernels.sampling_reject_decide import decide
 from blink.kernels.sampling_reject_pass import race_above
+from blink.kernels.sampling_reject_pool import hand_on, may_join, pool_rounds
 from blink.kernels.sampling_reject_sync import (
     last_of_row,
     merge_race,
@@ -86,13 +88,15 @@ def first_race(src, chunk, chunk_key_max, temperature, top_p, min_p, seed, posit
 def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
            seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr, first_token_ptr, first_mass_ptr,
            part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr,
-           row, chunk, launch, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
+           pool_ptr, row, chunk, launch, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
            KEY_BYTES: tl.constexpr, RACE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-           FIRST: tl.constexpr, TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr):
+           FIRST: tl.constexpr, TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr,
+           POOL_ROUNDS: tl.constexpr):
     """Round `launch` (1, 2, ...; FIRST: it takes the rows and the penalties kernel's candidate) for one program of
     a row; whether the row took part (pending at its start). TEST_FIRST: the first round only tests its candidate,
     in float (sampling_reject_bounds.mass_bounds): a refused or undecided candidate stays pending, and the next
-    round tests it exactly and races above it. The last program of the row decides and releases the round."""
+    round tests it exactly and races above it. The last program of the row decides and releases the round, or
+    (POOL_ROUNDS: the plan's rounds, the first being this one) hands the row on to the pool's rounds."""
     TESTS_ONLY: tl.constexpr = FIRST and TEST_FIRST
     state = reject_ptr + row * REJECT_WORDS
     if FIRST:
@@ -103,6 +107,8 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
         pending = taken(filtered, top_k, top_p, TOP_K) & finite & (candidate < vocab_size)
         if ~pending & (chunk == 0):
             tl.store(state, tl.full([], SEARCH, tl.int64))
+            if POOL_ROUNDS > 0:
+                hand_on(counter_ptr, pool_ptr, row, 2, False, POOL_ROUNDS)
     else:
         pending = tl.load(state, cache_modifier=".cg") == PENDING
         candidate = tl.load(state + 1, cache_modifier=".cg").to(tl.int32)
@@ -154,44 +160,25 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
             else:
                 total_lo = tl.load(state + 2, cache_modifier=".cg")
                 total_hi = tl.load(state + 3, cache_modifier=".cg")
-            # sampling_ref's budget, top_p * total in float64, lies between these two (rounding is monotone)
-            budget = top_p.to(tl.float64) * total_lo.to(tl.float64)
-            budget_hi = top_p.to(tl.float64) * total_hi.to(tl.float64)
-            counts_keep = (value * inv_temperature >= cutoff) & ((top_k <= 0) | (above < top_k))
-            kept = counts_keep & ((top_p >= 1.0) | (mass_hi < budget))
-            refused = ~counts_keep | ((top_p < 1.0) & (mass_lo >= budget_hi))
-            if TESTS_ONLY:
+            if TESTS_ONLY:  # keep the candidate, or leave it pending: the next round tests it exactly, and races
+                # above it (decide's test, without its refusal)
+                kept = ((value * inv_temperature >= cutoff) & ((top_k <= 0) | (above < top_k))
+                        & ((top_p >= 1.0) | (mass_hi < top_p.to(tl.float64) * total_lo.to(tl.float64))))
                 if kept:
                     tl.store(race_ids_ptr + row * RACE, candidate)
                     tl.store(state, tl.full([], DECIDED, tl.int64))
-                else:  # refused or undecided: the next round tests it exactly, and races above it
+                else:
                     tl.store(state, tl.full([], PENDING, tl.int64))
                 tl.store(state + 1, candidate.to(tl.int64))
+                still = ~kept
             else:
                 following = merge_race(part_best_ptr, part_token_ptr, row, vocab_size, P, P_PAD)
-                if ~kept & ~refused:  # the total's bounds straddle the budget (never when exact): the search decides
-                    tl.store(state, tl.full([], SEARCH, tl.int64))
-                elif kept:
-                    tl.store(race_ids_ptr + row * RACE, candidate)
-                    tl.store(state + 1, candidate.to(tl.int64))  # the resolve's threshold
-                    tl.store(state, tl.full([], DECIDED, tl.int64))
-                elif following < vocab_size:
-                    tl.store(state + 1, following.to(tl.int64))
-                    # The next candidate w' lies above the candidate, and so does every token above w': its count and
-                    # weight above are at most the candidate's less w' itself. When those bounds pass, w' is kept and,
-                    # as the race's winner over a superset of the kept set, is the row's token now (always for min_p
-                    # alone; for top_p when w' is heavy). Else the next round tests it exactly.
-                    w_next = top_p_weight(canonical(tl.load(src + following)), inv_temperature, s_max)
-                    surely = (((top_k <= 0) | (above - 1 < top_k))
-                              & ((top_p >= 1.0) | (mass_hi - w_next.to(tl.float64) < budget)))
-                    if surely:
-                        tl.store(race_ids_ptr + row * RACE, following)
-                        tl.store(state, tl.full([], DECIDED, tl.int64))
-                    else:
-                        tl.store(state, tl.full([], PENDING, tl.int64))
-                else:  # a kept candidate has nothing kept above it only if top_p is 0
-                    tl.store(state, tl.full([], SEARCH, tl.int64))
-            release_round(counter_ptr, row)
+                still = decide(state, race_ids_ptr, row, src, candidate, value, inv_temperature, s_max, cutoff, top_k,
+                               top_p, above, mass_lo, mass_hi, total_lo, total_hi, following, vocab_size, RACE)
+            if POOL_ROUNDS > 0:  # the pool's rounds follow: queue the row, or count it done
+                hand_on(counter_ptr, pool_ptr, row, 2, still, POOL_ROUNDS)
+            else:
+                release_round(counter_ptr, row)
     return pending
 
 
@@ -199,26 +186,46 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
 def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                          min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr,
                          first_token_ptr, first_mass_ptr, part_best_ptr, part_token_ptr, part_weight_ptr,
-                         part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr, launch, vocab_size: tl.constexpr,
-                         P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr,
-                         CHUNK: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr, TOP_K: tl.constexpr,
-                         SLACK: tl.constexpr, TEST_FIRST: tl.constexpr = False, ROUNDS: tl.constexpr = 1,
-                         USE_PDL: tl.constexpr = False):
+                         part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr, pool_ptr, num_rows, launch,
+                         vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr,
+                         RACE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr,
+                         TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr = False,
+                         ROUNDS: tl.constexpr = 1, POOL_ROUNDS: tl.constexpr = 0, IN_ORDER: tl.constexpr = False,
+                         U: tl.constexpr = 1, UNIT: tl.constexpr = 16, USE_PDL: tl.constexpr = False):
     """Rounds launch .. launch + ROUNDS - 1 (ROUNDS > 1: the rounds in one launch over a one-dimensional grid,
-    sampling_reject_sync; FIRST: launch is 1)."""
+    sampling_reject_sync; FIRST: launch is 1). POOL_ROUNDS > 0: the first round, then (IN_ORDER: in one launch)
+    the pool's rounds up to POOL_ROUNDS (sampling_reject_pool)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
-    row, chunk = program_cell(counter_ptr, P, ROUNDS > 1)
+    row, chunk = program_cell(counter_ptr, P, ROUNDS > 1 or IN_ORDER)
     args = (logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
             seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr, first_token_ptr, first_mass_ptr,
             part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr,
-            race_ids_ptr, row, chunk)
+            race_ids_ptr, pool_ptr, row, chunk)
     active = _round(*args, launch, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, FIRST, TOP_K, SLACK,
-                    TEST_FIRST)
+                    TEST_FIRST, POOL_ROUNDS)
     for n in range(launch + 1, launch + ROUNDS):  # a row every round took part in waits for the last one's word
         if active:
             wait_round(counter_ptr, row, n - 1)
             active = _round(*args, n, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, False, TOP_K, SLACK,
-                            False)
+                            False, 0)
+    if IN_ORDER and POOL_ROUNDS > 1:
+        if may_join(counter_ptr, num_rows, P):
+            pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
+                        min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr,
+                        pool_ptr, num_rows, vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT, POOL_ROUNDS, True)
+
+
+@triton.jit
+def _reject_pool_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
+                        min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr,
+                        pool_ptr, num_rows, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
+                        KEY_BYTES: tl.constexpr, RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr,
+                        ROUNDS: tl.constexpr, WAIT: tl.constexpr, USE_PDL: tl.constexpr = False):
+    """The pool's rounds in a launch of their own, after a launch of the first round."""
+    pdl_wait(USE_PDL)
+    pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+                seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, num_rows,
+                vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT, ROUNDS, WAIT)
 
 
 def reject(logits, processed, slots, positions, state, plan) -> None:
@@ -226,19 +233,36 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
     maxima, first race and zeroed counters)."""
     num_rows, vocab_size = logits.shape
     assert plan.reject > 0 and plan.race > 0, "the rejection needs rounds and the list race"
-    args = (logits, processed, slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p,
-            state.seed, positions, plan.row_max, plan.counters, plan.reject_first_best, plan.reject_first_token,
-            plan.reject_first_mass, plan.reject_best, plan.reject_token, plan.reject_weight[0], plan.reject_weight[1],
-            plan.reject_count, plan.reject_state, plan.race_ids)
-    sizes = dict(P=plan.num_chunks, P_PAD=plan.chunks_pad, KEY_BYTES=KEY_BYTES, RACE=plan.race, CHUNK=plan.chunk,
-                 BLOCK=plan.block, TOP_K=plan.reject_top_k, SLACK=BOUND_SLACK, TEST_FIRST=plan.reject_test_first,
-                 num_warps=4, **plan.pdl, **_NO_FUSION)
-    if plan.reject > 1 and not plan.reject_separate and logits.is_cuda and not _INTERPRETED:
+    inputs = (logits, processed, slots, state.flags, state.temperature, state.top_k, state.top_p, state.min_p,
+              state.seed, positions, plan.row_max, plan.counters)
+    args = (*inputs, plan.reject_first_best, plan.reject_first_token, plan.reject_first_mass, plan.reject_best,
+            plan.reject_token, plan.reject_weight[0], plan.reject_weight[1], plan.reject_count, plan.reject_state,
+            plan.race_ids, plan.reject_pool, num_rows)
+    sizes = dict(P=plan.num_chunks, P_PAD=plan.chunks_pad, KEY_BYTES=KEY_BYTES, RACE=plan.race, num_warps=4,
+                 **plan.pdl, **_NO_FUSION)
+    first = dict(sizes, CHUNK=plan.chunk, BLOCK=plan.block, TOP_K=plan.reject_top_k, SLACK=BOUND_SLACK,
+                 TEST_FIRST=plan.reject_test_first)
+    one_launch = plan.reject > 1 and not plan.reject_separate and logits.is_cuda and not _INTERPRETED
+    if plan.reject_pool_rounds:
+        units = dict(U=triton.cdiv(vocab_size, plan.pool_unit), UNIT=plan.pool_unit)
+        rounds = dict(POOL_ROUNDS=plan.reject, **units)
+        if one_launch:  # the first round in order (program_cell), then the pool in the same launch
+            _reject_round_kernel[(num_rows * plan.num_chunks,)](*args, 1, vocab_size, FIRST=True, IN_ORDER=True,
+                                                                 maxnreg=128, **rounds, **first)
+            return
+        _reject_round_kernel[plan.grid](*args, 1, vocab_size, FIRST=True, **rounds, **first)
+        if plan.reject > 1:  # the interpreter's programs run one after another: two of them, and no waits
+            programs = 2 if _INTERPRETED or not logits.is_cuda else num_rows * plan.num_chunks
+            _reject_pool_kernel[(programs,)](*inputs, plan.reject_state, plan.race_ids, plan.reject_pool, num_rows,
+                                             vocab_size, ROUNDS=plan.reject, WAIT=not _INTERPRETED and logits.is_cuda,
+                                             **units, **sizes)
+        return
+    if one_launch:
         # one launch: program_cell hands the cells out in a one-dimensional grid. The later rounds' pointers stay
         # live through the first (156 registers at sm_90, 3 programs an SM); 128 spill 20 bytes and fit 4 an SM,
         # so the 512 programs of 32 rows are resident at once
         _reject_round_kernel[(num_rows * plan.num_chunks,)](*args, 1, vocab_size, FIRST=True, ROUNDS=plan.reject,
-                                                             maxnreg=128, **sizes)
+                                                             maxnreg=128, **first)
         return
     for launch in range(1, plan.reject + 1):
-        _reject_round_kernel[plan.grid](*args, launch, vocab_size, FIRST=launch == 1, **sizes)
+        _reject_round_kernel[plan.grid](*args, launch, vocab_size, FIRST=launch == 1, **first)

@@ -1,5 +1,6 @@
 """bench/kernels/sampler.py end to end on the CPU (interpreter, a 512-token vocabulary, timing stubbed), so the GPU
 run does not die on a typo: each cell over several draws of the race's noise, with the draws' spread printed."""
+import re
 import sys
 
 import torch
@@ -55,20 +56,24 @@ def test_bench_counts_each_draws_undecided_rows(monkeypatch, capsys):
 
 def test_draws_tool_sets_each_draws_time_beside_its_pending_rows(monkeypatch, capsys):
     """tools/sampler_draws.py on the CPU (timing stubbed): a line a draw, whose counts are the kept plans' marks:
-    two rounds never leave more rows pending than one, and one leaves some of these flat rows (a mutation that counts
-    decided rows fails it)."""
+    two rounds never leave more rows pending than one, the pool's rounds ("2p") leave the same rows as the row's own,
+    and one round leaves some of these flat rows (a mutation that counts decided rows fails it)."""
     from tools import sampler_draws
 
     monkeypatch.setattr(bench, "VOCAB", 512)
     monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
     monkeypatch.setattr(bench, "to_cuda", lambda state: state)
     monkeypatch.setattr(bench, "time_graph", lambda fn: float(len(fn().token_ids)))
-    monkeypatch.setattr(sys, "argv", ["sampler_draws", "--rows", "16", "--scenario", "top_p_flat", "--reject", "2",
+    monkeypatch.setattr(sys, "argv", ["sampler_draws", "--rows", "16", "--scenario", "top_p_flat", "--reject", "2,2p",
                                       "--draws", "3"])
     sampler_draws.main()
-    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
-    assert [line[:4] for line in lines] == [["draw", str(k), "16.0", "us"] for k in range(3)]
-    for line in lines:
-        one, later = int(line[-4].rstrip(",")), int(line[-1])
-        assert 0 <= later <= one <= 16
-    assert any(int(line[-4].rstrip(",")) > 0 for line in lines)  # flat rows: one round leaves some pending
+    out = capsys.readouterr().out.splitlines()
+    pattern = re.compile(r"draw +(\d+) +pending after 1 round +(\d+) +\| +2: +16\.0 us, +(\d+) left "
+                         r"+\| +2p: +16\.0 us, +(\d+) left$")
+    lines = [pattern.match(line) for line in out[:-1]]
+    assert all(lines) and [int(m[1]) for m in lines] == [0, 1, 2], out
+    for m in lines:
+        one, later, pooled = int(m[2]), int(m[3]), int(m[4])
+        assert 0 <= later == pooled <= one <= 16
+    assert any(int(m[2]) > 0 for m in lines)  # flat rows: one round leaves some pending
+    assert re.fullmatch(r"mean +2: +16\.0 us +\| +2p: +16\.0 us", out[-1]), out[-1]

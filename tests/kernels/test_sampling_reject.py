@@ -60,7 +60,7 @@ def bounded_rows(logits, slots, state, reject_state) -> tuple[torch.Tensor, torc
     return rows, exact
 
 
-@pytest.mark.parametrize(("setting", "ties"), [("1k", False), ("3", True)])
+@pytest.mark.parametrize(("setting", "ties"), [("1k", False), ("3", True), ("3p", True)])
 def test_the_reference_token_for_token(setting, ties):
     """A mixed batch (S = 21): every row the reference's; the taken rows are decided or pending, the others search
     (with "3" the top_k-only rows too); a decided row's race list is its token alone and the search never saw it."""
@@ -185,7 +185,7 @@ _ROW = st.fixed_dictionaries({"temperature": st.sampled_from([0.0, 0.5, 1.0, 1.7
 
 @settings(max_examples=30, deadline=None)
 @given(rows=st.lists(_ROW, min_size=1, max_size=5), scale=st.sampled_from([0.2, 1.0, 4.0]), ties=st.booleans(),
-       setting=st.sampled_from(["1", "2k", "4k", "2t", "3kt"]), seed=st.integers(0, 2**16))
+       setting=st.sampled_from(["1", "2k", "4k", "2t", "3kt", "3p", "4ktp"]), seed=st.integers(0, 2**16))
 def test_any_rows_any_rounds_the_reference(rows, scale, ties, setting, seed):
     """Drawn rows (every mix of temperature, top_p, top_k and min_p, flat or peaked, with or without runs of ties)
     and settings: the reference's tokens, whatever the rejection decides or leaves to the search."""
@@ -231,7 +231,10 @@ def test_the_setting(monkeypatch):
     assert reject_setting("0k") == R() and reject_setting("0t") == R() and reject_setting("0s") == R()
     assert reject_setting("2t") == R(2, test_first=True) and reject_setting("2kt") == R(2, True, True)
     assert reject_setting("3kts") == R(3, True, True, True) and reject_setting("2s") == R(2, separate=True)
-    for bad in ("-1", "x", "9", "k", "3kk", "", "t", "3tk", "3tt", "3st", "3sk", "s", "3l", "3kl"):
+    assert reject_setting("3p") == R(3, pool=True) and reject_setting("3ktps") == R(3, True, True, True, True)
+    assert reject_setting("0p") == R()
+    for bad in ("-1", "x", "9", "k", "3kk", "", "t", "3tk", "3tt", "3st", "3sk", "s", "3l", "3kl", "3pp", "3sp",
+                "3pk", "3pt", "p"):
         with pytest.raises(ValueError, match="BLINK_SAMPLER_REJECT"):
             reject_setting(bad)
     assert reject_plan(1024, "2k") == R(2, True) and reject_plan(0, "2kt") == R()  # the list race
@@ -244,7 +247,8 @@ def test_the_setting(monkeypatch):
     assert _Plan(torch.zeros(16, 1000), race=1024).reject == 0
     monkeypatch.setattr(sampling_grid, "_REJECT_DEFAULT", reject_setting("3kt"))
     plan = _Plan(torch.zeros(2, 1000), race=1024)
-    assert (plan.reject, plan.reject_top_k, plan.reject_test_first, plan.reject_separate) == (3, True, True, False)
+    assert (plan.reject, plan.reject_top_k, plan.reject_test_first, plan.reject_separate,
+            plan.reject_pool_rounds) == (3, True, True, False, False)
     assert _Plan(torch.zeros(2, 1000), race=0).reject == 0
 
 

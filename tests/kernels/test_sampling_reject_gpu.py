@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from blink.kernels.sampling import sample_ref
-from blink.kernels.sampling_plan import DECIDED
+from blink.kernels.sampling_plan import DECIDED, POOL_DONE, POOL_TAIL, REJECT_CELLS
 from tests.kernels.test_sampling_race import on_cuda, sample_with_plan
 from tests.kernels.test_sampling_reject import batch, bounded_rows, marks
 
@@ -33,20 +33,32 @@ def test_gpu_real_vocab(setting):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("setting", ["3", "3t"])
-def test_gpu_rounds_in_one_launch(setting):
-    """The rounds in one launch (sampling_reject_sync) against a launch a round: the same tokens, marks and lists, at
-    32 rows (512 programs, all resident at once) and 48 (768: the later cells start as earlier rows finish)."""
+@pytest.mark.parametrize(("setting", "reference"), [("3", "3s"), ("3t", "3ts"), ("3p", "3s"), ("3tp", "3ts"),
+                                                    ("3ps", "3s"), ("8kp", "8ks")])
+def test_gpu_rounds_in_one_launch(setting, reference):
+    """The rounds in one launch (sampling_reject_sync), or the later ones over the launch's pool of programs
+    (sampling_reject_pool: "p", with "s" in a launch of their own), against the row's own rounds a launch a round:
+    the same tokens, marks and lists, at 32 rows (512 programs, all resident at once) and 48 (768: the later cells
+    start as earlier rows finish, and only the programs that start after the last cell join the pool)."""
     vocab = 128256
+    pool = "p" in setting
     for rows in (32, 48):
         logits, slots, positions, cpu_state = batch(vocab, rows, seed=rows)
+        if setting.startswith("8"):
+            logits[: rows // 2] *= 0.2  # flat rows: many pending after a round, so the pool's rounds run
         state = on_cuda(cpu_state)
         on_gpu = (logits.bfloat16().float().cuda(), slots.cuda(), positions.cuda())
         one, plan = sample_with_plan(*on_gpu, state, 2, 16384, reject=setting)
-        each, each_plan = sample_with_plan(*on_gpu, state, 2, 16384, reject=setting + "s")
-        assert not plan.reject_separate and each_plan.reject_separate
+        each, each_plan = sample_with_plan(*on_gpu, state, 2, 16384, reject=reference)
+        assert plan.reject_pool_rounds == pool and each_plan.reject_separate
         assert one.token_ids.tolist() == each.token_ids.tolist()
         assert marks(plan) == marks(each_plan) and marks(plan).count("decided") >= rows // 4, marks(plan)
         chosen = plan.reject_state[:, 0] == DECIDED.value  # the token word is written for decided rows alone
         assert torch.equal(plan.reject_state[chosen, 1], each_plan.reject_state[chosen, 1])
-        assert plan.counters[0, 6].item() == rows * plan.num_chunks  # every cell handed out once
+        counters = plan.counters[0].tolist()
+        if not setting.endswith("s"):
+            assert counters[REJECT_CELLS.value] == rows * plan.num_chunks  # every cell handed out once
+        if pool:
+            assert counters[POOL_DONE.value] == rows  # every row done once, none lost
+            if setting.startswith("8"):
+                assert counters[POOL_TAIL.value] > 0  # rows went through the pool's rounds

@@ -29,7 +29,7 @@ ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_p
         "chunk_hist_ptr": "*i32",
         "top_keys_ptr": "*i32", "cand_key_ptr": "*i32", "cand_id_ptr": "*i32", "reject_ptr": "*i64",
         "part_weight_ptr": "*i64", "part_count_ptr": "*i32", "launch": "i32", "first_token_ptr": "*i32",
-        "floor_keys_ptr": "*i32"}
+        "floor_keys_ptr": "*i32", "pool_ptr": "*i64", "num_rows": "i32"}
 NB = sampling_bucket.NUM_BUCKETS
 rows = dict(vocab_size=V, NB=NB, P=63, P_PAD=64)
 levels = dict(rows, LOG2_NB=NB.bit_length() - 1)
@@ -67,7 +67,14 @@ for kernel, constants, warps in list(kernels):
         kernels.append((kernel, {**constants, **new}, warps))
         if "ONCE" in names:  # one lever without the other
             kernels += [(kernel, {**constants, "ONCE": True}, warps), (kernel, {**constants, "RACE": 16384}, warps)]
-assert len(kernels) == 20, len(kernels)
+# the rejection's later rounds over the launch's pool (sampling_reject_pool): after the first round in one launch,
+# and in a launch of their own
+pool = dict(vocab_size=V, P=16, P_PAD=16, KEY_BYTES=12, RACE=16384, U=126, UNIT=1024)
+kernels += [(sampling_reject._reject_round_kernel, dict(pool, CHUNK=8192, BLOCK=1024, FIRST=True, TOP_K=False,
+                                                        SLACK=sampling_reject.BOUND_SLACK, TEST_FIRST=False,
+                                                        ROUNDS=1, POOL_ROUNDS=3, IN_ORDER=True), 4),
+            (sampling_reject._reject_pool_kernel, dict(pool, ROUNDS=3, WAIT=True), 4)]
+assert len(kernels) == 22, len(kernels)
 for kernel, constants, warps in kernels:
     names = list(inspect.signature(kernel.fn).parameters)
     # the sampler's seven kernels also build with PDL (BLINK_SAMPLER_PDL): that variant must wait (kernels/pdl.py)
@@ -78,7 +85,7 @@ for kernel, constants, warps in kernels:
         options = {"enable_fp_fusion": False, "num_warps": warps, **({} if pdl is None else {"launch_pdl": pdl})}
         if kernel is sampling_compact._compact_kernel and (given["RACE"] or given["ONCE"]):
             options["maxnreg"] = 64  # as sampling.py launches the compaction's new ways
-        if given.get("ROUNDS", 1) > 1:
+        if given.get("ROUNDS", 1) > 1 or given.get("IN_ORDER"):
             options["maxnreg"] = 128  # as sampling_reject launches the rounds in one launch
         built = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
                                target=GPUTarget("cuda", 90, 32), options=options)

@@ -1,0 +1,162 @@
+"""The rejection's later rounds spread over the whole launch (sampling_reject, BLINK_SAMPLER_REJECT="Rp").
+
+A row's own programs run its first round. A later round is for the few rows still pending (session 42, H100: one to
+six of 32), and when only those rows' 16 programs each stream an 8k-token chunk of it, the round costs 7-16 us while
+the launch's other ~500 programs have finished. Here a row left pending goes into a queue instead, as U units of
+UNIT tokens (1k at V = 128k: 126 units a row), and every program that has finished its first round takes units off
+the queue until no row can come back: a round then costs about one unit's latency.
+  - The queue: the deciding program reserves an entry (POOL_TAIL), writes the row and round there with release
+    semantics; an empty entry reads 0. A program claims units in order (POOL_CLAIM): unit c is unit c % U of entry
+    c // U, and it waits for that entry, or leaves once every row is done (POOL_DONE counts rows no round will
+    take again). A claimed unit whose entry is never written cannot exist: that entry's row would have to be
+    pending, and its last unit is the claimer's.
+  - A unit adds its count and top_p weight into the row's cells with integer atomics (exact, in any order) and its
+    race winner by a 64-bit atomic max of (score's sortable bits, inverted token id): the same winner and the same
+    tie to the lower id as the per-chunk partials' merge (sampling_reject_sync.merge_race). The row's ticket counts
+    on from its first round; the unit that completes a round decides (sampling_reject_decide), clears the cells and
+    queues the row again or counts it done.
+  - Waiting needs every program it waits for to be running: a program joins only after every (row, chunk) cell of
+    the launch has been handed out (so every row's first round is being run), else it leaves. The interpreter runs
+    programs one after another and never waits (WAIT=False): its first program then runs every queued round alone.
+Counters (sampling_plan.COUNTERS): row 0's POOL_* words and each row's POOL_QUEUE words, zeroed by the penalties
+kernel; the cells: reject_pool [S, 3] i64 (race key, weight, count).
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params
+from blink.kernels.sampling_plan import (
+    COUNTERS,
+    POOL_CLAIM,
+    POOL_DONE,
+    POOL_QUEUE,
+    POOL_TAIL,
+    QUEUE_PER_ROW,
+    REJECT_CELLS,
+    REJECT_TICKET,
+    REJECT_WORDS,
+)
+from blink.kernels.sampling_reject_decide import decide
+from blink.kernels.sampling_reject_pass import race_above
+from blink.kernels.sampling_rng import row_hash
+from blink.kernels.sampling_select import canonical
+
+_NONE = tl.constexpr(-9223372036854775807 - 1)  # an empty race cell: below every packed score
+_ROUND_BITS = tl.constexpr(16)  # an entry: row * 16 + round (round >= 2: never 0)
+
+
+@triton.jit
+def _race_key(best, token):
+    """(score, token) packed so that a larger int64 is a better score, or the lower id at an equal score."""
+    score = tl.where(best == 0.0, 0.0, best)  # -0.0 and 0.0 tie in the merge's float compare: one key for both
+    bits = score.to(tl.int32, bitcast=True)
+    sortable = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # negative floats: their order reversed, below the positive ones
+    return (sortable.to(tl.int64) << 32) | (tl.full([], 0xFFFFFFFF, tl.int64) - token.to(tl.int64))
+
+
+@triton.jit
+def _key_token(key, vocab_size: tl.constexpr):
+    low = tl.full([], 0xFFFFFFFF, tl.int64)
+    return tl.where(key == _NONE, vocab_size, (low - (key & low)).to(tl.int32))
+
+
+@triton.jit
+def _global(counter_ptr, word):
+    return counter_ptr + word  # row 0's word
+
+
+@triton.jit
+def _queue_word(counter_ptr, entry):
+    return counter_ptr + (entry // QUEUE_PER_ROW) * COUNTERS + POOL_QUEUE + entry % QUEUE_PER_ROW
+
+
+@triton.jit
+def hand_on(counter_ptr, pool_ptr, row, next_round, pending, ROUNDS: tl.constexpr):
+    """After a row's round (its deciding program, past the state's stores): queue it for round next_round when it
+    is pending and rounds are left, with its cells cleared; else count it done."""
+    if pending & (next_round <= ROUNDS):
+        cells = pool_ptr + row * 3
+        tl.store(cells, tl.full([], _NONE, tl.int64))
+        tl.store(cells + 1, tl.zeros([], tl.int64))
+        tl.store(cells + 2, tl.zeros([], tl.int64))
+        entry = tl.atomic_add(_global(counter_ptr, POOL_TAIL), 1, sem="relaxed", scope="gpu")
+        tl.debug_barrier()  # every thread's stores come before the release below
+        tl.atomic_xchg(_queue_word(counter_ptr, entry), row * _ROUND_BITS + next_round, sem="release", scope="gpu")
+    else:
+        tl.debug_barrier()
+        tl.atomic_add(_global(counter_ptr, POOL_DONE), 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def may_join(counter_ptr, num_rows, P: tl.constexpr):
+    """Whether every cell of the one-launch grid has been handed out (sampling_reject_sync.program_cell)."""
+    return tl.atomic_add(_global(counter_ptr, REJECT_CELLS), 0, sem="relaxed", scope="gpu") >= num_rows * P
+
+
+@triton.jit
+def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+          seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, row, round, unit,
+          vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr,
+          RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, ROUNDS: tl.constexpr):
+    """One unit of a row's round `round`; the unit that completes the round decides it."""
+    state = reject_ptr + row * REJECT_WORDS
+    candidate = tl.load(state + 1, cache_modifier=".cg").to(tl.int32)
+    _, processed, temperature, top_k, top_p, min_p = row_params(
+        row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, False)
+    top, _ = _row_top(key_max_ptr, row, P, P_PAD)
+    src, inv_temperature, s_max, cutoff = _row_scale(logits_ptr, processed_ptr, row, processed, temperature, min_p,
+                                                     top, vocab_size)
+    hash_of_row = row_hash(tl.load(seed_ptr + tl.maximum(tl.load(slots_ptr + row), 0)), tl.load(positions_ptr + row))
+    value = canonical(tl.load(src + candidate))
+    best, token, count, weight, _, _ = race_above(src, unit, value, inv_temperature, s_max, cutoff, hash_of_row,
+                                                  top_p < 1.0, False, False, vocab_size, KEY_BYTES, UNIT, UNIT, True)
+    cells = pool_ptr + row * 3
+    if best > float("-inf"):
+        tl.atomic_max(cells, _race_key(best, token), sem="relaxed", scope="gpu")
+    if weight > 0:
+        tl.atomic_add(cells + 1, weight, sem="relaxed", scope="gpu")
+    if count > 0:
+        tl.atomic_add(cells + 2, count.to(tl.int64), sem="relaxed", scope="gpu")
+    tl.debug_barrier()
+    ticket = tl.atomic_add(counter_ptr + row * COUNTERS + REJECT_TICKET, 1, sem="acq_rel", scope="gpu")
+    if ticket == P + (round - 1) * U - 1:  # the first round took P tickets, each later one U
+        key = tl.atomic_add(cells, 0, sem="relaxed", scope="gpu")
+        weight_above = tl.atomic_add(cells + 1, 0, sem="relaxed", scope="gpu").to(tl.float64)
+        above = tl.atomic_add(cells + 2, 0, sem="relaxed", scope="gpu").to(tl.int32)
+        total_lo = tl.load(state + 2, cache_modifier=".cg")
+        total_hi = tl.load(state + 3, cache_modifier=".cg")
+        pending = decide(state, race_ids_ptr, row, src, candidate, value, inv_temperature, s_max, cutoff, top_k,
+                         top_p, above, weight_above, weight_above, total_lo, total_hi,
+                         _key_token(key, vocab_size), vocab_size, RACE)
+        hand_on(counter_ptr, pool_ptr, row, round + 1, pending, ROUNDS)
+
+
+@triton.jit
+def pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+                seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, num_rows,
+                vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr,
+                RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, ROUNDS: tl.constexpr, WAIT: tl.constexpr):
+    """Take queued units until none is left (WAIT: until every row is done)."""
+    entries = num_rows * (ROUNDS - 1)  # a row is queued at most once a later round
+    going = True
+    while going:
+        claim = tl.atomic_add(_global(counter_ptr, POOL_CLAIM), 1, sem="relaxed", scope="gpu")
+        entry_index = claim // U
+        entry = tl.zeros([], tl.int32)
+        if entry_index < entries:
+            word = _queue_word(counter_ptr, entry_index)
+            entry = tl.atomic_add(word, 0, sem="acquire", scope="gpu")
+            if WAIT:
+                done = tl.atomic_add(_global(counter_ptr, POOL_DONE), 0, sem="acquire", scope="gpu")
+                while (entry == 0) & (done < num_rows):
+                    entry = tl.atomic_add(word, 0, sem="acquire", scope="gpu")
+                    done = tl.atomic_add(_global(counter_ptr, POOL_DONE), 0, sem="acquire", scope="gpu")
+        if entry == 0:
+            going = False
+        else:
+            _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
+                  seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr,
+                  entry // _ROUND_BITS, entry % _ROUND_BITS, claim % U, vocab_size, P, P_PAD, KEY_BYTES, RACE, U,
+                  UNIT, ROUNDS)
