@@ -2,7 +2,9 @@
 beside the rows one round and the setting's rounds leave to the search (a draw's time follows the later rounds it
 needs). On a GPU:
 
-    python tools/sampler_draws.py --rows 32 --scenario top_p --reject 3,3p --draws 16
+    python tools/sampler_draws.py --rows 32 --scenario top_p --reject 3,3p,3p@1024 --draws 16
+
+A setting "R...@N" also sets the pool rounds' unit to N tokens (sampling_grid.POOL_UNIT).
 """
 import argparse
 import statistics
@@ -11,11 +13,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.kernels import sampler as bench  # noqa: E402
-from blink.kernels import sampling  # noqa: E402
+from blink.kernels import sampling, sampling_grid  # noqa: E402
 from blink.kernels.sampling_grid import RACE_CAPACITY  # noqa: E402
 
 # the engine's column: 128 buckets, its programs, the list race, one compaction read, the lane floor
 COLUMN = dict(num_buckets=128, programs=None, race=RACE_CAPACITY, once=True, floor=True)
+POOL_UNIT = sampling_grid.POOL_UNIT
 
 
 def main() -> None:
@@ -36,11 +39,14 @@ def main() -> None:
         pos = pos.cuda()
         cells = []
         for r in settings:
-            us = bench.time_graph(lambda pos=pos, r=r: sampling.sample_triton(
+            reject, _, unit = r.partition("@")
+            sampling_grid.POOL_UNIT = int(unit or POOL_UNIT)
+            us = bench.time_graph(lambda pos=pos, reject=reject: sampling.sample_triton(
                 logits, slots, pos, state, bench.MAX_TOP_LOGPROBS, COLUMN["num_buckets"], COLUMN["programs"],
-                race=COLUMN["race"], compact_once=COLUMN["once"], reject=r, topk_floor=COLUMN["floor"]))
+                race=COLUMN["race"], compact_once=COLUMN["once"], reject=reject, topk_floor=COLUMN["floor"]))
             times[r].append(us)
-            cells.append(f"{r}: {us:7.1f} us, {bench.undecided(logits, slots, pos, state, reject=r, **COLUMN):>2} left")
+            left = bench.undecided(logits, slots, pos, state, reject=reject, **COLUMN)
+            cells.append(f"{r}: {us:7.1f} us, {left:>2} left")
         one = bench.undecided(logits, slots, pos, state, reject="1", **COLUMN)
         print(f"draw {k:>2}  pending after 1 round {one:>2}  |  " + "  |  ".join(cells), flush=True)
     print("mean  " + "  |  ".join(f"{r}: {statistics.mean(t):7.1f} us" for r, t in times.items()), flush=True)

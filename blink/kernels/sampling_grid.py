@@ -131,6 +131,10 @@ def reject_plan(race: int, value: int | str | None = None, rows: int = 1) -> Rej
     return setting if race > 0 else RejectSetting()
 
 
+# Tokens a unit of the rejection's pool rounds (sampling_reject_pool): 63 units a row at V = 128k, so the later
+# round of up to 8 pending rows takes one unit a program of a 32-row launch's 512. Not timed yet (session 43).
+POOL_UNIT = 2048
+
 CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
 SHORT_SORT = 256  # fewer candidates than this (the usual case) take a short sort
 
@@ -192,9 +196,9 @@ class _Plan:
         self.race_count = torch.empty(num_rows, dtype=torch.int32, device=device)  # the resolve's marks
         (self.reject, self.reject_top_k, self.reject_test_first, self.reject_separate,
          self.reject_pool_rounds) = reject_plan(self.race, reject, num_rows)
-        # the pool's units (a few per chunk: 1k tokens at V = 128k) and its cells per row: the race key, the weight
-        # and the count above the candidate
-        self.pool_unit = max(16, min(1024, self.chunk // 4))
+        # the pool's units (POOL_UNIT tokens, a quarter chunk in small plans) and its cells per row: the race key,
+        # the weight and the count above the candidate
+        self.pool_unit = max(16, min(POOL_UNIT, self.chunk // 4))
         self.reject_pool = torch.empty(num_rows, 3, dtype=torch.int64, device=device)
         self.reject_state = torch.empty(num_rows, REJECT_WORDS.value, dtype=torch.int64, device=device)
         # per chunk: the penalties kernel's first race and float mass, then a round's race, count and weights

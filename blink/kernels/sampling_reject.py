@@ -191,7 +191,8 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
                          RACE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr,
                          TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr = False,
                          ROUNDS: tl.constexpr = 1, POOL_ROUNDS: tl.constexpr = 0, IN_ORDER: tl.constexpr = False,
-                         U: tl.constexpr = 1, UNIT: tl.constexpr = 16, USE_PDL: tl.constexpr = False):
+                         U: tl.constexpr = 1, UNIT: tl.constexpr = 16, UNIT_BLOCK: tl.constexpr = 16,
+                         USE_PDL: tl.constexpr = False):
     """Rounds launch .. launch + ROUNDS - 1 (ROUNDS > 1: the rounds in one launch over a one-dimensional grid,
     sampling_reject_sync; FIRST: launch is 1). POOL_ROUNDS > 0: the first round, then (IN_ORDER: in one launch)
     the pool's rounds up to POOL_ROUNDS (sampling_reject_pool)."""
@@ -212,7 +213,8 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
         if may_join(counter_ptr, num_rows, P):
             pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                         min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr,
-                        pool_ptr, num_rows, vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT, POOL_ROUNDS, True)
+                        pool_ptr, num_rows, vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT, UNIT_BLOCK, POOL_ROUNDS,
+                        True)
 
 
 @triton.jit
@@ -220,12 +222,13 @@ def _reject_pool_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, tempera
                         min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr,
                         pool_ptr, num_rows, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
                         KEY_BYTES: tl.constexpr, RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr,
-                        ROUNDS: tl.constexpr, WAIT: tl.constexpr, USE_PDL: tl.constexpr = False):
+                        UNIT_BLOCK: tl.constexpr, ROUNDS: tl.constexpr, WAIT: tl.constexpr,
+                        USE_PDL: tl.constexpr = False):
     """The pool's rounds in a launch of their own, after a launch of the first round."""
     pdl_wait(USE_PDL)
     pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
                 seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, num_rows,
-                vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT, ROUNDS, WAIT)
+                vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT, UNIT_BLOCK, ROUNDS, WAIT)
 
 
 def reject(logits, processed, slots, positions, state, plan) -> None:
@@ -244,7 +247,8 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
                  TEST_FIRST=plan.reject_test_first)
     one_launch = plan.reject > 1 and not plan.reject_separate and logits.is_cuda and not _INTERPRETED
     if plan.reject_pool_rounds:
-        units = dict(U=triton.cdiv(vocab_size, plan.pool_unit), UNIT=plan.pool_unit)
+        units = dict(U=triton.cdiv(vocab_size, plan.pool_unit), UNIT=plan.pool_unit,
+                     UNIT_BLOCK=min(plan.pool_unit, plan.block))
         rounds = dict(POOL_ROUNDS=plan.reject, **units)
         if one_launch:  # the first round in order (program_cell), then the pool in the same launch
             _reject_round_kernel[(num_rows * plan.num_chunks,)](*args, 1, vocab_size, FIRST=True, IN_ORDER=True,

@@ -3,8 +3,8 @@
 A row's own programs run its first round. A later round is for the few rows still pending (session 42, H100: one to
 six of 32), and when only those rows' 16 programs each stream an 8k-token chunk of it, the round costs 7-16 us while
 the launch's other ~500 programs have finished. Here a row left pending goes into a queue instead, as U units of
-UNIT tokens (1k at V = 128k: 126 units a row), and every program that has finished its first round takes units off
-the queue until no row can come back: a round then costs about one unit's latency.
+UNIT tokens (sampling_grid.POOL_UNIT: 2k at V = 128k, 63 units a row), and every program that has finished its
+first round takes units off the queue until no row can come back: a round then costs about one unit's latency.
   - The queue: the deciding program reserves an entry (POOL_TAIL), writes the row and round there with release
     semantics; an empty entry reads 0. A program claims units in order (POOL_CLAIM): unit c is unit c % U of entry
     c // U, and it waits for that entry, or leaves once every row is done (POOL_DONE counts rows no round will
@@ -99,7 +99,7 @@ def may_join(counter_ptr, num_rows, P: tl.constexpr):
 def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
           seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, row, round, unit,
           vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr,
-          RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, ROUNDS: tl.constexpr):
+          RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr, ROUNDS: tl.constexpr):
     """One unit of a row's round `round`; the unit that completes the round decides it."""
     state = reject_ptr + row * REJECT_WORDS
     candidate = tl.load(state + 1, cache_modifier=".cg").to(tl.int32)
@@ -111,7 +111,8 @@ def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_
     hash_of_row = row_hash(tl.load(seed_ptr + tl.maximum(tl.load(slots_ptr + row), 0)), tl.load(positions_ptr + row))
     value = canonical(tl.load(src + candidate))
     best, token, count, weight, _, _ = race_above(src, unit, value, inv_temperature, s_max, cutoff, hash_of_row,
-                                                  top_p < 1.0, False, False, vocab_size, KEY_BYTES, UNIT, UNIT, True)
+                                                  top_p < 1.0, False, False, vocab_size, KEY_BYTES, UNIT, UNIT_BLOCK,
+                                                  True)
     cells = pool_ptr + row * 3
     if best > float("-inf"):
         tl.atomic_max(cells, _race_key(best, token), sem="relaxed", scope="gpu")
@@ -137,7 +138,8 @@ def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_
 def pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
                 seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, num_rows,
                 vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr,
-                RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, ROUNDS: tl.constexpr, WAIT: tl.constexpr):
+                RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr,
+                ROUNDS: tl.constexpr, WAIT: tl.constexpr):
     """Take queued units until none is left (WAIT: until every row is done)."""
     entries = num_rows * (ROUNDS - 1)  # a row is queued at most once a later round
     going = True
@@ -148,15 +150,18 @@ def pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr
         if entry_index < entries:
             word = _queue_word(counter_ptr, entry_index)
             entry = tl.atomic_add(word, 0, sem="acquire", scope="gpu")
-            if WAIT:
-                done = tl.atomic_add(_global(counter_ptr, POOL_DONE), 0, sem="acquire", scope="gpu")
+            if WAIT:  # poll with plain loads (an atomic a poll from ~500 programs would crowd the units' atomics),
+                # then acquire what was seen
+                done = tl.load(_global(counter_ptr, POOL_DONE), volatile=True)
                 while (entry == 0) & (done < num_rows):
+                    entry = tl.load(word, volatile=True)
+                    done = tl.load(_global(counter_ptr, POOL_DONE), volatile=True)
+                if entry != 0:
                     entry = tl.atomic_add(word, 0, sem="acquire", scope="gpu")
-                    done = tl.atomic_add(_global(counter_ptr, POOL_DONE), 0, sem="acquire", scope="gpu")
         if entry == 0:
             going = False
         else:
             _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
                   seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr,
                   entry // _ROUND_BITS, entry % _ROUND_BITS, claim % U, vocab_size, P, P_PAD, KEY_BYTES, RACE, U,
-                  UNIT, ROUNDS)
+                  UNIT, UNIT_BLOCK, ROUNDS)
