@@ -142,8 +142,8 @@ def pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr
                 ROUNDS: tl.constexpr, WAIT: tl.constexpr):
     """Take queued units until none is left (WAIT: until every row is done)."""
     entries = num_rows * (ROUNDS - 1)  # a row is queued at most once a later round
-    going = True
-    while going:
+    more = tl.full([], 1, tl.int32)  # a tensor from the start: the loop carries it
+    while more != 0:
         claim = tl.atomic_add(_global(counter_ptr, POOL_CLAIM), 1, sem="relaxed", scope="gpu")
         entry_index = claim // U
         entry = tl.zeros([], tl.int32)
@@ -158,9 +158,8 @@ def pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr
                     done = tl.load(_global(counter_ptr, POOL_DONE), volatile=True)
                 if entry != 0:
                     entry = tl.atomic_add(word, 0, sem="acquire", scope="gpu")
-        if entry == 0:
-            going = False
-        else:
+        more = (entry != 0).to(tl.int32)
+        if entry != 0:
             _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
                   seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr,
                   entry // _ROUND_BITS, entry % _ROUND_BITS, claim % U, vocab_size, P, P_PAD, KEY_BYTES, RACE, U,

@@ -77,6 +77,8 @@ kernels += [(sampling_reject._reject_round_kernel, dict(pool, CHUNK=8192, BLOCK=
 assert len(kernels) == 22, len(kernels)
 for kernel, constants, warps in kernels:
     names = list(inspect.signature(kernel.fn).parameters)
+    # a constexpr left out takes its default (else it would compile as a runtime pointer)
+    constants = {**{p.name: p.default for p in kernel.params if p.is_constexpr and p.has_default}, **constants}
     # the sampler's seven kernels also build with PDL (BLINK_SAMPLER_PDL): that variant must wait (kernels/pdl.py)
     for pdl in (False, True) if "USE_PDL" in names else (None,):
         given = constants if pdl is None else {**constants, "USE_PDL": pdl}
