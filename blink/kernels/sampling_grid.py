@@ -11,8 +11,9 @@ import triton
 
 from blink.kernels.pdl import sampler_pdl_for
 from blink.kernels.sampling_bucket import NUM_BUCKETS
-from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, REJECT_WORDS, log2_buckets
+from blink.kernels.sampling_plan import COUNTERS, PLAN_WORDS, POOL_QUEUE, QUEUE_PER_ROW, REJECT_WORDS, log2_buckets
 from blink.kernels.sampling_race import race_block
+from blink.kernels.sampling_reject_pool import CELL_WORDS
 from blink.kernels.sampling_topk import TOP_LANES, TOP_WIDTH
 
 
@@ -199,7 +200,9 @@ class _Plan:
         # the pool's units (POOL_UNIT tokens, a quarter chunk in small plans) and its cells per row: the race key,
         # the weight and the count above the candidate
         self.pool_unit = max(16, min(POOL_UNIT, self.chunk // 4))
-        self.reject_pool = torch.empty(num_rows, 3, dtype=torch.int64, device=device)
+        self.reject_pool = torch.empty(num_rows, CELL_WORDS.value, dtype=torch.int64, device=device)
+        self.pool_words = torch.empty(POOL_QUEUE.value + QUEUE_PER_ROW.value * num_rows, dtype=torch.int32,
+                                      device=device)
         self.reject_state = torch.empty(num_rows, REJECT_WORDS.value, dtype=torch.int64, device=device)
         # per chunk: the penalties kernel's first race and float mass, then a round's race, count and weights
         # (above, total)

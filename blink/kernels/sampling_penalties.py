@@ -12,7 +12,7 @@ from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import is_filtered
 from blink.kernels.sampling_floor import floor_row, store_floor_lanes
 from blink.kernels.sampling_grammar import _FLAG_GRAMMAR, grammar_allowed
-from blink.kernels.sampling_plan import COUNTERS
+from blink.kernels.sampling_plan import COUNTERS, POOL_QUEUE, QUEUE_PER_ROW
 from blink.kernels.sampling_race import lse_step, store_lse
 from blink.kernels.sampling_reject import first_race, taken
 from blink.kernels.sampling_rng import KEY_BYTES
@@ -37,7 +37,7 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                       row_base_ptr, cells_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, key_max_ptr, hist_ptr,
                       sums_ptr, counter_ptr, num_logprobs_ptr, top_keys_ptr, part_smallest_ptr, part_max_ptr,
                       part_sum_ptr, part_largest_ptr, seed_ptr, positions_ptr, first_best_ptr, first_token_ptr,
-                      first_mass_ptr, floor_keys_ptr, vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr,
+                      first_mass_ptr, floor_keys_ptr, pool_words_ptr, vocab_size: tl.constexpr, NUM_BIAS: tl.constexpr,
                       BIAS_BLOCK: tl.constexpr,
                       PENALIZE: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, ZERO: tl.constexpr, K: tl.constexpr,
                       CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr = 0, REJECT: tl.constexpr = False,
@@ -103,6 +103,11 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
     if tl.program_id(1) == 0:
         tl.store(sums_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int64))
         tl.store(counter_ptr + row * COUNTERS + tl.arange(0, COUNTERS), tl.zeros([COUNTERS], tl.int32))
+        if REJECT:  # the rejection's pool words (sampling_reject_pool): row 0 its global ones, each row its queue's
+            w = tl.arange(0, 128)
+            tl.store(pool_words_ptr + w, tl.zeros([128], tl.int32), mask=(w < POOL_QUEUE) & (row == 0))
+            q = tl.arange(0, QUEUE_PER_ROW)
+            tl.store(pool_words_ptr + POOL_QUEUE + row * QUEUE_PER_ROW + q, tl.zeros([QUEUE_PER_ROW], tl.int32))
     # Rows with a filter: this chunk's largest processed logit (the buckets are relative to the row's).
     temperature = tl.load(temperature_ptr + safe_slot)
     top_k = tl.load(top_k_ptr + safe_slot)
@@ -170,7 +175,7 @@ def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: 
         state.temperature, state.top_k, state.top_p, state.min_p, plan.row_max, plan.hist, plan.sums, plan.counters,
         state.num_logprobs, plan.top_keys, plan.part_i32[1], plan.part_f32[0], plan.part_f32[1], plan.part_i32[2],
         state.seed, slots if positions is None else positions, plan.reject_first_best, plan.reject_first_token,
-        plan.reject_first_mass, plan.floor_keys, vocab_size, NUM_BIAS=num_bias,
+        plan.reject_first_mass, plan.floor_keys, plan.pool_words, vocab_size, NUM_BIAS=num_bias,
         BIAS_BLOCK=triton.next_power_of_2(num_bias), PENALIZE=int(penalize), NB=2 * plan.num_buckets,
         P=plan.num_chunks,
         ZERO=triton.next_power_of_2(triton.cdiv(2 * plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,

@@ -133,14 +133,15 @@ def plan_fine(hist_row, j_lo, j_hi, r, num_above, mass_above, total, num_kept, t
 PLAN_WORDS = tl.constexpr(16)
 # int32 words per row of the selection's `counters`: candidates taken, top-K candidates taken, the refine
 # kernel's ticket, the race list's ids taken (sampling_race.LIST_COUNTER), the rejection's ticket
-# (REJECT_TICKET) and its rounds released (REJECT_RELEASED); in row 0 only the rejection's cells handed out
-# (REJECT_CELLS; sampling_reject_sync) and its pool's claims, entries and rows done (POOL_*; sampling_reject_pool);
-# from POOL_QUEUE on QUEUE_PER_ROW of the pool's queue entries (the queue's entry e: row e // QUEUE_PER_ROW's).
-# The penalties kernel zeroes them all.
-COUNTERS = tl.constexpr(32)
+# (REJECT_TICKET) and its rounds released (REJECT_RELEASED), in row 0 only the rejection's cells handed out
+# (REJECT_CELLS; sampling_reject_sync), one spare; the penalties kernel zeroes them
+COUNTERS = tl.constexpr(8)
 REJECT_TICKET, REJECT_RELEASED, REJECT_CELLS = tl.constexpr(4), tl.constexpr(5), tl.constexpr(6)
-POOL_CLAIM, POOL_TAIL, POOL_DONE = tl.constexpr(7), tl.constexpr(8), tl.constexpr(9)
-POOL_QUEUE, QUEUE_PER_ROW = tl.constexpr(16), tl.constexpr(8)  # a row is queued at most once a round after the first
+# int32 words of the rejection's pool rounds (sampling_reject_pool, plan.pool_words): its claims, entries reserved and
+# rows done, each on a 128-byte line of its own (hundreds of programs poll them), then QUEUE_PER_ROW queue entries a
+# row from POOL_QUEUE on; the penalties kernel zeroes them
+POOL_CLAIM, POOL_TAIL, POOL_DONE, POOL_QUEUE = tl.constexpr(0), tl.constexpr(32), tl.constexpr(64), tl.constexpr(96)
+QUEUE_PER_ROW = tl.constexpr(8)  # a row is queued at most once a round after the first
 # int64 words per row of the rejection's state (sampling_reject): its status, the candidate token, and bounds
 # lo <= hi on the row's top_p weight total (equal when the first round weighed it). PENDING rows still test a
 # candidate, DECIDED rows chose it (the search skips them), SEARCH

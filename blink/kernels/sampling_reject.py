@@ -88,8 +88,8 @@ def first_race(src, chunk, chunk_key_max, temperature, top_p, min_p, seed, posit
 def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
            seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr, first_token_ptr, first_mass_ptr,
            part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr,
-           pool_ptr, row, chunk, launch, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
-           KEY_BYTES: tl.constexpr, RACE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+           pool_ptr, words_ptr, row, chunk, launch, vocab_size: tl.constexpr, P: tl.constexpr,
+           P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
            FIRST: tl.constexpr, TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr,
            POOL_ROUNDS: tl.constexpr):
     """Round `launch` (1, 2, ...; FIRST: it takes the rows and the penalties kernel's candidate) for one program of
@@ -108,7 +108,7 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
         if ~pending & (chunk == 0):
             tl.store(state, tl.full([], SEARCH, tl.int64))
             if POOL_ROUNDS > 0:
-                hand_on(counter_ptr, pool_ptr, row, 2, False, POOL_ROUNDS)
+                hand_on(words_ptr, pool_ptr, row, 2, False, POOL_ROUNDS)
     else:
         pending = tl.load(state, cache_modifier=".cg") == PENDING
         candidate = tl.load(state + 1, cache_modifier=".cg").to(tl.int32)
@@ -176,7 +176,7 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
                 still = decide(state, race_ids_ptr, row, src, candidate, value, inv_temperature, s_max, cutoff, top_k,
                                top_p, above, mass_lo, mass_hi, total_lo, total_hi, following, vocab_size, RACE)
             if POOL_ROUNDS > 0:  # the pool's rounds follow: queue the row, or count it done
-                hand_on(counter_ptr, pool_ptr, row, 2, still, POOL_ROUNDS)
+                hand_on(words_ptr, pool_ptr, row, 2, still, POOL_ROUNDS)
             else:
                 release_round(counter_ptr, row)
     return pending
@@ -186,7 +186,8 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
 def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                          min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr,
                          first_token_ptr, first_mass_ptr, part_best_ptr, part_token_ptr, part_weight_ptr,
-                         part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr, pool_ptr, num_rows, launch,
+                         part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr, num_rows,
+                         launch,
                          vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr,
                          RACE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr, FIRST: tl.constexpr,
                          TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr = False,
@@ -201,7 +202,7 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
     args = (logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
             seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr, first_token_ptr, first_mass_ptr,
             part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr,
-            race_ids_ptr, pool_ptr, row, chunk)
+            race_ids_ptr, pool_ptr, words_ptr, row, chunk)
     active = _round(*args, launch, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, FIRST, TOP_K, SLACK,
                     TEST_FIRST, POOL_ROUNDS)
     for n in range(launch + 1, launch + ROUNDS):  # a row every round took part in waits for the last one's word
@@ -213,22 +214,22 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
         if may_join(counter_ptr, num_rows, P):
             pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                         min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr,
-                        pool_ptr, num_rows, vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT, UNIT_BLOCK, POOL_ROUNDS,
-                        True)
+                        pool_ptr, words_ptr, num_rows, vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT, UNIT_BLOCK,
+                        POOL_ROUNDS, True)
 
 
 @triton.jit
 def _reject_pool_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                         min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr,
-                        pool_ptr, num_rows, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr,
-                        KEY_BYTES: tl.constexpr, RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr,
-                        UNIT_BLOCK: tl.constexpr, ROUNDS: tl.constexpr, WAIT: tl.constexpr,
+                        pool_ptr, words_ptr, num_rows, vocab_size: tl.constexpr, P: tl.constexpr,
+                        P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr, U: tl.constexpr,
+                        UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr, ROUNDS: tl.constexpr, WAIT: tl.constexpr,
                         USE_PDL: tl.constexpr = False):
     """The pool's rounds in a launch of their own, after a launch of the first round."""
     pdl_wait(USE_PDL)
     pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-                seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, num_rows,
-                vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT, UNIT_BLOCK, ROUNDS, WAIT)
+                seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr,
+                num_rows, vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT, UNIT_BLOCK, ROUNDS, WAIT)
 
 
 def reject(logits, processed, slots, positions, state, plan) -> None:
@@ -240,7 +241,7 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
               state.seed, positions, plan.row_max, plan.counters)
     args = (*inputs, plan.reject_first_best, plan.reject_first_token, plan.reject_first_mass, plan.reject_best,
             plan.reject_token, plan.reject_weight[0], plan.reject_weight[1], plan.reject_count, plan.reject_state,
-            plan.race_ids, plan.reject_pool, num_rows)
+            plan.race_ids, plan.reject_pool, plan.pool_words, num_rows)
     sizes = dict(P=plan.num_chunks, P_PAD=plan.chunks_pad, KEY_BYTES=KEY_BYTES, RACE=plan.race, num_warps=4,
                  **plan.pdl, **_NO_FUSION)
     first = dict(sizes, CHUNK=plan.chunk, BLOCK=plan.block, TOP_K=plan.reject_top_k, SLACK=BOUND_SLACK,
@@ -257,7 +258,8 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
         _reject_round_kernel[plan.grid](*args, 1, vocab_size, FIRST=True, **rounds, **first)
         if plan.reject > 1:  # the interpreter's programs run one after another: two of them, and no waits
             programs = 2 if _INTERPRETED or not logits.is_cuda else num_rows * plan.num_chunks
-            _reject_pool_kernel[(programs,)](*inputs, plan.reject_state, plan.race_ids, plan.reject_pool, num_rows,
+            _reject_pool_kernel[(programs,)](*inputs, plan.reject_state, plan.race_ids, plan.reject_pool,
+                                             plan.pool_words, num_rows,
                                              vocab_size, ROUNDS=plan.reject, WAIT=not _INTERPRETED and logits.is_cuda,
                                              **units, **sizes)
         return

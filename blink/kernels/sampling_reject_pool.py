@@ -18,8 +18,8 @@ first round takes units off the queue until no row can come back: a round then c
   - Waiting needs every program it waits for to be running: a program joins only after every (row, chunk) cell of
     the launch has been handed out (so every row's first round is being run), else it leaves. The interpreter runs
     programs one after another and never waits (WAIT=False): its first program then runs every queued round alone.
-Counters (sampling_plan.COUNTERS): row 0's POOL_* words and each row's POOL_QUEUE words, zeroed by the penalties
-kernel; the cells: reject_pool [S, 3] i64 (race key, weight, count).
+Words: plan.pool_words (sampling_plan.POOL_*), zeroed by the penalties kernel; the cells: reject_pool
+[S, CELL_WORDS] i64 (race key, weight, count).
 """
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ from blink.kernels.sampling_plan import (
     POOL_DONE,
     POOL_QUEUE,
     POOL_TAIL,
-    QUEUE_PER_ROW,
     REJECT_CELLS,
     REJECT_TICKET,
     REJECT_WORDS,
@@ -62,42 +61,43 @@ def _key_token(key, vocab_size: tl.constexpr):
     return tl.where(key == _NONE, vocab_size, (low - (key & low)).to(tl.int32))
 
 
-@triton.jit
-def _global(counter_ptr, word):
-    return counter_ptr + word  # row 0's word
+CELL_WORDS = tl.constexpr(16)  # int64 cells a row (3 used): a 128-byte line each, so rows' atomics do not share one
 
 
 @triton.jit
-def _queue_word(counter_ptr, entry):
-    return counter_ptr + (entry // QUEUE_PER_ROW) * COUNTERS + POOL_QUEUE + entry % QUEUE_PER_ROW
+def _pause(x):
+    """x, after a nanosleep: hundreds of programs polling without one would crowd the L2 and the SMs' issue slots."""
+    return tl.inline_asm_elementwise("{ nanosleep.u32 128; mov.u32 $0, $1; }", "=r,r", [x], dtype=tl.int32,
+                                     is_pure=False, pack=1)
 
 
 @triton.jit
-def hand_on(counter_ptr, pool_ptr, row, next_round, pending, ROUNDS: tl.constexpr):
+def hand_on(words_ptr, pool_ptr, row, next_round, pending, ROUNDS: tl.constexpr):
     """After a row's round (its deciding program, past the state's stores): queue it for round next_round when it
     is pending and rounds are left, with its cells cleared; else count it done."""
     if pending & (next_round <= ROUNDS):
-        cells = pool_ptr + row * 3
+        cells = pool_ptr + row * CELL_WORDS
         tl.store(cells, tl.full([], _NONE, tl.int64))
         tl.store(cells + 1, tl.zeros([], tl.int64))
         tl.store(cells + 2, tl.zeros([], tl.int64))
-        entry = tl.atomic_add(_global(counter_ptr, POOL_TAIL), 1, sem="relaxed", scope="gpu")
+        entry = tl.atomic_add(words_ptr + POOL_TAIL, 1, sem="relaxed", scope="gpu")
         tl.debug_barrier()  # every thread's stores come before the release below
-        tl.atomic_xchg(_queue_word(counter_ptr, entry), row * _ROUND_BITS + next_round, sem="release", scope="gpu")
+        tl.atomic_xchg(words_ptr + POOL_QUEUE + entry, row * _ROUND_BITS + next_round, sem="release", scope="gpu")
     else:
         tl.debug_barrier()
-        tl.atomic_add(_global(counter_ptr, POOL_DONE), 1, sem="release", scope="gpu")
+        tl.atomic_add(words_ptr + POOL_DONE, 1, sem="release", scope="gpu")
 
 
 @triton.jit
 def may_join(counter_ptr, num_rows, P: tl.constexpr):
     """Whether every cell of the one-launch grid has been handed out (sampling_reject_sync.program_cell)."""
-    return tl.atomic_add(_global(counter_ptr, REJECT_CELLS), 0, sem="relaxed", scope="gpu") >= num_rows * P
+    return tl.atomic_add(counter_ptr + REJECT_CELLS, 0, sem="relaxed", scope="gpu") >= num_rows * P
 
 
 @triton.jit
 def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-          seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, row, round, unit,
+          seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr, row, round,
+          unit,
           vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr,
           RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr, ROUNDS: tl.constexpr):
     """One unit of a row's round `round`; the unit that completes the round decides it."""
@@ -113,7 +113,7 @@ def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_
     best, token, count, weight, _, _ = race_above(src, unit, value, inv_temperature, s_max, cutoff, hash_of_row,
                                                   top_p < 1.0, False, False, vocab_size, KEY_BYTES, UNIT, UNIT_BLOCK,
                                                   True)
-    cells = pool_ptr + row * 3
+    cells = pool_ptr + row * CELL_WORDS
     if best > float("-inf"):
         tl.atomic_max(cells, _race_key(best, token), sem="relaxed", scope="gpu")
     if weight > 0:
@@ -131,36 +131,35 @@ def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_
         pending = decide(state, race_ids_ptr, row, src, candidate, value, inv_temperature, s_max, cutoff, top_k,
                          top_p, above, weight_above, weight_above, total_lo, total_hi,
                          _key_token(key, vocab_size), vocab_size, RACE)
-        hand_on(counter_ptr, pool_ptr, row, round + 1, pending, ROUNDS)
+        hand_on(words_ptr, pool_ptr, row, round + 1, pending, ROUNDS)
 
 
 @triton.jit
 def pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-                seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, num_rows,
-                vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr,
+                seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr,
+                num_rows, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr,
                 RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr,
                 ROUNDS: tl.constexpr, WAIT: tl.constexpr):
     """Take queued units until none is left (WAIT: until every row is done)."""
     entries = num_rows * (ROUNDS - 1)  # a row is queued at most once a later round
     more = tl.full([], 1, tl.int32)  # a tensor from the start: the loop carries it
     while more != 0:
-        claim = tl.atomic_add(_global(counter_ptr, POOL_CLAIM), 1, sem="relaxed", scope="gpu")
+        claim = tl.atomic_add(words_ptr + POOL_CLAIM, 1, sem="relaxed", scope="gpu")
         entry_index = claim // U
         entry = tl.zeros([], tl.int32)
         if entry_index < entries:
-            word = _queue_word(counter_ptr, entry_index)
+            word = words_ptr + POOL_QUEUE + entry_index
             entry = tl.atomic_add(word, 0, sem="acquire", scope="gpu")
-            if WAIT:  # poll with plain loads (an atomic a poll from ~500 programs would crowd the units' atomics),
-                # then acquire what was seen
-                done = tl.load(_global(counter_ptr, POOL_DONE), volatile=True)
+            if WAIT:  # poll with plain loads and pauses (hundreds of programs may wait), then acquire what was seen
+                done = tl.load(words_ptr + POOL_DONE, volatile=True)
                 while (entry == 0) & (done < num_rows):
-                    entry = tl.load(word, volatile=True)
-                    done = tl.load(_global(counter_ptr, POOL_DONE), volatile=True)
+                    entry = tl.load(word + (_pause(entry) - entry), volatile=True)  # the load waits for the pause
+                    done = tl.load(words_ptr + POOL_DONE, volatile=True)
                 if entry != 0:
                     entry = tl.atomic_add(word, 0, sem="acquire", scope="gpu")
         more = (entry != 0).to(tl.int32)
         if entry != 0:
             _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-                  seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr,
+                  seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr,
                   entry // _ROUND_BITS, entry % _ROUND_BITS, claim % U, vocab_size, P, P_PAD, KEY_BYTES, RACE, U,
                   UNIT, UNIT_BLOCK, ROUNDS)

@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from blink.kernels.sampling import sample_ref
-from blink.kernels.sampling_plan import COUNTERS, DECIDED, POOL_CLAIM, POOL_DONE, POOL_QUEUE, POOL_TAIL, QUEUE_PER_ROW
+from blink.kernels.sampling_plan import DECIDED, POOL_CLAIM, POOL_DONE, POOL_QUEUE, POOL_TAIL
 from blink.kernels.sampling_reject_pool import _key_token, _race_key
 from tests.kernels.test_sampling_race import sample_with_plan
 from tests.kernels.test_sampling_reject import batch, marks
@@ -42,14 +42,13 @@ def test_the_pool_decides_as_the_rows_own_rounds(rounds, flags):
                 for row in pending_rows(logits, slots, positions, state, f"{n}{flags}")]
     queued = len(expected)
     assert queued >= 4  # the case this test is for: rows go through the pool's rounds
-    counters = plan.counters[0]
-    assert counters[POOL_TAIL.value] == queued and counters[POOL_DONE.value] == len(slots)
+    words = plan.pool_words
+    assert words[POOL_TAIL.value] == queued and words[POOL_DONE.value] == len(slots)
     units = triton.cdiv(vocab, plan.pool_unit)
     assert units > plan.num_chunks  # a unit is smaller than a chunk: a round's work spreads wider
-    assert counters[POOL_CLAIM.value] == queued * units + 2
-    queue = plan.counters[:, POOL_QUEUE.value:POOL_QUEUE.value + QUEUE_PER_ROW.value].flatten()
-    assert queue[:queued].tolist() == expected and (queue[queued:] == 0).all()
-    assert COUNTERS.value >= POOL_QUEUE.value + QUEUE_PER_ROW.value
+    assert words[POOL_CLAIM.value] == queued * units + 2
+    queue = words[POOL_QUEUE.value:]
+    assert len(queue) == 8 * len(slots) and queue[:queued].tolist() == expected and (queue[queued:] == 0).all()
 
 
 def test_the_pool_with_one_round_only_counts_rows_done():
@@ -57,8 +56,8 @@ def test_the_pool_with_one_round_only_counts_rows_done():
     logits, slots, positions, state = batch(300, 9, seed=1)
     got, plan = sample_with_plan(logits, slots, positions, state, 0, 1024, reject="1p")
     assert got.token_ids.tolist() == sample_ref(logits, slots, positions, state, 0).token_ids.tolist()
-    counters = plan.counters[0]
-    assert counters[POOL_TAIL.value] == 0 and counters[POOL_CLAIM.value] == 0 and counters[POOL_DONE.value] == 9
+    words = plan.pool_words
+    assert words[POOL_TAIL.value] == 0 and words[POOL_CLAIM.value] == 0 and words[POOL_DONE.value] == 9
 
 
 @triton.jit

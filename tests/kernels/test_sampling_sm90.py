@@ -29,7 +29,7 @@ ints = {"slots_ptr": "*i32", "flags_ptr": "*i32", "top_k_ptr": "*i32", "counts_p
         "chunk_hist_ptr": "*i32",
         "top_keys_ptr": "*i32", "cand_key_ptr": "*i32", "cand_id_ptr": "*i32", "reject_ptr": "*i64",
         "part_weight_ptr": "*i64", "part_count_ptr": "*i32", "launch": "i32", "first_token_ptr": "*i32",
-        "floor_keys_ptr": "*i32", "pool_ptr": "*i64", "num_rows": "i32"}
+        "floor_keys_ptr": "*i32", "pool_ptr": "*i64", "num_rows": "i32", "words_ptr": "*i32", "pool_words_ptr": "*i32"}
 NB = sampling_bucket.NUM_BUCKETS
 rows = dict(vocab_size=V, NB=NB, P=63, P_PAD=64)
 levels = dict(rows, LOG2_NB=NB.bit_length() - 1)
