@@ -4,7 +4,8 @@ needs). On a GPU:
 
     python tools/sampler_draws.py --rows 32 --scenario top_p --reject 3,3p,3p@1024 --draws 16
 
-A setting "R...@N" also sets the pool rounds' unit to N tokens (sampling_grid.POOL_UNIT).
+A setting "R...@N" also sets the pool rounds' unit to N tokens (sampling_grid.POOL_UNIT), "R...@N/H" also their
+helpers (POOL_HELPERS).
 """
 import argparse
 import statistics
@@ -18,7 +19,7 @@ from blink.kernels.sampling_grid import RACE_CAPACITY  # noqa: E402
 
 # the engine's column: 128 buckets, its programs, the list race, one compaction read, the lane floor
 COLUMN = dict(num_buckets=128, programs=None, race=RACE_CAPACITY, once=True, floor=True)
-POOL_UNIT = sampling_grid.POOL_UNIT
+POOL_GEOMETRY = sampling_grid.POOL_UNIT, sampling_grid.POOL_HELPERS
 
 
 def main() -> None:
@@ -39,8 +40,10 @@ def main() -> None:
         pos = pos.cuda()
         cells = []
         for r in settings:
-            reject, _, unit = r.partition("@")
-            sampling_grid.POOL_UNIT = int(unit or POOL_UNIT)
+            reject, _, geometry = r.partition("@")
+            unit, _, helpers = geometry.partition("/")
+            sampling_grid.POOL_UNIT = int(unit or POOL_GEOMETRY[0])
+            sampling_grid.POOL_HELPERS = int(helpers or POOL_GEOMETRY[1])
             us = bench.time_graph(lambda pos=pos, reject=reject: sampling.sample_triton(
                 logits, slots, pos, state, bench.MAX_TOP_LOGPROBS, COLUMN["num_buckets"], COLUMN["programs"],
                 race=COLUMN["race"], compact_once=COLUMN["once"], reject=reject, topk_floor=COLUMN["floor"]))

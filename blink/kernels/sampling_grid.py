@@ -132,9 +132,9 @@ def reject_plan(race: int, value: int | str | None = None, rows: int = 1) -> Rej
     return setting if race > 0 else RejectSetting()
 
 
-# Tokens a unit of the rejection's pool rounds (sampling_reject_pool): 63 units a row at V = 128k, so the later
-# round of up to 8 pending rows takes one unit a program of a 32-row launch's 512. Not timed yet (session 43).
-POOL_UNIT = 2048
+# Tokens a unit of the rejection's pool rounds (sampling_reject_pool), 63 units a row at V = 128k, and the launch's
+# helpers (programs past the rows' that run no first round). Not settled yet (session 43).
+POOL_UNIT, POOL_HELPERS = 2048, 256
 
 CANDIDATES = 4096  # per row, for the threshold and the top-K searches (more: the one-program fallback)
 SHORT_SORT = 256  # fewer candidates than this (the usual case) take a short sort
@@ -200,6 +200,7 @@ class _Plan:
         # the pool's units (POOL_UNIT tokens, a quarter chunk in small plans) and its cells per row: the race key,
         # the weight and the count above the candidate
         self.pool_unit = max(16, min(POOL_UNIT, self.chunk // 4))
+        self.pool_helpers = POOL_HELPERS
         self.reject_pool = torch.empty(num_rows, CELL_WORDS.value, dtype=torch.int64, device=device)
         self.pool_words = torch.empty(POOL_QUEUE.value + QUEUE_PER_ROW.value * num_rows, dtype=torch.int32,
                                       device=device)

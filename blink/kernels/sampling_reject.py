@@ -193,29 +193,34 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
                          TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr = False,
                          ROUNDS: tl.constexpr = 1, POOL_ROUNDS: tl.constexpr = 0, IN_ORDER: tl.constexpr = False,
                          U: tl.constexpr = 1, UNIT: tl.constexpr = 16, UNIT_BLOCK: tl.constexpr = 16,
-                         USE_PDL: tl.constexpr = False):
+                         HELPERS: tl.constexpr = 0, USE_PDL: tl.constexpr = False):
     """Rounds launch .. launch + ROUNDS - 1 (ROUNDS > 1: the rounds in one launch over a one-dimensional grid,
-    sampling_reject_sync; FIRST: launch is 1). POOL_ROUNDS > 0: the first round, then (IN_ORDER: in one launch)
-    the pool's rounds up to POOL_ROUNDS (sampling_reject_pool)."""
+    sampling_reject_sync; FIRST: launch is 1). POOL_ROUNDS > 0: the first round, then (IN_ORDER: in one launch,
+    with HELPERS more programs that run no first round) the pool's rounds up to POOL_ROUNDS (sampling_reject_pool)."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row, chunk = program_cell(counter_ptr, P, ROUNDS > 1 or IN_ORDER)
     args = (logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
             seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr, first_token_ptr, first_mass_ptr,
             part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr,
             race_ids_ptr, pool_ptr, words_ptr, row, chunk)
-    active = _round(*args, launch, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, FIRST, TOP_K, SLACK,
-                    TEST_FIRST, POOL_ROUNDS)
-    for n in range(launch + 1, launch + ROUNDS):  # a row every round took part in waits for the last one's word
-        if active:
-            wait_round(counter_ptr, row, n - 1)
-            active = _round(*args, n, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, False, TOP_K, SLACK,
-                            False, 0)
-    if IN_ORDER and POOL_ROUNDS > 1:
-        if may_join(counter_ptr, num_rows, P):
-            pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
-                        min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr,
-                        pool_ptr, words_ptr, num_rows, vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT, UNIT_BLOCK,
-                        POOL_ROUNDS, True)
+    if IN_ORDER and POOL_ROUNDS > 0:  # the cells past the rows' are the pool's helpers: they start last
+        if row < num_rows:
+            _round(*args, launch, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, FIRST, TOP_K, SLACK,
+                   TEST_FIRST, POOL_ROUNDS)
+        if POOL_ROUNDS > 1:
+            if may_join(counter_ptr, num_rows, P, HELPERS):
+                pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
+                            min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr,
+                            pool_ptr, words_ptr, num_rows, vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT,
+                            UNIT_BLOCK, POOL_ROUNDS, True)
+    else:
+        active = _round(*args, launch, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, FIRST, TOP_K, SLACK,
+                        TEST_FIRST, POOL_ROUNDS)
+        for n in range(launch + 1, launch + ROUNDS):  # a row every round took part in waits for the last one's word
+            if active:
+                wait_round(counter_ptr, row, n - 1)
+                active = _round(*args, n, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, False, TOP_K, SLACK,
+                                False, 0)
 
 
 @triton.jit
@@ -252,8 +257,9 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
                      UNIT_BLOCK=min(plan.pool_unit, plan.block))
         rounds = dict(POOL_ROUNDS=plan.reject, **units)
         if one_launch:  # the first round in order (program_cell), then the pool in the same launch
-            _reject_round_kernel[(num_rows * plan.num_chunks,)](*args, 1, vocab_size, FIRST=True, IN_ORDER=True,
-                                                                 maxnreg=128, **rounds, **first)
+            _reject_round_kernel[(num_rows * plan.num_chunks + plan.pool_helpers,)](
+                *args, 1, vocab_size, FIRST=True, IN_ORDER=True, HELPERS=plan.pool_helpers, maxnreg=128, **rounds,
+                **first)
             return
         _reject_round_kernel[plan.grid](*args, 1, vocab_size, FIRST=True, **rounds, **first)
         if plan.reject > 1:  # the interpreter's programs run one after another: two of them, and no waits

@@ -15,9 +15,13 @@ first round takes units off the queue until no row can come back: a round then c
     tie to the lower id as the per-chunk partials' merge (sampling_reject_sync.merge_race). The row's ticket counts
     on from its first round; the unit that completes a round decides (sampling_reject_decide), clears the cells and
     queues the row again or counts it done.
-  - Waiting needs every program it waits for to be running: a program joins only after every (row, chunk) cell of
-    the launch has been handed out (so every row's first round is being run), else it leaves. The interpreter runs
-    programs one after another and never waits (WAIT=False): its first program then runs every queued round alone.
+  - Waiting needs every program it waits for to be running: a program joins only after every cell of the launch
+    has been handed out (so every row's first round is being run), else it leaves. The launch has HELPERS cells
+    past the rows' (sampling_grid.POOL_HELPERS): they are handed out last, as first-round programs leave, so the
+    waiting is theirs and the late first-round programs'. Session 43 (H100) let every program of a 32-row launch
+    join: ~500 programs polling through the whole first round cost +10 us on a draw with nothing to queue.
+    The interpreter runs programs one after another and never waits (WAIT=False): its first program then runs
+    every queued round alone.
 Words: plan.pool_words (sampling_plan.POOL_*), zeroed by the penalties kernel; the cells: reject_pool
 [S, CELL_WORDS] i64 (race key, weight, count).
 """
@@ -67,7 +71,7 @@ CELL_WORDS = tl.constexpr(16)  # int64 cells a row (3 used): a 128-byte line eac
 @triton.jit
 def _pause(x):
     """x, after a nanosleep: hundreds of programs polling without one would crowd the L2 and the SMs' issue slots."""
-    return tl.inline_asm_elementwise("{ nanosleep.u32 128; mov.u32 $0, $1; }", "=r,r", [x], dtype=tl.int32,
+    return tl.inline_asm_elementwise("{ nanosleep.u32 256; mov.u32 $0, $1; }", "=r,r", [x], dtype=tl.int32,
                                      is_pure=False, pack=1)
 
 
@@ -89,9 +93,10 @@ def hand_on(words_ptr, pool_ptr, row, next_round, pending, ROUNDS: tl.constexpr)
 
 
 @triton.jit
-def may_join(counter_ptr, num_rows, P: tl.constexpr):
-    """Whether every cell of the one-launch grid has been handed out (sampling_reject_sync.program_cell)."""
-    return tl.atomic_add(counter_ptr + REJECT_CELLS, 0, sem="relaxed", scope="gpu") >= num_rows * P
+def may_join(counter_ptr, num_rows, P: tl.constexpr, HELPERS: tl.constexpr):
+    """Whether every cell of the one-launch grid (the rows' and HELPERS more) has been handed out
+    (sampling_reject_sync.program_cell)."""
+    return tl.atomic_add(counter_ptr + REJECT_CELLS, 0, sem="relaxed", scope="gpu") >= num_rows * P + HELPERS
 
 
 @triton.jit
