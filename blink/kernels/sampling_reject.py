@@ -88,7 +88,7 @@ def first_race(src, chunk, chunk_key_max, temperature, top_p, min_p, seed, posit
 def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
            seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr, first_token_ptr, first_mass_ptr,
            part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr, race_ids_ptr,
-           pool_ptr, words_ptr, row, chunk, launch, vocab_size: tl.constexpr, P: tl.constexpr,
+           pool_ptr, words_ptr, num_rows, row, chunk, launch, vocab_size: tl.constexpr, P: tl.constexpr,
            P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
            FIRST: tl.constexpr, TOP_K: tl.constexpr, SLACK: tl.constexpr, TEST_FIRST: tl.constexpr,
            POOL_ROUNDS: tl.constexpr):
@@ -108,7 +108,7 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
         if ~pending & (chunk == 0):
             tl.store(state, tl.full([], SEARCH, tl.int64))
             if POOL_ROUNDS > 0:
-                hand_on(words_ptr, pool_ptr, row, 2, False, POOL_ROUNDS)
+                hand_on(words_ptr, pool_ptr, row, 2, False, num_rows, POOL_ROUNDS)
     else:
         pending = tl.load(state, cache_modifier=".cg") == PENDING
         candidate = tl.load(state + 1, cache_modifier=".cg").to(tl.int32)
@@ -176,7 +176,7 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
                 still = decide(state, race_ids_ptr, row, src, candidate, value, inv_temperature, s_max, cutoff, top_k,
                                top_p, above, mass_lo, mass_hi, total_lo, total_hi, following, vocab_size, RACE)
             if POOL_ROUNDS > 0:  # the pool's rounds follow: queue the row, or count it done
-                hand_on(words_ptr, pool_ptr, row, 2, still, POOL_ROUNDS)
+                hand_on(words_ptr, pool_ptr, row, 2, still, num_rows, POOL_ROUNDS)
             else:
                 release_round(counter_ptr, row)
     return pending
@@ -202,13 +202,13 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
     args = (logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
             seed_ptr, positions_ptr, key_max_ptr, counter_ptr, first_best_ptr, first_token_ptr, first_mass_ptr,
             part_best_ptr, part_token_ptr, part_weight_ptr, part_total_ptr, part_count_ptr, reject_ptr,
-            race_ids_ptr, pool_ptr, words_ptr, row, chunk)
+            race_ids_ptr, pool_ptr, words_ptr, num_rows, row, chunk)
     if IN_ORDER and POOL_ROUNDS > 0:  # the cells past the rows' are the pool's helpers: they start last
         if row < num_rows:
             _round(*args, launch, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, FIRST, TOP_K, SLACK,
                    TEST_FIRST, POOL_ROUNDS)
         if POOL_ROUNDS > 1:
-            if may_join(counter_ptr, num_rows, P, HELPERS):
+            if may_join(counter_ptr, row, num_rows, P, HELPERS):
                 pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
                             min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr,
                             pool_ptr, words_ptr, num_rows, vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT,

@@ -7,9 +7,10 @@ UNIT tokens (sampling_grid.POOL_UNIT: 2k at V = 128k, 63 units a row), and every
 first round takes units off the queue until no row can come back: a round then costs about one unit's latency.
   - The queue: the deciding program reserves an entry (POOL_TAIL), writes the row and round there with release
     semantics; an empty entry reads 0. A program claims units in order (POOL_CLAIM): unit c is unit c % U of entry
-    c // U, and it waits for that entry, or leaves once every row is done (POOL_DONE counts rows no round will
-    take again). A claimed unit whose entry is never written cannot exist: that entry's row would have to be
-    pending, and its last unit is the claimer's.
+    c // U, and it waits for that entry. POOL_DONE counts the rows no round will take again; the row that completes
+    it writes -1 into every entry past the tail, and a program that reads -1 leaves. (An entry past the tail
+    whose row is not done would need a pending row that has not reserved it: the waiting program's own unit of
+    it would then come from an entry that does not exist.)
   - A unit adds its count and top_p weight into the row's cells with integer atomics (exact, in any order) and its
     race winner by a 64-bit atomic max of (score's sortable bits, inverted token id): the same winner and the same
     tie to the lower id as the per-chunk partials' merge (sampling_reject_sync.merge_race). The row's ticket counts
@@ -76,9 +77,10 @@ def _pause(x):
 
 
 @triton.jit
-def hand_on(words_ptr, pool_ptr, row, next_round, pending, ROUNDS: tl.constexpr):
+def hand_on(words_ptr, pool_ptr, row, next_round, pending, num_rows, ROUNDS: tl.constexpr):
     """After a row's round (its deciding program, past the state's stores): queue it for round next_round when it
-    is pending and rounds are left, with its cells cleared; else count it done."""
+    is pending and rounds are left, with its cells cleared; else count it done. The row that completes the count
+    marks every entry left unwritten as never coming (-1), which ends the programs waiting for them."""
     if pending & (next_round <= ROUNDS):
         cells = pool_ptr + row * CELL_WORDS
         tl.store(cells, tl.full([], _NONE, tl.int64))
@@ -89,20 +91,29 @@ def hand_on(words_ptr, pool_ptr, row, next_round, pending, ROUNDS: tl.constexpr)
         tl.atomic_xchg(words_ptr + POOL_QUEUE + entry, row * _ROUND_BITS + next_round, sem="release", scope="gpu")
     else:
         tl.debug_barrier()
-        tl.atomic_add(words_ptr + POOL_DONE, 1, sem="release", scope="gpu")
+        if tl.atomic_add(words_ptr + POOL_DONE, 1, sem="acq_rel", scope="gpu") == num_rows - 1:
+            # every row is done, so every reserved entry is written: the tail is final
+            tail = tl.atomic_add(words_ptr + POOL_TAIL, 0, sem="acquire", scope="gpu")
+            for start in range(0, num_rows * (ROUNDS - 1), 256):
+                e = start + tl.arange(0, 256)
+                tl.store(words_ptr + POOL_QUEUE + e, tl.full([256], -1, tl.int32),
+                         mask=(e >= tail) & (e < num_rows * (ROUNDS - 1)))
 
 
 @triton.jit
-def may_join(counter_ptr, num_rows, P: tl.constexpr, HELPERS: tl.constexpr):
-    """Whether every cell of the one-launch grid (the rows' and HELPERS more) has been handed out
-    (sampling_reject_sync.program_cell)."""
-    return tl.atomic_add(counter_ptr + REJECT_CELLS, 0, sem="relaxed", scope="gpu") >= num_rows * P + HELPERS
+def may_join(counter_ptr, row, num_rows, P: tl.constexpr, HELPERS: tl.constexpr):
+    """Whether this program of the one-launch grid waits for the pool's units. Waiting is safe once every row's
+    first-round cell has been handed out (sampling_reject_sync.program_cell): a helper's cell comes after them all.
+    A first-round program joins only once every helper has started too (the first round is then nearly over):
+    hundreds of programs polling through the first round would slow it."""
+    cells = tl.atomic_add(counter_ptr + REJECT_CELLS, 0, sem="relaxed", scope="gpu")
+    return (row >= num_rows) | (cells >= num_rows * P + HELPERS)
 
 
 @triton.jit
 def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-          seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr, row, round,
-          unit,
+          seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr, num_rows,
+          row, round, unit,
           vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr,
           RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr, ROUNDS: tl.constexpr):
     """One unit of a row's round `round`; the unit that completes the round decides it."""
@@ -136,7 +147,7 @@ def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_
         pending = decide(state, race_ids_ptr, row, src, candidate, value, inv_temperature, s_max, cutoff, top_k,
                          top_p, above, weight_above, weight_above, total_lo, total_hi,
                          _key_token(key, vocab_size), vocab_size, RACE)
-        hand_on(words_ptr, pool_ptr, row, round + 1, pending, ROUNDS)
+        hand_on(words_ptr, pool_ptr, row, round + 1, pending, num_rows, ROUNDS)
 
 
 @triton.jit
@@ -155,16 +166,14 @@ def pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr
         if entry_index < entries:
             word = words_ptr + POOL_QUEUE + entry_index
             entry = tl.atomic_add(word, 0, sem="acquire", scope="gpu")
-            if WAIT:  # poll with plain loads and pauses (hundreds of programs may wait), then acquire what was seen
-                done = tl.load(words_ptr + POOL_DONE, volatile=True)
-                while (entry == 0) & (done < num_rows):
+            if WAIT:  # poll the entry with plain loads and pauses (hundreds of programs may wait), then acquire it
+                while entry == 0:
                     entry = tl.load(word + (_pause(entry) - entry), volatile=True)  # the load waits for the pause
-                    done = tl.load(words_ptr + POOL_DONE, volatile=True)
-                if entry != 0:
+                if entry > 0:
                     entry = tl.atomic_add(word, 0, sem="acquire", scope="gpu")
-        more = (entry != 0).to(tl.int32)
-        if entry != 0:
+        more = (entry > 0).to(tl.int32)  # 0: nothing was queued there (WAIT=False); -1: nothing ever will be
+        if entry > 0:
             _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
                   seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr,
-                  entry // _ROUND_BITS, entry % _ROUND_BITS, claim % U, vocab_size, P, P_PAD, KEY_BYTES, RACE, U,
-                  UNIT, UNIT_BLOCK, ROUNDS)
+                  num_rows, entry // _ROUND_BITS, entry % _ROUND_BITS, claim % U, vocab_size, P, P_PAD, KEY_BYTES,
+                  RACE, U, UNIT, UNIT_BLOCK, ROUNDS)

@@ -48,16 +48,20 @@ def test_the_pool_decides_as_the_rows_own_rounds(rounds, flags):
     assert units > plan.num_chunks  # a unit is smaller than a chunk: a round's work spreads wider
     assert words[POOL_CLAIM.value] == queued * units + 2
     queue = words[POOL_QUEUE.value:]
-    assert len(queue) == 8 * len(slots) and queue[:queued].tolist() == expected and (queue[queued:] == 0).all()
+    # the entries no row took are marked never coming (-1); the queue's spare words stay 0
+    later = len(slots) * (rounds - 1)
+    assert len(queue) == 8 * len(slots) and queue[:queued].tolist() == expected
+    assert (queue[queued:later] == -1).all() and (queue[later:] == 0).all()
 
 
 def test_the_pool_with_one_round_only_counts_rows_done():
-    """One round: nothing is queued, and no pool launch runs (no claims)."""
+    """One round: nothing is queued, no pool launch runs (no claims), and no entry exists to mark."""
     logits, slots, positions, state = batch(300, 9, seed=1)
     got, plan = sample_with_plan(logits, slots, positions, state, 0, 1024, reject="1p")
     assert got.token_ids.tolist() == sample_ref(logits, slots, positions, state, 0).token_ids.tolist()
     words = plan.pool_words
     assert words[POOL_TAIL.value] == 0 and words[POOL_CLAIM.value] == 0 and words[POOL_DONE.value] == 9
+    assert (words[POOL_QUEUE.value:] == 0).all()
 
 
 @triton.jit
