@@ -46,7 +46,7 @@ from blink.kernels.sampling_plan import DECIDED, PENDING, REJECT_WORDS, SEARCH
 from blink.kernels.sampling_reject_bounds import BOUND_SLACK, mass_bounds, row_total_bounds
 from blink.kernels.sampling_reject_decide import decide
 from blink.kernels.sampling_reject_pass import race_above
-from blink.kernels.sampling_reject_pool import hand_on, may_join, pool_rounds
+from blink.kernels.sampling_reject_pool import hand_on, may_join, pool_rounds, row_done
 from blink.kernels.sampling_reject_sync import (
     last_of_row,
     merge_race,
@@ -108,7 +108,7 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
         if ~pending & (chunk == 0):
             tl.store(state, tl.full([], SEARCH, tl.int64))
             if POOL_ROUNDS > 0:
-                hand_on(words_ptr, pool_ptr, row, 2, False, num_rows, POOL_ROUNDS)
+                row_done(words_ptr, num_rows, POOL_ROUNDS)
     else:
         pending = tl.load(state, cache_modifier=".cg") == PENDING
         candidate = tl.load(state + 1, cache_modifier=".cg").to(tl.int32)
@@ -171,12 +171,14 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
                     tl.store(state, tl.full([], PENDING, tl.int64))
                 tl.store(state + 1, candidate.to(tl.int64))
                 still = ~kept
+                following = candidate  # the next round tests it again
             else:
                 following = merge_race(part_best_ptr, part_token_ptr, row, vocab_size, P, P_PAD)
                 still = decide(state, race_ids_ptr, row, src, candidate, value, inv_temperature, s_max, cutoff, top_k,
                                top_p, above, mass_lo, mass_hi, total_lo, total_hi, following, vocab_size, RACE)
             if POOL_ROUNDS > 0:  # the pool's rounds follow: queue the row, or count it done
-                hand_on(words_ptr, pool_ptr, row, 2, still, num_rows, POOL_ROUNDS)
+                hand_on(words_ptr, pool_ptr, row, 2, still, num_rows, src, processed, following, inv_temperature,
+                        s_max, cutoff, top_k, top_p, hash_of_row, POOL_ROUNDS)
             else:
                 release_round(counter_ptr, row)
     return pending

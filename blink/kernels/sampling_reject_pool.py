@@ -24,14 +24,14 @@ first round takes units off the queue until no row can come back: a round then c
     The interpreter runs programs one after another and never waits (WAIT=False): its first program then runs
     every queued round alone.
 Words: plan.pool_words (sampling_plan.POOL_*), zeroed by the penalties kernel; the cells: reject_pool
-[S, CELL_WORDS] i64 (race key, weight, count).
+[S, CELL_WORDS] i64 (race key, weight, count; then the queued row's record, hand_on).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params
+from blink.kernels.sampling_bucket import _row_source
 from blink.kernels.sampling_plan import (
     COUNTERS,
     POOL_CLAIM,
@@ -44,7 +44,6 @@ from blink.kernels.sampling_plan import (
 )
 from blink.kernels.sampling_reject_decide import decide
 from blink.kernels.sampling_reject_pass import race_above
-from blink.kernels.sampling_rng import row_hash
 from blink.kernels.sampling_select import canonical
 
 _NONE = tl.constexpr(-9223372036854775807 - 1)  # an empty race cell: below every packed score
@@ -77,27 +76,55 @@ def _pause(x):
 
 
 @triton.jit
-def hand_on(words_ptr, pool_ptr, row, next_round, pending, num_rows, ROUNDS: tl.constexpr):
+def _f32_word(x):
+    return x.to(tl.int32, bitcast=True).to(tl.int64)
+
+
+@triton.jit
+def _word_f32(cells, word):
+    return tl.load(cells + word, cache_modifier=".cg").to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def row_done(words_ptr, num_rows, ROUNDS: tl.constexpr):
+    """Count a row no round takes again. The row that completes the count marks every entry left unwritten as never
+    coming (-1), which ends the programs waiting for them."""
+    tl.debug_barrier()  # every thread's stores of the row's state come before the release below
+    if tl.atomic_add(words_ptr + POOL_DONE, 1, sem="acq_rel", scope="gpu") == num_rows - 1:
+        # every row is done, so every reserved entry is written: the tail is final
+        tail = tl.atomic_add(words_ptr + POOL_TAIL, 0, sem="acquire", scope="gpu")
+        for start in range(0, num_rows * (ROUNDS - 1), 256):
+            e = start + tl.arange(0, 256)
+            tl.store(words_ptr + POOL_QUEUE + e, tl.full([256], -1, tl.int32),
+                     mask=(e >= tail) & (e < num_rows * (ROUNDS - 1)))
+
+
+@triton.jit
+def hand_on(words_ptr, pool_ptr, row, next_round, pending, num_rows, src, processed, candidate, inv_temperature,
+            s_max, cutoff, top_k, top_p, hash_of_row, ROUNDS: tl.constexpr):
     """After a row's round (its deciding program, past the state's stores): queue it for round next_round when it
-    is pending and rounds are left, with its cells cleared; else count it done. The row that completes the count
-    marks every entry left unwritten as never coming (-1), which ends the programs waiting for them."""
+    is pending (with `candidate` next) and rounds are left, else count it done (row_done). A queued row's cells are
+    cleared and its record written: what every unit of the round would otherwise find through three dependent
+    loads (the slot, its parameters and the row's maximum, then the candidate's value)."""
     if pending & (next_round <= ROUNDS):
         cells = pool_ptr + row * CELL_WORDS
         tl.store(cells, tl.full([], _NONE, tl.int64))
         tl.store(cells + 1, tl.zeros([], tl.int64))
         tl.store(cells + 2, tl.zeros([], tl.int64))
+        tl.store(cells + 3, candidate.to(tl.int64))
+        tl.store(cells + 4, _f32_word(canonical(tl.load(src + candidate))))
+        tl.store(cells + 5, _f32_word(inv_temperature))
+        tl.store(cells + 6, _f32_word(s_max))
+        tl.store(cells + 7, _f32_word(cutoff))
+        tl.store(cells + 8, _f32_word(top_p))
+        tl.store(cells + 9, top_k.to(tl.int64))
+        tl.store(cells + 10, hash_of_row.to(tl.int64))
+        tl.store(cells + 11, processed.to(tl.int64))
         entry = tl.atomic_add(words_ptr + POOL_TAIL, 1, sem="relaxed", scope="gpu")
         tl.debug_barrier()  # every thread's stores come before the release below
         tl.atomic_xchg(words_ptr + POOL_QUEUE + entry, row * _ROUND_BITS + next_round, sem="release", scope="gpu")
     else:
-        tl.debug_barrier()
-        if tl.atomic_add(words_ptr + POOL_DONE, 1, sem="acq_rel", scope="gpu") == num_rows - 1:
-            # every row is done, so every reserved entry is written: the tail is final
-            tail = tl.atomic_add(words_ptr + POOL_TAIL, 0, sem="acquire", scope="gpu")
-            for start in range(0, num_rows * (ROUNDS - 1), 256):
-                e = start + tl.arange(0, 256)
-                tl.store(words_ptr + POOL_QUEUE + e, tl.full([256], -1, tl.int32),
-                         mask=(e >= tail) & (e < num_rows * (ROUNDS - 1)))
+        row_done(words_ptr, num_rows, ROUNDS)
 
 
 @triton.jit
@@ -118,18 +145,20 @@ def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_
           RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr, ROUNDS: tl.constexpr):
     """One unit of a row's round `round`; the unit that completes the round decides it."""
     state = reject_ptr + row * REJECT_WORDS
-    candidate = tl.load(state + 1, cache_modifier=".cg").to(tl.int32)
-    _, processed, temperature, top_k, top_p, min_p = row_params(
-        row, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, reject_ptr, False)
-    top, _ = _row_top(key_max_ptr, row, P, P_PAD)
-    src, inv_temperature, s_max, cutoff = _row_scale(logits_ptr, processed_ptr, row, processed, temperature, min_p,
-                                                     top, vocab_size)
-    hash_of_row = row_hash(tl.load(seed_ptr + tl.maximum(tl.load(slots_ptr + row), 0)), tl.load(positions_ptr + row))
-    value = canonical(tl.load(src + candidate))
+    cells = pool_ptr + row * CELL_WORDS  # the record hand_on wrote: independent loads, one trip
+    candidate = tl.load(cells + 3, cache_modifier=".cg").to(tl.int32)
+    value = _word_f32(cells, 4)
+    inv_temperature = _word_f32(cells, 5)
+    s_max = _word_f32(cells, 6)
+    cutoff = _word_f32(cells, 7)
+    top_p = _word_f32(cells, 8)
+    top_k = tl.load(cells + 9, cache_modifier=".cg").to(tl.int32)
+    hash_of_row = tl.load(cells + 10, cache_modifier=".cg").to(tl.uint32)
+    processed = tl.load(cells + 11, cache_modifier=".cg") != 0
+    src = _row_source(logits_ptr, processed_ptr, row, processed, vocab_size)
     best, token, count, weight, _, _ = race_above(src, unit, value, inv_temperature, s_max, cutoff, hash_of_row,
                                                   top_p < 1.0, False, False, vocab_size, KEY_BYTES, UNIT, UNIT_BLOCK,
                                                   True)
-    cells = pool_ptr + row * CELL_WORDS
     if best > float("-inf"):
         tl.atomic_max(cells, _race_key(best, token), sem="relaxed", scope="gpu")
     if weight > 0:
@@ -144,10 +173,11 @@ def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_
         above = tl.atomic_add(cells + 2, 0, sem="relaxed", scope="gpu").to(tl.int32)
         total_lo = tl.load(state + 2, cache_modifier=".cg")
         total_hi = tl.load(state + 3, cache_modifier=".cg")
+        following = _key_token(key, vocab_size)
         pending = decide(state, race_ids_ptr, row, src, candidate, value, inv_temperature, s_max, cutoff, top_k,
-                         top_p, above, weight_above, weight_above, total_lo, total_hi,
-                         _key_token(key, vocab_size), vocab_size, RACE)
-        hand_on(words_ptr, pool_ptr, row, round + 1, pending, num_rows, ROUNDS)
+                         top_p, above, weight_above, weight_above, total_lo, total_hi, following, vocab_size, RACE)
+        hand_on(words_ptr, pool_ptr, row, round + 1, pending, num_rows, src, processed, following, inv_temperature,
+                s_max, cutoff, top_k, top_p, hash_of_row, ROUNDS)
 
 
 @triton.jit
