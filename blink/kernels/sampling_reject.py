@@ -211,10 +211,8 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
                    TEST_FIRST, POOL_ROUNDS)
         if POOL_ROUNDS > 1:
             if may_join(counter_ptr, row, num_rows, P, HELPERS):
-                pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
-                            min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr,
-                            pool_ptr, words_ptr, num_rows, vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT,
-                            UNIT_BLOCK, POOL_ROUNDS, True)
+                pool_rounds(logits_ptr, processed_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr,
+                            num_rows, vocab_size, P, KEY_BYTES, RACE, U, UNIT, UNIT_BLOCK, POOL_ROUNDS, True)
     else:
         active = _round(*args, launch, vocab_size, P, P_PAD, KEY_BYTES, RACE, CHUNK, BLOCK, FIRST, TOP_K, SLACK,
                         TEST_FIRST, POOL_ROUNDS)
@@ -226,17 +224,14 @@ def _reject_round_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temper
 
 
 @triton.jit
-def _reject_pool_kernel(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr,
-                        min_p_ptr, seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr,
-                        pool_ptr, words_ptr, num_rows, vocab_size: tl.constexpr, P: tl.constexpr,
-                        P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr, U: tl.constexpr,
-                        UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr, ROUNDS: tl.constexpr, WAIT: tl.constexpr,
-                        USE_PDL: tl.constexpr = False):
+def _reject_pool_kernel(logits_ptr, processed_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr,
+                        num_rows, vocab_size: tl.constexpr, P: tl.constexpr, KEY_BYTES: tl.constexpr,
+                        RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr,
+                        ROUNDS: tl.constexpr, WAIT: tl.constexpr, USE_PDL: tl.constexpr = False):
     """The pool's rounds in a launch of their own, after a launch of the first round."""
     pdl_wait(USE_PDL)
-    pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-                seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr,
-                num_rows, vocab_size, P, P_PAD, KEY_BYTES, RACE, U, UNIT, UNIT_BLOCK, ROUNDS, WAIT)
+    pool_rounds(logits_ptr, processed_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr, num_rows,
+                vocab_size, P, KEY_BYTES, RACE, U, UNIT, UNIT_BLOCK, ROUNDS, WAIT)
 
 
 def reject(logits, processed, slots, positions, state, plan) -> None:
@@ -249,10 +244,9 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
     args = (*inputs, plan.reject_first_best, plan.reject_first_token, plan.reject_first_mass, plan.reject_best,
             plan.reject_token, plan.reject_weight[0], plan.reject_weight[1], plan.reject_count, plan.reject_state,
             plan.race_ids, plan.reject_pool, plan.pool_words, num_rows)
-    sizes = dict(P=plan.num_chunks, P_PAD=plan.chunks_pad, KEY_BYTES=KEY_BYTES, RACE=plan.race, num_warps=4,
-                 **plan.pdl, **_NO_FUSION)
-    first = dict(sizes, CHUNK=plan.chunk, BLOCK=plan.block, TOP_K=plan.reject_top_k, SLACK=BOUND_SLACK,
-                 TEST_FIRST=plan.reject_test_first)
+    sizes = dict(P=plan.num_chunks, KEY_BYTES=KEY_BYTES, RACE=plan.race, num_warps=4, **plan.pdl, **_NO_FUSION)
+    first = dict(sizes, P_PAD=plan.chunks_pad, CHUNK=plan.chunk, BLOCK=plan.block, TOP_K=plan.reject_top_k,
+                 SLACK=BOUND_SLACK, TEST_FIRST=plan.reject_test_first)
     one_launch = plan.reject > 1 and not plan.reject_separate and logits.is_cuda and not _INTERPRETED
     if plan.reject_pool_rounds:
         units = dict(U=triton.cdiv(vocab_size, plan.pool_unit), UNIT=plan.pool_unit,
@@ -266,10 +260,10 @@ def reject(logits, processed, slots, positions, state, plan) -> None:
         _reject_round_kernel[plan.grid](*args, 1, vocab_size, FIRST=True, **rounds, **first)
         if plan.reject > 1:  # the interpreter's programs run one after another: two of them, and no waits
             programs = 2 if _INTERPRETED or not logits.is_cuda else num_rows * plan.num_chunks
-            _reject_pool_kernel[(programs,)](*inputs, plan.reject_state, plan.race_ids, plan.reject_pool,
-                                             plan.pool_words, num_rows,
-                                             vocab_size, ROUNDS=plan.reject, WAIT=not _INTERPRETED and logits.is_cuda,
-                                             **units, **sizes)
+            _reject_pool_kernel[(programs,)](logits, processed, plan.counters, plan.reject_state, plan.race_ids,
+                                             plan.reject_pool, plan.pool_words, num_rows, vocab_size,
+                                             ROUNDS=plan.reject, WAIT=not _INTERPRETED and logits.is_cuda, **units,
+                                             **sizes)
         return
     if one_launch:
         # one launch: program_cell hands the cells out in a one-dimensional grid. The later rounds' pointers stay

@@ -138,11 +138,9 @@ def may_join(counter_ptr, row, num_rows, P: tl.constexpr, HELPERS: tl.constexpr)
 
 
 @triton.jit
-def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-          seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr, num_rows,
-          row, round, unit,
-          vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr,
-          RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr, ROUNDS: tl.constexpr):
+def _unit(logits_ptr, processed_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr, num_rows, row,
+          round, unit, vocab_size: tl.constexpr, P: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr,
+          U: tl.constexpr, UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr, ROUNDS: tl.constexpr):
     """One unit of a row's round `round`; the unit that completes the round decides it."""
     state = reject_ptr + row * REJECT_WORDS
     cells = pool_ptr + row * CELL_WORDS  # the record hand_on wrote: independent loads, one trip
@@ -181,11 +179,10 @@ def _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_
 
 
 @triton.jit
-def pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-                seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr,
-                num_rows, vocab_size: tl.constexpr, P: tl.constexpr, P_PAD: tl.constexpr, KEY_BYTES: tl.constexpr,
-                RACE: tl.constexpr, U: tl.constexpr, UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr,
-                ROUNDS: tl.constexpr, WAIT: tl.constexpr):
+def pool_rounds(logits_ptr, processed_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr, num_rows,
+                vocab_size: tl.constexpr, P: tl.constexpr, KEY_BYTES: tl.constexpr, RACE: tl.constexpr,
+                U: tl.constexpr, UNIT: tl.constexpr, UNIT_BLOCK: tl.constexpr, ROUNDS: tl.constexpr,
+                WAIT: tl.constexpr):
     """Take queued units until none is left (WAIT: until every row is done)."""
     entries = num_rows * (ROUNDS - 1)  # a row is queued at most once a later round
     more = tl.full([], 1, tl.int32)  # a tensor from the start: the loop carries it
@@ -203,7 +200,6 @@ def pool_rounds(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr
                     entry = tl.atomic_add(word, 0, sem="acquire", scope="gpu")
         more = (entry > 0).to(tl.int32)  # 0: nothing was queued there (WAIT=False); -1: nothing ever will be
         if entry > 0:
-            _unit(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr,
-                  seed_ptr, positions_ptr, key_max_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr,
-                  num_rows, entry // _ROUND_BITS, entry % _ROUND_BITS, claim % U, vocab_size, P, P_PAD, KEY_BYTES,
-                  RACE, U, UNIT, UNIT_BLOCK, ROUNDS)
+            _unit(logits_ptr, processed_ptr, counter_ptr, reject_ptr, race_ids_ptr, pool_ptr, words_ptr, num_rows,
+                  entry // _ROUND_BITS, entry % _ROUND_BITS, claim % U, vocab_size, P, KEY_BYTES, RACE, U, UNIT,
+                  UNIT_BLOCK, ROUNDS)

@@ -69,10 +69,11 @@ for kernel, constants, warps in list(kernels):
             kernels += [(kernel, {**constants, "ONCE": True}, warps), (kernel, {**constants, "RACE": 16384}, warps)]
 # the rejection's later rounds over the launch's pool (sampling_reject_pool): after the first round in one launch,
 # and in a launch of their own
-pool = dict(vocab_size=V, P=16, P_PAD=16, KEY_BYTES=12, RACE=16384, U=63, UNIT=2048, UNIT_BLOCK=1024)
-kernels += [(sampling_reject._reject_round_kernel, dict(pool, CHUNK=8192, BLOCK=1024, FIRST=True, TOP_K=False,
-                                                        SLACK=sampling_reject.BOUND_SLACK, TEST_FIRST=False,
-                                                        ROUNDS=1, POOL_ROUNDS=3, IN_ORDER=True, HELPERS=256), 4),
+pool = dict(vocab_size=V, P=16, KEY_BYTES=12, RACE=16384, U=63, UNIT=2048, UNIT_BLOCK=1024)
+kernels += [(sampling_reject._reject_round_kernel, dict(pool, P_PAD=16, CHUNK=8192, BLOCK=1024, FIRST=True,
+                                                        TOP_K=False, SLACK=sampling_reject.BOUND_SLACK,
+                                                        TEST_FIRST=False, ROUNDS=1, POOL_ROUNDS=3, IN_ORDER=True,
+                                                        HELPERS=256), 4),
             (sampling_reject._reject_pool_kernel, dict(pool, ROUNDS=3, WAIT=True), 4)]
 assert len(kernels) == 22, len(kernels)
 for kernel, constants, warps in kernels:
