@@ -42,11 +42,13 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
                       PENALIZE: tl.constexpr, NB: tl.constexpr, P: tl.constexpr, ZERO: tl.constexpr, K: tl.constexpr,
                       CHUNK: tl.constexpr, BLOCK: tl.constexpr, RACE: tl.constexpr = 0, REJECT: tl.constexpr = False,
                       TOP_K: tl.constexpr = False, KEY_BYTES: tl.constexpr = 0, FLOOR: tl.constexpr = False,
+                      POOL: tl.constexpr = False,
                       USE_PDL: tl.constexpr = False):
     """PENALIZE=0: the logits are already processed; only the chunk maxima and the zeroing. RACE > 0: rows with
     a filter also get the choose kernel's log-sum-exp partials here (sampling_race: their race may skip the row).
     REJECT: the rows the rejection takes (TOP_K: top_k-only rows too) get its first race (sampling_reject).
-    FLOOR: top_k rows that take the lane floor (sampling_floor) also get their chunk's largest lane maxima."""
+    FLOOR: top_k rows that take the lane floor (sampling_floor) also get their chunk's largest lane maxima.
+    POOL: the rejection's later rounds over the launch's pool (sampling_reject_pool): its words are zeroed too."""
     pdl_wait(USE_PDL)  # first: every program, before any early exit (kernels/pdl.py)
     row = tl.program_id(0)
     chunk_start = tl.program_id(1) * CHUNK
@@ -103,7 +105,7 @@ def _penalties_kernel(logits_ptr, out_ptr, slots_ptr, flags_ptr, repetition_ptr,
     if tl.program_id(1) == 0:
         tl.store(sums_ptr + row * 2 + tl.arange(0, 2), tl.zeros([2], tl.int64))
         tl.store(counter_ptr + row * COUNTERS + tl.arange(0, COUNTERS), tl.zeros([COUNTERS], tl.int32))
-        if REJECT:  # the rejection's pool words (sampling_reject_pool): row 0 its global ones, each row its queue's
+        if POOL:  # the rejection's pool words (sampling_reject_pool): row 0 its global ones, each row its queue's
             w = tl.arange(0, 128)
             tl.store(pool_words_ptr + w, tl.zeros([128], tl.int32), mask=(w < POOL_QUEUE) & (row == 0))
             q = tl.arange(0, QUEUE_PER_ROW)
@@ -180,5 +182,6 @@ def prologue(logits, out, slots, state, plan, penalize: bool, max_top_logprobs: 
         P=plan.num_chunks,
         ZERO=triton.next_power_of_2(triton.cdiv(2 * plan.num_buckets, plan.num_chunks)), K=max_top_logprobs,
         CHUNK=plan.chunk, BLOCK=plan.block, RACE=plan.race, REJECT=plan.reject > 0, TOP_K=plan.reject_top_k,
-        KEY_BYTES=KEY_BYTES, FLOOR=plan.topk_floor, num_warps=4, **plan.pdl, **_NO_FUSION,
+        KEY_BYTES=KEY_BYTES, FLOOR=plan.topk_floor, POOL=plan.reject_pool_rounds, num_warps=4, **plan.pdl,
+        **_NO_FUSION,
     )

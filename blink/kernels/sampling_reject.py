@@ -44,7 +44,7 @@ from blink.kernels.pdl import pdl_wait
 from blink.kernels.sampling_bucket import _row_scale, _row_top, row_params, scale_cutoff
 from blink.kernels.sampling_plan import DECIDED, PENDING, REJECT_WORDS, SEARCH
 from blink.kernels.sampling_reject_bounds import BOUND_SLACK, mass_bounds, row_total_bounds
-from blink.kernels.sampling_reject_decide import decide
+from blink.kernels.sampling_reject_decide import decide, keeps
 from blink.kernels.sampling_reject_pass import race_above
 from blink.kernels.sampling_reject_pool import hand_on, may_join, pool_rounds, row_done
 from blink.kernels.sampling_reject_sync import (
@@ -162,8 +162,7 @@ def _round(logits_ptr, processed_ptr, slots_ptr, flags_ptr, temperature_ptr, top
                 total_hi = tl.load(state + 3, cache_modifier=".cg")
             if TESTS_ONLY:  # keep the candidate, or leave it pending: the next round tests it exactly, and races
                 # above it (decide's test, without its refusal)
-                kept = ((value * inv_temperature >= cutoff) & ((top_k <= 0) | (above < top_k))
-                        & ((top_p >= 1.0) | (mass_hi < top_p.to(tl.float64) * total_lo.to(tl.float64))))
+                kept, _by_counts = keeps(value, inv_temperature, cutoff, top_k, top_p, above, mass_hi, total_lo)
                 if kept:
                     tl.store(race_ids_ptr + row * RACE, candidate)
                     tl.store(state, tl.full([], DECIDED, tl.int64))

@@ -12,6 +12,17 @@ from blink.kernels.sampling_select import canonical
 
 
 @triton.jit
+def keeps(value, inv_temperature, cutoff, top_k, top_p, above, mass_hi, total_lo):
+    """Whether the candidate is surely kept (min_p keeps it, fewer than top_k tokens lie above it and, mass_hi
+    bounding their weight from above, they weigh less than top_p of the row's total, total_lo bounding it from
+    below), and whether its counts alone keep it (min_p and top_k)."""
+    counts_keep = (value * inv_temperature >= cutoff) & ((top_k <= 0) | (above < top_k))
+    # sampling_ref's budget, top_p * total in float64, is at least this (rounding is monotone)
+    budget = top_p.to(tl.float64) * total_lo.to(tl.float64)
+    return counts_keep & ((top_p >= 1.0) | (mass_hi < budget)), counts_keep
+
+
+@triton.jit
 def decide(state, race_ids_ptr, row, src, candidate, value, inv_temperature, s_max, cutoff, top_k, top_p, above,
            mass_lo, mass_hi, total_lo, total_hi, following, vocab_size: tl.constexpr, RACE: tl.constexpr):
     """From the round's count of tokens above the candidate, bounds mass_lo <= mass <= mass_hi on their weight
@@ -21,8 +32,7 @@ def decide(state, race_ids_ptr, row, src, candidate, value, inv_temperature, s_m
     # sampling_ref's budget, top_p * total in float64, lies between these two (rounding is monotone)
     budget = top_p.to(tl.float64) * total_lo.to(tl.float64)
     budget_hi = top_p.to(tl.float64) * total_hi.to(tl.float64)
-    counts_keep = (value * inv_temperature >= cutoff) & ((top_k <= 0) | (above < top_k))
-    kept = counts_keep & ((top_p >= 1.0) | (mass_hi < budget))
+    kept, counts_keep = keeps(value, inv_temperature, cutoff, top_k, top_p, above, mass_hi, total_lo)
     refused = ~counts_keep | ((top_p < 1.0) & (mass_lo >= budget_hi))
     # SEARCH: the total's bounds straddle the budget (never when exact), or nothing is kept above a refused
     # candidate (only when top_p is 0)

@@ -16,11 +16,12 @@ first round takes units off the queue until no row can come back: a round then c
     tie to the lower id as the per-chunk partials' merge (sampling_reject_sync.merge_race). The row's ticket counts
     on from its first round; the unit that completes a round decides (sampling_reject_decide), clears the cells and
     queues the row again or counts it done.
-  - Waiting needs every program it waits for to be running: a program joins only after every cell of the launch
-    has been handed out (so every row's first round is being run), else it leaves. The launch has HELPERS cells
-    past the rows' (sampling_grid.POOL_HELPERS): they are handed out last, as first-round programs leave, so the
-    waiting is theirs and the late first-round programs'. Session 43 (H100) let every program of a 32-row launch
-    join: ~500 programs polling through the whole first round cost +10 us on a draw with nothing to queue.
+  - Waiting needs every program it waits for to be running, so a program waits only once every row's first-round
+    cell has been handed out (every row's first round is then being run; may_join). The launch has HELPERS cells
+    past the rows' (sampling_grid.POOL_HELPERS), handed out after them all and so always safe to wait: they start as
+    first-round programs leave, and a first-round program joins them only once every helper has started; the others
+    leave. Session 43 (H100) let every program of a 32-row launch join: ~500 programs polling through the whole
+    first round cost +10 us on a draw with nothing to queue.
     The interpreter runs programs one after another and never waits (WAIT=False): its first program then runs
     every queued round alone.
 Words: plan.pool_words (sampling_plan.POOL_*), zeroed by the penalties kernel; the cells: reject_pool
@@ -65,7 +66,9 @@ def _key_token(key, vocab_size: tl.constexpr):
     return tl.where(key == _NONE, vocab_size, (low - (key & low)).to(tl.int32))
 
 
-CELL_WORDS = tl.constexpr(16)  # int64 cells a row (3 used): a 128-byte line each, so rows' atomics do not share one
+# int64 words a row: the cells (race key, weight, count), then the queued row's record (hand_on); a 128-byte line
+# each, so rows' atomics do not share one
+CELL_WORDS = tl.constexpr(16)
 
 
 @triton.jit

@@ -53,12 +53,12 @@ kernels = [
 # or one (ONCE, sampling_compact; CHUNK_HIST: the histograms it reads), the rejection before the search (REJECT; TOP_K:
 # its top_k rows; FIRST: its first round, which takes the penalties kernel's race; TEST_FIRST: a first round that
 # only tests; ROUNDS: the rounds in one launch, sampling_reject_sync; FLOOR: top_k rows by the lane floor,
-# sampling_floor; RECORD / GRAMMAR: the finish kernel's updates after the choice; SEARCHED: the choice after a
-# search or without one, sample_triton's `search`)
+# sampling_floor; RECORD / GRAMMAR: the finish kernel's updates after the choice; POOL: the pool rounds' words
+# zeroed, sampling_reject_pool; SEARCHED: the choice after a search or without one, sample_triton's `search`)
 levers = {"RACE": (0, 16384), "ONCE": (False, True), "CHUNK_HIST": (False, True), "REJECT": (False, True),
           "TOP_K": (False, True), "FIRST": (False, True), "TEST_FIRST": (False, True), "ROUNDS": (1, 3),
           "FLOOR": (False, True), "RECORD": (False, True), "SEARCHED": (True, False),
-          "GRAMMAR": (False, True)}
+          "GRAMMAR": (False, True), "POOL": (False, True)}
 for kernel, constants, warps in list(kernels):
     names = inspect.signature(kernel.fn).parameters
     old, new = ({n: v[i] for n, v in levers.items() if n in names} for i in (0, 1))
