@@ -61,6 +61,20 @@ def _device_idle_arg(spec: str) -> str:
     return spec
 
 
+MAX_DECODE_PACE_MS = 1000.0
+
+
+def _decode_pace_arg(text: str) -> float:
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = float("nan")
+    if not 0.0 <= ms <= MAX_DECODE_PACE_MS:
+        raise argparse.ArgumentTypeError(f"--decode-pace-ms: {text!r} is not a number of ms in [0, "
+                                         f"{MAX_DECODE_PACE_MS:g}]")
+    return ms
+
+
 @dataclass(frozen=True)
 class EngineArgs:
     model: str | None = None  # a model dir or a preset name; None = the default demo model
@@ -85,6 +99,7 @@ class EngineArgs:
     grammar_arena_mb: int = 64  # GPU memory for structured-output automata (blink/grammar/arena.py); 0 = off
     enable_prefix_caching: bool = True  # as vLLM: reuse the KV blocks of cached prompt prefixes
     device_idle: str = "deep"  # device mode's idle loop (parse_device_idle; issue 19)
+    decode_pace_ms: float = 0.0  # issue 19, energy: decodes-only steps start this long after the last; 0 = off
     # Prompt logprobs (echo + logprobs, prompt_logprobs): logits rows per step for prompt positions; 0 = off.
     max_prompt_logprob_rows: int = 256
     gc_freeze: bool = True  # freeze each serving process's startup heap out of Python's GC (util/gc_pauses.py)
@@ -149,6 +164,10 @@ class EngineArgs:
                        help="share the KV blocks of cached prompt prefixes (on by default, as in vLLM; "
                             "--no-enable-prefix-caching turns it off)")
         p.add_argument("--device-idle", type=_device_idle_arg, default=d.device_idle, help=DEVICE_IDLE_HELP + D)
+        p.add_argument("--decode-pace-ms", type=_decode_pace_arg, default=d.decode_pace_ms,
+                       help="energy per token: a step of decodes only starts no sooner than this after the last step "
+                            "began (fewer, fuller steps for slower decoding; a new request is never held back), in "
+                            f"both engines; 0 = off, at most {MAX_DECODE_PACE_MS:g}" + D)
         p.add_argument("--max-prompt-logprob-rows", type=int, default=d.max_prompt_logprob_rows,
                        help="prompt positions per step whose logprobs are computed (prompt_logprobs, echo with "
                             "logprobs); longer prompts take more prefill steps. 0 refuses them, as does tensor "

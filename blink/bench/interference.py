@@ -56,6 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a named matrix (sweep_plan.py); sets layouts, modes, attack kinds and levels, rates, "
                         "repeats (unless --repeats) and the workload flags")
     p.add_argument("--modes", default="device,host", help="blink engine modes to start, comma separated")
+    p.add_argument("--mode-variant", action="append", default=[], metavar="NAME=ENGINE:FLAGS",
+                   help="also measure ENGINE (device or host) served with more `blink serve` FLAGS, reported as mode "
+                        "NAME (e.g. 'device-paced=device:--decode-pace-ms 12'); its ratios against host mode are "
+                        "reported beside device mode's")
     p.add_argument("--extra-base-url", action="append", default=[], metavar="NAME=URL",
                    help="also measure a server already running at URL, reported as mode NAME")
     p.add_argument("--extra-engine-pid", action="append", default=[], metavar="NAME=PID",

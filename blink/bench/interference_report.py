@@ -182,16 +182,18 @@ def ratio_cell(s: dict, digits: int = 2) -> str:
 def ratios_section(rows: list[dict]) -> str:
     """Our device-vs-host ratios (median [95% bootstrap interval over both modes' repeats]) beside the paper's."""
     lines = ["## Device mode against host mode, beside the Blink paper's headline ratios\n",
-             "| layout | condition | rate (req/s) | P99 TTFT host/device | P99 TPOT host/device | "
-             "throughput device/host | energy per token device/host - 1 | GPU + CPU energy per token device/host - 1 |",
-             "|---|---|---|---|---|---|---|---|",
-             f"| Blink paper | headline | - | {PAPER_RATIOS['p99_ttft']:.2f} | {PAPER_RATIOS['p99_tpot']:.2f} | "
-             f"{PAPER_RATIOS['throughput']:.2f} | {PAPER_RATIOS['energy']:+.3f} | - |"]
-    for r in mode_ratios(rows):
+             "Mode: device, or a `--mode-variant` (its own serve flags) set against plain host mode.\n",
+             "| layout | mode | condition | rate (req/s) | P99 TTFT host/mode | P99 TPOT host/mode | "
+             "throughput mode/host | energy per token mode/host - 1 | GPU + CPU energy per token mode/host - 1 |",
+             "|---|---|---|---|---|---|---|---|---|",
+             f"| Blink paper | device | headline | - | {PAPER_RATIOS['p99_ttft']:.2f} | "
+             f"{PAPER_RATIOS['p99_tpot']:.2f} | {PAPER_RATIOS['throughput']:.2f} | {PAPER_RATIOS['energy']:+.3f} | - |"]
+    ours = ["device"] + sorted({r["mode"] for r in rows} - {"device", "host"})
+    for r in [r for mode in ours for r in mode_ratios(rows, ours=mode)]:
         row = r["row"]
-        lines.append(f"| {row['layout']} | {condition(row)} | {row['request_rate']:g} | {ratio_cell(r['p99_ttft'])} | "
-                     f"{ratio_cell(r['p99_tpot'])} | {ratio_cell(r['throughput'])} | {ratio_cell(r['energy'], 3)} | "
-                     f"{ratio_cell(r['energy_with_cpu'], 3)} |")
+        lines.append(f"| {row['layout']} | {row['mode']} | {condition(row)} | {row['request_rate']:g} | "
+                     f"{ratio_cell(r['p99_ttft'])} | {ratio_cell(r['p99_tpot'])} | {ratio_cell(r['throughput'])} | "
+                     f"{ratio_cell(r['energy'], 3)} | {ratio_cell(r['energy_with_cpu'], 3)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -79,17 +80,39 @@ def frontend_nice_args(args: argparse.Namespace) -> tuple[str, ...]:
     return () if nice is None else ("--frontend-nice", str(nice))
 
 
+ENGINES = ("device", "host")
+
+
+def mode_variants(items: list[str], modes: list[str]) -> list[tuple[str, str, tuple[str, ...]]]:
+    """`--mode-variant NAME=ENGINE:FLAGS`: (name, engine, its own `blink serve` flags), measured as a mode of its own
+    (e.g. `device-paced=device:--decode-pace-ms 12` beside plain device and host)."""
+    found = []
+    for item in items:
+        name, sep, rest = item.partition("=")
+        engine, colon, flags = rest.partition(":")
+        name, engine = name.strip(), engine.strip()
+        if not sep or not colon or not name or engine not in ENGINES or not re.fullmatch(r"[A-Za-z0-9.+-]+", name):
+            raise SystemExit(f"--mode-variant {item!r}: expected NAME=ENGINE:FLAGS, NAME of letters, digits, '.', "
+                             f"'+' or '-', ENGINE one of {', '.join(ENGINES)}")
+        if name in modes or name in [f[0] for f in found]:
+            raise SystemExit(f"--mode-variant {item!r}: mode {name!r} is measured already")
+        found.append((name, engine, tuple(shlex.split(flags))))
+    return found
+
+
 def targets(args: argparse.Namespace, where: Placement) -> list[Target]:
     found = []
-    for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    named = [(m, m, ()) for m in modes] + mode_variants(args.mode_variant, modes)
+    for name, engine, own_flags in named:
         spec = ServeSpec(
-            engine=mode, model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
+            engine=engine, model=args.model, tokenizer=args.tokenizer, dtype=args.dtype,
             max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens, enforce_eager=args.enforce_eager,
             host=args.host, port=args.port, frontend_cpus=format_cpu_list(where.frontend_cpus) or None,
             engine_cpus=format_cpu_list(where.engine_cpus) or None,
-            extra_args=tuple(shlex.split(args.serve_args)) + frontend_nice_args(args))
-        found.append(Target(name=mode, serve=spec))
+            extra_args=tuple(shlex.split(args.serve_args)) + frontend_nice_args(args) + own_flags)
+        found.append(Target(name=name, serve=spec))
     pids = parse_named(args.extra_engine_pid)
     for name, url in parse_named(args.extra_base_url).items():
         found.append(Target(name=name, base_url=url, engine_pid=int(pids[name]) if name in pids else None))

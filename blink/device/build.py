@@ -131,6 +131,7 @@ def load_host_library() -> C.CDLL:
         "blink_block_hash": (_U64, _U64, _P, _I),
         "blink_block_key": (_U64, _U64),
         "blink_sched_idle_turn": (_I, _P, _P),
+        "blink_sched_pace": (_U64, _P, _I, _U64),
         "blink_team_votes": (None, _I, _I, _P, _P, _I),
         "blink_ahead_row_check": (None, _P, _P, _I, C.c_int32, C.POINTER(C.c_int32)),
     })

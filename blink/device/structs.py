@@ -99,7 +99,7 @@ class SchedConfig(C.Structure):
         ("idle_deep_after_ns", C.c_int64),
         ("idle_park_after_ns", C.c_int64),  # 0: never park
         ("sampler_variants", C.c_int32),  # graphs per bucket: 1, or 2 with the searchless one (csrc/sched_variant.h)
-        ("_pad0", C.c_int32),
+        ("decode_pace_us", C.c_int32),  # issue 19, energy: decodes-only steps paced (csrc/sched_pace.h), 0 = off
     ]
 
 

@@ -14,6 +14,7 @@ from blink.core.runner import ModelRunner
 from blink.core.scheduler import Scheduler
 from blink.core.sequence import Sequence
 from blink.host.constraints import ConstraintLoader
+from blink.host.pace import PACE_SLICE_S, DecodePace
 from blink.request import SamplingParams, TokenEvent, request_seed
 from blink.transport.layout import ITERATION_TOKEN_BOUNDS
 from blink.util.startup import phase
@@ -46,6 +47,7 @@ class HostEngine(Engine):
         self._step_times: deque[StepTime] = deque(maxlen=STEP_TIMES_KEPT)
         self.constraints = ConstraintLoader(args, m, tensor_parallel=args.tensor_parallel_size > 1)
         self._constrained: dict[int, SamplingParams] = {}  # queued constrained requests: their grammar's refs
+        self.pace = DecodePace(args.decode_pace_ms)
 
     # -- Engine interface ------------------------------------------------------------------------------
     def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -108,7 +110,12 @@ class HostEngine(Engine):
         for req_id, prompt_ids, params, arrived_at in queued:
             self._queue(req_id, prompt_ids, params, arrived_at)
         events, self._pending = self._pending + failed, []
+        wait = self.pace.wait_s(start, len(self.scheduler.waiting), self.scheduler.running)
+        if wait > 0:  # a paced decode step: sleep a slice, and let the caller take arrivals before the next call
+            time.sleep(min(wait, PACE_SLICE_S))
+            return events
         output = self.scheduler.schedule()
+        self.pace.last_start = start
         if not output.chunks:
             return events
         for seq in output.admitted:

@@ -79,3 +79,16 @@ def test_priority1_matrix_sets_the_sweep_and_the_workload():
     b = args("--matrix", "priority1", "--repeats", "1", "--saturation-rate", "40")
     interference.apply_matrix(b)
     assert b.repeats == 1 and b.request_rates == "2,24,40"
+
+
+def test_a_mode_variant_is_a_mode_of_its_own_with_its_own_flags():
+    a = args("--serve-args", "--max-num-seqs 8", "--mode-variant", "device-paced=device:--decode-pace-ms 12")
+    found = {t.name: t.serve for t in targets(a, placement("split", a, ALL))}
+    assert list(found) == ["device", "host", "device-paced"]
+    assert found["device-paced"].engine == "device"
+    assert found["device-paced"].extra_args == ("--max-num-seqs", "8", "--decode-pace-ms", "12")
+    assert found["device"].extra_args == ("--max-num-seqs", "8")
+    for bad in ("paced", "paced=gpu:--x 1", "host=host:--x 1", "a b=device:"):
+        a = args("--mode-variant", bad)
+        with pytest.raises(SystemExit, match="--mode-variant"):
+            targets(a, placement("split", a, ALL))

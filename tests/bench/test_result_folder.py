@@ -101,11 +101,29 @@ def test_mode_ratios_set_host_over_device_beside_the_paper(tmp_path):
         save_repeat(str(tmp_path), host)
     write_report(str(tmp_path))
     text = (tmp_path / "results.md").read_text()
-    assert "| Blink paper | headline | - | 8.47 | 3.40 | 2.10 | -0.486 | - |" in text
+    assert "| Blink paper | device | headline | - | 8.47 | 3.40 | 2.10 | -0.486 | - |" in text
     # P99 TTFT 200/50, TPOT equal, throughput 200/100, energy 2/4 - 1; no CPU energy recorded: "-"
-    assert "| split | isolated | 8 | 4.00 [4.00, 4.00] | 1.00 [1.00, 1.00] | 2.00 [2.00, 2.00] | " \
+    assert "| split | device | isolated | 8 | 4.00 [4.00, 4.00] | 1.00 [1.00, 1.00] | 2.00 [2.00, 2.00] | " \
            "-0.500 [-0.500, -0.500] | - |" in text
     assert "_repeats" not in (tmp_path / "summary.json").read_text()
+
+
+def test_a_mode_variant_gets_its_own_ratios_against_host_mode(tmp_path):
+    for repeat in range(2):
+        device = fake_point("run1", repeat, ttft_ms=50.0, throughput=200.0)
+        paced = fake_point("run1", repeat, ttft_ms=100.0, throughput=200.0)
+        host = fake_point("run1", repeat, ttft_ms=200.0, throughput=100.0)
+        paced["mode"], paced["energy_per_output_token_mj"] = "device-paced", 3.0
+        host["mode"], host["energy_per_output_token_mj"] = "host", 4.0
+        for point in (device, paced, host):
+            save_repeat(str(tmp_path), point)
+    write_report(str(tmp_path))
+    text = (tmp_path / "results.md").read_text()
+    section = text.split("## Device mode against host mode")[1].split("\n## ")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| split |")]
+    assert [row.split(" | ")[1] for row in rows] == ["device", "device-paced"]
+    assert rows[1].startswith("| split | device-paced | isolated | 8 | 2.00 [2.00, 2.00] | 1.00 [1.00, 1.00] | "
+                               "2.00 [2.00, 2.00] | -0.250 [-0.250, -0.250] |")
 
 
 def test_cpu_energy_joins_the_gpus_in_the_table_and_the_ratio(tmp_path):

@@ -154,6 +154,17 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
         --server-start-s "${INTF_START_S:-90}" --disable-tqdm --result-dir /tmp/defaults-serve 2>&1 \
         | grep --line-buffered -v "it/s" | tee "$OUT/defaults_serve.log"
       tar czf "$OUT/defaults_serve.tgz" -C /tmp/defaults-serve points runs results.md;;
+    energy-pace)  # issue 19's energy per token: defaults-serve's point with device mode also served at each decode pace
+      # in PACE_MS (ms, comma separated: `--decode-pace-ms`, as mode device-paceN), at PACE_RATES, PACE_REPEATS
+      # interleaved repeats; --resume on the same machine continues a cut plan (INTF_BUDGET s a call)
+      pace=${PACE_MS:-12}; variants=(); for ms in ${pace//,/ }; do variants+=(--mode-variant "device-pace$ms=device:--decode-pace-ms $ms"); done
+      python3 -m blink bench interference --model llama3-8b --modes "${PACE_MODES:-device,host}" "${variants[@]}" \
+        --layouts split --request-rates "${PACE_RATES:-24}" --attack-levels 0 --repeats "${PACE_REPEATS:-2}" \
+        --random-input-len 512 --random-output-len 128 --random-range-ratio 0.0 --ignore-eos --frontend-cpus 0-1 \
+        --engine-cpus 2-13 --client-cpus 14-15 --point-seconds 15 --drain-seconds 8 --resume \
+        --server-start-s "${INTF_START_S:-90}" --time-budget-s "${INTF_BUDGET:-500}" --disable-tqdm \
+        --result-dir /tmp/energy-pace 2>&1 | grep --line-buffered -v "it/s" | tee -a "$OUT/energy_pace.log"
+      tar czf "$OUT/energy_pace.tgz" -C /tmp/energy-pace points runs results.md;;
     replicas)  # 2 GPUs (nvidia-h200-x2): two device-mode replicas behind vllm-router vs one replica, then a drain
       # under load (REPLICA_MODEL, REPLICA_PROMPTS, REPLICA_ARGS, REPLICA_LOAD; docs/deploy.md). Needs .whl with
       # vllm-router (fetch_wheels.sh).

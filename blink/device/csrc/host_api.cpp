@@ -5,6 +5,7 @@
 
 #include "sched_ahead.h"
 #include "sched_idle.h"
+#include "sched_pace.h"
 
 using namespace blink;
 
@@ -187,6 +188,17 @@ int blink_sched_idle_turn(const LoopParams* p, int32_t* idle_ns) {
   if (s->parking) park_done(s);
   *idle_ns = s->idle_ns;
   return code;
+}
+
+// The GPU loop's pace before a plan (sched_pace.h), the last launch `ago_ns` before now: the nanoseconds waited.
+uint64_t blink_sched_pace(const LoopParams* p, int threads, uint64_t ago_ns) {
+  const uint64_t last = now_ns() - ago_ns;
+  uint64_t waited = 0;
+  run_team(threads, [&](const Team& t) {
+    const uint64_t w = pace_decodes(t, *p, last);
+    if (t.leader()) waited = w;
+  });
+  return waited;
 }
 
 // The GPU loop's exit test on an idle turn: 1 once the front end closed ingress and all it sent finished.

@@ -6,6 +6,7 @@
 
 #include "sched_ahead.h"
 #include "sched_idle.h"
+#include "sched_pace.h"
 
 namespace blink {
 

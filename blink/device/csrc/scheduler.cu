@@ -54,6 +54,7 @@ __global__ void __launch_bounds__(kThreads) scheduler_kernel(const LoopParams* p
   t.sync();
   complete_pending(t, p);
   while (true) {
+    if (p.cfg.decode_pace_us > 0 && s->launched > 0) pace_decodes(t, p, trace_row(p, s->launched - 1)[0]);
     if (t.leader()) {  // the stop flag as read during the last forward, else fresh (idle: no hurry)
       const bool stop = s->ingress_tail_valid ? s->stop_seen != 0 : load_volatile(&ctl->stop_flag) != 0;
       s->stopping = stop || s->error_code == kErrStepTimeout;

@@ -1,0 +1,93 @@
+"""Host mode's decode pace (issue 19, energy; blink/host/pace.py): the flag, which steps wait and what ends a wait.
+Time bounds guard against stalls or a pace that is ignored; they do not time the engine."""
+from __future__ import annotations
+
+import argparse
+import time
+
+import pytest
+
+from blink.config import EngineArgs
+from blink.host.engine import HostEngine
+from blink.host.pace import DecodePace
+from blink.request import SamplingParams
+from tests.hf_models import make_tiny_model
+
+GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+
+
+def test_the_flag_takes_milliseconds_and_names_itself_when_wrong():
+    p = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(p)
+    assert EngineArgs.from_cli(p.parse_args([])).decode_pace_ms == 0.0
+    assert EngineArgs.from_cli(p.parse_args(["--decode-pace-ms", "12.5"])).decode_pace_ms == 12.5
+    for bad in ("-1", "abc", "1001", "nan"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--decode-pace-ms", bad])
+    cli = EngineArgs(decode_pace_ms=7.0).to_cli()
+    assert cli[cli.index("--decode-pace-ms") + 1] == "7.0"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
+
+
+def engine(path, pace_ms: float) -> HostEngine:
+    return HostEngine(EngineArgs(model=str(path), device="cpu", dtype="float32", max_num_seqs=4,
+                                 max_num_batched_tokens=16, num_kv_blocks=24, block_size=4, decode_pace_ms=pace_ms))
+
+
+def generate(eng: HostEngine, requests: dict[int, list[int]]) -> tuple[dict[int, list[int]], int]:
+    """Runs to the end: each request's tokens, and the steps that ran."""
+    for rid, prompt in requests.items():
+        eng.add_request(rid, prompt, GREEDY)
+    out = {rid: [] for rid in requests}
+    for _ in range(100_000):
+        if not eng.has_unfinished():
+            break
+        for ev in eng.step():
+            if ev.token_id >= 0:
+                out[ev.req_id].append(ev.token_id)
+    return out, eng.stats().steps
+
+
+def test_paced_decodes_give_the_same_tokens_no_faster_than_the_pace(tiny):
+    requests = {1: [5, 9, 13], 2: [7, 8]}
+    plain, plain_steps = generate(engine(tiny, 0), requests)
+    t0 = time.perf_counter()
+    paced, paced_steps = generate(engine(tiny, 40), requests)
+    took = time.perf_counter() - t0
+    assert paced == plain and paced_steps == plain_steps
+    # 8 tokens each: the prefill step, then 7 paced decode steps
+    assert took >= 7 * 0.040 * 0.9
+
+
+class Seq:
+    def __init__(self, is_decode: bool):
+        self.is_decode = is_decode
+
+
+def test_only_decodes_wait_and_a_queue_ends_the_wait():
+    pace = DecodePace(50)
+    decoding = [Seq(True), Seq(True)]
+    assert pace.wait_s(0.0, waiting=0, running=decoding) == 0.0, "no step yet"
+    pace.last_start = 10.0
+    assert pace.wait_s(10.02, waiting=0, running=decoding) == pytest.approx(0.03)
+    assert pace.wait_s(10.02, waiting=1, running=decoding) == 0.0, "a waiting request is planned now"
+    assert pace.wait_s(10.02, waiting=0, running=[]) == 0.0
+    assert pace.wait_s(10.06, waiting=0, running=decoding) == 0.0, "the pace is over"
+    assert pace.wait_s(10.02, waiting=0, running=[Seq(True), Seq(False)]) == 0.0, "a prompt is left to prefill"
+    assert DecodePace(0).wait_s(0.0, 0, decoding) == 0.0
+
+
+def test_a_paced_engine_takes_a_new_request_at_once(tiny):
+    eng = engine(tiny, 1000)
+    eng.add_request(1, [5, 9, 13], GREEDY)
+    assert [ev.req_id for ev in eng.step()] == [1], "the prefill and its first token"
+    t0 = time.perf_counter()
+    assert eng.step() == [] and time.perf_counter() - t0 < 0.5, "the decode waits, a slice at a time"
+    eng.add_request(2, [7, 8], GREEDY)
+    events = eng.step()
+    assert time.perf_counter() - t0 < 0.5
+    assert {ev.req_id for ev in events} == {1, 2}, "the arrival's prefill and the decode ran together"
