@@ -48,6 +48,7 @@ class HostEngine(Engine):
         self.constraints = ConstraintLoader(args, m, tensor_parallel=args.tensor_parallel_size > 1)
         self._constrained: dict[int, SamplingParams] = {}  # queued constrained requests: their grammar's refs
         self.pace = DecodePace(args.decode_pace_ms)
+        self.paced = False  # the last step() only waited out the pace (no step ran)
 
     # -- Engine interface ------------------------------------------------------------------------------
     def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:
@@ -111,7 +112,8 @@ class HostEngine(Engine):
             self._queue(req_id, prompt_ids, params, arrived_at)
         events, self._pending = self._pending + failed, []
         wait = self.pace.wait_s(start, len(self.scheduler.waiting), self.scheduler.running)
-        if wait > 0:  # a paced decode step: sleep a slice, and let the caller take arrivals before the next call
+        self.paced = wait > 0
+        if self.paced:  # a paced decode step: sleep a slice, and let the caller take arrivals before the next call
             time.sleep(min(wait, PACE_SLICE_S))
             return events
         output = self.scheduler.schedule()

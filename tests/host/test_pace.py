@@ -87,7 +87,9 @@ def test_a_paced_engine_takes_a_new_request_at_once(tiny):
     assert [ev.req_id for ev in eng.step()] == [1], "the prefill and its first token"
     t0 = time.perf_counter()
     assert eng.step() == [] and time.perf_counter() - t0 < 0.5, "the decode waits, a slice at a time"
+    assert eng.paced and eng.stats().steps == 1, "a slice of the wait is not a step (the ring loop's intervals)"
     eng.add_request(2, [7, 8], GREEDY)
     events = eng.step()
     assert time.perf_counter() - t0 < 0.5
     assert {ev.req_id for ev in events} == {1, 2}, "the arrival's prefill and the decode ran together"
+    assert not eng.paced and eng.stats().steps == 2
