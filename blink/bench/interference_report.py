@@ -182,7 +182,8 @@ def ratio_cell(s: dict, digits: int = 2) -> str:
 def ratios_section(rows: list[dict]) -> str:
     """Our device-vs-host ratios (median [95% bootstrap interval over both modes' repeats]) beside the paper's."""
     lines = ["## Device mode against host mode, beside the Blink paper's headline ratios\n",
-             "Mode: device, or a `--mode-variant` (its own serve flags) set against plain host mode.\n",
+             "Mode: device, then every other mode measured (a `--mode-variant`, an `--extra-base-url` server), each "
+             "set against plain host mode.\n",
              "| layout | mode | condition | rate (req/s) | P99 TTFT host/mode | P99 TPOT host/mode | "
              "throughput mode/host | energy per token mode/host - 1 | GPU + CPU energy per token mode/host - 1 |",
              "|---|---|---|---|---|---|---|---|---|",

@@ -36,6 +36,7 @@ class Engine(abc.ABC):
     """What the front end, the offline LLM and the tests need from an engine."""
 
     limits: EngineLimits  # resolved once at load (blink/core/limits.py)
+    paced: bool = False  # the last step() only waited out the decode pace: no step ran (blink/host/pace.py)
 
     @abc.abstractmethod
     def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:

@@ -48,7 +48,6 @@ class HostEngine(Engine):
         self.constraints = ConstraintLoader(args, m, tensor_parallel=args.tensor_parallel_size > 1)
         self._constrained: dict[int, SamplingParams] = {}  # queued constrained requests: their grammar's refs
         self.pace = DecodePace(args.decode_pace_ms)
-        self.paced = False  # the last step() only waited out the pace (no step ran)
 
     # -- Engine interface ------------------------------------------------------------------------------
     def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:

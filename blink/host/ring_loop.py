@@ -64,7 +64,7 @@ def serve_rings(engine: Engine, segment, should_stop=lambda: False) -> None:
                 events.append(TokenEvent(item.req_id, -1, 0, FinishReason.ERROR))
         if engine.has_unfinished():
             events += engine.step()
-            if not getattr(engine, "paced", False):  # a slice of a paced wait is not a step (host/pace.py)
+            if not engine.paced:  # a slice of a paced wait is not a step (host/pace.py)
                 busy_since = observe_step_interval(ctl, busy_since)
             idle = 0.0
         elif not events:

@@ -8,10 +8,10 @@ import time
 import pytest
 
 from blink.config import EngineArgs
-from blink.host.engine import HostEngine
 from blink.host.pace import DecodePace
 from blink.request import SamplingParams
 from tests.hf_models import make_tiny_model
+from tests.host.test_host_engine import engine, run_all
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 
@@ -33,32 +33,13 @@ def tiny(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("llama"), "llama")
 
 
-def engine(path, pace_ms: float) -> HostEngine:
-    return HostEngine(EngineArgs(model=str(path), device="cpu", dtype="float32", max_num_seqs=4,
-                                 max_num_batched_tokens=16, num_kv_blocks=24, block_size=4, decode_pace_ms=pace_ms))
-
-
-def generate(eng: HostEngine, requests: dict[int, list[int]]) -> tuple[dict[int, list[int]], int]:
-    """Runs to the end: each request's tokens, and the steps that ran."""
-    for rid, prompt in requests.items():
-        eng.add_request(rid, prompt, GREEDY)
-    out = {rid: [] for rid in requests}
-    for _ in range(100_000):
-        if not eng.has_unfinished():
-            break
-        for ev in eng.step():
-            if ev.token_id >= 0:
-                out[ev.req_id].append(ev.token_id)
-    return out, eng.stats().steps
-
-
 def test_paced_decodes_give_the_same_tokens_no_faster_than_the_pace(tiny):
-    requests = {1: [5, 9, 13], 2: [7, 8]}
-    plain, plain_steps = generate(engine(tiny, 0), requests)
+    requests = {1: ([5, 9, 13], GREEDY), 2: ([7, 8], GREEDY)}
+    plain, _, plain_plans = run_all(engine(tiny), requests)
     t0 = time.perf_counter()
-    paced, paced_steps = generate(engine(tiny, 40), requests)
+    paced, _, paced_plans = run_all(engine(tiny, decode_pace_ms=40), requests)
     took = time.perf_counter() - t0
-    assert paced == plain and paced_steps == plain_steps
+    assert paced == plain and paced_plans == plain_plans
     # 8 tokens each: the prefill step, then 7 paced decode steps
     assert took >= 7 * 0.040 * 0.9
 
@@ -82,7 +63,7 @@ def test_only_decodes_wait_and_a_queue_ends_the_wait():
 
 
 def test_a_paced_engine_takes_a_new_request_at_once(tiny):
-    eng = engine(tiny, 1000)
+    eng = engine(tiny, decode_pace_ms=1000)
     eng.add_request(1, [5, 9, 13], GREEDY)
     assert [ev.req_id for ev in eng.step()] == [1], "the prefill and its first token"
     t0 = time.perf_counter()

@@ -17,17 +17,8 @@ __device__ __forceinline__ uint32_t load_acquire_gpu(const uint32_t* p) {
 }
 
 // Leader: while a forward runs, fetch what the next step would otherwise read over PCIe on its critical
-// path: the ingress tail, the stop flag and the prefix-cache reset word (loads in flight at once: one
-// round trip). Called in the wait loop, so the last call before the forward completes is the fresh one.
-__device__ inline void prefetch_host_words(const LoopParams& p) {
-  SchedState* s = p.state;
-  const uint64_t tail = load_acquire(&p.rings.ingress_header->tail);
-  const uint32_t stop = load_volatile(&p.rings.control->stop_flag);
-  s->resets_seen = load_volatile(&p.rings.control->reset_prefix_cache);
-  s->ingress_tail_seen = tail;
-  s->stop_seen = stop != 0;
-  s->ingress_tail_valid = 1;
-}
+// path (read_host_words). Called in the wait loop, so the last call before the forward completes is the fresh one.
+__device__ inline void prefetch_host_words(const LoopParams& p) { read_host_words(p.state, p.rings); }
 
 // Leader: launch the planned step's forward graph (ahead: the step take_ahead let go, planned from the last one;
 // its graph `exec` was read before the wait). Returns whether it launched. On failure the step's requests end with

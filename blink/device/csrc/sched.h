@@ -32,6 +32,19 @@ BLINK_HD inline void fail_planned_step(const LoopParams& p, int32_t code) {
   fail_step(p.state, p.cfg, p.rings, code);
 }
 
+// Leader: read what the next plan needs from the host over PCIe (loads in flight at once: one round trip): the
+// ingress tail, the stop flag and the prefix-cache reset word. The plan then uses them (ingress_tail_valid).
+BLINK_HD inline void read_host_words(SchedState* s, const RingPtrs& rp) {
+  // every load before the first store: a store waits for its value, which would serialise the round trips
+  const uint64_t tail = load_acquire(&rp.ingress_header->tail);
+  const uint32_t stop = load_volatile(&rp.control->stop_flag);
+  const uint32_t resets = load_volatile(&rp.control->reset_prefix_cache);
+  s->ingress_tail_seen = tail;
+  s->stop_seen = stop != 0;
+  s->resets_seen = resets;
+  s->ingress_tail_valid = 1;
+}
+
 // Team: ingest rounds until one consumes nothing. A held abort (sched_ingest.h) is retried once the pending
 // records are written, so that it lands after its request's last tokens. abort_held is written by the leader
 // only (ingest_decide, and here past a sync), so the path without a held abort costs no extra sync; a stale

@@ -163,12 +163,7 @@ BLINK_HD inline void warm_ahead(const Team& t, const SchedState* s, const AheadP
 // prefetched, else reads them (the host tests, or a forward done at the first poll); the synchronous path after a
 // refusal uses the same words.
 BLINK_HD inline bool work_waiting(SchedState* s, const SchedConfig& c, const RingPtrs& rp) {
-  if (!s->ingress_tail_valid) {
-    s->ingress_tail_seen = load_acquire(&rp.ingress_header->tail);
-    s->stop_seen = load_volatile(&rp.control->stop_flag) != 0;
-    s->resets_seen = load_volatile(&rp.control->reset_prefix_cache);
-    s->ingress_tail_valid = 1;
-  }
+  if (!s->ingress_tail_valid) read_host_words(s, rp);
   const bool admits = s->waiting_count != 0 && s->running_count < c.max_num_seqs &&
                       s->plan_rows < c.max_num_batched_tokens;  // no stop at this step: the same running set
   return admits || s->abort_held || s->ingress_tail_seen != s->ingress_head || s->stop_seen ||

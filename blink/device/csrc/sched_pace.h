@@ -27,8 +27,8 @@ BLINK_HD inline bool pace_applies(const Team& t, const LoopParams& p, uint64_t l
 }
 
 // Team, before the plan: the pace's wait, if it applies. The last step's tokens go out first (they would
-// otherwise wait for the next launch), then the leader sleeps in kPacePollNs slices, watching the ingress
-// tail and the stop flag; the words it read last are the plan's (as prefetch_host_words leaves them).
+// otherwise wait for the next launch), then the leader sleeps in kPacePollNs slices, reading the host's words
+// (read_host_words) between them: the ones it read last are the plan's.
 // Returns (to the leader) the nanoseconds waited.
 BLINK_HD inline uint64_t pace_decodes(const Team& t, const LoopParams& p, uint64_t last_launch_ns) {
   SchedState* s = p.state;
@@ -41,10 +41,7 @@ BLINK_HD inline uint64_t pace_decodes(const Team& t, const LoopParams& p, uint64
     publish(s, c, p.rings);
     const uint64_t until = last_launch_ns + (uint64_t)c.decode_pace_us * 1000u;
     while (true) {
-      s->ingress_tail_seen = load_acquire(&p.rings.ingress_header->tail);
-      s->stop_seen = load_volatile(&p.rings.control->stop_flag) != 0;
-      s->resets_seen = load_volatile(&p.rings.control->reset_prefix_cache);
-      s->ingress_tail_valid = 1;
+      read_host_words(s, p.rings);
       now = now_ns();
       if (now >= until || s->ingress_tail_seen != s->ingress_head || s->stop_seen ||
           s->resets_seen != s->resets_done)
