@@ -53,6 +53,12 @@ class Tool(Strict):
     cache_control: dict[str, Any] | None = None
 
 
+class ToolChoice(Strict):
+    type: Literal["auto", "any", "tool", "none"]
+    name: str | None = None  # the tool that "tool" forces
+    disable_parallel_tool_use: bool | None = None
+
+
 class Metadata(Strict):
     user_id: str | None = None  # written to the access log
 
@@ -69,7 +75,7 @@ class MessagesRequest(Strict):
     top_k: int | None = None
     metadata: Metadata | None = None
     tools: list[Tool] | None = None
-    tool_choice: dict[str, Any] | None = None  # only {"type": "auto"}: forcing a tool needs constrained decoding
+    tool_choice: ToolChoice | None = None
 
 
 def _text(blocks: str | list[TextBlock] | None) -> str:
@@ -119,9 +125,21 @@ def to_chat_tools(tools: list[Tool] | None) -> list[dict] | None:
                                               "parameters": t.input_schema}} for t in tools]
 
 
-def tool_use_block(call) -> dict:
-    return {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
+def to_chat_choice(choice: ToolChoice | None) -> tuple[Any, bool | None]:
+    """OpenAI's tool_choice and parallel_tool_calls for Anthropic's tool_choice (any = required)."""
+    if choice is None:
+        return None, None
+    if (choice.type == "tool") != (choice.name is not None):
+        raise ValueError('tool_choice.name goes with type "tool" and only with it')
+    if choice.type == "none" and choice.disable_parallel_tool_use is not None:
+        raise ValueError('tool_choice.disable_parallel_tool_use does not go with type "none"')
+    openai = {"auto": "auto", "any": "required", "none": "none"}.get(choice.type)
+    if choice.type == "tool":
+        openai = {"type": "function", "function": {"name": choice.name}}
+    return openai, (None if choice.disable_parallel_tool_use is None else not choice.disable_parallel_tool_use)
 
 
-def input_json(call) -> str:
-    return json.dumps(call.arguments, ensure_ascii=False)
+def tool_use_block(call: dict) -> dict:
+    """A parsed call (OpenAI's shape, blink/frontend/tools.py) as a tool_use block."""
+    return {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["function"]["name"],
+            "input": json.loads(call["function"]["arguments"])}

@@ -5,7 +5,8 @@ The model family's format comes from its chat template: Hermes/Qwen (`<tool_call
 `{"name": ..., "parameters": {...}}`, one call: Llama 3's templates describe no parallel form).
 `required` and a named function are enforced by a regex built from the tools' JSON schemas, so the
 calls parse and their arguments validate even with random weights; `auto` leaves the output free and
-parses what the model wrote; `none` neither constrains nor parses.
+parses what the model wrote (with parallel calls off, only its first call counts, as in vLLM); `none`
+neither constrains nor parses. The chat and Anthropic Messages endpoints both plan and parse here.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class ToolPlan:
     parse: bool
     constraint: Constraint | None
     names: set[str] = field(default_factory=set)
+    parallel: bool = True  # false: one call at most (the grammar forces it; under auto the first is kept)
 
 
 def _check_tools(tools: Any) -> dict[str, dict]:
@@ -90,7 +92,7 @@ def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, template_sou
     if choice == "none":
         return ToolPlan(fmt, parse=False, constraint=None)
     if choice == "auto":
-        return ToolPlan(fmt, parse=True, constraint=None, names=set(by_name))
+        return ToolPlan(fmt, parse=True, constraint=None, names=set(by_name), parallel=parallel is not False)
     if choice == "required":
         wanted = list(by_name)
     elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
@@ -108,7 +110,8 @@ def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, template_sou
         block = f"{_HERMES_OPEN}\n({one})\n{_HERMES_CLOSE}"
         extra = MAX_PARALLEL_CALLS - 1 if parallel is not False else 0
         regex = f"{block}(\n{block}){{0,{extra}}}" if extra else block
-    return ToolPlan(fmt, parse=True, constraint=Constraint("regex", regex), names={*wanted})
+    return ToolPlan(fmt, parse=True, constraint=Constraint("regex", regex), names={*wanted},
+                    parallel=parallel is not False)
 
 
 def _as_call(obj: Any, fmt: str, names: set[str]) -> dict | None:
@@ -142,7 +145,7 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict]]
     if not calls:
         return text, []
     rest = _HERMES_BLOCK.sub("", text).strip()
-    return (rest or None), calls
+    return (rest or None), (calls if plan.parallel else calls[:1])
 
 
 class ToolStream:

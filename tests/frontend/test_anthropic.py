@@ -82,7 +82,7 @@ def test_tool_definitions_calls_and_results_round_trip(client):
     ]
     out = whole_prompt(client, tools=[WEATHER], messages=messages)
     assert out.stop_reason == "tool_use"
-    call, text = out.content
+    text, call = out.content  # Anthropic's order: the text, then the calls
     assert call.type == "tool_use" and call.name == "get_weather" and call.input == {"city": "Paris"}
     assert call.id.startswith("toolu_")
     assert text.text.startswith('TOOL get_weather: Weather of a city {"type": "object"')
@@ -91,8 +91,8 @@ def test_tool_definitions_calls_and_results_round_trip(client):
     with client.messages.stream(model="fake", max_tokens=out.usage.output_tokens, tools=[WEATHER],
                                 messages=messages) as stream:
         final = stream.get_final_message()
-    assert [b.type for b in final.content] == ["tool_use", "text"]
-    assert final.content[0].input == {"city": "Paris"} and final.content[1].text == text.text
+    assert [b.type for b in final.content] == ["text", "tool_use"]
+    assert final.content[1].input == {"city": "Paris"} and final.content[0].text == text.text
     assert final.stop_reason == "tool_use"
 
 
@@ -103,9 +103,11 @@ def test_errors_in_anthropic_shape(client, server):
     with pytest.raises(anthropic.BadRequestError) as info:
         client.messages.create(model="fake", max_tokens=4, messages=[{"role": "user", "content": [image]}])
     assert info.value.body["type"] == "error" and info.value.body["error"]["type"] == "invalid_request_error"
-    with pytest.raises(anthropic.BadRequestError, match="tool_choice"):
-        client.messages.create(model="fake", max_tokens=4, tools=[WEATHER], tool_choice={"type": "any"},
-                               messages=[{"role": "user", "content": "hi"}])
+    for choice in ({"type": "tool", "name": "missing"}, {"type": "any", "name": "get_weather"},
+                   {"type": "none", "disable_parallel_tool_use": True}):
+        with pytest.raises(anthropic.BadRequestError, match="tool_choice"):
+            client.messages.create(model="fake", max_tokens=4, tools=[WEATHER], tool_choice=choice,
+                                   messages=[{"role": "user", "content": "hi"}])
     with pytest.raises(anthropic.BadRequestError, match="thinking"):
         client.messages.create(model="fake", max_tokens=4, messages=[{"role": "user", "content": "hi"}],
                                thinking={"type": "enabled", "budget_tokens": 1024})

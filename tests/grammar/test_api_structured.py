@@ -126,6 +126,32 @@ def test_tool_calls_stream_in_openai_shape(http):
     assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_anthropic_tool_choice_any_and_tool(http):
+    """/v1/messages forces a call with the chat path's grammar: the tool_use blocks' inputs validate."""
+    from tests.grammar.test_tools import PARAMS
+
+    tools = [{"name": name, "input_schema": schema} for name, schema in PARAMS.items()]
+    messages = [{"role": "user", "content": "weather in Oslo?"}]
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_time"}):
+        r = post(http, "/messages", messages=messages, tools=tools, tool_choice=choice, max_tokens=200)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["stop_reason"] == "tool_use" and out["content"], out
+        for block in out["content"]:
+            assert block["type"] == "tool_use" and block["id"].startswith("toolu_"), out
+            assert choice["type"] == "any" or block["name"] == "get_time"
+            jsonschema.validate(block["input"], PARAMS[block["name"]])
+    body = {"model": "demo", "messages": messages, "tools": tools, "max_tokens": 200, "stream": True,
+            "tool_choice": {"type": "tool", "name": "get_weather", "disable_parallel_tool_use": True}}
+    with http.stream("POST", "/messages", json=body) as s:
+        events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data: {")]
+    starts = [e["content_block"] for e in events if e["type"] == "content_block_start"]
+    inputs = [e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta"]
+    assert [b["type"] for b in starts] == ["tool_use"] and starts[0]["name"] == "get_weather", events
+    jsonschema.validate(strict_json(inputs[0]), PARAMS["get_weather"])
+    assert events[-2]["delta"]["stop_reason"] == "tool_use" and events[-1]["type"] == "message_stop"
+
+
 def test_tool_choice_auto_and_conflicts(http):
     from tests.grammar.test_tools import WEATHER
 

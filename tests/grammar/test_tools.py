@@ -74,6 +74,29 @@ def test_auto_parses_hermes_and_keeps_plain_text():
     assert stream.feed("_call>\n{...") == ""
 
 
+def test_auto_without_parallel_calls_keeps_the_first():
+    block = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s", "unit": "c"}}\n</tool_call>'
+    text = "A." + block % "Oslo" + block % "Rome"
+    for parallel, cities in ((None, ["Oslo", "Rome"]), (False, ["Oslo"])):
+        content, calls = parse_tool_calls(text, plan_tools([WEATHER], "auto", parallel, None))
+        assert content == "A." and [json.loads(c["function"]["arguments"])["city"] for c in calls] == cities
+
+
+def test_anthropic_tool_choice_maps_onto_chat():
+    from blink.frontend.messages_protocol import ToolChoice, to_chat_choice
+
+    assert to_chat_choice(None) == (None, None)
+    assert to_chat_choice(ToolChoice(type="any")) == ("required", None)
+    assert to_chat_choice(ToolChoice(type="auto", disable_parallel_tool_use=True)) == ("auto", False)
+    assert to_chat_choice(ToolChoice(type="tool", name="f", disable_parallel_tool_use=False)) == (
+        {"type": "function", "function": {"name": "f"}}, True)
+    assert to_chat_choice(ToolChoice(type="none")) == ("none", None)
+    for bad in (ToolChoice(type="tool"), ToolChoice(type="auto", name="f"),
+                ToolChoice(type="none", disable_parallel_tool_use=False)):
+        with pytest.raises(ValueError, match="tool_choice"):
+            to_chat_choice(bad)
+
+
 def test_tool_format_follows_the_template():
     assert tool_format("{% if tools %}<tool_call>{% endif %}") == HERMES
     assert tool_format(LLAMA_TEMPLATE) == LLAMA3

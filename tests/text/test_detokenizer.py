@@ -113,3 +113,10 @@ def test_stops_before_min_tokens_are_ignored():
     matcher = StopStringMatcher(["b"])
     assert matcher.feed("ab", check=False) == ("ab", False)
     assert matcher.feed("cb") == ("c", True)
+
+
+def test_include_stop_string():
+    for include, expected in ((False, "one two"), (True, "one two three")):
+        matcher = StopStringMatcher([" three", "fo"], include_stop=include)
+        assert feed_all(matcher, ["one", " two", " th", "ree four"]) == (expected, True)
+        assert matcher.matched == " three"
