@@ -16,7 +16,7 @@ from blink.frontend.chat import chat_prompt_ids, create_chat_completion
 from blink.frontend.completions import create_completion
 from blink.frontend.engine_client import EngineClient
 from blink.frontend.errors import APIError, error_response, install_error_handlers
-from blink.frontend.messages import MessagesRequest, create_message
+from blink.frontend.messages import MessagesPrompt, MessagesRequest, count_message_tokens, create_message
 from blink.frontend.metrics import FrontendMetrics
 from blink.frontend.middleware import AccessLogMiddleware, ApiKeyMiddleware, BodyLimitMiddleware, RequestIdMiddleware
 from blink.frontend.protocol import (
@@ -128,6 +128,10 @@ def build_app(config: AppConfig) -> FastAPI:
     async def messages(body: MessagesRequest, request: Request):
         note_user(request, body.metadata.user_id if body.metadata else None)
         return await create_message(state(), body, request)
+
+    @app.post("/v1/messages/count_tokens")
+    async def messages_count_tokens(body: MessagesPrompt):
+        return await count_message_tokens(state(), body)
 
     @app.get("/v1/models")
     async def models():

@@ -30,7 +30,7 @@ def error_body(status: int, message: str, param: str | None = None) -> dict:
 ANTHROPIC_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                          404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
                          503: "overloaded_error"}
-ANTHROPIC_PATHS = ("/v1/messages",)
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 def anthropic_error_body(status: int, message: str) -> dict:

@@ -1,4 +1,4 @@
-"""POST /v1/messages: the Anthropic Messages API on the chat path, streamed or not.
+"""POST /v1/messages: the Anthropic Messages API on the chat path, streamed or not (and count_tokens).
 
 Text and tool_use blocks out, text, tool_use and tool_result blocks in (messages_protocol.py). Tools are
 planned and parsed as on chat (tools.py): tool_choice any / tool is the same grammar as required / a named
@@ -17,6 +17,7 @@ from blink.frontend.constraint_fields import StructuredFields
 from blink.frontend.errors import APIError, anthropic_error_body
 from blink.frontend.generation import Delta, collect, generate
 from blink.frontend.messages_protocol import (
+    MessagesPrompt,
     MessagesRequest,
     to_chat_choice,
     to_chat_messages,
@@ -28,7 +29,7 @@ from blink.frontend.serving import FrontendState, arrival, request_id, sse, unle
 from blink.frontend.structured import constrain, hold
 from blink.frontend.tools import ToolPlan, ToolStream, parse_tool_calls, plan_tools
 
-__all__ = ["MessagesRequest", "create_message"]
+__all__ = ["MessagesPrompt", "MessagesRequest", "count_message_tokens", "create_message"]
 
 
 async def create_message(state: FrontendState, body: MessagesRequest, request: Request):
@@ -49,7 +50,17 @@ def _stop(delta: Delta, used_tool: bool) -> tuple[str, str | None]:
     return "end_turn", None
 
 
-async def _create(state: FrontendState, body: MessagesRequest, request: Request):
+async def count_message_tokens(state: FrontendState, body: MessagesPrompt):
+    """POST /v1/messages/count_tokens: the prompt /v1/messages would run, counted (rendered, not run)."""
+    try:
+        _, prompt_ids = await _prompt(state, body)
+    except APIError as e:
+        return JSONResponse(anthropic_error_body(e.status, e.message), status_code=e.status)
+    return {"input_tokens": len(prompt_ids)}
+
+
+async def _prompt(state: FrontendState, body: MessagesPrompt) -> tuple[ToolPlan | None, list[int]]:
+    """The tool plan and the templated prompt's ids (400s for what cannot be served)."""
     state.check_model(body.model)
     try:
         messages = to_chat_messages(body)
@@ -64,6 +75,11 @@ async def _create(state: FrontendState, body: MessagesRequest, request: Request)
     tools = plan_tools(chat_tools, choice, parallel, template and template.source)
     prompt_ids = await chat_prompt_ids(state, messages, True, None, chat_tools)
     state.check_prompt(prompt_ids)
+    return tools, prompt_ids
+
+
+async def _create(state: FrontendState, body: MessagesRequest, request: Request):
+    tools, prompt_ids = await _prompt(state, body)
     fields = SamplingFields(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                             stop=body.stop_sequences)
     params = state.sampling_params(fields, prompt_ids, body.max_tokens, None, 0)

@@ -63,19 +63,23 @@ class Metadata(Strict):
     user_id: str | None = None  # written to the access log
 
 
-class MessagesRequest(Strict):
+class MessagesPrompt(Strict):
+    """What makes the prompt: the body of /v1/messages/count_tokens, and the start of /v1/messages'."""
     model: str
-    max_tokens: int = Field(ge=1)
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+
+
+class MessagesRequest(MessagesPrompt):
+    max_tokens: int = Field(ge=1)
     stop_sequences: list[str] | None = None
     stream: bool = False
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = None
     top_k: int | None = None
     metadata: Metadata | None = None
-    tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
 
 
 def _text(blocks: str | list[TextBlock] | None) -> str:
@@ -86,7 +90,7 @@ def _text(blocks: str | list[TextBlock] | None) -> str:
     return "\n".join(b.text for b in blocks)
 
 
-def to_chat_messages(body: MessagesRequest) -> list[ChatMessage]:
+def to_chat_messages(body: MessagesPrompt) -> list[ChatMessage]:
     """Template messages in OpenAI's shape: tool_use -> assistant tool_calls, tool_result -> role "tool"."""
     out = [ChatMessage(role="system", content=_text(body.system))] if body.system else []
     for message in body.messages:

@@ -96,6 +96,33 @@ def test_tool_definitions_calls_and_results_round_trip(client):
     assert final.stop_reason == "tool_use"
 
 
+def test_count_tokens_is_the_prompt_messages_runs(client):
+    conversations = [
+        {"system": "Be brief.", "messages": [{"role": "user", "content": "Hello world"}]},
+        {"tools": [WEATHER], "tool_choice": {"type": "auto"}, "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                               "input": {"city": "Oslo"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Rain"}]}]},
+    ]
+    counts = []
+    for kwargs in conversations:
+        counts.append(client.messages.count_tokens(model="fake", **kwargs).input_tokens)
+        # the fake engine spells the prompt back: the count is its length, and the reply's own usage says it too
+        assert counts[-1] == client.messages.create(model="fake", max_tokens=1, **kwargs).usage.input_tokens
+    assert counts[0] > 0
+    no_tools = client.messages.count_tokens(model="fake", messages=conversations[1]["messages"]).input_tokens
+    assert counts[1] > no_tools  # the template renders the tools: they are part of the count
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.count_tokens(model="claude-x", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(anthropic.BadRequestError, match="tool_choice"):
+        client.messages.count_tokens(model="fake", messages=[{"role": "user", "content": "hi"}],
+                                     tool_choice={"type": "any"})
+    with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
+        client.messages.count_tokens(model="fake", messages=[{"role": "user", "content": "hi"}],
+                                     extra_body={"max_tokens": 5})
+
+
 def test_errors_in_anthropic_shape(client, server):
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="claude-x", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
