@@ -69,7 +69,9 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, exc: APIError):
+    async def _api_error(request: Request, exc: APIError):
+        if request.url.path in ANTHROPIC_PATHS:
+            return JSONResponse(anthropic_error_body(exc.status, exc.message), status_code=exc.status)
         return error_response(exc.status, exc.message, exc.param)
 
     @app.exception_handler(RequestValidationError)

@@ -6,7 +6,6 @@ function, so a forced call parses and validates. Errors use Anthropic's shape: {
 """
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 
 from fastapi import Request
@@ -32,13 +31,6 @@ from blink.frontend.tools import ToolPlan, ToolStream, parse_tool_calls, plan_to
 __all__ = ["MessagesPrompt", "MessagesRequest", "count_message_tokens", "create_message"]
 
 
-async def create_message(state: FrontendState, body: MessagesRequest, request: Request):
-    try:
-        return await _create(state, body, request)
-    except APIError as e:
-        return JSONResponse(anthropic_error_body(e.status, e.message), status_code=e.status)
-
-
 def _stop(delta: Delta, used_tool: bool) -> tuple[str, str | None]:
     """Anthropic's stop_reason and stop_sequence for a finished choice."""
     if used_tool:
@@ -51,11 +43,9 @@ def _stop(delta: Delta, used_tool: bool) -> tuple[str, str | None]:
 
 
 async def count_message_tokens(state: FrontendState, body: MessagesPrompt):
-    """POST /v1/messages/count_tokens: the prompt /v1/messages would run, counted (rendered, not run)."""
-    try:
-        _, prompt_ids = await _prompt(state, body)
-    except APIError as e:
-        return JSONResponse(anthropic_error_body(e.status, e.message), status_code=e.status)
+    """POST /v1/messages/count_tokens: the prompt /v1/messages would run, counted (rendered, not run).
+    An APIError raised here gets Anthropic's shape from the app's handler (errors.ANTHROPIC_PATHS)."""
+    _, prompt_ids = await _prompt(state, body)
     return {"input_tokens": len(prompt_ids)}
 
 
@@ -78,8 +68,9 @@ async def _prompt(state: FrontendState, body: MessagesPrompt) -> tuple[ToolPlan 
     return tools, prompt_ids
 
 
-async def _create(state: FrontendState, body: MessagesRequest, request: Request):
+async def create_message(state: FrontendState, body: MessagesRequest, request: Request):
     tools, prompt_ids = await _prompt(state, body)
+    parsing = tools if tools is not None and tools.parse else None  # tool_choice none: the text stays text
     fields = SamplingFields(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                             stop=body.stop_sequences)
     params = state.sampling_params(fields, prompt_ids, body.max_tokens, None, 0)
@@ -90,12 +81,12 @@ async def _create(state: FrontendState, body: MessagesRequest, request: Request)
     message = {"id": f"msg_{request_id(request)}", "type": "message", "role": "assistant",
                "model": state.served_model_name}
     if body.stream:
-        events = _events(stream, message, len(prompt_ids), tools if tools and tools.parse else None)
+        events = _events(stream, message, len(prompt_ids), parsing)
         return StreamingResponse(_sse(events), media_type="text/event-stream")
     result = await unless_disconnected(request, collect(stream))
     if result.error:
         raise APIError(500, "the engine failed the request")
-    text, calls = parse_tool_calls(result.text, tools) if tools and tools.parse else (result.text, [])
+    text, calls = parse_tool_calls(result.text, parsing) if parsing else (result.text, [])
     content = [{"type": "text", "text": text}] if text or not calls else []
     content += [tool_use_block(call) for call in calls]
     stop_reason, stop_sequence = _stop(result, bool(calls))
@@ -136,7 +127,7 @@ async def _events(stream: AsyncIterator[Delta], message: dict, num_prompt_tokens
         yield "content_block_start", {"type": "content_block_start", "index": index,
                                       "content_block": {**block, "input": {}}}
         yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": {
-            "type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}}
+            "type": "input_json_delta", "partial_json": call["function"]["arguments"]}}  # the input's JSON
         yield "content_block_stop", {"type": "content_block_stop", "index": index}
         index += 1
     stop_reason, stop_sequence = _stop(last, bool(calls))

@@ -7,6 +7,8 @@ The text path also runs on the demo model with the real host engine.
 """
 from __future__ import annotations
 
+from unittest.mock import ANY
+
 import httpx
 import pytest
 
@@ -113,8 +115,9 @@ def test_count_tokens_is_the_prompt_messages_runs(client):
     assert counts[0] > 0
     no_tools = client.messages.count_tokens(model="fake", messages=conversations[1]["messages"]).input_tokens
     assert counts[1] > no_tools  # the template renders the tools: they are part of the count
-    with pytest.raises(anthropic.NotFoundError):
+    with pytest.raises(anthropic.NotFoundError) as info:
         client.messages.count_tokens(model="claude-x", messages=[{"role": "user", "content": "hi"}])
+    assert info.value.body == {"type": "error", "error": {"type": "not_found_error", "message": ANY}}
     with pytest.raises(anthropic.BadRequestError, match="tool_choice"):
         client.messages.count_tokens(model="fake", messages=[{"role": "user", "content": "hi"}],
                                      tool_choice={"type": "any"})
@@ -132,9 +135,10 @@ def test_errors_in_anthropic_shape(client, server):
     assert info.value.body["type"] == "error" and info.value.body["error"]["type"] == "invalid_request_error"
     for choice in ({"type": "tool", "name": "missing"}, {"type": "any", "name": "get_weather"},
                    {"type": "none", "disable_parallel_tool_use": True}):
-        with pytest.raises(anthropic.BadRequestError, match="tool_choice"):
+        with pytest.raises(anthropic.BadRequestError, match="tool_choice") as info:
             client.messages.create(model="fake", max_tokens=4, tools=[WEATHER], tool_choice=choice,
                                    messages=[{"role": "user", "content": "hi"}])
+        assert info.value.body["error"]["type"] == "invalid_request_error"  # Anthropic's shape, not OpenAI's
     with pytest.raises(anthropic.BadRequestError, match="thinking"):
         client.messages.create(model="fake", max_tokens=4, messages=[{"role": "user", "content": "hi"}],
                                thinking={"type": "enabled", "budget_tokens": 1024})
