@@ -23,7 +23,7 @@ class FinishReason(enum.IntEnum):
         return {1: "stop", 2: "length", 3: "abort", 4: "error"}.get(int(self))
 
 
-CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "choice")
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "choice", "reasoned")  # append only: rings carry the index
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,9 @@ class Constraint:
     """A structured-output constraint as text (the compiled automaton lives in blink/grammar/).
 
     spec: the schema's JSON text (json_schema), the regex (regex), a JSON list of strings (choice),
-    "" (json_object). Frozen and hashable: it is the compile cache's key.
+    "" (json_object), and for reasoned (free thought, then the inner constraint: blink/grammar/reasoning.py)
+    the JSON text, keys sorted, of {"inner": {"kind", "spec"}, "open": tag, "close": tag, "starts_open": bool}.
+    Frozen and hashable: it is the compile cache's key.
     """
 
     kind: str

@@ -22,6 +22,7 @@ from blink.config import EngineArgs
 from blink.entrypoints.children import Child, http_ok
 from blink.entrypoints.drain import StopRequest, drain
 from blink.frontend.app import DEFAULT_MAX_BODY_BYTES
+from blink.text.reasoning import reasoning_format
 from blink.transport.layout import SegmentLayout, grammar_staging
 from blink.transport.shm import Segment
 from blink.util.cpus import parse_cpu_list
@@ -62,6 +63,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="a streamed choice sends its first text at once, then one chunk per this many "
                              "tokens, and its last at the finish; above 1 the front end does less work per "
                              "token (vLLM's and SGLang's flag)" + D)
+    parser.add_argument("--reasoning-parser", default=None, metavar="{deepseek_r1,qwen3}",
+                        help="split a thinking model's <think> block out of chat answers into `reasoning` "
+                             "(and `reasoning_content`); a response format or forced tool call then applies "
+                             "after the block (vLLM's and SGLang's flag; default: none)")
     parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for readiness" + D)
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="on SIGTERM/SIGINT, seconds in-flight requests get to finish (a second signal "
@@ -81,6 +86,8 @@ def serve_main(args: argparse.Namespace) -> int:
                 parse_cpu_list(cpus)
         if args.stream_interval < 1:
             raise ValueError(f"--stream-interval must be at least 1, got {args.stream_interval}")
+        if args.reasoning_parser:
+            reasoning_format(args.reasoning_parser)
         engine_args = _resolve_model(EngineArgs.from_cli(args))
     except Exception as e:  # bad flags or no demo model: one line
         return _fail(str(e))
@@ -128,6 +135,8 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
         frontend_cmd.append("--disable-log-requests")
     if args.stream_interval != 1:
         frontend_cmd += ["--stream-interval", str(args.stream_interval)]
+    if args.reasoning_parser:
+        frontend_cmd += ["--reasoning-parser", args.reasoning_parser]
     if not engine_args.gc_freeze:
         frontend_cmd.append("--no-gc-freeze")
     if engine_args.tokenizer:

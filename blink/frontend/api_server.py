@@ -43,6 +43,7 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
                         help="turn the access log off (default: on)")
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="blink serve's --stream-interval" + D)
+    parser.add_argument("--reasoning-parser", default=None, help="blink serve's --reasoning-parser" + D)
     parser.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
                         help="freeze the startup heap out of the garbage collector once serving (default: on)")
 
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_pid=args.engine_pid, max_body_bytes=args.max_request_body_bytes,
         heartbeat_timeout_s=args.heartbeat_timeout, log_requests=not args.disable_log_requests,
         tensor_parallel_size=args.tensor_parallel_size, grammar_arena_mb=args.grammar_arena_mb,
-        gc_freeze=args.gc_freeze, stream_interval=args.stream_interval,
+        gc_freeze=args.gc_freeze, stream_interval=args.stream_interval, reasoning_parser=args.reasoning_parser,
     )
     setup_logging(config.log_requests)
     try:

@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from blink.frontend.banner import wait_and_log_banner
-from blink.frontend.chat import chat_prompt_ids, create_chat_completion
+from blink.frontend.chat import chat_prompt, create_chat_completion
 from blink.frontend.completions import create_completion
 from blink.frontend.engine_client import EngineClient
 from blink.frontend.errors import APIError, error_response, install_error_handlers
@@ -29,6 +29,7 @@ from blink.frontend.serving import FrontendState, now
 from blink.frontend.structured import StructuredOutputs
 from blink.frontend.text_workers import DEFAULT_MAX_PENDING, DEFAULT_WORKERS, TextWorkers
 from blink.frontend.worker_routes import install_worker_routes
+from blink.text.reasoning import reasoning_format
 from blink.text.tokenizer import load_tokenizer
 from blink.transport.commands import request_prefix_cache_reset
 from blink.util.gc_pauses import GcPauses, freeze_heap, unfreeze_heap
@@ -56,6 +57,7 @@ class AppConfig:
     grammar_arena_mb: int = 64  # the engine's --grammar-arena-mb (the front end mirrors its partitions)
     gc_freeze: bool = True  # freeze the startup heap out of the collector once serving (util/gc_pauses.py)
     stream_interval: int = 1  # a stream's deltas after its first: one per this many tokens (generation.py)
+    reasoning_parser: str | None = None  # chat splits a thinking model's output (blink/text/reasoning.py)
 
 
 def blink_version() -> str:
@@ -67,6 +69,7 @@ def blink_version() -> str:
 
 def build_app(config: AppConfig) -> FastAPI:
     tokenizer = load_tokenizer(config.model, config.tokenizer)  # here, so a bad model fails before serving
+    reasoning = reasoning_format(config.reasoning_parser) if config.reasoning_parser else None
     holder: dict[str, FrontendState] = {}
 
     @contextlib.asynccontextmanager
@@ -78,7 +81,7 @@ def build_app(config: AppConfig) -> FastAPI:
         structured = StructuredOutputs(tokenizer, config.model, config.grammar_arena_mb << 20, config.tokenizer)
         metrics.watch(text, structured)
         holder["state"] = FrontendState(tokenizer, client, metrics, config.served_model_name, text, config.model,
-                                        structured, config.stream_interval)
+                                        structured, config.stream_interval, reasoning)
         banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name))
         if config.gc_freeze:  # last: everything above lives until shutdown
             metrics.gc_frozen.set(freeze_heap())
@@ -152,7 +155,9 @@ def build_app(config: AppConfig) -> FastAPI:
         s = state()
         s.check_model(body.model)
         if body.messages is not None:
-            tokens = await chat_prompt_ids(s, body.messages, body.add_generation_prompt, body.chat_template_kwargs)
+            prompt = await chat_prompt(s, body.messages, body.add_generation_prompt, body.chat_template_kwargs,
+                                       continue_final_message=body.continue_final_message)
+            tokens = prompt.ids
         elif body.prompt is not None:
             tokens = await s.text.encode(body.prompt, body.add_special_tokens)
         else:

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from blink.frontend.chat_output import ChoiceStream, ReasoningPlan, assistant_message, reasoning_fields
 from blink.frontend.errors import APIError
 from blink.frontend.generation import TokenLogprob, collect, generate, merge
 from blink.frontend.prompt_logprobs import vllm_prompt_logprobs
@@ -22,8 +24,9 @@ from blink.frontend.serving import (
 )
 from blink.frontend.structured import constrain, hold
 from blink.frontend.text_workers import INLINE_ENCODE_CHARS
-from blink.frontend.tools import ToolStream, parse_tool_calls, plan_tools
+from blink.frontend.tools import plan_tools
 from blink.request import MAX_TOP_LOGPROBS
+from blink.text.reasoning import OPEN
 
 
 def _message_dict(message: ChatMessage) -> dict:
@@ -40,24 +43,35 @@ def _message_dict(message: ChatMessage) -> dict:
     return out
 
 
-async def chat_prompt_ids(state: FrontendState, messages: list[ChatMessage], add_generation_prompt: bool,
-                          chat_template_kwargs: dict | None, tools: list | None = None) -> list[int]:
+@dataclass(frozen=True)
+class ChatPrompt:
+    ids: list[int]
+    thought: str = ""  # under --reasoning-parser: where the prompt leaves the thought (ReasoningFormat.thought_at)
+
+
+async def chat_prompt(state: FrontendState, messages: list[ChatMessage], add_generation_prompt: bool,
+                      chat_template_kwargs: dict | None, tools: list | None = None,
+                      continue_final_message: bool = False) -> ChatPrompt:
     """Render the chat template and tokenize, both on the worker pool (one job)."""
     template = state.tokenizer.chat_template
     if template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
     if not messages:
         raise APIError(400, "messages must not be empty", "messages")
+    if continue_final_message and add_generation_prompt:  # as vLLM: the two ask for opposite prompts
+        raise APIError(400, "continue_final_message needs add_generation_prompt=false", "continue_final_message")
     conversation = [_message_dict(m) for m in messages]
 
-    def render_and_encode() -> list[int]:
+    def render_and_encode() -> ChatPrompt:
         try:
-            text = template.render(conversation, add_generation_prompt, tools, **(chat_template_kwargs or {}))
+            text = template.render(conversation, add_generation_prompt, tools, continue_final_message,
+                                   **(chat_template_kwargs or {}))
         except (ValueError, TypeError) as e:
             raise APIError(400, str(e), "messages") from None
         state.precheck_text(text)
         # the template writes the special tokens (BOS...) itself, as transformers' apply_chat_template
-        return state.tokenizer.encode_released(text, add_special_tokens=False)
+        ids = state.tokenizer.encode_released(text, add_special_tokens=False)
+        return ChatPrompt(ids, state.reasoning.thought_at(text) if state.reasoning else "")
 
     # a short plain chat (roles and text alone) is templated and tokenized on the loop: too small for the hop
     small = not tools and not chat_template_kwargs and all(m.keys() <= {"role", "content"} for m in conversation) \
@@ -84,15 +98,28 @@ def _num_logprobs(body: ChatCompletionRequest) -> int | None:
     return body.top_logprobs or 0
 
 
+def after_thinking(state: FrontendState, prompt: ChatPrompt):
+    """A reasoning model thinks first: a grammar (a response format, a forced tool call) starts after its
+    block (structured.constrain's `wrap`); None without --reasoning-parser."""
+    if state.reasoning is None:
+        return None
+    return lambda c: state.reasoning.constrain(c, prompt.thought)
+
+
+def _reasoning_plan(state: FrontendState, body: ChatCompletionRequest, prompt: ChatPrompt) -> ReasoningPlan | None:
+    if state.reasoning is None or not body.separate_reasoning:  # SGLang's switch: false keeps the raw text
+        return None
+    return ReasoningPlan(state.reasoning, prompt.thought == OPEN, body.include_reasoning, body.stream_reasoning)
+
+
 async def create_chat_completion(state: FrontendState, body: ChatCompletionRequest, request: Request):
     state.check_model(body.model)
     state.check_fields(body)
     if body.store:
         raise APIError(400, "store=true is not supported: blink keeps no completions", "store")
-    if body.continue_final_message:
-        raise APIError(400, "continue_final_message is not supported", "continue_final_message")
-    prompt_ids = await chat_prompt_ids(state, body.messages, body.add_generation_prompt,
-                                       body.chat_template_kwargs, body.tools)
+    prompt = await chat_prompt(state, body.messages, body.add_generation_prompt, body.chat_template_kwargs,
+                               body.tools, body.continue_final_message)
+    prompt_ids = prompt.ids
     state.check_prompt(prompt_ids)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     num_logprobs = _num_logprobs(body)
@@ -100,14 +127,16 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
     state.check_engine()
     template = state.tokenizer.chat_template
     tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, template and template.source)
-    constraint = await constrain(state, body, params, tools.constraint if tools else None)
+    reasoning = _reasoning_plan(state, body, prompt)
+    constraint = await constrain(state, body, params, tools.constraint if tools else None,
+                                 after_thinking(state, prompt))
     generation = state.generation_for(body)
     streams = [hold(state, constraint, generate(generation, prompt_ids, p, body.skip_special_tokens, body.keep_stop,
                                                 arrival(request)))
                for p in params]
     head = {"id": f"chatcmpl-{request_id(request)}", "created": now(), "model": state.served_model_name}
     if body.stream:
-        chunks = _stream_chunks(state, body, head, streams, len(prompt_ids), tools)
+        chunks = _stream_chunks(state, body, head, streams, len(prompt_ids), tools, reasoning)
         return StreamingResponse(sse_stream(chunks), media_type="text/event-stream")
     results = await unless_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
     choices = []
@@ -117,12 +146,7 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
         logprobs = None
         if num_logprobs is not None:
             logprobs = chat_logprobs(state, result.logprobs, body.return_tokens_as_token_ids)
-        message, finish = {"role": "assistant", "content": result.text}, result.finish_reason
-        if tools is not None and tools.parse:
-            content, calls = parse_tool_calls(result.text, tools)
-            if calls:
-                message = {"role": "assistant", "content": content, "tool_calls": calls}
-                finish = "tool_calls" if finish == "stop" else finish
+        message, finish = assistant_message(result.text, result.finish_reason, reasoning, tools)
         choices.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish,
                         "stop_reason": result.stop_reason})
     completion_tokens = sum(r.num_tokens for r in results)
@@ -135,7 +159,8 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
 
 
 async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head: dict, streams,
-                         num_prompt_tokens: int, tools=None) -> AsyncIterator[dict]:
+                         num_prompt_tokens: int, tools=None, reasoning: ReasoningPlan | None = None
+                         ) -> AsyncIterator[dict]:
     head = {**head, "object": "chat.completion.chunk"}
     tokens, cached = [0] * len(streams), 0
 
@@ -145,7 +170,7 @@ async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head
             out["usage"] = usage(num_prompt_tokens, sum(tokens))
         return out
 
-    parsers = [ToolStream(tools) if tools is not None and tools.parse else None for _ in streams]
+    outputs = [ChoiceStream(reasoning, tools) for _ in streams]
     for index in range(len(streams)):
         yield chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                      "finish_reason": None})
@@ -156,14 +181,15 @@ async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head
         if index == 0:
             cached = delta.cached_tokens
         logprobs = chat_logprobs(state, delta.logprobs, body.return_tokens_as_token_ids) if body.logprobs else None
-        text, finish, calls = delta.text, delta.finish_reason, []
-        if parsers[index] is not None:  # tool calls: content until a call may start, the calls at the end
-            text = parsers[index].feed(text)
-            if finish:
-                rest, calls = parsers[index].finish()
-                text += rest
-                finish = "tool_calls" if calls and finish == "stop" else finish
-        content = {"content": text} if text or not (finish or calls) else {}
+        finish, calls = delta.finish_reason, []
+        if finish:  # reasoning, then content until a tool call may start, the calls at the end
+            thought, text, calls = outputs[index].finish(delta.text)
+            finish = "tool_calls" if calls and finish == "stop" else finish
+        else:
+            thought, text = outputs[index].feed(delta.text)
+        content = {"content": text} if text or not (finish or calls or thought) else {}
+        if thought:
+            content = {**reasoning_fields(thought), **content}
         if calls:  # OpenAI's shape: the calls in a delta of their own, with index, id, type and function
             if content:
                 yield chunk({"index": index, "delta": content, "logprobs": logprobs, "finish_reason": None})

@@ -1,8 +1,9 @@
 """POST /v1/messages: the Anthropic Messages API on the chat path, streamed or not (and count_tokens).
 
-Text and tool_use blocks out, text, tool_use and tool_result blocks in (messages_protocol.py). Tools are
-planned and parsed as on chat (tools.py): tool_choice any / tool is the same grammar as required / a named
-function, so a forced call parses and validates. Errors use Anthropic's shape: {"type": "error", ...}.
+Thinking (under --reasoning-parser), text and tool_use blocks out, text, tool_use and tool_result blocks in
+(messages_protocol.py). The output is shaped as on chat (chat_output.py: the reasoning block, then tool
+calls parsed from the rest): tool_choice any / tool is the same grammar as required / a named function,
+so a forced call parses and validates. Errors use Anthropic's shape: {"type": "error", ...}.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from blink.frontend.chat import chat_prompt_ids
+from blink.frontend.chat import ChatPrompt, after_thinking, chat_prompt
+from blink.frontend.chat_output import ChoiceStream, ReasoningPlan, assistant_message
 from blink.frontend.constraint_fields import StructuredFields
 from blink.frontend.errors import APIError, anthropic_error_body
 from blink.frontend.generation import Delta, collect, generate
@@ -26,7 +28,8 @@ from blink.frontend.messages_protocol import (
 from blink.frontend.protocol import SamplingFields
 from blink.frontend.serving import FrontendState, arrival, request_id, sse, unless_disconnected
 from blink.frontend.structured import constrain, hold
-from blink.frontend.tools import ToolPlan, ToolStream, parse_tool_calls, plan_tools
+from blink.frontend.tools import ToolPlan, plan_tools
+from blink.text.reasoning import OPEN
 
 __all__ = ["MessagesPrompt", "MessagesRequest", "count_message_tokens", "create_message"]
 
@@ -45,12 +48,12 @@ def _stop(delta: Delta, used_tool: bool) -> tuple[str, str | None]:
 async def count_message_tokens(state: FrontendState, body: MessagesPrompt):
     """POST /v1/messages/count_tokens: the prompt /v1/messages would run, counted (rendered, not run).
     An APIError raised here gets Anthropic's shape from the app's handler (errors.ANTHROPIC_PATHS)."""
-    _, prompt_ids = await _prompt(state, body)
-    return {"input_tokens": len(prompt_ids)}
+    _, prompt = await _prompt(state, body)
+    return {"input_tokens": len(prompt.ids)}
 
 
-async def _prompt(state: FrontendState, body: MessagesPrompt) -> tuple[ToolPlan | None, list[int]]:
-    """The tool plan and the templated prompt's ids (400s for what cannot be served)."""
+async def _prompt(state: FrontendState, body: MessagesPrompt) -> tuple[ToolPlan | None, ChatPrompt]:
+    """The tool plan and the templated prompt (400s for what cannot be served)."""
     state.check_model(body.model)
     try:
         messages = to_chat_messages(body)
@@ -63,31 +66,52 @@ async def _prompt(state: FrontendState, body: MessagesPrompt) -> tuple[ToolPlan 
     chat_tools = to_chat_tools(body.tools)
     template = state.tokenizer.chat_template
     tools = plan_tools(chat_tools, choice, parallel, template and template.source)
-    prompt_ids = await chat_prompt_ids(state, messages, True, None, chat_tools)
-    state.check_prompt(prompt_ids)
-    return tools, prompt_ids
+    prefill = _prefill(messages)
+    prompt = await chat_prompt(state, messages, not prefill, None, chat_tools, continue_final_message=prefill)
+    state.check_prompt(prompt.ids)
+    return tools, prompt
+
+
+def _prefill(messages: list) -> bool:
+    """Anthropic's prefill: a final assistant message is the start of the answer, which the model goes on
+    writing (the template leaves it open). An empty one asks for nothing and is dropped."""
+    last = messages[-1] if messages else None
+    if last is None or last.role != "assistant" or (last.model_extra or {}).get("tool_calls"):
+        return False
+    if not (last.content or "").strip():
+        messages.pop()
+        return False
+    if last.content != last.content.rstrip():  # Anthropic's rule: the continuation would start mid-whitespace
+        raise APIError(400, "final assistant content cannot end with trailing whitespace", "messages")
+    return True
 
 
 async def create_message(state: FrontendState, body: MessagesRequest, request: Request):
-    tools, prompt_ids = await _prompt(state, body)
+    tools, prompt = await _prompt(state, body)
+    prompt_ids = prompt.ids
     parsing = tools if tools is not None and tools.parse else None  # tool_choice none: the text stays text
+    reasoning = ReasoningPlan(state.reasoning, prompt.thought == OPEN) if state.reasoning else None
     fields = SamplingFields(temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
                             stop=body.stop_sequences)
     params = state.sampling_params(fields, prompt_ids, body.max_tokens, None, 0)
     state.check_engine()
-    constraint = await constrain(state, StructuredFields(), [params], tools.constraint if tools else None)
+    constraint = await constrain(state, StructuredFields(), [params], tools.constraint if tools else None,
+                                 after_thinking(state, prompt))
     stream = hold(state, constraint, generate(state.generation_for(fields), prompt_ids, params,
                                               arrival=arrival(request)))
     message = {"id": f"msg_{request_id(request)}", "type": "message", "role": "assistant",
                "model": state.served_model_name}
     if body.stream:
-        events = _events(stream, message, len(prompt_ids), parsing)
+        events = _events(stream, message, len(prompt_ids), ChoiceStream(reasoning, parsing))
         return StreamingResponse(_sse(events), media_type="text/event-stream")
     result = await unless_disconnected(request, collect(stream))
     if result.error:
         raise APIError(500, "the engine failed the request")
-    text, calls = parse_tool_calls(result.text, parsing) if parsing else (result.text, [])
-    content = [{"type": "text", "text": text}] if text or not calls else []
+    out, _ = assistant_message(result.text, result.finish_reason, reasoning, parsing)
+    calls = out.get("tool_calls") or []
+    content = [] if out.get("reasoning") is None else [_thinking_block(out["reasoning"])]
+    if out["content"] or not (calls or content):
+        content.append({"type": "text", "text": out["content"] or ""})
     content += [tool_use_block(call) for call in calls]
     stop_reason, stop_sequence = _stop(result, bool(calls))
     return JSONResponse({**message, "content": content, "stop_reason": stop_reason,
@@ -95,31 +119,45 @@ async def create_message(state: FrontendState, body: MessagesRequest, request: R
                          "usage": {"input_tokens": len(prompt_ids), "output_tokens": result.num_tokens}})
 
 
+def _thinking_block(text: str) -> dict:
+    # Anthropic signs its thinking so that it can be passed back; blink has nothing to sign (empty)
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
 async def _events(stream: AsyncIterator[Delta], message: dict, num_prompt_tokens: int,
-                  tools: ToolPlan | None) -> AsyncIterator[tuple[str, dict]]:
-    """Text deltas until a tool call may begin (tools.py's ToolStream holds the rest); at the end, the
-    held text and then each call as a tool_use block with its whole input in one input_json_delta."""
+                  output: ChoiceStream) -> AsyncIterator[tuple[str, dict]]:
+    """A thinking block while the model reasons, text deltas until a tool call may begin (the rest is
+    held); at the end, the held text and then each call as a tool_use block with its whole input in one
+    input_json_delta."""
     yield "message_start", {"type": "message_start", "message": {
         **message, "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": num_prompt_tokens, "output_tokens": 0}}}
-    parser = ToolStream(tools) if tools else None
-    index, text_open, calls, last = 0, False, [], Delta("")
+    index, open_block, calls, last = 0, None, [], Delta("")
+
+    def start(kind: str):
+        block = _thinking_block("") if kind == "thinking" else {"type": "text", "text": ""}
+        return "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+
     async for delta in stream:
         if delta.error:
             raise APIError(500, "the engine failed the request")
-        text = parser.feed(delta.text) if parser else delta.text
-        if parser and delta.finish_reason:
-            rest, calls = parser.finish()
-            text += rest
-        if text:
-            if not text_open:
-                yield "content_block_start", {"type": "content_block_start", "index": index,
-                                              "content_block": {"type": "text", "text": ""}}
-                text_open = True
+        if delta.finish_reason:
+            thought, text, calls = output.finish(delta.text)
+        else:
+            thought, text = output.feed(delta.text)
+        for kind, piece in (("thinking", thought), ("text", text)):  # the thought always comes first
+            if not piece:
+                continue
+            if open_block != kind:
+                if open_block is not None:
+                    yield "content_block_stop", {"type": "content_block_stop", "index": index}
+                    index += 1
+                yield start(kind)
+                open_block = kind
             yield "content_block_delta", {"type": "content_block_delta", "index": index,
-                                          "delta": {"type": "text_delta", "text": text}}
+                                          "delta": {"type": f"{kind}_delta", kind: piece}}
         last = delta
-    if text_open:
+    if open_block is not None:
         yield "content_block_stop", {"type": "content_block_stop", "index": index}
         index += 1
     for call in calls:

@@ -1,8 +1,10 @@
 """The Anthropic Messages API's request body, and its mapping onto the chat path (template messages).
 
-Content blocks understood: text, tool_use (assistant), tool_result (user). Others (image, document,
-thinking...) are a 400 that names them. `cache_control` on blocks and tools is accepted and has no
-effect: it is a prompt-caching hint, and blink's output does not depend on it (docs/api.md says so).
+Content blocks understood: text, tool_use (assistant), tool_result (user), thinking (assistant: an earlier
+answer's reasoning, passed back by clients and dropped, as thinking models' templates drop it). Others
+(image, document, redacted_thinking...) are a 400 that names them. `cache_control` on blocks and tools is
+accepted and has no effect: it is a prompt-caching hint, and blink's output does not depend on it
+(docs/api.md says so).
 """
 from __future__ import annotations
 
@@ -37,7 +39,13 @@ class ToolResultBlock(Strict):
     cache_control: dict[str, Any] | None = None
 
 
-Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock, Field(discriminator="type")]
+class ThinkingBlock(Strict):
+    type: Literal["thinking"]
+    thinking: str
+    signature: str | None = None
+
+
+Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock, Field(discriminator="type")]
 
 
 class AnthropicMessage(Strict):
@@ -102,6 +110,9 @@ def to_chat_messages(body: MessagesPrompt) -> list[ChatMessage]:
         for block in message.content:
             if isinstance(block, TextBlock):
                 texts.append(_text([block]))
+            elif isinstance(block, ThinkingBlock):
+                if message.role != "assistant":
+                    raise ValueError("thinking blocks belong to assistant messages")
             elif isinstance(block, ToolUseBlock):
                 if message.role != "assistant":
                     raise ValueError("tool_use blocks belong to assistant messages")

@@ -120,9 +120,10 @@ class ChatCompletionRequest(SamplingFields, ToolFields):
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     store: bool | None = None  # false (or null) is what blink does anyway: it keeps no completions; true: 400
-    continue_final_message: bool = False  # true: 400 (not implemented)
-    # SGLang's reasoning switches, which vllm-router forwards on every chat request. They act only with a
-    # reasoning parser (SGLang's --reasoning-parser); blink has none, so reasoning text stays in `content`.
+    continue_final_message: bool = False  # the last message left open for the model to go on (vLLM's)
+    # Reasoning switches (vllm-router forwards SGLang's on every chat request); they act under
+    # --reasoning-parser: separate_reasoning (SGLang) false keeps the raw text in `content`, include_reasoning
+    # (vLLM) false drops the reasoning, stream_reasoning (SGLang) false sends it in one piece (chat_output.py).
     separate_reasoning: bool = True
     stream_reasoning: bool = True
     include_reasoning: bool = True
@@ -134,6 +135,7 @@ class TokenizeRequest(Strict):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
 
 

@@ -20,6 +20,7 @@ from blink.frontend.protocol import SamplingFields
 from blink.frontend.structured import StructuredOutputs
 from blink.frontend.text_workers import TextWorkers
 from blink.request import SamplingParams
+from blink.text.reasoning import ReasoningFormat
 from blink.text.tokenizer import ModelTokenizer
 
 
@@ -33,6 +34,7 @@ class FrontendState:
     model_root: str = ""
     structured: StructuredOutputs | None = None  # response_format, structured_outputs, guided_*
     stream_interval: int = 1  # --stream-interval (generation.py)
+    reasoning: ReasoningFormat | None = None  # --reasoning-parser (chat_output.py)
 
     @property
     def max_model_len(self) -> int:

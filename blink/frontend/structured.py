@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from blink.frontend.constraint_fields import StructuredFields, constraint_of
 from blink.frontend.errors import APIError
@@ -150,9 +150,11 @@ class StructuredOutputs:
 
 
 async def constrain(state, body: StructuredFields, params: list[SamplingParams],
-                    tool_constraint: Constraint | None = None) -> Constraint | None:
+                    tool_constraint: Constraint | None = None,
+                    wrap: Callable[[Constraint], Constraint] | None = None) -> Constraint | None:
     """Attach the request's constraint to every choice's params (after every check) and reserve it.
-    tool_constraint: the grammar of tool_choice required / named (blink/frontend/tools.py)."""
+    tool_constraint: the grammar of tool_choice required / named (blink/frontend/tools.py).
+    wrap: what the request's grammar becomes (a reasoning model's: the grammar after its thinking block)."""
     c, param = constraint_of(body)
     if tool_constraint is not None:
         if c is not None:
@@ -161,6 +163,8 @@ async def constrain(state, body: StructuredFields, params: list[SamplingParams],
         c, param = tool_constraint, "tool_choice"
     if c is None:
         return None
+    if wrap is not None:
+        c = wrap(c)
     structured = state.structured
     if structured is None:
         raise APIError(400, f"{param}: structured outputs are not available on this server", param)

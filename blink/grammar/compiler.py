@@ -10,6 +10,7 @@ import json
 import threading
 from collections import OrderedDict
 
+from blink.grammar.reasoning import parse_reasoned, reasoned_regex
 from blink.grammar.schema import (  # noqa: F401 (GrammarTooLarge: re-exported)
     GrammarError,
     GrammarTooLarge,
@@ -37,6 +38,14 @@ def constraint_regex(c: Constraint) -> str:
         except json.JSONDecodeError as e:
             raise GrammarError(f"the schema is not valid JSON: {e}") from None
         return schema_regex(schema)
+    if c.kind == "reasoned":
+        try:
+            inner, open_tag, close_tag, starts_open = parse_reasoned(c.spec)
+        except ValueError as e:
+            raise GrammarError(str(e)) from None
+        # The inner's own checks (MAX_REGEX_CHARS among them) apply to it alone: the wrapper's few hundred
+        # characters never push an accepted inner over a limit.
+        return reasoned_regex(open_tag, close_tag, starts_open, constraint_regex(inner))
     raise GrammarError(f"unknown constraint kind {c.kind!r}")
 
 

@@ -37,14 +37,31 @@ class ChatTemplate:
         self.special_tokens = dict(special_tokens)
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               tools: list[dict] | None = None, **chat_template_kwargs: Any) -> str:
-        """The prompt text. Raises ValueError (one line) when the template refuses the conversation."""
+               tools: list[dict] | None = None, continue_final_message: bool = False,
+               **chat_template_kwargs: Any) -> str:
+        """The prompt text. Raises ValueError (one line) when the template refuses the conversation.
+
+        continue_final_message: the last message is left open (no end-of-turn after it), so the model goes
+        on writing it, as transformers does: the text is cut after that message's last occurrence."""
         variables = {**self.special_tokens, "messages": messages,
                      "add_generation_prompt": add_generation_prompt}
         if tools is not None:
             variables["tools"] = tools
         variables.update(chat_template_kwargs)
         try:
-            return self.template.render(**variables)
+            text = self.template.render(**variables)
         except jinja2.exceptions.TemplateError as e:
             raise ValueError(f"chat template error: {e}") from None
+        return _cut_after_final(text, messages[-1]) if continue_final_message else text
+
+
+def _cut_after_final(text: str, final: dict[str, Any]) -> str:
+    content = final.get("content")
+    if not isinstance(content, str) or not content.strip():
+        raise ValueError("continue_final_message needs a final message with text content")
+    # some templates trim a message before writing it (Llama 3's), so the stripped text is the fallback
+    for needle in (content, content.strip()):
+        at = text.rfind(needle)
+        if at >= 0:
+            return text[:at + len(needle)]
+    raise ValueError("continue_final_message: the chat template does not write the final message's text as it is")

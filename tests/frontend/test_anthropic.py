@@ -98,6 +98,18 @@ def test_tool_definitions_calls_and_results_round_trip(client):
     assert final.stop_reason == "tool_use"
 
 
+def test_prefill_continues_the_final_assistant_message(client):
+    """Anthropic's prefill: a final assistant message is the start of the answer, left open in the prompt."""
+    messages = [{"role": "user", "content": "Hello world"}, {"role": "assistant", "content": "Sure:"}]
+    out = whole_prompt(client, messages=messages)
+    assert out.content[0].text == "[user]Hello world[assistant]Sure:"  # no end of turn, no new header
+    empty = whole_prompt(client, messages=[messages[0], {"role": "assistant", "content": ""}])
+    assert empty.content[0].text == "[user]Hello world[assistant]"  # an empty prefill asks for nothing
+    with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
+        client.messages.create(model="fake", max_tokens=4,
+                               messages=[messages[0], {"role": "assistant", "content": "Sure: "}])
+
+
 def test_count_tokens_is_the_prompt_messages_runs(client):
     conversations = [
         {"system": "Be brief.", "messages": [{"role": "user", "content": "Hello world"}]},

@@ -199,3 +199,20 @@ def test_disable_log_requests(model_dir):
         proc.stop()
     assert not any("quiet-1" in line or "blink.access" in line for line in proc.stderr)
     assert any("engine mode" in line for line in proc.stderr)  # the banner is not a request log
+
+
+def test_continue_final_message_leaves_the_last_message_open(http, tok):
+    """vLLM's continue_final_message: the prompt ends with the final message's text, not its end of turn
+    (the demo template closes a message with <|eot|> and adds the assistant header for a new one)."""
+    messages = [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "My answer is"}]
+    body = {"messages": messages, "add_generation_prompt": False}
+    opened = http.post("/tokenize", json={**body, "continue_final_message": True}).json()["tokens"]
+    closed = http.post("/tokenize", json=body).json()["tokens"]
+    assert tok.decode(opened, skip_special_tokens=False).endswith("<|end_header|>\n\nMy answer is")
+    assert closed[:len(opened)] == opened and len(closed) > len(opened)  # only the end of turn is cut
+    out = http.post("/v1/chat/completions", json={**body, "continue_final_message": True, "max_tokens": 64}).json()
+    assert out["usage"]["prompt_tokens"] == len(opened)
+    for extra, param in [({"add_generation_prompt": True}, "continue_final_message"),
+                         ({"messages": [*messages[:1], {"role": "assistant", "content": " "}]}, "messages")]:
+        r = http.post("/v1/chat/completions", json={**body, "continue_final_message": True, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
