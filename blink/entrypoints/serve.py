@@ -22,6 +22,8 @@ from blink.config import EngineArgs
 from blink.entrypoints.children import Child, http_ok
 from blink.entrypoints.drain import StopRequest, drain
 from blink.frontend.app import DEFAULT_MAX_BODY_BYTES
+from blink.frontend.tools import TOOL_PARSERS
+from blink.text.chat_template import ChatTemplate, chat_template_source
 from blink.text.reasoning import reasoning_format
 from blink.transport.layout import SegmentLayout, grammar_staging
 from blink.transport.shm import Segment
@@ -67,6 +69,15 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="split a thinking model's <think> block out of chat answers into `reasoning` "
                              "(and `reasoning_content`); a response format or forced tool call then applies "
                              "after the block (vLLM's and SGLang's flag; default: none)")
+    parser.add_argument("--chat-template", default=None,
+                        help="a chat template (a file, or the template itself) over the model's own (vLLM's flag; "
+                             "default: the model's)")
+    parser.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                        help="the tool-call format to parse and force: hermes (<tool_call> blocks: Hermes, Qwen) "
+                             "or llama3_json (vLLM's names; default: the one the chat template shows)")
+    parser.add_argument("--enable-auto-tool-choice", action="store_true",
+                        help="accepted for vLLM command lines: blink parses tool calls under tool_choice=auto "
+                             "whenever a request has tools, with or without it (default: off, same behaviour)")
     parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for readiness" + D)
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="on SIGTERM/SIGINT, seconds in-flight requests get to finish (a second signal "
@@ -88,6 +99,8 @@ def serve_main(args: argparse.Namespace) -> int:
             raise ValueError(f"--stream-interval must be at least 1, got {args.stream_interval}")
         if args.reasoning_parser:
             reasoning_format(args.reasoning_parser)
+        if args.chat_template:  # a missing file or a jinja syntax error: one line now, not a dead front end
+            ChatTemplate(chat_template_source(args.chat_template), {})
         engine_args = _resolve_model(EngineArgs.from_cli(args))
     except Exception as e:  # bad flags or no demo model: one line
         return _fail(str(e))
@@ -137,6 +150,10 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
         frontend_cmd += ["--stream-interval", str(args.stream_interval)]
     if args.reasoning_parser:
         frontend_cmd += ["--reasoning-parser", args.reasoning_parser]
+    if args.chat_template:
+        frontend_cmd += ["--chat-template", args.chat_template]
+    if args.tool_call_parser:
+        frontend_cmd += ["--tool-call-parser", args.tool_call_parser]
     if not engine_args.gc_freeze:
         frontend_cmd.append("--no-gc-freeze")
     if engine_args.tokenizer:

@@ -16,6 +16,7 @@ import sys
 import uvicorn
 
 from blink.frontend.app import DEFAULT_MAX_BODY_BYTES, AppConfig, build_app
+from blink.frontend.tools import TOOL_PARSERS
 
 GRACEFUL_SHUTDOWN_S = 3  # open streams are cut after this; the parent's budget is 20 s in all
 
@@ -44,6 +45,9 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="blink serve's --stream-interval" + D)
     parser.add_argument("--reasoning-parser", default=None, help="blink serve's --reasoning-parser" + D)
+    parser.add_argument("--chat-template", default=None, help="blink serve's --chat-template" + D)
+    parser.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                        help="blink serve's --tool-call-parser" + D)
     parser.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
                         help="freeze the startup heap out of the garbage collector once serving (default: on)")
 
@@ -79,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         heartbeat_timeout_s=args.heartbeat_timeout, log_requests=not args.disable_log_requests,
         tensor_parallel_size=args.tensor_parallel_size, grammar_arena_mb=args.grammar_arena_mb,
         gc_freeze=args.gc_freeze, stream_interval=args.stream_interval, reasoning_parser=args.reasoning_parser,
+        chat_template=args.chat_template, tool_call_parser=args.tool_call_parser,
     )
     setup_logging(config.log_requests)
     try:

@@ -28,6 +28,7 @@ from blink.frontend.protocol import (
 from blink.frontend.serving import FrontendState, now
 from blink.frontend.structured import StructuredOutputs
 from blink.frontend.text_workers import DEFAULT_MAX_PENDING, DEFAULT_WORKERS, TextWorkers
+from blink.frontend.tools import TOOL_PARSERS
 from blink.frontend.worker_routes import install_worker_routes
 from blink.text.reasoning import reasoning_format
 from blink.text.tokenizer import load_tokenizer
@@ -58,6 +59,8 @@ class AppConfig:
     gc_freeze: bool = True  # freeze the startup heap out of the collector once serving (util/gc_pauses.py)
     stream_interval: int = 1  # a stream's deltas after its first: one per this many tokens (generation.py)
     reasoning_parser: str | None = None  # chat splits a thinking model's output (blink/text/reasoning.py)
+    chat_template: str | None = None  # --chat-template: a file or the template, over the model's
+    tool_call_parser: str | None = None  # --tool-call-parser (tools.TOOL_PARSERS); None: the template's format
 
 
 def blink_version() -> str:
@@ -68,7 +71,7 @@ def blink_version() -> str:
 
 
 def build_app(config: AppConfig) -> FastAPI:
-    tokenizer = load_tokenizer(config.model, config.tokenizer)  # here, so a bad model fails before serving
+    tokenizer = load_tokenizer(config.model, config.tokenizer, config.chat_template)  # a bad model fails here
     reasoning = reasoning_format(config.reasoning_parser) if config.reasoning_parser else None
     holder: dict[str, FrontendState] = {}
 
@@ -81,7 +84,8 @@ def build_app(config: AppConfig) -> FastAPI:
         structured = StructuredOutputs(tokenizer, config.model, config.grammar_arena_mb << 20, config.tokenizer)
         metrics.watch(text, structured)
         holder["state"] = FrontendState(tokenizer, client, metrics, config.served_model_name, text, config.model,
-                                        structured, config.stream_interval, reasoning)
+                                        structured, config.stream_interval, reasoning,
+                                        TOOL_PARSERS.get(config.tool_call_parser))
         banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name))
         if config.gc_freeze:  # last: everything above lives until shutdown
             metrics.gc_frozen.set(freeze_heap())

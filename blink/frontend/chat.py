@@ -125,8 +125,7 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
     num_logprobs = _num_logprobs(body)
     params = [state.sampling_params(body, prompt_ids, max_tokens, num_logprobs, j) for j in range(body.n)]
     state.check_engine()
-    template = state.tokenizer.chat_template
-    tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, template and template.source)
+    tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, state.tool_format())
     reasoning = _reasoning_plan(state, body, prompt)
     constraint = await constrain(state, body, params, tools.constraint if tools else None,
                                  after_thinking(state, prompt))

@@ -64,8 +64,7 @@ async def _prompt(state: FrontendState, body: MessagesPrompt) -> tuple[ToolPlan 
     except ValueError as e:
         raise APIError(400, str(e), "tool_choice") from None
     chat_tools = to_chat_tools(body.tools)
-    template = state.tokenizer.chat_template
-    tools = plan_tools(chat_tools, choice, parallel, template and template.source)
+    tools = plan_tools(chat_tools, choice, parallel, state.tool_format())
     prefill = _prefill(messages)
     prompt = await chat_prompt(state, messages, not prefill, None, chat_tools, continue_final_message=prefill)
     state.check_prompt(prompt.ids)

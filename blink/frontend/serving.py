@@ -19,6 +19,7 @@ from blink.frontend.prompt_logprobs import check_prompt_logprobs
 from blink.frontend.protocol import SamplingFields
 from blink.frontend.structured import StructuredOutputs
 from blink.frontend.text_workers import TextWorkers
+from blink.frontend.tools import tool_format
 from blink.request import SamplingParams
 from blink.text.reasoning import ReasoningFormat
 from blink.text.tokenizer import ModelTokenizer
@@ -35,6 +36,14 @@ class FrontendState:
     structured: StructuredOutputs | None = None  # response_format, structured_outputs, guided_*
     stream_interval: int = 1  # --stream-interval (generation.py)
     reasoning: ReasoningFormat | None = None  # --reasoning-parser (chat_output.py)
+    tool_parser: str | None = None  # --tool-call-parser's format (tools.py); None: the chat template's
+
+    def tool_format(self) -> str:
+        """The tool-call format of this server: --tool-call-parser's, else the one its chat template shows."""
+        if self.tool_parser:
+            return self.tool_parser
+        template = self.tokenizer.chat_template
+        return tool_format(template and template.source)
 
     @property
     def max_model_len(self) -> int:

@@ -24,6 +24,7 @@ from blink.request import Constraint
 
 MAX_PARALLEL_CALLS = 4  # calls one constrained answer may hold (each repeat grows the automaton)
 HERMES, LLAMA3 = "hermes", "llama3"
+TOOL_PARSERS = {"hermes": HERMES, "llama3_json": LLAMA3}  # vLLM's --tool-call-parser names -> formats
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
@@ -34,6 +35,7 @@ class ToolFields(BaseModel):
 
 
 def tool_format(template_source: str | None) -> str:
+    """The call format a chat template shows (--tool-call-parser overrides it: FrontendState.tool_format)."""
     if template_source and "<|python_tag|>" in template_source and _HERMES_OPEN not in template_source:
         return LLAMA3
     return HERMES  # Qwen, Hermes, and the default for templates that show no format of their own
@@ -80,14 +82,14 @@ def _call_regex(name: str, index: int, params: dict, fmt: str) -> str:
         raise APIError(400, f"tools[{index}].function.parameters: {e}", f"tools[{index}].function.parameters") from None
 
 
-def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, template_source: str | None) -> ToolPlan | None:
-    """None when the request has no tools; 400 for a malformed choice or an unknown function."""
+def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, fmt: str) -> ToolPlan | None:
+    """None when the request has no tools; 400 for a malformed choice or an unknown function.
+    fmt: HERMES or LLAMA3, the server's (FrontendState.tool_format)."""
     if tools is None:
         if tool_choice not in (None, "none"):
             raise APIError(400, "tool_choice needs tools", "tool_choice")
         return None
     by_name = _check_tools(tools)
-    fmt = tool_format(template_source)
     choice = "auto" if tool_choice is None else tool_choice
     if choice == "none":
         return ToolPlan(fmt, parse=False, constraint=None)

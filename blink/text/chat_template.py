@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -24,6 +25,18 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def chat_template_source(arg: str) -> str:
+    """--chat-template (vLLM's flag): a file's path, or the template itself when it has jinja syntax."""
+    try:
+        if Path(arg).is_file():
+            return Path(arg).read_text()
+    except OSError:  # a template too long to be a file name
+        pass
+    if "{{" in arg or "{%" in arg:
+        return arg
+    raise ValueError(f"--chat-template {arg!r} is neither a file nor a template (no {{{{ or {{% in it)")
+
+
 class ChatTemplate:
     """A compiled chat template plus the tokenizer's special-token strings it may refer to."""
 
@@ -32,7 +45,10 @@ class ChatTemplate:
         env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
-        self.template = env.from_string(source)
+        try:
+            self.template = env.from_string(source)
+        except jinja2.exceptions.TemplateSyntaxError as e:
+            raise ValueError(f"chat template syntax error on line {e.lineno}: {e.message}") from None
         self.source = source  # tool calling reads the model family's call format from it
         self.special_tokens = dict(special_tokens)
 

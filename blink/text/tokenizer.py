@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from blink.text.chat_template import ChatTemplate
+from blink.text.chat_template import ChatTemplate, chat_template_source
 
 PRESET_CHAT_TEMPLATE = (
     "{% for message in messages %}{{ message['role'] }}: {{ message['content'] }}\n{% endfor %}"
@@ -60,17 +60,20 @@ class ModelTokenizer:
 
 
 
-def load_tokenizer(model_or_preset: str, tokenizer_dir: str | None = None) -> ModelTokenizer:
-    """Load from a model dir (tokenizer files may live in `tokenizer_dir`), or build one for a preset."""
+def load_tokenizer(model_or_preset: str, tokenizer_dir: str | None = None,
+                   chat_template: str | None = None) -> ModelTokenizer:
+    """Load from a model dir (tokenizer files may live in `tokenizer_dir`), or build one for a preset.
+    chat_template: --chat-template (a file or the template itself), over the model's own."""
     model_path = Path(model_or_preset)
+    override = chat_template_source(chat_template) if chat_template else None
     if model_path.is_dir():
-        return _from_dir(model_path, Path(tokenizer_dir) if tokenizer_dir else model_path)
+        return _from_dir(model_path, Path(tokenizer_dir) if tokenizer_dir else model_path, override)
     if tokenizer_dir:  # a preset's shapes with a real vocabulary (structured outputs need one that spells JSON)
-        return _preset_with_dir(model_or_preset, Path(tokenizer_dir))
-    return _for_preset(model_or_preset)
+        return _preset_with_dir(model_or_preset, Path(tokenizer_dir), override)
+    return _for_preset(model_or_preset, override)
 
 
-def _from_dir(model_dir: Path, tokenizer_dir: Path) -> ModelTokenizer:
+def _from_dir(model_dir: Path, tokenizer_dir: Path, override: str | None = None) -> ModelTokenizer:
     tokenizer_file = tokenizer_dir / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ValueError(f"{tokenizer_dir} has no tokenizer.json")
@@ -79,7 +82,9 @@ def _from_dir(model_dir: Path, tokenizer_dir: Path) -> ModelTokenizer:
     config = config.get("text_config", config)
     tokenizer_config = _read_json(tokenizer_dir / "tokenizer_config.json")
     template_file = tokenizer_dir / "chat_template.jinja"
-    if template_file.is_file():
+    if override:
+        template_source = override
+    elif template_file.is_file():
         template_source = template_file.read_text()
     else:
         template_source = tokenizer_config.get("chat_template")
@@ -96,24 +101,24 @@ def _from_dir(model_dir: Path, tokenizer_dir: Path) -> ModelTokenizer:
     )
 
 
-def _for_preset(name: str) -> ModelTokenizer:
+def _for_preset(name: str, override: str | None = None) -> ModelTokenizer:
     from blink.model import presets  # imported late: a model dir must not need the preset table
 
     config = presets.get(name)
     return ModelTokenizer(
         tokenizer=synthetic_tokenizer(config.vocab_size),
         vocab_size=config.vocab_size,
-        chat_template=ChatTemplate(PRESET_CHAT_TEMPLATE, {}),
+        chat_template=ChatTemplate(override or PRESET_CHAT_TEMPLATE, {}),
     )
 
 
-def _preset_with_dir(name: str, tokenizer_dir: Path) -> ModelTokenizer:
+def _preset_with_dir(name: str, tokenizer_dir: Path, override: str | None = None) -> ModelTokenizer:
     """The preset's vocab size (the logits' width) over the dir's tokenizer, as a padded real vocab: ids the
     tokenizer lacks decode to nothing. A tokenizer larger than the preset's vocab cannot be served."""
     from blink.model import presets
 
     config = presets.get(name)
-    loaded = _from_dir(tokenizer_dir, tokenizer_dir)
+    loaded = _from_dir(tokenizer_dir, tokenizer_dir, override)
     size = loaded.tokenizer.get_vocab_size(with_added_tokens=True)
     if size > config.vocab_size:
         raise ValueError(f"tokenizer {tokenizer_dir} has {size} tokens, more than preset {name}'s vocab of "

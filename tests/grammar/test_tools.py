@@ -37,7 +37,7 @@ def random_output(compiler, tok, eos, constraint, seed):
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
 def test_forced_calls_parse_and_validate(demo_compiler, demo_vocab, template, fmt, choice):
     tok, eos, _ = demo_vocab
-    plan = plan_tools([WEATHER, TIME], choice, None, template)
+    plan = plan_tools([WEATHER, TIME], choice, None, tool_format(template))
     assert plan.fmt == fmt and plan.constraint is not None
     for seed in range(6):
         text = random_output(demo_compiler, tok, eos, plan.constraint, seed)
@@ -56,13 +56,13 @@ def test_forced_calls_parse_and_validate(demo_compiler, demo_vocab, template, fm
 
 def test_parallel_false_means_one_call(demo_compiler, demo_vocab):
     tok, eos, _ = demo_vocab
-    plan = plan_tools([WEATHER], "required", False, None)
+    plan = plan_tools([WEATHER], "required", False, HERMES)
     for seed in range(4):
         assert len(parse_tool_calls(random_output(demo_compiler, tok, eos, plan.constraint, seed), plan)[1]) == 1
 
 
 def test_auto_parses_hermes_and_keeps_plain_text():
-    plan = plan_tools([WEATHER], "auto", None, None)
+    plan = plan_tools([WEATHER], "auto", None, HERMES)
     assert plan.constraint is None and plan.parse
     text = 'Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
     content, calls = parse_tool_calls(text, plan)
@@ -78,7 +78,7 @@ def test_auto_without_parallel_calls_keeps_the_first():
     block = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s", "unit": "c"}}\n</tool_call>'
     text = "A." + block % "Oslo" + block % "Rome"
     for parallel, cities in ((None, ["Oslo", "Rome"]), (False, ["Oslo"])):
-        content, calls = parse_tool_calls(text, plan_tools([WEATHER], "auto", parallel, None))
+        content, calls = parse_tool_calls(text, plan_tools([WEATHER], "auto", parallel, HERMES))
         assert content == "A." and [json.loads(c["function"]["arguments"])["city"] for c in calls] == cities
 
 
@@ -112,5 +112,5 @@ def test_tool_format_follows_the_template():
 ])
 def test_bad_tool_requests(tools, choice, param):
     with pytest.raises(APIError) as e:
-        plan_tools(tools, choice, None, None)
+        plan_tools(tools, choice, None, HERMES)
     assert e.value.status == 400 and e.value.param == param
