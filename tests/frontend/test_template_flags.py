@@ -38,8 +38,9 @@ def test_override_and_parser(model_dir, tmp_path):
     tokens = len(load_tokenizer(str(model_dir)).encode(CALL, add_special_tokens=False))
     body = {"messages": [{"role": "user", "content": CALL}], "max_tokens": tokens, "tools": TOOLS}
     for args, parsed in (([], False), (["--tool-call-parser", "llama3_json"], True)):
-        proc = ServerProcess(["--model", str(model_dir), "--served-model-name", "fake", "--chat-template", str(template),
-                              "--engine-module", "tests.frontend.fake_engine", "--enable-auto-tool-choice", *args])
+        proc = ServerProcess(["--model", str(model_dir), "--served-model-name", "fake",
+                              "--chat-template", str(template), "--enable-auto-tool-choice",
+                              "--engine-module", "tests.frontend.fake_engine", *args])
         proc.wait_ready()
         try:
             with httpx.Client(base_url=proc.base_url, timeout=30) as http:

@@ -10,15 +10,14 @@ from tests.grammar.test_api_reasoning import (  # noqa: F401 - the tests and fix
     test_a_prompt_that_skips_the_thought_gets_the_schema_alone,
     test_the_model_thinks_before_the_schema_applies,
 )
+from tests.grammar.test_api_structured_device_gpu import DEVICE_ARGS
 
 pytestmark = [pytest.mark.slow, pytest.mark.gpu, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
 def server():
-    proc = ServerProcess(["--served-model-name", "demo", "--engine", "device", "--device", "cuda",
-                          "--dtype", "float32", "--max-num-seqs", "4", "--grammar-arena-mb", "8",
-                          "--gpu-memory-utilization", "0.3", "--reasoning-parser", "qwen3"])
+    proc = ServerProcess([*DEVICE_ARGS, "--reasoning-parser", "qwen3"])
     proc.wait_ready()
     yield proc
     proc.stop()

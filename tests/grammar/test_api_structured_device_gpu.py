@@ -22,11 +22,13 @@ from tests.grammar.test_api_structured import (  # noqa: F401 - the tests and fi
 pytestmark = [pytest.mark.slow, pytest.mark.gpu, pytest.mark.timeout(900)]
 
 
+DEVICE_ARGS = ["--served-model-name", "demo", "--engine", "device", "--device", "cuda", "--dtype", "float32",
+               "--max-num-seqs", "8", "--grammar-arena-mb", "8", "--gpu-memory-utilization", "0.3"]
+
+
 @pytest.fixture(scope="module")
 def server():
-    proc = ServerProcess(["--served-model-name", "demo", "--engine", "device", "--device", "cuda",
-                          "--dtype", "float32", "--max-num-seqs", "8", "--grammar-arena-mb", "8",
-                          "--gpu-memory-utilization", "0.3"])
+    proc = ServerProcess(DEVICE_ARGS)
     proc.wait_ready()
     yield proc
     proc.stop()
