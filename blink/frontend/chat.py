@@ -180,20 +180,19 @@ async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head
         if index == 0:
             cached = delta.cached_tokens
         logprobs = chat_logprobs(state, delta.logprobs, body.return_tokens_as_token_ids) if body.logprobs else None
-        finish, calls = delta.finish_reason, []
-        if finish:  # reasoning, then content until a tool call may start, the calls at the end
-            thought, text, calls = outputs[index].finish(delta.text)
-            finish = "tool_calls" if calls and finish == "stop" else finish
-        else:
-            thought, text = outputs[index].feed(delta.text)
-        content = {"content": text} if text or not (finish or calls or thought) else {}
-        if thought:
-            content = {**reasoning_fields(thought), **content}
-        if calls:  # OpenAI's shape: the calls in a delta of their own, with index, id, type and function
+        output, finish = outputs[index], delta.finish_reason
+        # reasoning, then content until a tool call may start, the calls as written (forced) or at the end
+        piece = output.finish(delta.text) if finish else output.feed(delta.text)
+        if finish == "stop" and output.used_tools:
+            finish = "tool_calls"
+        content = {"content": piece.content} if piece.content or not (finish or piece.calls or piece.thought) else {}
+        if piece.thought:
+            content = {**reasoning_fields(piece.thought), **content}
+        if piece.calls:  # OpenAI's shape: the calls in a delta of their own (index, then id, type, function)
             if content:
                 yield chunk({"index": index, "delta": content, "logprobs": logprobs, "finish_reason": None})
                 logprobs = None
-            content = {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}
+            content = {"tool_calls": piece.calls}
         choice = {"index": index, "delta": content, "logprobs": logprobs, "finish_reason": finish}
         if finish is not None:
             choice["stop_reason"] = delta.stop_reason

@@ -4,8 +4,9 @@ tool calls, for a whole output and for a stream of deltas. Both use the same par
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from blink.frontend.forced_calls import ForcedCallStream
 from blink.frontend.tools import ToolPlan, ToolStream, parse_tool_calls
 from blink.text.reasoning import ReasoningFormat, ReasoningSplitter, split_reasoning
 
@@ -41,14 +42,28 @@ def assistant_message(text: str, finish: str, reasoning: ReasoningPlan | None,
     return message, finish
 
 
+@dataclass
+class Piece:
+    """What a streamed choice sends now: reasoning, content, and OpenAI's `delta.tool_calls` entries (an entry
+    with an `id` starts a call; the others add to the arguments of the call at their `index`)."""
+
+    thought: str = ""
+    content: str = ""
+    calls: list[dict] = field(default_factory=list)
+
+
 class ChoiceStream:
     """A streamed choice: feed() each delta's text, finish() with the last one's."""
 
     def __init__(self, reasoning: ReasoningPlan | None, tools: ToolPlan | None):
         self.plan = reasoning
         self.splitter = ReasoningSplitter(reasoning.fmt, reasoning.starts_thinking) if reasoning else None
-        self.tools = ToolStream(tools) if tools is not None and tools.parse else None
+        parse = tools is not None and tools.parse
+        # a grammar-forced call is sent as it is written; under auto the calls are held to the end
+        self.forced = ForcedCallStream() if parse and tools.constraint is not None else None
+        self.tools = ToolStream(tools) if parse and self.forced is None else None
         self.unsent = ""  # stream_reasoning=false: the reasoning so far, sent once the block ends
+        self.used_tools = False
 
     def _reasoning(self, piece: str, done: bool) -> str:
         if not self.plan.include:
@@ -61,27 +76,33 @@ class ChoiceStream:
         out, self.unsent = self.unsent, ""
         return out
 
-    def feed(self, text: str) -> tuple[str, str]:
-        """(reasoning, content) to send now."""
-        thought = ""
+    def _content(self, text: str, piece: Piece) -> None:
+        if self.forced is not None:
+            piece.calls += self.forced.feed(text)
+        elif self.tools is not None:  # content until a tool call may start
+            piece.content += self.tools.feed(text)
+        else:
+            piece.content += text
+
+    def feed(self, text: str) -> Piece:
+        piece = Piece()
         if self.splitter is not None:
             thought, text = self.splitter.feed(text)
-            thought = self._reasoning(thought, False)
-        if self.tools is not None:  # content until a tool call may start
-            text = self.tools.feed(text)
-        return thought, text
+            piece.thought = self._reasoning(thought, False)
+        self._content(text, piece)
+        self.used_tools = self.used_tools or bool(piece.calls)
+        return piece
 
-    def finish(self, text: str) -> tuple[str, str, list[dict]]:
-        """(reasoning, content, tool calls) still to send once the output is complete."""
-        thought, content = self.feed(text)
+    def finish(self, text: str) -> Piece:
+        """The rest, once the output is complete (held calls come whole, one entry each)."""
+        piece = self.feed(text)
         if self.splitter is not None:
             more, rest = self.splitter.finish()
-            thought += self._reasoning(more, True)
-            if self.tools is not None:
-                rest = self.tools.feed(rest)
-            content += rest
-        calls = []
+            piece.thought += self._reasoning(more, True)
+            self._content(rest, piece)
         if self.tools is not None:
             rest, calls = self.tools.finish()
-            content += rest
-        return thought, content, calls
+            piece.content += rest
+            piece.calls += [{"index": k, **call} for k, call in enumerate(calls)]
+        self.used_tools = self.used_tools or bool(piece.calls)
+        return piece

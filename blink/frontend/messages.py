@@ -24,6 +24,7 @@ from blink.frontend.messages_protocol import (
     to_chat_messages,
     to_chat_tools,
     tool_use_block,
+    tool_use_id,
 )
 from blink.frontend.protocol import SamplingFields
 from blink.frontend.serving import FrontendState, arrival, request_id, sse, unless_disconnected
@@ -125,49 +126,51 @@ def _thinking_block(text: str) -> dict:
 
 async def _events(stream: AsyncIterator[Delta], message: dict, num_prompt_tokens: int,
                   output: ChoiceStream) -> AsyncIterator[tuple[str, dict]]:
-    """A thinking block while the model reasons, text deltas until a tool call may begin (the rest is
-    held); at the end, the held text and then each call as a tool_use block with its whole input in one
-    input_json_delta."""
+    """A thinking block while the model reasons, text deltas until a tool call may begin, then a tool_use
+    block per call: its input's JSON text as it is written where the grammar forces the call, else whole
+    at the end (chat_output.ChoiceStream)."""
     yield "message_start", {"type": "message_start", "message": {
         **message, "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": num_prompt_tokens, "output_tokens": 0}}}
-    index, open_block, calls, last = 0, None, [], Delta("")
+    index, open_block, last = 0, None, Delta("")
 
-    def start(kind: str):
-        block = _thinking_block("") if kind == "thinking" else {"type": "text", "text": ""}
-        return "content_block_start", {"type": "content_block_start", "index": index, "content_block": block}
+    def switch(kind: str, block: dict) -> list[tuple[str, dict]]:
+        """Close the open block (if any) and open `block` in its place."""
+        nonlocal index, open_block
+        events = []
+        if open_block is not None:
+            events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+            index += 1
+        open_block = kind
+        return [*events, ("content_block_start", {"type": "content_block_start", "index": index,
+                                                  "content_block": block})]
+
+    def block_delta(delta: dict) -> tuple[str, dict]:
+        return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
 
     async for delta in stream:
         if delta.error:
             raise APIError(500, "the engine failed the request")
-        if delta.finish_reason:
-            thought, text, calls = output.finish(delta.text)
-        else:
-            thought, text = output.feed(delta.text)
-        for kind, piece in (("thinking", thought), ("text", text)):  # the thought always comes first
-            if not piece:
-                continue
-            if open_block != kind:
-                if open_block is not None:
-                    yield "content_block_stop", {"type": "content_block_stop", "index": index}
-                    index += 1
-                yield start(kind)
-                open_block = kind
-            yield "content_block_delta", {"type": "content_block_delta", "index": index,
-                                          "delta": {"type": f"{kind}_delta", kind: piece}}
+        piece = output.finish(delta.text) if delta.finish_reason else output.feed(delta.text)
+        for kind, text in (("thinking", piece.thought), ("text", piece.content)):  # the thought comes first
+            if text:
+                if open_block != kind:
+                    for event in switch(kind, _thinking_block("") if kind == "thinking" else {"type": "text",
+                                                                                              "text": ""}):
+                        yield event
+                yield block_delta({"type": f"{kind}_delta", kind: text})
+        for entry in piece.calls:  # an entry with an id starts a call; each carries arguments text (or "")
+            if "id" in entry:
+                block = {"type": "tool_use", "id": tool_use_id(entry["id"]), "name": entry["function"]["name"],
+                         "input": {}}
+                for event in switch("tool_use", block):
+                    yield event
+            if entry["function"]["arguments"]:
+                yield block_delta({"type": "input_json_delta", "partial_json": entry["function"]["arguments"]})
         last = delta
     if open_block is not None:
         yield "content_block_stop", {"type": "content_block_stop", "index": index}
-        index += 1
-    for call in calls:
-        block = tool_use_block(call)
-        yield "content_block_start", {"type": "content_block_start", "index": index,
-                                      "content_block": {**block, "input": {}}}
-        yield "content_block_delta", {"type": "content_block_delta", "index": index, "delta": {
-            "type": "input_json_delta", "partial_json": call["function"]["arguments"]}}  # the input's JSON
-        yield "content_block_stop", {"type": "content_block_stop", "index": index}
-        index += 1
-    stop_reason, stop_sequence = _stop(last, bool(calls))
+    stop_reason, stop_sequence = _stop(last, output.used_tools)
     yield "message_delta", {"type": "message_delta", "delta": {"stop_reason": stop_reason,
                                                                "stop_sequence": stop_sequence},
                             "usage": {"output_tokens": last.num_tokens}}

@@ -154,7 +154,11 @@ def to_chat_choice(choice: ToolChoice | None) -> tuple[Any, bool | None]:
     return openai, (None if choice.disable_parallel_tool_use is None else not choice.disable_parallel_tool_use)
 
 
+def tool_use_id(call_id: str) -> str:
+    return "toolu_" + call_id.removeprefix("call_")
+
+
 def tool_use_block(call: dict) -> dict:
     """A parsed call (OpenAI's shape, blink/frontend/tools.py) as a tool_use block."""
-    return {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"), "name": call["function"]["name"],
+    return {"type": "tool_use", "id": tool_use_id(call["id"]), "name": call["function"]["name"],
             "input": json.loads(call["function"]["arguments"])}

@@ -101,6 +101,12 @@ def test_tool_calls_are_parsed_after_the_block(http, tokens):
     assert joined(deltas, "reasoning") == "I need the weather." and not joined(deltas, "content")
     calls = [c for d in deltas for c in d.get("tool_calls") or []]
     assert [c["function"]["name"] for c in calls] == ["get_weather"]
+    # forced (the fake engine ignores the grammar, which lets the thought come first): streamed as written
+    forced = stream(http, tokens, text, tools=TOOLS, tool_choice="required")
+    entries = [c for d in forced for c in d.get("tool_calls") or []]
+    assert joined(forced, "reasoning") == "I need the weather." and len(entries) > 1
+    assert entries[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert json.loads("".join(e["function"]["arguments"] for e in entries)) == {"city": "Paris"}
 
 
 def test_deepseek_r1_starts_in_the_block(model_dir, tokens):
