@@ -36,11 +36,12 @@ __all__ = ["MessagesPrompt", "MessagesRequest", "count_message_tokens", "create_
 
 
 def _stop(delta: Delta, used_tool: bool) -> tuple[str, str | None]:
-    """Anthropic's stop_reason and stop_sequence for a finished choice."""
-    if used_tool:
-        return "tool_use", None
+    """Anthropic's stop_reason and stop_sequence for a finished choice (max_tokens first: a call it cut is
+    unfinished, as chat's finish_reason stays `length`)."""
     if delta.finish_reason == "length":
         return "max_tokens", None
+    if used_tool:
+        return "tool_use", None
     if isinstance(delta.stop_reason, str):
         return "stop_sequence", delta.stop_reason
     return "end_turn", None
