@@ -72,6 +72,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", default=None,
                         help="a chat template (a file, or the template itself) over the model's own (vLLM's flag; "
                              "default: the model's)")
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        help="let a request bring its own `chat_template` (vLLM's flag; rendered sandboxed on the "
+                             "front end's worker pool; default: off, such a request gets a 400)")
     parser.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
                         help="the tool-call format to parse and force: hermes (<tool_call> blocks: Hermes, Qwen) "
                              "or llama3_json (vLLM's names; default: the one the chat template shows)")
@@ -154,6 +157,8 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
         frontend_cmd += ["--chat-template", args.chat_template]
     if args.tool_call_parser:
         frontend_cmd += ["--tool-call-parser", args.tool_call_parser]
+    if args.trust_request_chat_template:
+        frontend_cmd.append("--trust-request-chat-template")
     if not engine_args.gc_freeze:
         frontend_cmd.append("--no-gc-freeze")
     if engine_args.tokenizer:

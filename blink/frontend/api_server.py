@@ -48,6 +48,8 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", default=None, help="blink serve's --chat-template" + D)
     parser.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
                         help="blink serve's --tool-call-parser" + D)
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        help="blink serve's --trust-request-chat-template (default: off)")
     parser.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
                         help="freeze the startup heap out of the garbage collector once serving (default: on)")
 
@@ -84,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         tensor_parallel_size=args.tensor_parallel_size, grammar_arena_mb=args.grammar_arena_mb,
         gc_freeze=args.gc_freeze, stream_interval=args.stream_interval, reasoning_parser=args.reasoning_parser,
         chat_template=args.chat_template, tool_call_parser=args.tool_call_parser,
+        trust_request_chat_template=args.trust_request_chat_template,
     )
     setup_logging(config.log_requests)
     try:

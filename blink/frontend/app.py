@@ -61,6 +61,7 @@ class AppConfig:
     reasoning_parser: str | None = None  # chat splits a thinking model's output (blink/text/reasoning.py)
     chat_template: str | None = None  # --chat-template: a file or the template, over the model's
     tool_call_parser: str | None = None  # --tool-call-parser (tools.TOOL_PARSERS); None: the template's format
+    trust_request_chat_template: bool = False  # a request's own chat_template is refused without it
 
 
 def blink_version() -> str:
@@ -83,9 +84,11 @@ def build_app(config: AppConfig) -> FastAPI:
         text = TextWorkers(tokenizer, config.tokenizer_workers, config.max_pending_tokenizations)
         structured = StructuredOutputs(tokenizer, config.model, config.grammar_arena_mb << 20, config.tokenizer)
         metrics.watch(text, structured)
-        holder["state"] = FrontendState(tokenizer, client, metrics, config.served_model_name, text, config.model,
-                                        structured, config.stream_interval, reasoning,
-                                        TOOL_PARSERS.get(config.tool_call_parser))
+        holder["state"] = FrontendState(
+            tokenizer, client, metrics, config.served_model_name, text, config.model, structured,
+            stream_interval=config.stream_interval, reasoning=reasoning,
+            tool_parser=TOOL_PARSERS.get(config.tool_call_parser),
+            trust_request_chat_template=config.trust_request_chat_template)
         banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name))
         if config.gc_freeze:  # last: everything above lives until shutdown
             metrics.gc_frozen.set(freeze_heap())
@@ -160,7 +163,8 @@ def build_app(config: AppConfig) -> FastAPI:
         s.check_model(body.model)
         if body.messages is not None:
             prompt = await chat_prompt(s, body.messages, body.add_generation_prompt, body.chat_template_kwargs,
-                                       continue_final_message=body.continue_final_message)
+                                       continue_final_message=body.continue_final_message,
+                                       chat_template=body.chat_template)
             tokens = prompt.ids
         elif body.prompt is not None:
             tokens = await s.text.encode(body.prompt, body.add_special_tokens)

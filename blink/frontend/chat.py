@@ -26,6 +26,7 @@ from blink.frontend.structured import constrain, hold
 from blink.frontend.text_workers import INLINE_ENCODE_CHARS
 from blink.frontend.tools import plan_tools
 from blink.request import MAX_TOP_LOGPROBS
+from blink.text.chat_template import compiled_template
 from blink.text.reasoning import OPEN
 
 
@@ -51,10 +52,15 @@ class ChatPrompt:
 
 async def chat_prompt(state: FrontendState, messages: list[ChatMessage], add_generation_prompt: bool,
                       chat_template_kwargs: dict | None, tools: list | None = None,
-                      continue_final_message: bool = False) -> ChatPrompt:
-    """Render the chat template and tokenize, both on the worker pool (one job)."""
+                      continue_final_message: bool = False, chat_template: str | None = None) -> ChatPrompt:
+    """Render the chat template and tokenize, both on the worker pool (one job).
+    chat_template: the request's own (vLLM's field), only under --trust-request-chat-template."""
     template = state.tokenizer.chat_template
-    if template is None:
+    if chat_template is not None:
+        if not state.trust_request_chat_template:
+            raise APIError(400, "chat_template in a request needs the server's --trust-request-chat-template",
+                           "chat_template")
+    elif template is None:
         raise APIError(400, "this model has no chat template; use /v1/completions", "messages")
     if not messages:
         raise APIError(400, "messages must not be empty", "messages")
@@ -64,7 +70,12 @@ async def chat_prompt(state: FrontendState, messages: list[ChatMessage], add_gen
 
     def render_and_encode() -> ChatPrompt:
         try:
-            text = template.render(conversation, add_generation_prompt, tools, continue_final_message,
+            use = template if chat_template is None else \
+                compiled_template(chat_template, tuple(sorted(template.special_tokens.items())) if template else ())
+        except ValueError as e:  # a syntax error
+            raise APIError(400, str(e), "chat_template") from None
+        try:
+            text = use.render(conversation, add_generation_prompt, tools, continue_final_message,
                                    **(chat_template_kwargs or {}))
         except (ValueError, TypeError) as e:
             raise APIError(400, str(e), "messages") from None
@@ -74,7 +85,8 @@ async def chat_prompt(state: FrontendState, messages: list[ChatMessage], add_gen
         return ChatPrompt(ids, state.reasoning.thought_at(text) if state.reasoning else "")
 
     # a short plain chat (roles and text alone) is templated and tokenized on the loop: too small for the hop
-    small = not tools and not chat_template_kwargs and all(m.keys() <= {"role", "content"} for m in conversation) \
+    small = not tools and not chat_template_kwargs and chat_template is None \
+        and all(m.keys() <= {"role", "content"} for m in conversation) \
         and sum(len(m["role"]) + len(m.get("content") or "") for m in conversation) <= INLINE_ENCODE_CHARS
     return await state.text.run(render_and_encode, inline=small)
 
@@ -118,14 +130,14 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
     if body.store:
         raise APIError(400, "store=true is not supported: blink keeps no completions", "store")
     prompt = await chat_prompt(state, body.messages, body.add_generation_prompt, body.chat_template_kwargs,
-                               body.tools, body.continue_final_message)
+                               body.tools, body.continue_final_message, body.chat_template)
     prompt_ids = prompt.ids
     state.check_prompt(prompt_ids)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     num_logprobs = _num_logprobs(body)
     params = [state.sampling_params(body, prompt_ids, max_tokens, num_logprobs, j) for j in range(body.n)]
     state.check_engine()
-    tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, state.tool_format())
+    tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, state.tool_format(body.chat_template))
     reasoning = _reasoning_plan(state, body, prompt)
     constraint = await constrain(state, body, params, tools.constraint if tools else None,
                                  after_thinking(state, prompt))

@@ -121,6 +121,7 @@ class ChatCompletionRequest(SamplingFields, ToolFields):
     tools: list[dict[str, Any]] | None = None
     store: bool | None = None  # false (or null) is what blink does anyway: it keeps no completions; true: 400
     continue_final_message: bool = False  # the last message left open for the model to go on (vLLM's)
+    chat_template: str | None = None  # vLLM's: this request's template (--trust-request-chat-template)
     # Reasoning switches (vllm-router forwards SGLang's on every chat request); they act under
     # --reasoning-parser: separate_reasoning (SGLang) false keeps the raw text in `content`, include_reasoning
     # (vLLM) false drops the reasoning, stream_reasoning (SGLang) false sends it in one piece (chat_output.py).
@@ -136,6 +137,7 @@ class TokenizeRequest(Strict):
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
 

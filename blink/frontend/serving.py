@@ -37,11 +37,15 @@ class FrontendState:
     stream_interval: int = 1  # --stream-interval (generation.py)
     reasoning: ReasoningFormat | None = None  # --reasoning-parser (chat_output.py)
     tool_parser: str | None = None  # --tool-call-parser's format (tools.py); None: the chat template's
+    trust_request_chat_template: bool = False  # --trust-request-chat-template: requests may bring their own
 
-    def tool_format(self) -> str:
-        """The tool-call format of this server: --tool-call-parser's, else the one its chat template shows."""
+    def tool_format(self, request_template: str | None = None) -> str:
+        """The tool-call format: --tool-call-parser's, else the one the chat template shows (the request's
+        own template where it brings one)."""
         if self.tool_parser:
             return self.tool_parser
+        if request_template is not None:
+            return tool_format(request_template)
         template = self.tokenizer.chat_template
         return tool_format(template and template.source)
 

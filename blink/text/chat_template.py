@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,9 @@ def _cut_after_final(text: str, final: dict[str, Any]) -> str:
         if at >= 0:
             return text[:at + len(needle)]
     raise ValueError("continue_final_message: the chat template does not write the final message's text as it is")
+
+
+@lru_cache(maxsize=16)
+def compiled_template(source: str, special_tokens: tuple[tuple[str, str], ...]) -> ChatTemplate:
+    """A request's own template (vLLM's `chat_template` field), compiled once per distinct text."""
+    return ChatTemplate(source, dict(special_tokens))

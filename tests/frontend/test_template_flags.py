@@ -37,7 +37,7 @@ def test_override_and_parser(model_dir, tmp_path):
     template.write_text(ECHO)
     tokens = len(load_tokenizer(str(model_dir)).encode(CALL, add_special_tokens=False))
     body = {"messages": [{"role": "user", "content": CALL}], "max_tokens": tokens, "tools": TOOLS}
-    for args, parsed in (([], False), (["--tool-call-parser", "llama3_json"], True)):
+    for args, parsed in (([], False), (["--tool-call-parser", "llama3_json", "--trust-request-chat-template"], True)):
         proc = ServerProcess(["--model", str(model_dir), "--served-model-name", "fake",
                               "--chat-template", str(template), "--enable-auto-tool-choice",
                               "--engine-module", "tests.frontend.fake_engine", *args])
@@ -47,6 +47,17 @@ def test_override_and_parser(model_dir, tmp_path):
                 ids = http.post("/tokenize", json={"messages": body["messages"]}).json()["tokens"]
                 assert http.post("/detokenize", json={"tokens": ids}).json()["prompt"] == CALL  # the echo template
                 message = http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]
+                own = {"messages": body["messages"], "chat_template": "<<{{ messages[0]['content'] }}>>"}
+                r = http.post("/tokenize", json=own)
+                bad = http.post("/v1/chat/completions", json={**body, "chat_template": "{% if %}"})
+                if parsed:  # trusted: the request's own template renders its prompt
+                    assert http.post("/detokenize", json={"tokens": r.json()["tokens"]}).json()["prompt"] == \
+                        f"<<{CALL}>>"
+                    assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template"
+                    assert "syntax error" in bad.json()["error"]["message"]
+                else:  # vLLM's default: refused, naming the field
+                    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template"
+                    assert "--trust-request-chat-template" in r.json()["error"]["message"]
         finally:
             proc.stop()
         if parsed:  # llama3_json: the bare JSON object is a call
