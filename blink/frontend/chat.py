@@ -118,6 +118,14 @@ def after_thinking(state: FrontendState, prompt: ChatPrompt):
     return lambda c: state.reasoning.constrain(c, prompt.thought)
 
 
+def _echo(body: ChatCompletionRequest) -> str:
+    """vLLM's chat echo: the last message's text, when it is the assistant's (the answer continues it)."""
+    last = body.messages[-1] if body.echo and body.messages else None
+    if last is None or last.role != "assistant":
+        return ""
+    return _message_dict(last)["content"] or ""
+
+
 def _reasoning_plan(state: FrontendState, body: ChatCompletionRequest, prompt: ChatPrompt) -> ReasoningPlan | None:
     if state.reasoning is None or not body.separate_reasoning:  # SGLang's switch: false keeps the raw text
         return None
@@ -146,8 +154,9 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
                                                 arrival(request)))
                for p in params]
     head = {"id": f"chatcmpl-{request_id(request)}", "created": now(), "model": state.served_model_name}
+    echo = _echo(body)
     if body.stream:
-        chunks = _stream_chunks(state, body, head, streams, len(prompt_ids), tools, reasoning)
+        chunks = _stream_chunks(state, body, head, streams, len(prompt_ids), tools, reasoning, echo)
         return StreamingResponse(sse_stream(chunks), media_type="text/event-stream")
     results = await unless_disconnected(request, asyncio.gather(*(collect(s) for s in streams)))
     choices = []
@@ -158,6 +167,8 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
         if num_logprobs is not None:
             logprobs = chat_logprobs(state, result.logprobs, body.return_tokens_as_token_ids)
         message, finish = assistant_message(result.text, result.finish_reason, reasoning, tools)
+        if echo:
+            message["content"] = echo + (message["content"] or "")
         choices.append({"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish,
                         "stop_reason": result.stop_reason})
     completion_tokens = sum(r.num_tokens for r in results)
@@ -170,8 +181,8 @@ async def create_chat_completion(state: FrontendState, body: ChatCompletionReque
 
 
 async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head: dict, streams,
-                         num_prompt_tokens: int, tools=None, reasoning: ReasoningPlan | None = None
-                         ) -> AsyncIterator[dict]:
+                         num_prompt_tokens: int, tools=None, reasoning: ReasoningPlan | None = None,
+                         echo: str = "") -> AsyncIterator[dict]:
     head = {**head, "object": "chat.completion.chunk"}
     tokens, cached = [0] * len(streams), 0
 
@@ -183,7 +194,7 @@ async def _stream_chunks(state: FrontendState, body: ChatCompletionRequest, head
 
     outputs = [ChoiceStream(reasoning, tools) for _ in streams]
     for index in range(len(streams)):
-        yield chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+        yield chunk({"index": index, "delta": {"role": "assistant", "content": echo}, "logprobs": None,
                      "finish_reason": None})
     async for index, delta in merge(streams):
         if delta.error:

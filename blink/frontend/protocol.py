@@ -122,6 +122,7 @@ class ChatCompletionRequest(SamplingFields, ToolFields):
     store: bool | None = None  # false (or null) is what blink does anyway: it keeps no completions; true: 400
     continue_final_message: bool = False  # the last message left open for the model to go on (vLLM's)
     chat_template: str | None = None  # vLLM's: this request's template (--trust-request-chat-template)
+    echo: bool = False  # vLLM's: the answer starts with the last message's text when it is the assistant's
     # Reasoning switches (vllm-router forwards SGLang's on every chat request); they act under
     # --reasoning-parser: separate_reasoning (SGLang) false keeps the raw text in `content`, include_reasoning
     # (vLLM) false drops the reasoning, stream_reasoning (SGLang) false sends it in one piece (chat_output.py).

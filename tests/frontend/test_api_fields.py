@@ -2,6 +2,7 @@
 through `blink serve` with the fake engine (output token i = prompt token i) and the openai client."""
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -212,6 +213,16 @@ def test_continue_final_message_leaves_the_last_message_open(http, tok):
     assert closed[:len(opened)] == opened and len(closed) > len(opened)  # only the end of turn is cut
     out = http.post("/v1/chat/completions", json={**body, "continue_final_message": True, "max_tokens": 64}).json()
     assert out["usage"]["prompt_tokens"] == len(opened)
+    # vLLM's chat echo: the answer starts with the assistant message it continues
+    echoed = http.post("/v1/chat/completions", json={**body, "continue_final_message": True, "max_tokens": 64,
+                                                      "echo": True}).json()
+    assert echoed["choices"][0]["message"]["content"] == "My answer is" + out["choices"][0]["message"]["content"]
+    with http.stream("POST", "/v1/chat/completions", json={**body, "continue_final_message": True, "echo": True,
+                                                          "max_tokens": 4, "stream": True}) as r:
+        first = next(line for line in r.iter_lines() if line.startswith("data: {"))
+    assert json.loads(first[6:])["choices"][0]["delta"] == {"role": "assistant", "content": "My answer is"}
+    user_last = http.post("/v1/chat/completions", json={"messages": messages[:1], "echo": True, "max_tokens": 4})
+    assert not user_last.json()["choices"][0]["message"]["content"].startswith("Name a fruit.")
     for extra, param in [({"add_generation_prompt": True}, "continue_final_message"),
                          ({"messages": [*messages[:1], {"role": "assistant", "content": " "}]}, "messages")]:
         r = http.post("/v1/chat/completions", json={**body, "continue_final_message": True, **extra})
