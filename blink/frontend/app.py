@@ -25,6 +25,7 @@ from blink.frontend.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from blink.frontend.responses import ResponsesRequest, create_response
 from blink.frontend.serving import FrontendState, now
 from blink.frontend.structured import StructuredOutputs
 from blink.frontend.text_workers import DEFAULT_MAX_PENDING, DEFAULT_WORKERS, TextWorkers
@@ -133,6 +134,11 @@ def build_app(config: AppConfig) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         note_user(request, body.user)
         return await create_chat_completion(state(), body, request)
+
+    @app.post("/v1/responses")
+    async def responses(body: ResponsesRequest, request: Request):
+        note_user(request, body.user)
+        return await create_response(state(), body, request)
 
     @app.post("/v1/messages")
     async def messages(body: MessagesRequest, request: Request):

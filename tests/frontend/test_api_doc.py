@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 from pydantic import BaseModel
 
-from blink.frontend import messages_protocol, protocol
+from blink.frontend import messages_protocol, protocol, responses_protocol
 from blink.frontend.metrics import FrontendMetrics
 from blink.transport.layout import ITERATION_TOKEN_BOUNDS, STEP_INTERVAL_BOUNDS_NS
 
@@ -23,15 +23,16 @@ def documented(name: str) -> bool:
 
 
 def request_models() -> list[type[BaseModel]]:
-    return [value for module in (protocol, messages_protocol) for value in vars(module).values()
+    return [value for module in (protocol, messages_protocol, responses_protocol) for value in vars(module).values()
             if isinstance(value, type) and issubclass(value, BaseModel) and value.__module__ == module.__name__]
 
 
 def test_every_request_field_is_in_the_doc():
     models = request_models()
-    assert {"CompletionRequest", "ChatCompletionRequest", "MessagesRequest", "TokenizeRequest"} <= {
+    assert {"CompletionRequest", "ChatCompletionRequest", "MessagesRequest", "TokenizeRequest", "ResponsesRequest"} <= {
         m.__name__ for m in models}
-    missing = [f"{m.__name__}.{field}" for m in models for field in m.model_fields if not documented(field)]
+    missing = [f"{m.__name__}.{name}" for m in models for name, field in m.model_fields.items()
+               if not documented(field.alias or name)]  # the name on the wire (TextFormat's `schema`)
     assert missing == [], f"fields docs/api.md does not name: {missing}"
 
 

@@ -166,3 +166,21 @@ def test_tool_choice_auto_and_conflicts(http):
     r = post(http, "/chat/completions", messages=messages, tools=[WEATHER], tool_choice="required", max_tokens=8,
              response_format={"type": "json_object"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+
+
+def test_responses_text_format_and_forced_call(http):
+    """/v1/responses' text.format is chat's response_format: the output validates even with random weights."""
+    from tests.grammar.test_tools import PARAMS
+
+    fmt = {"type": "json_schema", "name": "s", "schema": SCHEMAS[1], "strict": True}
+    r = post(http, "/responses", input="give me json", text={"format": fmt}, max_output_tokens=150)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["status"] == "completed" and out["text"]["format"]["schema"] == SCHEMAS[1]
+    jsonschema.validate(strict_json(out["output"][0]["content"][0]["text"]), SCHEMAS[1])
+    tools = [{"type": "function", "name": "get_weather", "parameters": PARAMS["get_weather"]}]
+    r = post(http, "/responses", input="weather?", tools=tools, tool_choice="required", max_output_tokens=200)
+    calls = [o for o in r.json()["output"] if o["type"] == "function_call"]
+    assert calls and all(c["name"] == "get_weather" for c in calls), r.text
+    for call in calls:
+        jsonschema.validate(strict_json(call["arguments"]), PARAMS["get_weather"])
