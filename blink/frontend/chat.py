@@ -76,7 +76,7 @@ async def chat_prompt(state: FrontendState, messages: list[ChatMessage], add_gen
             raise APIError(400, str(e), "chat_template") from None
         try:
             text = use.render(conversation, add_generation_prompt, tools, continue_final_message,
-                                   **(chat_template_kwargs or {}))
+                              **(chat_template_kwargs or {}))
         except (ValueError, TypeError) as e:
             raise APIError(400, str(e), "messages") from None
         state.precheck_text(text)
