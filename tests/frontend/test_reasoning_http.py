@@ -22,7 +22,7 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def _server(model_dir, parser: str) -> ServerProcess:
+def serve_echo(model_dir, parser: str) -> ServerProcess:
     proc = ServerProcess(["--model", str(model_dir), "--served-model-name", "fake", "--reasoning-parser", parser,
                           "--engine-module", "tests.frontend.fake_engine"], env={"FAKE_ENGINE_STEP_S": "0.002"})
     proc.wait_ready()
@@ -31,7 +31,7 @@ def _server(model_dir, parser: str) -> ServerProcess:
 
 @pytest.fixture(scope="module")
 def http(model_dir):
-    proc = _server(model_dir, "qwen3")
+    proc = serve_echo(model_dir, "qwen3")
     with httpx.Client(base_url=proc.base_url + "/v1", timeout=30) as c:
         yield c
     proc.stop()
@@ -110,7 +110,7 @@ def test_tool_calls_are_parsed_after_the_block(http, tokens):
 
 
 def test_deepseek_r1_starts_in_the_block(model_dir, tokens):
-    proc = _server(model_dir, "deepseek-r1")  # SGLang's spelling of vLLM's deepseek_r1
+    proc = serve_echo(model_dir, "deepseek-r1")  # SGLang's spelling of vLLM's deepseek_r1
     try:
         with httpx.Client(base_url=proc.base_url + "/v1", timeout=30) as c:
             message = chat(c, tokens, "First, add.</think>\n\n4").json()["choices"][0]["message"]

@@ -1,5 +1,6 @@
 """POST /v1/responses through `blink serve --reasoning-parser qwen3` with the fake engine and an echo
 template (a message is exactly what the "model" answers), checked with the openai client."""
+# ruff: noqa: F811 - the echo model's fixtures come from test_reasoning_http
 from __future__ import annotations
 
 import json
@@ -7,9 +8,7 @@ import json
 import httpx
 import pytest
 
-from blink.text.tokenizer import load_tokenizer
-from tests.frontend.server_process import ServerProcess, make_tokenizer_only_model
-from tests.frontend.test_reasoning_http import ANSWER, ECHO_TEMPLATE
+from tests.frontend.test_reasoning_http import ANSWER, model_dir, serve_echo, tokens  # noqa: F401 (fixtures)
 
 openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.slow
@@ -19,17 +18,8 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    path = make_tokenizer_only_model(tmp_path_factory.mktemp("responses-model"))
-    (path / "chat_template.jinja").write_text(ECHO_TEMPLATE)
-    return path
-
-
-@pytest.fixture(scope="module")
 def server(model_dir):
-    proc = ServerProcess(["--model", str(model_dir), "--served-model-name", "fake", "--reasoning-parser", "qwen3",
-                          "--engine-module", "tests.frontend.fake_engine"], env={"FAKE_ENGINE_STEP_S": "0.002"})
-    proc.wait_ready()
+    proc = serve_echo(model_dir, "qwen3")
     yield proc
     proc.stop()
 
@@ -37,12 +27,6 @@ def server(model_dir):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def tokens(model_dir):
-    tok = load_tokenizer(str(model_dir))
-    return lambda text: len(tok.encode(text, add_special_tokens=False))
 
 
 def test_text_and_reasoning(client, tokens):
