@@ -16,6 +16,7 @@ class InputText(Strict):
     type: Literal["input_text", "output_text"]
     text: str
     annotations: list[dict[str, Any]] | None = None  # output_text passed back: only null or empty
+    logprobs: list[dict[str, Any]] | None = None  # output_text passed back: not part of the prompt
 
 
 class Message(Strict):

@@ -55,6 +55,12 @@ def test_function_calls_and_items_passed_back(client, tokens):
              {"type": "reasoning", "id": "rs_1", "summary": []}]
     again = client.responses.create(model="fake", input=items, tools=TOOLS, max_output_tokens=tokens("HiSunny"))
     assert again.output_text == "HiSunny"
+    # a client passes a whole answer back (its reasoning and message items) and goes on
+    answer = client.responses.create(model="fake", input=ANSWER, max_output_tokens=tokens(ANSWER))
+    history = [{"role": "user", "content": "Q"}, *[o.model_dump(exclude_none=True) for o in answer.output],
+               {"role": "user", "content": "More"}]
+    text = "QHello there, friend.More"
+    assert client.responses.create(model="fake", input=history, max_output_tokens=tokens(text)).output_text == text
 
 
 def _events(client, **kwargs) -> list:
