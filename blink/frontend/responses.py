@@ -109,7 +109,8 @@ def _finished(head: dict, output: list[dict], last: Delta, usage: dict) -> dict:
 
 async def _usage(state: FrontendState, input_tokens: int, last: Delta, reasoning: str | None) -> dict:
     # reasoning_tokens: the reasoning text's length re-tokenized (the engine counts tokens, not blocks)
-    thought = len(await state.text.encode(reasoning, False)) if reasoning else 0
+    # (on the pool, past the prompt-prefix cache: an answer's text is no prompt to learn)
+    thought = len(await state.text.run(state.tokenizer.encode_released, reasoning, False)) if reasoning else 0
     return {"input_tokens": input_tokens, "input_tokens_details": {"cached_tokens": last.cached_tokens},
             "output_tokens": last.num_tokens, "output_tokens_details": {"reasoning_tokens": thought},
             "total_tokens": input_tokens + last.num_tokens}
