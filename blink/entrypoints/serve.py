@@ -22,6 +22,7 @@ from blink.config import EngineArgs
 from blink.entrypoints.children import Child, http_ok
 from blink.entrypoints.drain import StopRequest, drain
 from blink.frontend.app import DEFAULT_MAX_BODY_BYTES
+from blink.frontend.sampling_defaults import sampling_defaults
 from blink.frontend.tools import TOOL_PARSERS
 from blink.text.chat_template import ChatTemplate, chat_template_source
 from blink.text.reasoning import reasoning_format
@@ -75,6 +76,13 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-request-chat-template", action="store_true",
                         help="let a request bring its own `chat_template` (vLLM's flag; rendered sandboxed on the "
                              "front end's worker pool; default: off, such a request gets a 400)")
+    parser.add_argument("--generation-config", default="auto",
+                        help="where a request's unset temperature, top_p, top_k, min_p, repetition_penalty and "
+                             "max_tokens come from: auto (the model's generation_config.json), vllm (blink's own "
+                             "defaults), or a directory with a generation_config.json (vLLM's flag)" + D)
+    parser.add_argument("--override-generation-config", default=None,
+                        help="a JSON object of sampling defaults over those, e.g. '{\"temperature\": 0.5}' "
+                             "(vLLM's flag; default: none)")
     parser.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
                         help="the tool-call format to parse and force: hermes (<tool_call> blocks: Hermes, Qwen) "
                              "or llama3_json (vLLM's names; default: the one the chat template shows)")
@@ -105,6 +113,7 @@ def serve_main(args: argparse.Namespace) -> int:
         if args.chat_template:  # a missing file or a jinja syntax error: one line now, not a dead front end
             ChatTemplate(chat_template_source(args.chat_template), {})
         engine_args = _resolve_model(EngineArgs.from_cli(args))
+        sampling_defaults(engine_args.model, args.generation_config, args.override_generation_config)
     except Exception as e:  # bad flags or no demo model: one line
         return _fail(str(e))
     name = f"blink-{os.getpid()}-{secrets.token_hex(4)}"
@@ -159,6 +168,9 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
         frontend_cmd += ["--tool-call-parser", args.tool_call_parser]
     if args.trust_request_chat_template:
         frontend_cmd.append("--trust-request-chat-template")
+    frontend_cmd += ["--generation-config", args.generation_config]
+    if args.override_generation_config:
+        frontend_cmd += ["--override-generation-config", args.override_generation_config]
     if not engine_args.gc_freeze:
         frontend_cmd.append("--no-gc-freeze")
     if engine_args.tokenizer:

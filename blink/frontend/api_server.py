@@ -50,6 +50,9 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
                         help="blink serve's --tool-call-parser" + D)
     parser.add_argument("--trust-request-chat-template", action="store_true",
                         help="blink serve's --trust-request-chat-template (default: off)")
+    parser.add_argument("--generation-config", default="auto", help="blink serve's --generation-config" + D)
+    parser.add_argument("--override-generation-config", default=None,
+                        help="blink serve's --override-generation-config" + D)
     parser.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
                         help="freeze the startup heap out of the garbage collector once serving (default: on)")
 
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         tensor_parallel_size=args.tensor_parallel_size, grammar_arena_mb=args.grammar_arena_mb,
         gc_freeze=args.gc_freeze, stream_interval=args.stream_interval, reasoning_parser=args.reasoning_parser,
         chat_template=args.chat_template, tool_call_parser=args.tool_call_parser,
-        trust_request_chat_template=args.trust_request_chat_template,
+        trust_request_chat_template=args.trust_request_chat_template, generation_config=args.generation_config,
+        override_generation_config=args.override_generation_config,
     )
     setup_logging(config.log_requests)
     try:

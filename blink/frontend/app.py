@@ -26,6 +26,7 @@ from blink.frontend.protocol import (
     TokenizeRequest,
 )
 from blink.frontend.responses import ResponsesRequest, create_response
+from blink.frontend.sampling_defaults import sampling_defaults
 from blink.frontend.serving import FrontendState, now
 from blink.frontend.structured import StructuredOutputs
 from blink.frontend.text_workers import DEFAULT_MAX_PENDING, DEFAULT_WORKERS, TextWorkers
@@ -63,6 +64,8 @@ class AppConfig:
     chat_template: str | None = None  # --chat-template: a file or the template, over the model's
     tool_call_parser: str | None = None  # --tool-call-parser (tools.TOOL_PARSERS); None: the template's format
     trust_request_chat_template: bool = False  # a request's own chat_template is refused without it
+    generation_config: str = "auto"  # sampling defaults: the model's generation_config.json, `vllm` or a dir
+    override_generation_config: str | None = None  # a JSON object over them
 
 
 def blink_version() -> str:
@@ -75,6 +78,9 @@ def blink_version() -> str:
 def build_app(config: AppConfig) -> FastAPI:
     tokenizer = load_tokenizer(config.model, config.tokenizer, config.chat_template)  # a bad model fails here
     reasoning = reasoning_format(config.reasoning_parser) if config.reasoning_parser else None
+    defaults = sampling_defaults(config.model, config.generation_config, config.override_generation_config)
+    if defaults:
+        log.info("sampling defaults from the generation config (a request's own values win): %s", defaults)
     holder: dict[str, FrontendState] = {}
 
     @contextlib.asynccontextmanager
@@ -89,7 +95,7 @@ def build_app(config: AppConfig) -> FastAPI:
             tokenizer, client, metrics, config.served_model_name, text, config.model, structured,
             stream_interval=config.stream_interval, reasoning=reasoning,
             tool_parser=TOOL_PARSERS.get(config.tool_call_parser),
-            trust_request_chat_template=config.trust_request_chat_template)
+            trust_request_chat_template=config.trust_request_chat_template, sampling_defaults=defaults)
         banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name))
         if config.gc_freeze:  # last: everything above lives until shutdown
             metrics.gc_frozen.set(freeze_heap())

@@ -57,14 +57,17 @@ class SamplingFields(Strict, StructuredFields):
     return_hidden_states: bool = False
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, choice_index: int,
-                        prompt_logprobs: int | None = None) -> SamplingParams:
-        """Raises ValueError (one line) for values out of range; the API answers 400 with it."""
+                        prompt_logprobs: int | None = None, server_defaults: dict | None = None) -> SamplingParams:
+        """Raises ValueError (one line) for values out of range; the API answers 400 with it.
+        server_defaults: what an unset field takes before SamplingParams' own (sampling_defaults.py)."""
         defaults = SamplingParams.__dataclass_fields__
         seed = None if self.seed is None else self.seed + choice_index  # n choices must differ
 
         def pick(name):
             value = getattr(self, name)
-            return defaults[name].default if value is None else value
+            if value is not None:
+                return value
+            return (server_defaults or {}).get(name, defaults[name].default)
 
         try:
             logit_bias = {int(k): float(v) for k, v in (self.logit_bias or {}).items()}

@@ -6,7 +6,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 from fastapi import Request
@@ -38,6 +38,7 @@ class FrontendState:
     reasoning: ReasoningFormat | None = None  # --reasoning-parser (chat_output.py)
     tool_parser: str | None = None  # --tool-call-parser's format (tools.py); None: the chat template's
     trust_request_chat_template: bool = False  # --trust-request-chat-template: requests may bring their own
+    sampling_defaults: dict = field(default_factory=dict)  # --generation-config (sampling_defaults.py)
 
     def tool_format(self, request_template: str | None = None) -> str:
         """The tool-call format: --tool-call-parser's, else the one the chat template shows (the request's
@@ -118,8 +119,8 @@ class FrontendState:
     def max_tokens_for(self, prompt_ids: list[int], requested: int | None) -> int:
         """The request's max_tokens: the rest of the context when not given, 400 when out of range."""
         room = self.max_model_len - len(prompt_ids)
-        if requested is None:
-            return room
+        if requested is None:  # the model's max_new_tokens where it gives one (vLLM's rule), else the room
+            return min(room, self.sampling_defaults.get("max_tokens", room))
         if requested < 1:
             raise APIError(400, "max_tokens must be at least 1", "max_tokens")
         if requested > room:
@@ -134,7 +135,7 @@ class FrontendState:
         """prompt_logprobs: the prompt's top logprobs wanted (echo + logprobs); None: the body's field."""
         max_tokens = self.max_tokens_for(prompt_ids, max_tokens)
         try:
-            params = body.sampling_params(max_tokens, logprobs, choice_index, prompt_logprobs)
+            params = body.sampling_params(max_tokens, logprobs, choice_index, prompt_logprobs, self.sampling_defaults)
         except ValueError as e:  # the message names the field: "top_p must be in (0, 1]"
             words = re.findall(r"[a-z_]+", str(e))
             raise APIError(400, str(e), next((w for w in words if w in type(body).model_fields), None)) from None
