@@ -100,6 +100,8 @@ class ChoiceStream:
             more, rest = self.splitter.finish()
             piece.thought += self._reasoning(more, True)
             self._content(rest, piece)
+        if self.forced is not None:
+            piece.content += self.forced.finish()
         if self.tools is not None:
             rest, calls = self.tools.finish()
             piece.content += rest

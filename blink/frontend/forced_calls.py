@@ -7,7 +7,7 @@ piece by piece. Under `auto` nothing forces the shape (a malformed call must fal
 calls are held and sent whole at the end (tools.ToolStream).
 
 A call cut by max_tokens leaves its arguments unfinished in the stream; the unstreamed response parses
-no call from such text and returns it as content.
+no call from such text and returns it as content (as the stream does when it is cut before any name).
 """
 from __future__ import annotations
 
@@ -91,3 +91,9 @@ class ForcedCallStream:
                 self.calls[-1]["arguments"] += piece
                 out.append({"index": len(self.calls) - 1, "function": {"arguments": piece}})
         return out
+
+    def finish(self) -> str:
+        """Text still held at the end: the output as content when no call began (cut before a name was
+        complete, as the unstreamed response returns it); after a call, what is left is dropped."""
+        rest, self.held = self.held, ""
+        return rest if not self.calls else ""

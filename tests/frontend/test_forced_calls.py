@@ -54,3 +54,11 @@ def test_pieces_go_out_as_they_come():
     assert head[1] == {"index": 0, "function": {"arguments": '{"ci'}}
     assert stream.feed('ty": "Oslo"}}\n</tool_call>') == [{"index": 0, "function": {"arguments": 'ty": "Oslo"}'}}]
     assert stream.calls[0]["arguments"] == '{"city": "Oslo"}'
+
+
+def test_finish_gives_back_text_only_before_any_call():
+    cut = ForcedCallStream()
+    assert cut.feed('<tool_call>\n{"na') == [] and cut.finish() == '<tool_call>\n{"na'  # as the unstreamed answer
+    after = ForcedCallStream()
+    after.feed('<tool_call>\n{"name": "f", "arguments": {}}\n</tool_call>\n<tool_call>\n{"na')
+    assert after.finish() == ""
