@@ -89,6 +89,16 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="accepted for vLLM command lines: blink parses tool calls under tool_choice=auto "
                              "whenever a request has tools, with or without it (default: off, same behaviour)")
+    # vLLM flags that ask for what blink always does: accepted so that vLLM command lines run unchanged
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="accepted for vLLM command lines: blink runs no code from a checkpoint (it reads "
+                             "config.json, safetensors and tokenizer files), with or without it (default: off)")
+    parser.add_argument("--enable-chunked-prefill", action="store_true",
+                        help="accepted for vLLM command lines: prefills are always chunked under "
+                             "--max-num-batched-tokens (default: off, same behaviour)")
+    parser.add_argument("--disable-log-stats", action="store_true",
+                        help="accepted for vLLM command lines: blink logs no periodic stats; /metrics has them "
+                             "(default: off, same behaviour)")
     parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for readiness" + D)
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="on SIGTERM/SIGINT, seconds in-flight requests get to finish (a second signal "

@@ -37,7 +37,9 @@ def test_override_and_parser(model_dir, tmp_path):
     template.write_text(ECHO)
     tokens = len(load_tokenizer(str(model_dir)).encode(CALL, add_special_tokens=False))
     body = {"messages": [{"role": "user", "content": CALL}], "max_tokens": tokens, "tools": TOOLS}
-    for args, parsed in (([], False), (["--tool-call-parser", "llama3_json", "--trust-request-chat-template"], True)):
+    vllm_habits = ["--trust-remote-code", "--enable-chunked-prefill", "--disable-log-stats"]  # accepted as they are
+    for args, parsed in (([], False), (["--tool-call-parser", "llama3_json", "--trust-request-chat-template",
+                                        *vllm_habits], True)):
         proc = ServerProcess(["--model", str(model_dir), "--served-model-name", "fake",
                               "--chat-template", str(template), "--enable-auto-tool-choice",
                               "--engine-module", "tests.frontend.fake_engine", *args])
