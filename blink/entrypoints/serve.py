@@ -22,7 +22,7 @@ from blink.config import EngineArgs
 from blink.entrypoints.children import Child, http_ok
 from blink.entrypoints.drain import StopRequest, drain
 from blink.frontend.app import DEFAULT_MAX_BODY_BYTES
-from blink.frontend.sampling_defaults import sampling_defaults
+from blink.frontend.sampling_defaults import sampling_defaults, template_kwargs
 from blink.frontend.tools import TOOL_PARSERS
 from blink.text.chat_template import ChatTemplate, chat_template_source
 from blink.text.reasoning import reasoning_format
@@ -83,6 +83,10 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--override-generation-config", default=None,
                         help="a JSON object of sampling defaults over those, e.g. '{\"temperature\": 0.5}' "
                              "(vLLM's flag; default: none)")
+    parser.add_argument("--default-chat-template-kwargs", default=None,
+                        help="a JSON object of chat template arguments every chat request starts from, its own "
+                             "chat_template_kwargs winning key by key, e.g. '{\"enable_thinking\": false}' "
+                             "(vLLM's flag; default: none)")
     parser.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
                         help="the tool-call format to parse and force: hermes (<tool_call> blocks: Hermes, Qwen) "
                              "or llama3_json (vLLM's names; default: the one the chat template shows)")
@@ -124,6 +128,7 @@ def serve_main(args: argparse.Namespace) -> int:
             ChatTemplate(chat_template_source(args.chat_template), {})
         engine_args = _resolve_model(EngineArgs.from_cli(args))
         sampling_defaults(engine_args.model, args.generation_config, args.override_generation_config)
+        template_kwargs(args.default_chat_template_kwargs)
     except Exception as e:  # bad flags or no demo model: one line
         return _fail(str(e))
     name = f"blink-{os.getpid()}-{secrets.token_hex(4)}"
@@ -181,6 +186,8 @@ def _run(args, engine_args: EngineArgs, segment: Segment, children: list[Child],
     frontend_cmd += ["--generation-config", args.generation_config]
     if args.override_generation_config:
         frontend_cmd += ["--override-generation-config", args.override_generation_config]
+    if args.default_chat_template_kwargs:
+        frontend_cmd += ["--default-chat-template-kwargs", args.default_chat_template_kwargs]
     if not engine_args.gc_freeze:
         frontend_cmd.append("--no-gc-freeze")
     if engine_args.tokenizer:

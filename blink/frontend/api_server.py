@@ -53,6 +53,8 @@ def add_frontend_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--generation-config", default="auto", help="blink serve's --generation-config" + D)
     parser.add_argument("--override-generation-config", default=None,
                         help="blink serve's --override-generation-config" + D)
+    parser.add_argument("--default-chat-template-kwargs", default=None,
+                        help="blink serve's --default-chat-template-kwargs" + D)
     parser.add_argument("--gc-freeze", action=argparse.BooleanOptionalAction, default=True,
                         help="freeze the startup heap out of the garbage collector once serving (default: on)")
 
@@ -91,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         chat_template=args.chat_template, tool_call_parser=args.tool_call_parser,
         trust_request_chat_template=args.trust_request_chat_template, generation_config=args.generation_config,
         override_generation_config=args.override_generation_config,
+        default_chat_template_kwargs=args.default_chat_template_kwargs,
     )
     setup_logging(config.log_requests)
     try:

@@ -26,7 +26,7 @@ from blink.frontend.protocol import (
     TokenizeRequest,
 )
 from blink.frontend.responses import ResponsesRequest, create_response
-from blink.frontend.sampling_defaults import sampling_defaults
+from blink.frontend.sampling_defaults import sampling_defaults, template_kwargs
 from blink.frontend.serving import FrontendState, now
 from blink.frontend.structured import StructuredOutputs
 from blink.frontend.text_workers import DEFAULT_MAX_PENDING, DEFAULT_WORKERS, TextWorkers
@@ -66,6 +66,7 @@ class AppConfig:
     trust_request_chat_template: bool = False  # a request's own chat_template is refused without it
     generation_config: str = "auto"  # sampling defaults: the model's generation_config.json, `vllm` or a dir
     override_generation_config: str | None = None  # a JSON object over them
+    default_chat_template_kwargs: str | None = None  # a JSON object under each request's chat_template_kwargs
 
 
 def blink_version() -> str:
@@ -95,7 +96,8 @@ def build_app(config: AppConfig) -> FastAPI:
             tokenizer, client, metrics, config.served_model_name, text, config.model, structured,
             stream_interval=config.stream_interval, reasoning=reasoning,
             tool_parser=TOOL_PARSERS.get(config.tool_call_parser),
-            trust_request_chat_template=config.trust_request_chat_template, sampling_defaults=defaults)
+            trust_request_chat_template=config.trust_request_chat_template, sampling_defaults=defaults,
+            chat_template_kwargs=template_kwargs(config.default_chat_template_kwargs))
         banner = asyncio.create_task(wait_and_log_banner(client.control, config.model, config.served_model_name))
         if config.gc_freeze:  # last: everything above lives until shutdown
             metrics.gc_frozen.set(freeze_heap())

@@ -67,6 +67,8 @@ async def chat_prompt(state: FrontendState, messages: list[ChatMessage], add_gen
     if continue_final_message and add_generation_prompt:  # as vLLM: the two ask for opposite prompts
         raise APIError(400, "continue_final_message needs add_generation_prompt=false", "continue_final_message")
     conversation = [_message_dict(m) for m in messages]
+    # --default-chat-template-kwargs (vLLM's) under the request's own, key by key
+    chat_template_kwargs = {**state.chat_template_kwargs, **(chat_template_kwargs or {})}
 
     def render_and_encode() -> ChatPrompt:
         try:
@@ -76,7 +78,7 @@ async def chat_prompt(state: FrontendState, messages: list[ChatMessage], add_gen
             raise APIError(400, str(e), "chat_template") from None
         try:
             text = use.render(conversation, add_generation_prompt, tools, continue_final_message,
-                              **(chat_template_kwargs or {}))
+                              **chat_template_kwargs)
         except (ValueError, TypeError) as e:
             raise APIError(400, str(e), "messages") from None
         state.precheck_text(text)

@@ -1,5 +1,6 @@
-"""The server's sampling defaults: a request's unset sampling fields take the model's own recommendation,
-as vLLM does with `--generation-config auto` (its default) and `--override-generation-config`.
+"""The server's defaults for what a request leaves unset: its sampling fields take the model's own
+recommendation, as vLLM does with `--generation-config auto` (its default) and `--override-generation-config`;
+its chat template arguments take `--default-chat-template-kwargs`.
 
 A model's generation_config.json often says how it should be sampled (Qwen3: temperature 0.6, top_p 0.95,
 top_k 20); without this a request that names none of them would get temperature 1 and no filter.
@@ -51,3 +52,16 @@ def sampling_defaults(model: str, source: str = "auto", override: str | None = N
             raise ValueError("--override-generation-config must be a JSON object")
         defaults.update(_checked(extra, "--override-generation-config"))
     return defaults
+
+
+def template_kwargs(text: str | None) -> dict:
+    """--default-chat-template-kwargs: a JSON object (e.g. {"enable_thinking": false}); ValueError in one line."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--default-chat-template-kwargs is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError("--default-chat-template-kwargs must be a JSON object")
+    return value

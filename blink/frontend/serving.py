@@ -39,6 +39,7 @@ class FrontendState:
     tool_parser: str | None = None  # --tool-call-parser's format (tools.py); None: the chat template's
     trust_request_chat_template: bool = False  # --trust-request-chat-template: requests may bring their own
     sampling_defaults: dict = field(default_factory=dict)  # --generation-config (sampling_defaults.py)
+    chat_template_kwargs: dict = field(default_factory=dict)  # --default-chat-template-kwargs
 
     def tool_format(self, request_template: str | None = None) -> str:
         """The tool-call format: --tool-call-parser's, else the one the chat template shows (the request's

@@ -39,6 +39,7 @@ def test_override_and_parser(model_dir, tmp_path):
     body = {"messages": [{"role": "user", "content": CALL}], "max_tokens": tokens, "tools": TOOLS}
     vllm_habits = ["--trust-remote-code", "--enable-chunked-prefill", "--disable-log-stats"]  # accepted as they are
     for args, parsed in (([], False), (["--tool-call-parser", "llama3_json", "--trust-request-chat-template",
+                                        "--default-chat-template-kwargs", '{"mark": "!", "x": 1}',
                                         *vllm_habits], True)):
         proc = ServerProcess(["--model", str(model_dir), "--served-model-name", "fake",
                               "--chat-template", str(template), "--enable-auto-tool-choice",
@@ -57,6 +58,11 @@ def test_override_and_parser(model_dir, tmp_path):
                         f"<<{CALL}>>"
                     assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template"
                     assert "syntax error" in bad.json()["error"]["message"]
+                    # --default-chat-template-kwargs under the request's own, key by key
+                    marked = {**own, "chat_template": "{{ messages[0]['content'] }}{{ mark }}{{ x }}"}
+                    for kwargs, text in (({}, f"{CALL}!1"), ({"chat_template_kwargs": {"mark": "?"}}, f"{CALL}?1")):
+                        ids = http.post("/tokenize", json={**marked, **kwargs}).json()["tokens"]
+                        assert http.post("/detokenize", json={"tokens": ids}).json()["prompt"] == text
                 else:  # vLLM's default: refused, naming the field
                     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template"
                     assert "--trust-request-chat-template" in r.json()["error"]["message"]
@@ -73,6 +79,8 @@ def test_override_and_parser(model_dir, tmp_path):
     (["--chat-template", "/no/such/template.jinja"], "neither a file nor a template"),
     (["--chat-template", "{% if %}"], "chat template syntax error on line 1"),
     (["--tool-call-parser", "mistral"], "invalid choice: 'mistral'"),
+    (["--default-chat-template-kwargs", "[1]"], "must be a JSON object"),
+    (["--override-generation-config", '{"seed": 3}'], "'seed' is not a sampling default"),
 ])
 def test_bad_flags_are_one_line(args, error):
     proc = ServerProcess([*args, "--engine-module", "tests.frontend.fake_engine"])
