@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -41,7 +42,22 @@ def _message_dict(message: ChatMessage) -> dict:
             texts.append(part["text"])
         content = "\n".join(texts)
     out["content"] = content
+    if isinstance(out.get("tool_calls"), list):
+        out["tool_calls"] = [_call_with_object_arguments(call) for call in out["tool_calls"]]
     return out
+
+
+def _call_with_object_arguments(call):
+    """OpenAI's clients send a call's arguments as a JSON string; templates expect the object (Llama 3's
+    `arguments | tojson` would quote the string again, Qwen3-Coder's iterates its items), as vLLM passes it."""
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("arguments"), str):
+        return call
+    try:
+        arguments = json.loads(fn["arguments"])
+    except json.JSONDecodeError as e:
+        raise APIError(400, f"a tool call's function.arguments is not JSON: {e}", "messages") from None
+    return {**call, "function": {**fn, "arguments": arguments}}
 
 
 @dataclass(frozen=True)

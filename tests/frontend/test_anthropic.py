@@ -177,3 +177,19 @@ def test_demo_model_text_with_the_anthropic_client():
     assert out.stop_reason in ("max_tokens", "end_turn")
     assert streamed == greedy.content[0].text  # greedy: the streamed text is the same reply
     assert any("DEMO model" in line for line in server.stderr)
+
+
+def test_chat_tool_call_arguments_reach_the_template_as_objects(server):
+    """OpenAI's clients send arguments as a JSON string; this template writes `arguments | tojson`, which
+    would quote a string again (Llama 3's templates do the same)."""
+    headers = {"Authorization": "Bearer sk-ant"}
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    messages = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "", "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}]
+    with httpx.Client(base_url=server.base_url, headers=headers, timeout=30) as http:
+        ids = http.post("/tokenize", json={"messages": messages}).json()["tokens"]
+        assert 'CALL call_1 get_weather {"city": "Paris"}' in http.post("/detokenize", json={"tokens": ids}).json()[
+            "prompt"]
+        call["function"]["arguments"] = "{not json"
+        r = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 2})
+        assert r.status_code == 400 and "function.arguments is not JSON" in r.json()["error"]["message"]
