@@ -88,8 +88,9 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                              "chat_template_kwargs winning key by key, e.g. '{\"enable_thinking\": false}' "
                              "(vLLM's flag; default: none)")
     parser.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
-                        help="the tool-call format to parse and force: hermes (<tool_call> blocks: Hermes, Qwen) "
-                             "or llama3_json (vLLM's names; default: the one the chat template shows)")
+                        help="the tool-call format to parse and force: hermes (<tool_call> blocks: Hermes, Qwen), "
+                             "llama3_json or qwen3_coder (XML-like parameters) (vLLM's names; default: the one the "
+                             "chat template shows)")
     parser.add_argument("--enable-auto-tool-choice", action="store_true",
                         help="accepted for vLLM command lines: blink parses tool calls under tool_choice=auto "
                              "whenever a request has tools, with or without it (default: off, same behaviour)")

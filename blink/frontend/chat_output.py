@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from blink.frontend.forced_calls import ForcedCallStream
+from blink.frontend.tool_xml import QWEN3_CODER
 from blink.frontend.tools import ToolPlan, ToolStream, parse_tool_calls
 from blink.text.reasoning import ReasoningFormat, ReasoningSplitter, split_reasoning
 
@@ -60,7 +61,9 @@ class ChoiceStream:
         self.splitter = ReasoningSplitter(reasoning.fmt, reasoning.starts_thinking) if reasoning else None
         parse = tools is not None and tools.parse
         # a grammar-forced call is sent as it is written; under auto the calls are held to the end
-        self.forced = ForcedCallStream() if parse and tools.constraint is not None else None
+        # (JSON formats only: Qwen3-Coder's XML calls are converted whole, at the end)
+        self.forced = ForcedCallStream() if parse and tools.constraint is not None and tools.fmt != QWEN3_CODER \
+            else None
         self.tools = ToolStream(tools) if parse and self.forced is None else None
         self.unsent = ""  # stream_reasoning=false: the reasoning so far, sent once the block ends
         self.used_tools = False

@@ -1,8 +1,9 @@
 """Tool calling on chat: tools, tool_choice, parallel_tool_calls -> a grammar and a parser.
 
 The model family's format comes from its chat template: Hermes/Qwen (`<tool_call>\\n{"name": ...,
-"arguments": {...}}\\n</tool_call>`, one block per call) or Llama 3 (a bare JSON object
-`{"name": ..., "parameters": {...}}`, one call: Llama 3's templates describe no parallel form).
+"arguments": {...}}\\n</tool_call>`, one block per call), Qwen3-Coder (XML-like parameters in the same tags:
+tool_xml.py) or Llama 3 (a bare JSON object `{"name": ..., "parameters": {...}}`, one call: Llama 3's
+templates describe no parallel form).
 `required` and a named function are enforced by a regex built from the tools' JSON schemas, so the
 calls parse and their arguments validate even with random weights; `auto` leaves the output free and
 parses what the model wrote (with parallel calls off, only its first call counts, as in vLLM); `none`
@@ -19,12 +20,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from blink.frontend.errors import APIError
+from blink.frontend.tool_xml import QWEN3_CODER, parse_xml_calls, xml_call_regex
 from blink.grammar.schema import GrammarError, schema_regex
 from blink.request import Constraint
 
 MAX_PARALLEL_CALLS = 4  # calls one constrained answer may hold (each repeat grows the automaton)
 HERMES, LLAMA3 = "hermes", "llama3"
-TOOL_PARSERS = {"hermes": HERMES, "llama3_json": LLAMA3}  # vLLM's --tool-call-parser names -> formats
+TOOL_PARSERS = {"hermes": HERMES, "llama3_json": LLAMA3, QWEN3_CODER: QWEN3_CODER}  # vLLM's names -> formats
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
@@ -36,6 +38,8 @@ class ToolFields(BaseModel):
 
 def tool_format(template_source: str | None) -> str:
     """The call format a chat template shows (--tool-call-parser overrides it: FrontendState.tool_format)."""
+    if template_source and "<function=" in template_source:
+        return QWEN3_CODER
     if template_source and "<|python_tag|>" in template_source and _HERMES_OPEN not in template_source:
         return LLAMA3
     return HERMES  # Qwen, Hermes, and the default for templates that show no format of their own
@@ -49,6 +53,7 @@ class ToolPlan:
     parse: bool
     constraint: Constraint | None
     names: set[str] = field(default_factory=set)
+    schemas: dict[str, dict] = field(default_factory=dict)  # name -> parameters (qwen3_coder reads types by them)
     parallel: bool = True  # false: one call at most (the grammar forces it; under auto the first is kept)
 
 
@@ -73,6 +78,12 @@ def _check_tools(tools: Any) -> dict[str, dict]:
 
 
 def _call_regex(name: str, index: int, params: dict, fmt: str) -> str:
+    if fmt == QWEN3_CODER:
+        try:
+            return xml_call_regex(name, params)
+        except GrammarError as e:
+            raise APIError(400, f"tools[{index}].function.parameters: {e}",
+                           f"tools[{index}].function.parameters") from None
     args_key = "parameters" if fmt == LLAMA3 else "arguments"
     schema = {"type": "object", "properties": {"name": {"const": name}, args_key: params},
               "required": ["name", args_key], "additionalProperties": False}
@@ -94,7 +105,8 @@ def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, fmt: str) ->
     if choice == "none":
         return ToolPlan(fmt, parse=False, constraint=None)
     if choice == "auto":
-        return ToolPlan(fmt, parse=True, constraint=None, names=set(by_name), parallel=parallel is not False)
+        return ToolPlan(fmt, parse=True, constraint=None, names=set(by_name), parallel=parallel is not False,
+                        schemas={n: t["parameters"] for n, t in by_name.items()})
     if choice == "required":
         wanted = list(by_name)
     elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
@@ -113,7 +125,7 @@ def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, fmt: str) ->
         extra = MAX_PARALLEL_CALLS - 1 if parallel is not False else 0
         regex = f"{block}(\n{block}){{0,{extra}}}" if extra else block
     return ToolPlan(fmt, parse=True, constraint=Constraint("regex", regex), names={*wanted},
-                    parallel=parallel is not False)
+                    parallel=parallel is not False, schemas={n: by_name[n]["parameters"] for n in wanted})
 
 
 def _as_call(obj: Any, fmt: str, names: set[str]) -> dict | None:
@@ -135,6 +147,9 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict]]
         except json.JSONDecodeError:
             call = None
         return (None, [call]) if call else (text, [])
+    if plan.fmt == QWEN3_CODER:
+        rest, calls = parse_xml_calls(text, {n: plan.schemas.get(n, {}) for n in plan.names})
+        return rest, (calls if plan.parallel else calls[:1])
     calls = []
     for match in _HERMES_BLOCK.finditer(text):
         try:
@@ -165,8 +180,9 @@ class ToolStream:
             self.held += text
             return ""
         self.held += text
-        opener = _HERMES_OPEN if self.plan.fmt == HERMES else "{"
-        at = self.held.find(opener) if self.plan.fmt == HERMES else (0 if self.held.lstrip()[:1] in ("{", "<") else -1)
+        tagged = self.plan.fmt != LLAMA3  # Hermes and Qwen3-Coder open each call with <tool_call>
+        opener = _HERMES_OPEN if tagged else "{"
+        at = self.held.find(opener) if tagged else (0 if self.held.lstrip()[:1] in ("{", "<") else -1)
         if at >= 0:
             out, self.held, self.holding = self.held[:at], self.held[at:], True
             return out

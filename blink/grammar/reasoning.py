@@ -18,28 +18,10 @@ from __future__ import annotations
 
 import json
 
+from blink.grammar.schema import literal, literal_char
 from blink.request import Constraint
 
 WS = r"[ \n]{0,2}"
-# Escaped everywhere: metacharacters of Python's re and of Rust's regex (outlines-core), including the
-# class set operators (&&, --, ~~). Never escape letters, digits, "<" or ">" ("\<" is an assertion in Rust).
-_META = set("\\.+*?()|[]{}^$#&-~")
-
-
-def _char(ch: str) -> str:
-    """One literal character, valid in and out of a class in both regex dialects."""
-    if ch in _META:
-        return "\\" + ch
-    if not ch.isprintable():  # newline, tab...: by code in both dialects
-        return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 \
-            else f"\\U{ord(ch):08x}"
-    return ch
-
-
-def _lit(text: str) -> str:
-    return "".join(_char(ch) for ch in text)
-
-
 def _check_close(close_tag: str) -> None:
     if not close_tag:
         raise ValueError("the close tag must not be empty")
@@ -57,10 +39,10 @@ def text_before(close_tag: str) -> str:
       R = ([^c0] | c0 L E)* (c0 L (t1(t2(..t(m-2))?)?)?)?   ends in state 0, or part way in (1..m-1)
     """
     _check_close(close_tag)
-    c0, rest = _char(close_tag[0]), close_tag[1:]
+    c0, rest = literal_char(close_tag[0]), close_tag[1:]
     if not rest:  # a one-character tag: anything but it
         return f"[^{c0}]*"
-    t = [_char(ch) for ch in rest]
+    t = [literal_char(ch) for ch in rest]
     prefix = ""  # (t1(t2(..t(m-2))?)?)?: the partial matches past state 1 that stop short of the tag
     for ch in reversed(t[:-1]):
         prefix = f"(?:{ch}{prefix})?"
@@ -101,7 +83,7 @@ def parse_reasoned(spec_text: str) -> tuple[Constraint, str, str, bool]:
 
 
 def reasoned_regex(open_tag: str, close_tag: str, starts_open: bool, inner_regex: str) -> str:
-    thought = text_before(close_tag) + _lit(close_tag) + WS
+    thought = text_before(close_tag) + literal(close_tag) + WS
     if starts_open:
         return f"{thought}({inner_regex})"
-    return f"{_lit(open_tag)}{thought}({inner_regex})"
+    return f"{literal(open_tag)}{thought}({inner_regex})"

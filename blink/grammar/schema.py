@@ -151,13 +151,30 @@ def _outlines_regex(schema: object, whitespace: str, depth: int) -> str:
     return build_regex_from_schema(json.dumps(schema), whitespace, depth)
 
 
+# Escaped everywhere: metacharacters of Python's re and of Rust's regex (outlines-core), including the
+# class set operators (&&, --, ~~). Never escape letters, digits, "<" or ">" ("\<" is an assertion in Rust).
 _REGEX_META = set("\\.+*?()|[]{}^$#&-~")
+
+
+def literal_char(ch: str) -> str:
+    """One literal character, valid in and out of a class in both regex dialects."""
+    if ch in _REGEX_META:
+        return "\\" + ch
+    if not ch.isprintable():  # newline, tab...: by code in both dialects
+        return f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 \
+            else f"\\U{ord(ch):08x}"
+    return ch
+
+
+def literal(text: str) -> str:
+    """`text` as a regex that matches it alone (outlines-core's dialect and Python's)."""
+    return "".join(literal_char(ch) for ch in text)
 
 
 def choice_regex(choices: list[str]) -> str:
     if not choices or not all(isinstance(c, str) and c for c in choices):
         raise GrammarError("choice must be a non-empty list of non-empty strings")
-    return "|".join("".join("\\" + ch if ch in _REGEX_META else ch for ch in c) for c in choices)
+    return "|".join(literal(c) for c in choices)
 
 
 def check_regex(regex: str) -> str:
