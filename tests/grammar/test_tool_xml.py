@@ -24,7 +24,8 @@ CHECK = {"type": "object", "required": ["n", "ok", "unit"], "properties": {
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
          {"type": "function", "function": {"name": "check", "parameters": CHECK}}]
 CALL = ("<tool_call>\n<function=get_weather>\n<parameter=city>\nSan <Francisco>\nBay\n</parameter>\n"
-        "<parameter=days>\n3\n</parameter>\n<parameter=detail>\n{\"wind\": true}\n</parameter>\n</function>\n</tool_call>")
+        "<parameter=days>\n3\n</parameter>\n<parameter=detail>\n{\"wind\": true}\n</parameter>\n"
+        "</function>\n</tool_call>")
 
 
 def test_format_from_the_template():
