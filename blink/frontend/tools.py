@@ -95,7 +95,7 @@ def _call_regex(name: str, index: int, params: dict, fmt: str) -> str:
 
 def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, fmt: str) -> ToolPlan | None:
     """None when the request has no tools; 400 for a malformed choice or an unknown function.
-    fmt: HERMES or LLAMA3, the server's (FrontendState.tool_format)."""
+    fmt: HERMES, LLAMA3 or QWEN3_CODER, the server's (FrontendState.tool_format)."""
     if tools is None:
         if tool_choice not in (None, "none"):
             raise APIError(400, "tool_choice needs tools", "tool_choice")
