@@ -141,12 +141,8 @@ def _as_call(obj: Any, fmt: str, names: set[str]) -> dict | None:
 def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict]]:
     """(content left over, tool calls) from a finished output; no calls: the text is the content."""
     if plan.fmt == LLAMA3:
-        body = text.strip().removeprefix("<|python_tag|>").strip()
-        try:
-            call = _as_call(json.loads(body), plan.fmt, plan.names)
-        except json.JSONDecodeError:
-            call = None
-        return (None, [call]) if call else (text, [])
+        calls = _llama3_calls(text.strip().removeprefix("<|python_tag|>").strip(), plan)
+        return (None, calls if plan.parallel else calls[:1]) if calls else (text, [])
     if plan.fmt == QWEN3_CODER:
         rest, calls = parse_xml_calls(text, {n: plan.schemas.get(n, {}) for n in plan.names})
         return rest, (calls if plan.parallel else calls[:1])
@@ -163,6 +159,26 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict]]
         return text, []
     rest = _HERMES_BLOCK.sub("", text).strip()
     return (rest or None), (calls if plan.parallel else calls[:1])
+
+
+def _llama3_calls(body: str, plan: ToolPlan) -> list[dict]:
+    """Llama 3's JSON calls: one object, or several separated by `;` (as vLLM's llama3_json reads them);
+    [] unless the whole body is calls."""
+    decoder, calls, at = json.JSONDecoder(), [], 0
+    while at < len(body):
+        try:
+            obj, at = decoder.raw_decode(body, at)
+        except json.JSONDecodeError:
+            return []
+        call = _as_call(obj, plan.fmt, plan.names)
+        if call is None:
+            return []
+        calls.append(call)
+        rest = body[at:].lstrip()
+        if rest and not rest.startswith(";"):
+            return []
+        at = len(body) - len(rest.removeprefix(";").lstrip())
+    return calls
 
 
 class ToolStream:

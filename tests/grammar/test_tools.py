@@ -114,3 +114,14 @@ def test_bad_tool_requests(tools, choice, param):
     with pytest.raises(APIError) as e:
         plan_tools(tools, choice, None, HERMES)
     assert e.value.status == 400 and e.value.param == param
+
+
+def test_llama3_calls_separated_by_semicolons():
+    plan = plan_tools([WEATHER, TIME], "auto", None, LLAMA3)
+    text = ('<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}; '
+            '{"name": "get_time", "parameters": {"zone": "UTC"}}')
+    content, calls = parse_tool_calls(text, plan)
+    assert content is None and [c["function"]["name"] for c in calls] == ["get_weather", "get_time"]
+    assert len(parse_tool_calls(text, plan_tools([WEATHER, TIME], "auto", False, LLAMA3))[1]) == 1
+    for bad in (text + " and more", text.replace("; ", " "), text.replace("get_time", "nope")):
+        assert parse_tool_calls(bad, plan) == (bad, [])
