@@ -66,7 +66,7 @@ def race_capacity(vocab_size: int, race: int | None = None) -> int:
 # (sampling_reject_pool) instead of each row's own; an "s" last: a launch a round on the GPU too (with "p": one for
 # the first round, one for the rest; else the rounds share one launch there, sampling_reject_sync; the interpreter
 # always launches each round). Unset: one round up to 8 rows
-# (FEW_ROWS_REJECT); three at 17-32 rows (MANY_ROWS_REJECT); none else.
+# (FEW_ROWS_REJECT); three at 9-16 rows (MID_ROWS_REJECT); three pooled at 17-128 (MANY_ROWS_REJECT); none else.
 REJECT_ROUNDS_MAX = 8
 
 
@@ -97,7 +97,14 @@ FEW_ROWS_REJECT, FEW_ROWS_MAX = RejectSetting(1), 8
 # 72.2 us when one round decides every row, 79-88 when a second round runs for 1-6 rows, and 138-140 when a row is
 # left to the search (3 of 16 draws); three rounds take those three to 96-98 and the others +1.5-2 us: the mean of
 # 16 draws 94.9 -> 88.6 us; on flat rows 101.4 -> 94.2 (16 draws, 3 left a row with two); min_p +0.7, greedy +0.3.
-MANY_ROWS_REJECT, MANY_ROWS = RejectSetting(3), range(17, 33)
+# Session 47 (H100, tools/sampler_draws.py, means; none / three rounds / three with the later ones pooled, "3p"):
+# top_p at 16 rows 81.2 / 63.1 / 66.3 us (6 draws), at 32 86.9 for "3" -> 82.7 for "3p" (12; flat rows 91.9 -> 84.4),
+# at 64 190.4 / 142.1 / 133.7, at 128 336.7 / 246.6 / 222.7 (6); they cost a plan without top_p rows: greedy
+# +4.1 / +6.5 / +6.2 us at 16 / 64 / 128 for "3" (+2 more pooled), top_k +4.0 / +10.5 / +16.2 (2 draws). A batch
+# of greedy rows alone takes the searchless graph, without any of it. Device self-test 13/13 with "3p" at every
+# size. So 9-16 rows take three rounds, 17-128 three pooled; above 128 was not timed.
+MID_ROWS_REJECT, MID_ROWS = RejectSetting(3), range(9, 17)
+MANY_ROWS_REJECT, MANY_ROWS = RejectSetting(3, pool=True), range(17, 129)
 
 
 def reject_setting(value: int | str) -> RejectSetting:
@@ -127,8 +134,8 @@ def reject_plan(race: int, value: int | str | None = None, rows: int = 1) -> Rej
     elif _REJECT_DEFAULT is not None:
         setting = _REJECT_DEFAULT
     else:
-        setting = (FEW_ROWS_REJECT if rows <= FEW_ROWS_MAX else MANY_ROWS_REJECT if rows in MANY_ROWS
-                   else RejectSetting())
+        setting = (FEW_ROWS_REJECT if rows <= FEW_ROWS_MAX else MID_ROWS_REJECT if rows in MID_ROWS
+                   else MANY_ROWS_REJECT if rows in MANY_ROWS else RejectSetting())
     return setting if race > 0 else RejectSetting()
 
 

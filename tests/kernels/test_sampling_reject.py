@@ -239,12 +239,15 @@ def test_the_setting(monkeypatch):
             reject_setting(bad)
     assert reject_plan(1024, "2k") == R(2, True) and reject_plan(0, "2kt") == R()  # the list race
     # unset: one round, top_p / min_p rows only, up to 8 rows (sessions 34-36, one row since session 39, H100);
-    # three at 17-32 rows (two in session 37, three since session 42); none else
+    # three at 17-32 rows (two in session 37, three since session 42); since session 47 three at 9-16 and three
+    # pooled at 17-128; none else
     assert reject_plan(1024, rows=1) == R(1) and reject_plan(1024, rows=2) == R(1)
-    assert reject_plan(1024, rows=8) == R(1) and reject_plan(1024, rows=9) == R() == reject_plan(1024, rows=16)
-    assert reject_plan(1024, rows=17) == R(3) == reject_plan(1024, rows=32) and reject_plan(1024, rows=33) == R()
+    assert reject_plan(1024, rows=8) == R(1) and reject_plan(1024, rows=9) == R(3) == reject_plan(1024, rows=16)
+    assert reject_plan(1024, rows=17) == R(3, pool=True) == reject_plan(1024, rows=128)
+    assert reject_plan(1024, rows=129) == R()
     assert _Plan(torch.zeros(1, 1000), race=1024).reject == 1 and _Plan(torch.zeros(8, 1000), race=1024).reject == 1
-    assert _Plan(torch.zeros(16, 1000), race=1024).reject == 0
+    assert _Plan(torch.zeros(16, 1000), race=1024).reject == 3 and _Plan(torch.zeros(129, 1000), race=1024).reject == 0
+    assert _Plan(torch.zeros(64, 1000), race=1024).reject_pool_rounds
     monkeypatch.setattr(sampling_grid, "_REJECT_DEFAULT", reject_setting("3kt"))
     plan = _Plan(torch.zeros(2, 1000), race=1024)
     assert (plan.reject, plan.reject_top_k, plan.reject_test_first, plan.reject_separate,
