@@ -44,24 +44,21 @@ def sampling_defaults(model: str, source: str = "auto", override: str | None = N
             raise ValueError(f"--generation-config {source}: no generation_config.json there")
     defaults = _checked({k: found[k] for k in OVERRIDE_KEYS if k in found}, str(source))
     if override:
-        try:
-            extra = json.loads(override)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"--override-generation-config is not JSON: {e}") from None
-        if not isinstance(extra, dict):
-            raise ValueError("--override-generation-config must be a JSON object")
-        defaults.update(_checked(extra, "--override-generation-config"))
+        defaults.update(_checked(_json_object(override, "--override-generation-config"),
+                                 "--override-generation-config"))
     return defaults
 
 
 def template_kwargs(text: str | None) -> dict:
     """--default-chat-template-kwargs: a JSON object (e.g. {"enable_thinking": false}); ValueError in one line."""
-    if not text:
-        return {}
+    return _json_object(text, "--default-chat-template-kwargs") if text else {}
+
+
+def _json_object(text: str, flag: str) -> dict:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"--default-chat-template-kwargs is not JSON: {e}") from None
+        raise ValueError(f"{flag} is not JSON: {e}") from None
     if not isinstance(value, dict):
-        raise ValueError("--default-chat-template-kwargs must be a JSON object")
+        raise ValueError(f"{flag} must be a JSON object")
     return value

@@ -23,6 +23,7 @@ from blink.frontend.errors import APIError
 from blink.frontend.tool_xml import QWEN3_CODER, parse_xml_calls, xml_call_regex
 from blink.grammar.schema import GrammarError, schema_regex
 from blink.request import Constraint
+from blink.text.detokenizer import held_back
 
 MAX_PARALLEL_CALLS = 4  # calls one constrained answer may hold (each repeat grows the automaton)
 HERMES, LLAMA3 = "hermes", "llama3"
@@ -207,8 +208,7 @@ class ToolStream:
                 return ""  # only whitespace so far: a call may still start
             out, self.held = self.held, ""
             return out
-        keep = next((k for k in range(min(len(opener) - 1, len(self.held)), 0, -1)
-                     if opener.startswith(self.held[-k:])), 0)  # a prefix of the opener may be starting
+        keep = held_back(self.held, (opener,))  # a prefix of the opener may be starting
         out, self.held = self.held[:len(self.held) - keep], self.held[len(self.held) - keep:]
         return out
 

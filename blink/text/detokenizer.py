@@ -45,6 +45,16 @@ class IncrementalDetokenizer:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
 
 
+def held_back(text: str, tags) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of one of `tags`: what a stream holds back
+    while a stop string, a tool call's opening tag or a reasoning block's closing tag may be starting."""
+    for length in range(min(max(map(len, tags), default=0) - 1, len(text)), 0, -1):
+        tail = text[-length:]
+        if any(t.startswith(tail) for t in tags):
+            return length
+    return 0
+
+
 class StopStringMatcher:
     """Finds the first stop string in streamed text and holds back any tail that may begin one.
 
@@ -82,12 +92,7 @@ class StopStringMatcher:
         return "" if self.stopped else self._emit_until(len(self.text))
 
     def _held_back(self) -> int:
-        """Length of the longest tail of the text that is a proper prefix of some stop string."""
-        for length in range(min(self.longest - 1, len(self.text)), 0, -1):
-            tail = self.text[-length:]
-            if any(s.startswith(tail) for s in self.stop):
-                return length
-        return 0
+        return held_back(self.text, self.stop)
 
     def _emit_until(self, end: int) -> str:
         end = max(end, self.emitted)

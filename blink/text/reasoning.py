@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from blink.grammar.reasoning import reasoned_constraint
 from blink.request import Constraint
+from blink.text.detokenizer import held_back
 
 _START, _THINK, _AFTER, _CONTENT = range(4)
 OPEN, SKIPPED, BY_MODEL = "open", "skipped", "by_model"  # ReasoningFormat.thought_at
@@ -63,11 +64,6 @@ def reasoning_format(name: str) -> ReasoningFormat:
     return fmt
 
 
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest end of `text` that is a proper prefix of `tag` (held back: the tag may be starting)."""
-    return next((k for k in range(min(len(tag) - 1, len(text)), 0, -1) if tag.startswith(text[-k:])), 0)
-
-
 class ReasoningSplitter:
     """feed() the output as it comes, then finish(); each returns (reasoning, content) ready to send."""
 
@@ -104,7 +100,7 @@ class ReasoningSplitter:
                     self.closed = True
                     self._enter(_AFTER)
                     continue
-                cut = len(self.held) - _partial_suffix(self.held, self.fmt.close_tag)
+                cut = len(self.held) - held_back(self.held, (self.fmt.close_tag,))
                 reasoning.append(self.held[:cut])
                 self.held = self.held[cut:]
                 break
