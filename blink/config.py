@@ -75,6 +75,16 @@ def _decode_pace_arg(text: str) -> float:
     return ms
 
 
+def _decode_pace_batch_arg(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"--decode-pace-max-batch: {text!r} is not a count of sequences >= 0")
+    return n
+
+
 @dataclass(frozen=True)
 class EngineArgs:
     model: str | None = None  # a model dir or a preset name; None = the default demo model
@@ -100,6 +110,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True  # as vLLM: reuse the KV blocks of cached prompt prefixes
     device_idle: str = "deep"  # device mode's idle loop (parse_device_idle; issue 19)
     decode_pace_ms: float = 0.0  # issue 19, energy: decodes-only steps start this long after the last; 0 = off
+    decode_pace_max_batch: int = 0  # the pace holds only batches of at most this many sequences; 0 = any batch
     # Prompt logprobs (echo + logprobs, prompt_logprobs): logits rows per step for prompt positions; 0 = off.
     max_prompt_logprob_rows: int = 256
     gc_freeze: bool = True  # freeze each serving process's startup heap out of Python's GC (util/gc_pauses.py)
@@ -168,6 +179,9 @@ class EngineArgs:
                        help="energy per token: a step of decodes only starts no sooner than this after the last step "
                             "began (fewer, fuller steps for slower decoding; a new request is never held back), in "
                             f"both engines; 0 = off, at most {MAX_DECODE_PACE_MS:g}" + D)
+        p.add_argument("--decode-pace-max-batch", type=_decode_pace_batch_arg, default=d.decode_pace_max_batch,
+                       help="the decode pace holds a step only while at most this many sequences run (small batches "
+                            "pay most energy a token, and a full batch runs at full speed); 0 = any batch" + D)
         p.add_argument("--max-prompt-logprob-rows", type=int, default=d.max_prompt_logprob_rows,
                        help="prompt positions per step whose logprobs are computed (prompt_logprobs, echo with "
                             "logprobs); longer prompts take more prefill steps. 0 refuses them, as does tensor "

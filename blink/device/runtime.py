@@ -101,7 +101,8 @@ class DeviceLoop:
             num_buckets=len(buckets), num_eos=len(m.eos_token_ids), trace_capacity=trace_capacity,
             launches_per_kernel=structs.LAUNCHES_PER_KERNEL, step_timeout_ns=int(STEP_TIMEOUT_S * 1e9),
             enable_prefix_caching=int(lim.enable_prefix_caching), prompt_logprob_rows=lim.prompt_logprob_rows,
-            sampler_variants=2 if SEARCHLESS_DEFAULT else 1, decode_pace_us=round(args.decode_pace_ms * 1000))
+            sampler_variants=2 if SEARCHLESS_DEFAULT else 1, decode_pace_us=round(args.decode_pace_ms * 1000),
+            decode_pace_max_batch=args.decode_pace_max_batch)
         structs.grammar_config(cfg, m.sampling_state)  # structured outputs: the arena its admission copies into
         self.idle = apply_device_idle(cfg, args.device_idle, peers is not None or args.tensor_parallel_size > 1)
         for i, (t, s) in enumerate(buckets):

@@ -100,6 +100,8 @@ class SchedConfig(C.Structure):
         ("idle_park_after_ns", C.c_int64),  # 0: never park
         ("sampler_variants", C.c_int32),  # graphs per bucket: 1, or 2 with the searchless one (csrc/sched_variant.h)
         ("decode_pace_us", C.c_int32),  # issue 19, energy: decodes-only steps paced (csrc/sched_pace.h), 0 = off
+        ("decode_pace_max_batch", C.c_int32),  # the pace holds at most this many running sequences, 0 = any
+        ("_pad0", C.c_int32),  # the struct's 8-byte alignment, explicit
     ]
 
 

@@ -47,7 +47,7 @@ class HostEngine(Engine):
         self._step_times: deque[StepTime] = deque(maxlen=STEP_TIMES_KEPT)
         self.constraints = ConstraintLoader(args, m, tensor_parallel=args.tensor_parallel_size > 1)
         self._constrained: dict[int, SamplingParams] = {}  # queued constrained requests: their grammar's refs
-        self.pace = DecodePace(args.decode_pace_ms)
+        self.pace = DecodePace(args.decode_pace_ms, args.decode_pace_max_batch)
 
     # -- Engine interface ------------------------------------------------------------------------------
     def add_request(self, req_id: int, prompt_ids: list[int], params: SamplingParams) -> None:

@@ -14,9 +14,10 @@ from blink.request import SamplingParams
 PARAMS = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 
 
-def pace(h, ms: float, ago_ms: float = 0.0) -> float:
+def pace(h, ms: float, ago_ms: float = 0.0, max_batch: int = 0) -> float:
     """Set the pace, then run the loop's wait as if the last launch was ago_ms ago: the seconds it waited."""
     h.params.cfg.decode_pace_us = int(ms * 1000)
+    h.params.cfg.decode_pace_max_batch = max_batch
     return h.lib.blink_sched_pace(C.byref(h.params), h.cfg.team, int(ago_ms * 1e6)) / 1e9
 
 
@@ -35,6 +36,17 @@ def test_a_decode_step_waits_out_the_pace_from_the_last_launch(decoding):
     waited = pace(decoding, 200, ago_ms=50)
     assert 0.14 <= waited < 1.0
     assert pace(decoding, 200, ago_ms=250) == 0.0, "the pace is over already"
+
+
+def test_a_max_batch_holds_small_batches_only(make):
+    h = make()
+    for i in range(3):
+        h.submit(i, [5 + i, 6, 7], PARAMS)
+    assert h.step() == 3 and h.step() == 3
+    assert h.info()["running"] == 3
+    assert pace(h, 200, max_batch=3) > 0.1, "three running, at the max: held"
+    t0 = time.monotonic()
+    assert pace(h, 5000, max_batch=2) == 0.0 and time.monotonic() - t0 < 0.5, "above the max: no wait"
 
 
 def test_only_decodes_are_paced_and_a_queue_is_not(make):

@@ -26,6 +26,12 @@ def test_the_flag_takes_milliseconds_and_names_itself_when_wrong():
             p.parse_args(["--decode-pace-ms", bad])
     cli = EngineArgs(decode_pace_ms=7.0).to_cli()
     assert cli[cli.index("--decode-pace-ms") + 1] == "7.0"
+    assert EngineArgs.from_cli(p.parse_args(["--decode-pace-max-batch", "16"])).decode_pace_max_batch == 16
+    for bad in ("-1", "2.5", "x"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--decode-pace-max-batch", bad])
+    cli = EngineArgs(decode_pace_max_batch=4).to_cli()
+    assert cli[cli.index("--decode-pace-max-batch") + 1] == "4"
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +66,13 @@ def test_only_decodes_wait_and_a_queue_ends_the_wait():
     assert pace.wait_s(10.06, waiting=0, running=decoding) == 0.0, "the pace is over"
     assert pace.wait_s(10.02, waiting=0, running=[Seq(True), Seq(False)]) == 0.0, "a prompt is left to prefill"
     assert DecodePace(0).wait_s(0.0, 0, decoding) == 0.0
+
+
+def test_a_max_batch_holds_small_batches_only():
+    pace = DecodePace(50, max_batch=2)
+    pace.last_start = 10.0
+    assert pace.wait_s(10.02, 0, [Seq(True)] * 2) == pytest.approx(0.03), "at the max batch: held"
+    assert pace.wait_s(10.02, 0, [Seq(True)] * 3) == 0.0, "above it: full speed"
 
 
 def test_a_paced_engine_takes_a_new_request_at_once(tiny):

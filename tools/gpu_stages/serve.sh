@@ -155,9 +155,15 @@ print("transformers", transformers.__version__, "openai", openai.__version__, "s
         | grep --line-buffered -v "it/s" | tee "$OUT/defaults_serve.log"
       tar czf "$OUT/defaults_serve.tgz" -C /tmp/defaults-serve points runs results.md;;
     energy-pace)  # issue 19's energy per token: defaults-serve's point with device mode also served at each decode pace
-      # in PACE_MS (ms, comma separated: `--decode-pace-ms`, as mode device-paceN), at PACE_RATES, PACE_REPEATS
-      # interleaved repeats; --resume on the same machine continues a cut plan (INTF_BUDGET s a call)
-      pace=${PACE_MS:-12}; variants=(); for ms in ${pace//,/ }; do variants+=(--mode-variant "device-pace$ms=device:--decode-pace-ms $ms"); done
+      # in PACE_MS (ms, comma separated: `--decode-pace-ms`, as mode device-paceN; N/B adds `--decode-pace-max-batch B`,
+      # as mode device-paceNbB), at PACE_RATES, PACE_REPEATS interleaved repeats; --resume on the same machine
+      # continues a cut plan (INTF_BUDGET s a call)
+      pace=${PACE_MS:-12}; variants=()
+      for spec in ${pace//,/ }; do
+        ms=${spec%%/*}
+        if [[ $spec == */* ]]; then b=${spec#*/}; variants+=(--mode-variant "device-pace${ms}b$b=device:--decode-pace-ms $ms --decode-pace-max-batch $b")
+        else variants+=(--mode-variant "device-pace$ms=device:--decode-pace-ms $ms"); fi
+      done
       python3 -m blink bench interference --model llama3-8b --modes "${PACE_MODES:-device,host}" "${variants[@]}" \
         --layouts split --request-rates "${PACE_RATES:-24}" --attack-levels 0 --repeats "${PACE_REPEATS:-2}" \
         --random-input-len 512 --random-output-len 128 --random-range-ratio 0.0 --ignore-eos --frontend-cpus 0-1 \

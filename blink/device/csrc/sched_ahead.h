@@ -9,6 +9,7 @@
 #pragma once
 
 #include "sched.h"
+#include "sched_pace.h"
 
 namespace blink {
 
@@ -109,7 +110,7 @@ BLINK_HD inline AheadPlan prepare_ahead(const Team& t, const LoopParams& p) {
   if (t.leader()) {
     // Paced decodes (sched_pace.h) start after their pause, never right after the last forward.
     const bool off = (p.hooks != nullptr && (p.hooks->no_launch_ahead || p.hooks->relaunch_each_step)) ||
-                     c.decode_pace_us > 0;
+                     pace_holds(c, s->running_count);
     // A fast plan with no admissions holds every running request, each as one decode row, in running order.
     ready = !off && n > 0 && s->fast_plan && n == s->running_count && s->num_jobs == 0 &&
             s->plan_prompt_rows == 0 && s->launches_this_kernel < c.launches_per_kernel;

@@ -69,6 +69,8 @@ struct SchedConfig {
   int64_t idle_park_after_ns;
   int32_t sampler_variants;  // graphs per bucket: 1, or 2 with the searchless one (sched_variant.h)
   int32_t decode_pace_us;    // issue 19, energy: a decodes-only step starts this long after the last (sched_pace.h)
+  int32_t decode_pace_max_batch;  // the pace holds only batches of at most this many running requests; 0 = any
+  int32_t _pad0;                  // the struct's 8-byte alignment, explicit
 };
 
 struct StepBufferPtrs {  // blink.core.step_buffers.StepBuffers, field order
