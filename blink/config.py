@@ -119,6 +119,10 @@ class EngineArgs:
     def resolved_device(self) -> str:
         return self.device or default_device()
 
+    def __post_init__(self):
+        if self.decode_pace_max_batch and not self.decode_pace_ms:
+            raise ValueError("--decode-pace-max-batch needs --decode-pace-ms: without a pace it would do nothing")
+
     @property
     def resolved_engine(self) -> str:
         return self.engine or ("device" if self.resolved_device == "cuda" else "host")

@@ -26,11 +26,14 @@ def test_the_flag_takes_milliseconds_and_names_itself_when_wrong():
             p.parse_args(["--decode-pace-ms", bad])
     cli = EngineArgs(decode_pace_ms=7.0).to_cli()
     assert cli[cli.index("--decode-pace-ms") + 1] == "7.0"
-    assert EngineArgs.from_cli(p.parse_args(["--decode-pace-max-batch", "16"])).decode_pace_max_batch == 16
+    args = p.parse_args(["--decode-pace-ms", "8", "--decode-pace-max-batch", "16"])
+    assert EngineArgs.from_cli(args).decode_pace_max_batch == 16
     for bad in ("-1", "2.5", "x"):
         with pytest.raises(SystemExit):
             p.parse_args(["--decode-pace-max-batch", bad])
-    cli = EngineArgs(decode_pace_max_batch=4).to_cli()
+    with pytest.raises(ValueError, match="--decode-pace-max-batch needs --decode-pace-ms"):
+        EngineArgs(decode_pace_max_batch=4)
+    cli = EngineArgs(decode_pace_ms=5.0, decode_pace_max_batch=4).to_cli()
     assert cli[cli.index("--decode-pace-max-batch") + 1] == "4"
 
 
