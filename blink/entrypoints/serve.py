@@ -37,6 +37,18 @@ STOP_WAIT_S = 8.0  # after stop_flag / SIGTERM, before escalating
 TERM_WAIT_S = 4.0  # after the escalation SIGTERM, before SIGKILL
 
 
+# vLLM flags that ask for what blink always does: accepted so that vLLM command lines run unchanged
+_VLLM_FLAGS_BLINK_ALWAYS_HONOURS = {
+    "--enable-auto-tool-choice": "blink parses tool calls under tool_choice=auto whenever a request has tools, "
+                                 "with or without it (default: off, same behaviour)",
+    "--trust-remote-code": "blink runs no code from a checkpoint (it reads config.json, safetensors and tokenizer "
+                           "files), with or without it (default: off)",
+    "--enable-chunked-prefill": "prefills are always chunked under --max-num-batched-tokens (default: off, same "
+                                "behaviour)",
+    "--disable-log-stats": "blink logs no periodic stats; /metrics has them (default: off, same behaviour)",
+}
+
+
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
     EngineArgs.add_cli_args(parser)
     D = " (default: %(default)s)"
@@ -91,19 +103,8 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
                         help="the tool-call format to parse and force: hermes (<tool_call> blocks: Hermes, Qwen), "
                              "llama3_json or qwen3_coder (XML-like parameters) (vLLM's names; default: the one the "
                              "chat template shows)")
-    parser.add_argument("--enable-auto-tool-choice", action="store_true",
-                        help="accepted for vLLM command lines: blink parses tool calls under tool_choice=auto "
-                             "whenever a request has tools, with or without it (default: off, same behaviour)")
-    # vLLM flags that ask for what blink always does: accepted so that vLLM command lines run unchanged
-    parser.add_argument("--trust-remote-code", action="store_true",
-                        help="accepted for vLLM command lines: blink runs no code from a checkpoint (it reads "
-                             "config.json, safetensors and tokenizer files), with or without it (default: off)")
-    parser.add_argument("--enable-chunked-prefill", action="store_true",
-                        help="accepted for vLLM command lines: prefills are always chunked under "
-                             "--max-num-batched-tokens (default: off, same behaviour)")
-    parser.add_argument("--disable-log-stats", action="store_true",
-                        help="accepted for vLLM command lines: blink logs no periodic stats; /metrics has them "
-                             "(default: off, same behaviour)")
+    for flag, why in _VLLM_FLAGS_BLINK_ALWAYS_HONOURS.items():
+        parser.add_argument(flag, action="store_true", help="accepted for vLLM command lines: " + why)
     parser.add_argument("--ready-timeout", type=float, default=1800.0, help="seconds to wait for readiness" + D)
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="on SIGTERM/SIGINT, seconds in-flight requests get to finish (a second signal "

@@ -53,9 +53,13 @@ class ToolPlan:
     fmt: str
     parse: bool
     constraint: Constraint | None
-    names: set[str] = field(default_factory=set)
-    schemas: dict[str, dict] = field(default_factory=dict)  # name -> parameters (qwen3_coder reads types by them)
+    schemas: dict[str, dict] = field(default_factory=dict)  # the callable functions' parameters, by name
     parallel: bool = True  # false: one call at most (the grammar forces it; under auto the first is kept)
+
+    @property
+    def names(self) -> set[str]:
+        """The functions a call may name."""
+        return set(self.schemas)
 
 
 def _check_tools(tools: Any) -> dict[str, dict]:
@@ -106,7 +110,7 @@ def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, fmt: str) ->
     if choice == "none":
         return ToolPlan(fmt, parse=False, constraint=None)
     if choice == "auto":
-        return ToolPlan(fmt, parse=True, constraint=None, names=set(by_name), parallel=parallel is not False,
+        return ToolPlan(fmt, parse=True, constraint=None, parallel=parallel is not False,
                         schemas={n: t["parameters"] for n, t in by_name.items()})
     if choice == "required":
         wanted = list(by_name)
@@ -125,8 +129,8 @@ def plan_tools(tools: Any, tool_choice: Any, parallel: bool | None, fmt: str) ->
         block = f"{_HERMES_OPEN}\n({one})\n{_HERMES_CLOSE}"
         extra = MAX_PARALLEL_CALLS - 1 if parallel is not False else 0
         regex = f"{block}(\n{block}){{0,{extra}}}" if extra else block
-    return ToolPlan(fmt, parse=True, constraint=Constraint("regex", regex), names={*wanted},
-                    parallel=parallel is not False, schemas={n: by_name[n]["parameters"] for n in wanted})
+    return ToolPlan(fmt, parse=True, constraint=Constraint("regex", regex), parallel=parallel is not False,
+                    schemas={n: by_name[n]["parameters"] for n in wanted})
 
 
 def _as_call(obj: Any, fmt: str, names: set[str]) -> dict | None:
@@ -145,7 +149,7 @@ def parse_tool_calls(text: str, plan: ToolPlan) -> tuple[str | None, list[dict]]
         calls = _llama3_calls(text.strip().removeprefix("<|python_tag|>").strip(), plan)
         return (None, calls if plan.parallel else calls[:1]) if calls else (text, [])
     if plan.fmt == QWEN3_CODER:
-        rest, calls = parse_xml_calls(text, {n: plan.schemas.get(n, {}) for n in plan.names})
+        rest, calls = parse_xml_calls(text, plan.schemas)
         return rest, (calls if plan.parallel else calls[:1])
     calls = []
     for match in _HERMES_BLOCK.finditer(text):

@@ -85,14 +85,11 @@ class StopStringMatcher:
                 self.stopped = True
                 start, self.matched = min(hits, key=lambda hit: hit[0])
                 return self._emit_until(start + len(self.matched) if self.include_stop else start), True
-        return self._emit_until(len(self.text) - self._held_back()), False
+        return self._emit_until(len(self.text) - held_back(self.text, self.stop)), False
 
     def flush(self) -> str:
         """The held-back tail, at the end of a request that did not stop on a string."""
         return "" if self.stopped else self._emit_until(len(self.text))
-
-    def _held_back(self) -> int:
-        return held_back(self.text, self.stop)
 
     def _emit_until(self, end: int) -> str:
         end = max(end, self.emitted)
